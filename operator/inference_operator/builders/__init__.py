@@ -1,0 +1,38 @@
+"""Pure functions from an InferenceService to the Kubernetes objects that realise it."""
+
+from __future__ import annotations
+
+from .common import Owner, selector_string, service_url
+from .deployment import build_deployment, desired_replicas
+from .pdb import build_pdb, needs_pdb
+from .service import build_service
+
+# Kinds the operator owns, in the order they are applied. Each object of a kind is named after
+# its InferenceService, so one that is no longer wanted is found (and deleted) by name.
+OWNED_KINDS = [
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("policy/v1", "PodDisruptionBudget"),
+]
+
+
+def build_all(owner: Owner) -> list[dict]:
+    """Every object the InferenceService should have right now, in apply order."""
+    objects = [build_deployment(owner), build_service(owner)]
+    if needs_pdb(owner):
+        objects.append(build_pdb(owner))
+    return objects
+
+
+__all__ = [
+    "OWNED_KINDS",
+    "Owner",
+    "build_all",
+    "build_deployment",
+    "build_pdb",
+    "build_service",
+    "desired_replicas",
+    "needs_pdb",
+    "selector_string",
+    "service_url",
+]

@@ -1,0 +1,27 @@
+"""InferenceService → policy/v1 PodDisruptionBudget, so node drains keep the model serving."""
+
+from __future__ import annotations
+
+from .common import Owner, object_meta, selector_labels
+from .deployment import desired_replicas
+
+
+def needs_pdb(owner: Owner) -> bool:
+    """A budget only makes sense with a replica to spare; with one it would block every drain."""
+    spec = owner.spec
+    floor = desired_replicas(spec)
+    if floor is None and spec.autoscaling is not None:
+        floor = spec.autoscaling.min_replicas
+    return (floor or 0) > 1
+
+
+def build_pdb(owner: Owner) -> dict:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(owner),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(owner)},
+        },
+    }

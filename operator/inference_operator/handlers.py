@@ -1,0 +1,189 @@
+"""kopf handlers: the I/O edge between the API server and the pure parts of the operator.
+
+State lives in the objects (spec-hash annotations, status), never in this process, so any
+replica of the operator can pick up where another stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from . import status as st
+from .builders import selector_string, service_url
+from .builders.common import MANAGER, Owner
+from .k8s import KubeApi, Ref, load_api_client
+from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
+from .reconcile import Action, ForeignObjectError, reconcile
+
+# Problems that only a change of the InferenceService can clear: Deployment events keep them.
+SPEC_PROBLEMS = ("InvalidSpec", "ResourceConflict", "ApplyFailed")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Keep kopf's bookkeeping in annotations: status is ours, and the schema prunes unknowns.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Events are posted deliberately (one per change), not for every log line.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    if getattr(memo, "api", None) is None:
+        memo.api = KubeApi(load_api_client())
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The same sources as the kubernetes client: in-cluster account, else KUBECONFIG."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def _temporary(exc: ApiException) -> kopf.TemporaryError:
+    """Map a transient API failure to a retry with a delay fit for it."""
+    delay: float = 5
+    if exc.status == 409:
+        delay = 1
+    elif exc.status == 429:
+        retry_after = (exc.headers or {}).get("Retry-After")
+        delay = float(retry_after) if retry_after and retry_after.isdigit() else 5
+    elif exc.status in (401, 403):
+        delay = 30
+    return kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=delay)
+
+
+def _publish(api: KubeApi, body: kopf.Body | dict, new_status: dict) -> dict:
+    """Write only the status keys that changed; an unchanged status costs no write."""
+    meta = body["metadata"]
+    changes = st.status_changes(body.get("status"), new_status)
+    if changes:
+        api.patch_status(Ref(API_VERSION, KIND, meta["namespace"], meta["name"]), changes)
+    return changes
+
+
+def _spec_problem(status: dict | None) -> st.Problem | None:
+    for condition in (status or {}).get("conditions") or []:
+        if condition.get("type") == st.DEGRADED and condition.get("status") == "True":
+            if condition.get("reason") in SPEC_PROBLEMS:
+                return st.Problem(condition["reason"], condition.get("message", ""))
+    return None
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def reconcile_service(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo,
+                      logger: logging.Logger, **_: Any) -> None:
+    api: KubeApi = memo.api
+    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
+    try:
+        parsed = parse_spec(dict(spec))
+    except SpecError as exc:
+        problem = st.Problem("InvalidSpec", str(exc))
+        _publish(api, body, st.compute_status(body.get("status"), None, generation, problem)
+                 | {"observedGeneration": generation})
+        kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        raise kopf.PermanentError(str(exc)) from exc
+
+    owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parsed)
+    problem: st.Problem | None = None
+    try:
+        result = reconcile(api, name, namespace, meta["uid"], parsed)
+    except ForeignObjectError as exc:
+        problem = st.Problem("ResourceConflict", str(exc))
+    except ApiException as exc:
+        if exc.status not in (400, 422):
+            raise _temporary(exc) from exc
+        problem = st.Problem("ApplyFailed", f"API rejected an owned object: {exc.body or exc.reason}")
+    if problem is not None:
+        _publish(api, body, st.compute_status(body.get("status"), None, generation, problem)
+                 | {"observedGeneration": generation})
+        kopf.warn(body, reason=problem.reason, message=problem.message)
+        raise kopf.PermanentError(problem.message)
+
+    for change in result.writes:
+        kopf.info(body, reason=change.action.value, message=change.describe())
+    new_status = st.compute_status(body.get("status"), result.deployment, generation) | {
+        "observedGeneration": generation,
+        "url": service_url(owner),
+        "selector": selector_string(owner),
+    }
+    changed = _publish(api, body, new_status)
+    logger.info(
+        "reconciled generation %s: %d writes (%s), status keys changed: %s",
+        generation,
+        len(result.writes),
+        ", ".join(c.describe() for c in result.writes) or "none",
+        ", ".join(sorted(changed)) or "none",
+    )
+
+
+def _controller_owner(body: kopf.Body) -> dict | None:
+    for ref in body["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION and ref.get("controller"):
+            return ref
+    return None
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGER})
+def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                     logger: logging.Logger, **_: Any) -> None:
+    """Mirror the Deployment's rollout into its InferenceService; recreate it if deleted."""
+    owner_ref = _controller_owner(body)
+    if owner_ref is None:
+        return
+    api: KubeApi = memo.api
+    namespace = body["metadata"]["namespace"]
+    try:
+        isvc = api.get(Ref(API_VERSION, KIND, namespace, owner_ref["name"]))
+        if isvc is None or isvc["metadata"].get("uid") != owner_ref.get("uid"):
+            return
+        if isvc["metadata"].get("deletionTimestamp"):
+            return
+        deployment: dict | None = dict(body)
+        if event["type"] == "DELETED":
+            deployment = _restore(api, isvc, logger)
+        previous = isvc.get("status")
+        new_status = st.compute_status(previous, deployment, isvc["metadata"].get("generation"),
+                                       _spec_problem(previous))
+        _publish(api, isvc, new_status)
+    except ApiException as exc:
+        raise _temporary(exc) from exc
+    _announce_readiness(isvc, previous, new_status)
+
+
+def _restore(api: KubeApi, isvc: dict, logger: logging.Logger) -> dict | None:
+    """Someone deleted our Deployment while its InferenceService lives: put it back."""
+    try:
+        parsed = parse_spec(isvc.get("spec") or {})
+    except SpecError:
+        return None
+    meta = isvc["metadata"]
+    result = reconcile(api, meta["name"], meta["namespace"], meta["uid"], parsed)
+    for change in result.writes:
+        kopf.info(isvc, reason=change.action.value, message=change.describe() + " (was deleted)")
+    logger.info("restored %s", ", ".join(c.describe() for c in result.writes) or "nothing")
+    return result.deployment if any(c.action == Action.CREATED for c in result.writes) else None
+
+
+def _ready(status: dict | None) -> str | None:
+    for condition in (status or {}).get("conditions") or []:
+        if condition.get("type") == st.READY:
+            return condition.get("status")
+    return None
+
+
+def _announce_readiness(isvc: dict, previous: dict | None, new: dict) -> None:
+    before, after = _ready(previous), _ready(new)
+    if before == after:
+        return
+    condition = next(c for c in new["conditions"] if c["type"] == st.READY)
+    if after == "True":
+        kopf.info(isvc, reason="Ready", message=condition["message"])
+    else:
+        kopf.warn(isvc, reason=condition["reason"], message=condition["message"])

@@ -1,0 +1,135 @@
+"""A thin, generic REST layer over the official kubernetes client.
+
+The operator owns objects of several kinds (and a custom resource); instead of one typed API
+class per kind it addresses them all by apiVersion/kind through the client's own request
+machinery, so auth, TLS and kubeconfig handling stay the library's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+FIELD_MANAGER = "rocm-inference-operator"
+
+# apiVersion/kind → plural, for every kind the operator reads or writes.
+PLURALS = {
+    ("apps/v1", "Deployment"): "deployments",
+    ("v1", "Service"): "services",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
+    ("v1", "Secret"): "secrets",
+    ("inference.rocm.dev/v1alpha1", "InferenceService"): "inferenceservices",
+}
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where one object lives in the API."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, obj: dict) -> Ref:
+        meta = obj["metadata"]
+        return cls(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+
+    def path(self, subresource: str | None = None, collection: bool = False) -> str:
+        prefix = "/api" if "/" not in self.api_version else "/apis"
+        plural = PLURALS[(self.api_version, self.kind)]
+        path = f"{prefix}/{self.api_version}/namespaces/{self.namespace}/{plural}"
+        if not collection:
+            path += f"/{self.name}"
+            if subresource:
+                path += f"/{subresource}"
+        return path
+
+
+def load_api_client() -> kubernetes.client.ApiClient:
+    """In-cluster service account when there is one, else the kubeconfig (KUBECONFIG)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        # KUBECONFIG is read now, not when the kubernetes package was imported.
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    return kubernetes.client.ApiClient()
+
+
+class KubeApi:
+    """get / create / apply / delete / patch-status by reference, returning plain dicts."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, timeout: float = 30):
+        self._client = api_client
+        self._timeout = timeout
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> dict:
+        request = self._client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._client.call_api(*request, _request_timeout=self._timeout)
+        response.read()
+        return self._client.response_deserialize(response, {"2XX": "object"}).data
+
+    def get(self, ref: Ref) -> dict | None:
+        try:
+            return self._call("GET", ref.path())
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create(self, obj: dict) -> dict:
+        return self._call("POST", Ref.of(obj).path(collection=True), body=obj)
+
+    def apply(self, obj: dict) -> dict:
+        """Server-side apply: we own exactly the fields we send, others keep theirs."""
+        return self._call(
+            "PATCH",
+            Ref.of(obj).path(),
+            body=json.dumps(obj),
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete(self, ref: Ref) -> bool:
+        try:
+            self._call("DELETE", ref.path(), body={"propagationPolicy": "Background"})
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def patch_status(self, ref: Ref, status: dict) -> dict:
+        return self._call(
+            "PATCH",
+            ref.path("status"),
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def patch(self, ref: Ref, patch: dict, subresource: str | None = None) -> dict:
+        return self._call(
+            "PATCH", ref.path(subresource), body=patch, content_type="application/merge-patch+json"
+        )

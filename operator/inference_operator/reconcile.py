@@ -1,0 +1,100 @@
+"""Make the cluster match one InferenceService: apply what is wanted, delete what is not.
+
+Writes are skipped when the live object already carries the hash of the desired manifest,
+so a resync of an unchanged InferenceService costs reads only.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from .builders import OWNED_KINDS, Owner, build_all
+from .builders.common import SPEC_HASH_ANNOTATION
+from .k8s import KubeApi, Ref
+from .models import InferenceServiceSpec
+
+
+class Action(enum.StrEnum):
+    CREATED = "Created"
+    UPDATED = "Updated"
+    DELETED = "Deleted"
+    UNCHANGED = "Unchanged"
+
+
+@dataclass(frozen=True)
+class Change:
+    action: Action
+    kind: str
+    name: str
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.name} {self.action.value.lower()}"
+
+
+@dataclass
+class Result:
+    changes: list[Change] = field(default_factory=list)
+    deployment: dict | None = None
+
+    @property
+    def writes(self) -> list[Change]:
+        return [c for c in self.changes if c.action != Action.UNCHANGED]
+
+
+class ForeignObjectError(Exception):
+    """An object with our name exists but belongs to someone else: we never take it over."""
+
+
+def manifest_hash(obj: dict) -> str:
+    """A short digest of a desired manifest; any change to what we would send changes it."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def with_hash(obj: dict) -> dict:
+    obj = copy.deepcopy(obj)
+    digest = manifest_hash(obj)
+    obj["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest
+    return obj
+
+
+def owned_by(obj: dict, uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def apply_object(api: KubeApi, desired: dict, owner_uid: str) -> tuple[Action, dict]:
+    """Create or server-side-apply one object unless its live hash already matches."""
+    desired = with_hash(desired)
+    ref = Ref.of(desired)
+    live = api.get(ref)
+    if live is None:
+        return Action.CREATED, api.create(desired)
+    if not owned_by(live, owner_uid):
+        raise ForeignObjectError(f"{ref.kind} {ref.name} exists and is not owned by this InferenceService")
+    live_hash = (live["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+    if live_hash == desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]:
+        return Action.UNCHANGED, live
+    return Action.UPDATED, api.apply(desired)
+
+
+def reconcile(api: KubeApi, name: str, namespace: str, uid: str, spec: InferenceServiceSpec) -> Result:
+    owner = Owner(name=name, namespace=namespace, uid=uid, spec=spec)
+    result = Result()
+    wanted = build_all(owner)
+    for obj in wanted:
+        action, live = apply_object(api, obj, uid)
+        result.changes.append(Change(action, obj["kind"], name))
+        if obj["kind"] == "Deployment":
+            result.deployment = live
+    wanted_kinds = {(o["apiVersion"], o["kind"]) for o in wanted}
+    for api_version, kind in OWNED_KINDS:
+        if (api_version, kind) in wanted_kinds:
+            continue
+        ref = Ref(api_version, kind, namespace, name)
+        live = api.get(ref)
+        if live is not None and owned_by(live, uid) and api.delete(ref):
+            result.changes.append(Change(Action.DELETED, kind, name))
+    return result

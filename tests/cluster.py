@@ -1,0 +1,106 @@
+"""A running emulated cluster on loopback, for tests that drive the real operator against it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kmock
+import yaml
+
+from tests.emulator import CR_RESOURCE, ClusterEmulator
+
+
+@dataclass
+class Cluster:
+    """The emulator, its URL, and a small client for what a user would do with kubectl."""
+
+    emulator: ClusterEmulator
+    url: str
+    kubeconfig: pathlib.Path
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/merge-patch+json") -> httpx.Response:
+        headers = {"Content-Type": content_type} if body is not None else {}
+        return httpx.request(method, self.url + path, json=body, headers=headers, timeout=10)
+
+    def apply_cr(self, obj: dict) -> httpx.Response:
+        ns = obj["metadata"].get("namespace", "default")
+        return self.request("POST", f"/apis/inference.rocm.dev/v1alpha1/namespaces/{ns}/inferenceservices",
+                            obj, content_type="application/json")
+
+    def patch(self, resource: str, namespace: str, name: str, patch: dict,
+              subresource: str = "") -> httpx.Response:
+        prefix = "/api" if resource.count("/") == 1 else "/apis"
+        group_version, plural = resource.rsplit("/", 1)
+        path = f"{prefix}/{group_version}/namespaces/{namespace}/{plural}/{name}"
+        return self.request("PATCH", path + (f"/{subresource}" if subresource else ""), patch)
+
+    def patch_cr(self, namespace: str, name: str, patch: dict) -> httpx.Response:
+        return self.patch(CR_RESOURCE, namespace, name, patch)
+
+    def get(self, resource: str, namespace: str, name: str) -> dict | None:
+        try:
+            obj = self.emulator.objects[resource, namespace, name]
+        except KeyError:
+            return None
+        return None if obj.deleted else obj.raw
+
+    def get_cr(self, namespace: str, name: str) -> dict | None:
+        return self.get(CR_RESOURCE, namespace, name)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05,
+             message: str = "condition") -> Any:
+    """Poll until `predicate()` is truthy; return its value or fail naming what we waited for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def running_cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
+    """Serve a ClusterEmulator on 127.0.0.1 from a thread of its own, with a kubeconfig for it."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="emulator", daemon=True)
+    thread.start()
+    emulator = ClusterEmulator()
+    server = kmock.Server(emulator)
+
+    async def start() -> None:
+        await emulator.__aenter__()
+        await server.__aenter__()
+
+    async def stop() -> None:
+        await server.__aexit__(None, None, None)
+        await emulator.__aexit__(None, None, None)
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    url = f"http://127.0.0.1:{server.port}"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+        "users": [{"name": "tester", "user": {"token": "test-token"}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
+        "current-context": "emulator",
+    }))
+    try:
+        yield Cluster(emulator=emulator, url=url, kubeconfig=kubeconfig)
+    finally:
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
