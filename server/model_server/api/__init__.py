@@ -1,0 +1,1 @@
+"""HTTP routes: health, the simple JSON API and the Open Inference Protocol (v2)."""

@@ -1,0 +1,92 @@
+"""What the route modules share: app state via dependency injection, body
+parsing that turns schema errors into 4xx messages, and the inference call."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import numpy as np
+import orjson
+from fastapi import Depends, Request
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+
+from ..errors import InvalidInput, ServerError, UnprocessableInput
+from ..metrics import ServerMetrics
+from ..settings import ServerSettings
+from ..tensors import validate_inputs
+from ..versions import ModelRepository, ServedVersion
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+_MAX_ERRORS = 3
+
+
+@dataclass
+class AppState:
+    """Everything a request handler needs, created once per app."""
+
+    settings: ServerSettings
+    metrics: ServerMetrics
+    repository: ModelRepository
+    draining: bool = False
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def readiness(self) -> tuple[bool, str | None]:
+        if self.draining:
+            return False, "shutting down"
+        reason = self.repository.not_ready_reason()
+        return reason is None, reason
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.server
+
+
+State = Annotated[AppState, Depends(get_state)]
+
+
+def parse_body(model: type[ModelT], body: bytes | str) -> ModelT:
+    """JSON -> request model in one pass (pydantic's parser), 400/422 on failure."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise describe_validation_error(exc) from None
+
+
+def describe_validation_error(exc: ValidationError) -> ServerError:
+    errors = exc.errors(include_url=False)
+    for error in errors:
+        if error["type"] == "json_invalid":
+            message = str(error["msg"]).removeprefix("Invalid JSON: ")
+            return InvalidInput(f"request body is not valid JSON: {message}")
+    parts = []
+    for error in errors[:_MAX_ERRORS]:
+        location = ".".join(str(p) for p in error["loc"]) or "body"
+        parts.append(f"{location}: {error['msg']}")
+    more = f" (and {len(errors) - _MAX_ERRORS} more)" if len(errors) > _MAX_ERRORS else ""
+    return UnprocessableInput("invalid request: " + "; ".join(parts) + more)
+
+
+async def submit(served: ServedVersion, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Validate against the version's signature, then queue for batching."""
+    rows = validate_inputs(inputs, served.inputs, batchable=served.backend.batchable)
+    return await served.batcher.submit(inputs, rows)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def dumps(payload: Any) -> bytes:
+    """orjson writes numpy arrays natively, far faster than `tolist()` + json."""
+    return orjson.dumps(payload, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(dumps(payload), status_code=status, headers=headers, media_type="application/json")

@@ -1,0 +1,67 @@
+"""The seed's API, kept for existing clients:
+`POST /infer {"data": [...], "model_version": "latest"}`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from ..errors import InvalidInput
+from ..tensors import decode_simple_rows
+from .common import State, json_response, parse_body, submit
+
+router = APIRouter(tags=["simple"])
+
+
+class SimpleRequest(BaseModel):
+    data: list[Any] = Field(description="One row as a flat list of numbers, or a list of rows.")
+    model_version: str | int | None = "latest"
+
+
+class SimpleResponse(BaseModel):
+    result: list[Any]
+    latency_ms: float
+    model_version: str
+
+
+@router.post(
+    "/infer",
+    response_model=SimpleResponse,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": SimpleRequest.model_json_schema()}},
+        }
+    },
+)
+async def infer(request: Request, state: State) -> Response:
+    """Rows in, first output's rows out (a flat row in gives one row out)."""
+    started = time.perf_counter()
+    with state.metrics.track(state.settings.name) as tracker:
+        body = parse_body(SimpleRequest, await request.body())
+        version = None if body.model_version is None else str(body.model_version)
+        served = state.repository.resolve(version)
+        tracker.version = served.version
+        if len(served.inputs) != 1:
+            raise InvalidInput(
+                f"model has {len(served.inputs)} inputs; /infer feeds exactly one, use "
+                f"/v2/models/{state.settings.name}/infer"
+            )
+        spec = served.inputs[0]
+        single_row = not isinstance(body.data[0], list) if body.data else False
+        rows = decode_simple_rows(body.data, spec)
+        outputs = await submit(served, {spec.name: rows})
+        first = next(iter(outputs.values()))
+        single = single_row and rows.shape[0] == 1 and first.ndim >= 2
+        result = first[0] if single else first
+        return json_response(
+            {
+                "result": result,
+                "latency_ms": (time.perf_counter() - started) * 1000.0,
+                "model_version": served.version,
+            }
+        )

@@ -1,0 +1,249 @@
+"""Open Inference Protocol (KServe v2) REST endpoints, so KServe and Triton
+clients work unchanged. Supports JSON tensors (flat row-major or nested `data`)
+and the binary tensor data extension (`Inference-Header-Content-Length`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from .. import __version__
+from ..errors import InvalidInput, ModelNotFound, ServerError
+from ..tensors import (
+    decode_binary_tensor,
+    decode_json_tensor,
+    encode_binary_tensor,
+    encode_json_tensor,
+)
+from ..versions import ServedVersion, version_key
+from .common import State, dumps, json_response, parse_body, submit
+
+router = APIRouter(prefix="/v2", tags=["v2"])
+
+HEADER_LENGTH = "inference-header-content-length"
+EXTENSIONS = ["binary_tensor_data"]
+
+
+class TensorInput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: Any = None
+
+
+class RequestedOutput(BaseModel):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class InferenceRequest(BaseModel):
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[TensorInput] = Field(min_length=1)
+    outputs: list[RequestedOutput] | None = None
+
+
+def _binary_requested(params: dict[str, Any] | None) -> bool:
+    return bool(params and params.get("binary_data"))
+
+
+# --------------------------------------------------------------------------- server
+
+
+@router.get("")
+async def server_metadata() -> Response:
+    return json_response({"name": "model-server", "version": __version__, "extensions": EXTENSIONS})
+
+
+@router.get("/health/live")
+async def server_live() -> Response:
+    return json_response({"live": True})
+
+
+@router.get("/health/ready")
+async def server_ready(state: State) -> Response:
+    """Per the protocol, a 4xx status means "not ready"."""
+    ok, reason = state.readiness()
+    body: dict[str, Any] = {"ready": ok}
+    if reason:
+        body["reason"] = reason
+    return json_response(body, status=200 if ok else 400)
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _check_name(state: State, name: str) -> None:
+    if name != state.settings.name:
+        raise ModelNotFound(f"unknown model '{name}'; this server serves '{state.settings.name}'")
+
+
+def _metadata(state: State, served: ServedVersion) -> dict[str, Any]:
+    return {
+        "name": state.settings.name,
+        "versions": sorted(state.repository.served, key=version_key),
+        "platform": served.backend.platform,
+        "inputs": [s.metadata() for s in served.inputs],
+        "outputs": [s.metadata() for s in served.outputs],
+    }
+
+
+@router.get("/models/{name}")
+async def model_metadata(name: str, state: State) -> Response:
+    _check_name(state, name)
+    return json_response(_metadata(state, state.repository.resolve(None)))
+
+
+@router.get("/models/{name}/versions/{version}")
+async def version_metadata(name: str, version: str, state: State) -> Response:
+    _check_name(state, name)
+    return json_response(_metadata(state, state.repository.resolve(version)))
+
+
+def _model_ready(state: State, name: str, version: str | None) -> Response:
+    _check_name(state, name)
+    try:
+        state.repository.resolve(version)
+    except ModelNotFound:
+        raise
+    except ServerError as exc:
+        return json_response({"name": name, "ready": False, "reason": str(exc)}, status=400)
+    if state.draining:
+        return json_response({"name": name, "ready": False, "reason": "shutting down"}, status=400)
+    return json_response({"name": name, "ready": True})
+
+
+@router.get("/models/{name}/ready")
+async def model_ready(name: str, state: State) -> Response:
+    return _model_ready(state, name, None)
+
+
+@router.get("/models/{name}/versions/{version}/ready")
+async def version_ready(name: str, version: str, state: State) -> Response:
+    return _model_ready(state, name, version)
+
+
+# --------------------------------------------------------------------------- infer
+
+
+_INFER_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": InferenceRequest.model_json_schema()}},
+    }
+}
+
+
+@router.post("/models/{name}/infer", openapi_extra=_INFER_DOC)
+async def model_infer(name: str, request: Request, state: State) -> Response:
+    return await _infer(state, request, name, None)
+
+
+@router.post("/models/{name}/versions/{version}/infer", openapi_extra=_INFER_DOC)
+async def version_infer(name: str, version: str, request: Request, state: State) -> Response:
+    return await _infer(state, request, name, version)
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """JSON header and binary tail of a binary-extension request."""
+    if header_length is None:
+        return body, b""
+    try:
+        length = int(header_length)
+    except ValueError:
+        raise InvalidInput(f"Inference-Header-Content-Length '{header_length}' is not an integer") from None
+    if not 0 < length <= len(body):
+        raise InvalidInput(
+            f"Inference-Header-Content-Length {length} does not fit a body of {len(body)} bytes"
+        )
+    return body[:length], body[length:]
+
+
+def decode_inputs(req: InferenceRequest, binary: bytes) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    view = memoryview(binary)
+    for tensor in req.inputs:
+        if tensor.name in arrays:
+            raise InvalidInput(f"input '{tensor.name}' is given twice")
+        size = (tensor.parameters or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise InvalidInput(
+                    f"input '{tensor.name}': binary_data_size {size!r} does not fit the "
+                    f"{len(binary)} bytes of binary data"
+                )
+            arrays[tensor.name] = decode_binary_tensor(
+                tensor.name, tensor.datatype, tensor.shape, view[offset : offset + size]
+            )
+            offset += size
+        else:
+            arrays[tensor.name] = decode_json_tensor(
+                tensor.name, tensor.datatype, tensor.shape, tensor.data
+            )
+    if offset != len(binary):
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
+    return arrays
+
+
+async def _infer(state: State, request: Request, name: str, version: str | None) -> Response:
+    with state.metrics.track(state.settings.name) as tracker:
+        _check_name(state, name)
+        header, binary = split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+        req = parse_body(InferenceRequest, header)
+        arrays = decode_inputs(req, binary)
+        served = state.repository.resolve(version)
+        tracker.version = served.version
+        wanted = req.outputs
+        known = [s.name for s in served.outputs]
+        if wanted and known:
+            unknown = [o.name for o in wanted if o.name not in known]
+            if unknown:
+                raise InvalidInput(f"unknown output(s) {unknown}; model outputs are {known}")
+        outputs = await submit(served, arrays)
+        return _response(state, req, served, outputs)
+
+
+def _response(
+    state: State, req: InferenceRequest, served: ServedVersion, outputs: dict[str, np.ndarray]
+) -> Response:
+    binary_default = _binary_requested(req.parameters) or bool(
+        req.parameters and req.parameters.get("binary_data_output")
+    )
+    if req.outputs:
+        selected = [(o.name, _binary_requested(o.parameters) or binary_default) for o in req.outputs]
+    else:
+        selected = [(n, binary_default) for n in outputs]
+    tensors = []
+    blobs = []
+    for out_name, as_binary in selected:
+        if out_name not in outputs:
+            raise InvalidInput(f"unknown output '{out_name}'; model outputs are {list(outputs)}")
+        arr = outputs[out_name]
+        encoded = encode_json_tensor(out_name, arr)
+        if as_binary:
+            blob = encode_binary_tensor(arr)
+            del encoded["data"]
+            encoded["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        tensors.append(encoded)
+    payload: dict[str, Any] = {
+        "model_name": state.settings.name,
+        "model_version": served.version,
+        "outputs": tensors,
+    }
+    if req.id is not None:
+        payload["id"] = req.id
+    if not blobs:
+        return json_response(payload)
+    header = dumps(payload)
+    return Response(
+        header + b"".join(blobs),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )

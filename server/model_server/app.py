@@ -1,0 +1,89 @@
+"""FastAPI application factory. All state is created here and handed to routes
+through `app.state` + dependencies, so tests build isolated apps side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import REGISTRY, CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from . import __version__
+from .api import health, simple, v2
+from .api.common import AppState, json_response
+from .errors import ServerError
+from .gpu import GpuReader, detect_gpu_reader
+from .metrics import ServerMetrics
+from .middleware import BodySizeLimit
+from .settings import ServerSettings
+from .versions import BackendFactory, ModelRepository
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    settings: ServerSettings,
+    *,
+    registry: CollectorRegistry | None = None,
+    gpu_reader: GpuReader | None | Literal["auto"] = "auto",
+    backend_factory: BackendFactory | None = None,
+) -> FastAPI:
+    """Build the app; models load in the background once the app starts."""
+    if gpu_reader == "auto":
+        gpu_reader = detect_gpu_reader()
+    metrics = ServerMetrics(registry if registry is not None else REGISTRY, gpu_reader=gpu_reader)
+    metrics.declare_model(settings.name)
+    repository = ModelRepository(settings, metrics, backend_factory=backend_factory)
+    state = AppState(settings=settings, metrics=metrics, repository=repository)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.loop = asyncio.get_running_loop()
+        await repository.start()
+        yield
+        state.draining = True
+        remaining = getattr(app.state, "drain_budget", None)
+        await repository.stop(settings.drain_timeout_s if remaining is None else remaining())
+
+    app = FastAPI(
+        title="model-server",
+        version=__version__,
+        lifespan=lifespan,
+        description=f"Serves model '{settings.name}' over a simple JSON API and KServe v2.",
+    )
+    app.state.server = state
+    app.include_router(health.router)
+    app.include_router(simple.router)
+    app.include_router(v2.router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    _install_error_handlers(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServerError)
+    async def server_error(_: Request, exc: ServerError) -> Response:
+        return json_response({"error": str(exc)}, status=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        parts = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()[:3]
+        ]
+        return json_response({"error": "invalid request: " + "; ".join(parts)}, status=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return json_response({"error": str(exc.detail)}, status=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        log.error("unhandled error: %s", exc, exc_info=exc)
+        return json_response({"error": f"internal error: {type(exc).__name__}: {exc}"}, status=500)

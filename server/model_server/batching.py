@@ -1,0 +1,299 @@
+"""Dynamic batching: concurrent requests are stacked into one backend call.
+
+Requests wait in a bounded queue; a worker takes the oldest one plus every
+queued request of the same shape, up to `max_batch_size` rows, waiting at most
+`max_delay` for the batch to fill. The batch runs in a worker thread and each
+caller gets back exactly its own rows. A full queue raises `QueueFull` at once
+(backpressure instead of unbounded latency); closing flushes the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .errors import QueueFull, ShuttingDown
+
+log = logging.getLogger(__name__)
+
+Tensors = dict[str, np.ndarray]
+RunFn = Callable[[Mapping[str, np.ndarray]], Tensors]
+
+
+class BatchObserver(Protocol):
+    """Where the batcher reports what it does (metrics live elsewhere)."""
+
+    def queued(self, delta: int) -> None: ...
+    def queue_wait(self, seconds: float) -> None: ...
+    def batch(self, rows: int, compute_seconds: float) -> None: ...
+
+
+class NullObserver:
+    def queued(self, delta: int) -> None:
+        pass
+
+    def queue_wait(self, seconds: float) -> None:
+        pass
+
+    def batch(self, rows: int, compute_seconds: float) -> None:
+        pass
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    inputs: Tensors
+    rows: int
+    key: Hashable
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+def batch_key(inputs: Mapping[str, np.ndarray]) -> Hashable:
+    """Requests can share a batch only if every input agrees on dtype and on the
+    shape after the batch dimension."""
+    return tuple(sorted((name, arr.dtype.str, arr.shape[1:]) for name, arr in inputs.items()))
+
+
+def merge(parts: Sequence[Mapping[str, np.ndarray]]) -> Tensors:
+    """Stack per-request inputs along the batch dimension."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    return {name: np.concatenate([p[name] for p in parts], axis=0) for name in parts[0]}
+
+
+def split(outputs: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[Tensors]:
+    """Cut batch outputs back into per-request pieces; ValueError if an output
+    is not batch-major (its leading dimension is not the total row count)."""
+    total = sum(rows)
+    for name, arr in outputs.items():
+        if arr.ndim == 0 or arr.shape[0] != total:
+            raise ValueError(
+                f"output '{name}' has shape {list(arr.shape)}, not {total} rows: not batch-major"
+            )
+    bounds = np.cumsum([0, *rows])
+    return [
+        {name: arr[bounds[i] : bounds[i + 1]] for name, arr in outputs.items()}
+        for i in range(len(rows))
+    ]
+
+
+class DynamicBatcher:
+    """Queue + worker(s) for one loaded model version."""
+
+    def __init__(
+        self,
+        run: RunFn,
+        *,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_queue: int,
+        workers: int = 1,
+        batchable: bool = True,
+        observer: BatchObserver | None = None,
+        name: str = "model",
+    ) -> None:
+        self._run = run
+        self._max_batch = max_batch_size if batchable else 1
+        self._max_delay = max_delay_s
+        self._max_queue = max_queue
+        self._observer = observer or NullObserver()
+        self._name = name
+        self._queue: deque[_Request] = deque()
+        self._rows_by_key: dict[Hashable, int] = defaultdict(int)
+        self._wakeup = asyncio.Event()
+        self._collect_lock = asyncio.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"infer-{name}")
+        self._n_workers = workers
+        self._workers: list[asyncio.Task] = []
+        self._closing = False
+        self._batch_seconds = 0.0  # moving average, for Retry-After
+
+    # ------------------------------------------------------------------ public
+
+    def start(self) -> None:
+        """Start the worker tasks on the running loop."""
+        if not self._workers:
+            self._workers = [
+                asyncio.get_running_loop().create_task(self._worker(), name=f"batcher-{self._name}")
+                for _ in range(self._n_workers)
+            ]
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    async def submit(self, inputs: Tensors, rows: int) -> Tensors:
+        """Queue one request and wait for its outputs (its own rows only)."""
+        if self._closing:
+            raise ShuttingDown(f"model version {self._name} is shutting down")
+        if len(self._queue) >= self._max_queue:
+            raise QueueFull(
+                f"inference queue is full ({self._max_queue} requests waiting); retry later",
+                retry_after_s=self._retry_after(),
+            )
+        future = asyncio.get_running_loop().create_future()
+        request = _Request(inputs, rows, batch_key(inputs), future)
+        self._queue.append(request)
+        self._rows_by_key[request.key] += rows
+        self._observer.queued(+1)
+        self._wakeup.set()
+        return await future
+
+    def flush(self) -> None:
+        """Stop waiting for batches to fill: used while draining, when no more
+        requests are coming to fill them."""
+        self._max_delay = 0.0
+        self._wakeup.set()
+
+    def stop_accepting(self) -> None:
+        """New submits fail from now on; queued requests run without further delay."""
+        self._closing = True
+        self._wakeup.set()
+
+    async def close(self, timeout: float) -> None:
+        """Stop accepting, finish what is queued within `timeout`, fail the rest."""
+        self.stop_accepting()
+        if self._workers:
+            done, pending = await asyncio.wait(self._workers, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("drain of %s timed out after %.1fs", self._name, timeout)
+                await asyncio.gather(*pending, return_exceptions=True)
+        while self._queue:
+            request = self._queue.popleft()
+            self._observer.queued(-1)
+            if not request.future.done():
+                request.future.set_exception(ShuttingDown())
+        self._rows_by_key.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ worker
+
+    async def _worker(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            if batch is None:
+                return
+            try:
+                await self._execute(batch)
+            except asyncio.CancelledError:
+                self._fail(batch, ShuttingDown())
+                raise
+            except Exception as exc:  # never let one bad batch kill the worker
+                log.exception("batch of %s failed", self._name)
+                self._fail(batch, exc)
+
+    async def _next_batch(self) -> list[_Request] | None:
+        async with self._collect_lock:
+            while True:
+                if not self._queue:
+                    if self._closing:
+                        return None
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                head = self._queue[0]
+                while not self._closing and self._rows_by_key[head.key] < self._max_batch:
+                    # Re-read the delay each time: `flush` may have set it to zero.
+                    remaining = head.enqueued + self._max_delay - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._wakeup.clear()
+                    try:
+                        async with asyncio.timeout(remaining):
+                            await self._wakeup.wait()
+                    except TimeoutError:
+                        break
+                batch = self._take(head.key)
+                if batch:
+                    return batch
+
+    def _take(self, key: Hashable) -> list[_Request]:
+        """Pop queued requests of `key` in FIFO order while they fit the batch;
+        drop requests whose caller has gone away."""
+        batch: list[_Request] = []
+        keep: deque[_Request] = deque()
+        rows = 0
+        full = False
+        now = time.monotonic()
+        for request in self._queue:
+            if request.key != key or full:
+                keep.append(request)
+                continue
+            if batch and rows + request.rows > self._max_batch:
+                full = True
+                keep.append(request)
+                continue
+            self._rows_by_key[key] -= request.rows
+            self._observer.queued(-1)
+            if request.future.done():  # cancelled by a disconnected client
+                continue
+            self._observer.queue_wait(now - request.enqueued)
+            batch.append(request)
+            rows += request.rows
+        self._queue = keep
+        if self._rows_by_key.get(key) == 0:
+            del self._rows_by_key[key]
+        return batch
+
+    async def _execute(self, batch: list[_Request]) -> None:
+        rows = [r.rows for r in batch]
+        loop = asyncio.get_running_loop()
+        inputs = merge([r.inputs for r in batch])
+        started = time.perf_counter()
+        try:
+            outputs = await loop.run_in_executor(self._executor, self._run, inputs)
+            parts = split(outputs, rows) if len(batch) > 1 else [outputs]
+        except ValueError as exc:
+            if len(batch) == 1:
+                raise
+            log.warning("%s: %s; no longer merging requests", self._name, exc)
+            self._max_batch = 1
+            await self._execute_each(batch)
+            return
+        except Exception:
+            if len(batch) == 1:
+                raise
+            # One bad request must not fail its neighbours: rerun them one by one.
+            await self._execute_each(batch)
+            return
+        elapsed = time.perf_counter() - started
+        self._observer.batch(sum(rows), elapsed)
+        self._batch_seconds = 0.8 * self._batch_seconds + 0.2 * elapsed
+        for request, part in zip(batch, parts, strict=True):
+            if not request.future.done():
+                request.future.set_result(part)
+
+    async def _execute_each(self, batch: list[_Request]) -> None:
+        for request in batch:
+            try:
+                await self._execute([request])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._fail([request], exc)
+
+    @staticmethod
+    def _fail(batch: list[_Request], exc: BaseException) -> None:
+        for request in batch:
+            if not request.future.done():
+                request.future.set_exception(exc)
+
+    def _retry_after(self) -> int:
+        """Seconds until the current queue has likely drained."""
+        batches = len(self._queue) / max(1, self._max_batch)
+        return min(30, max(1, math.ceil(batches * self._batch_seconds)))

@@ -1,0 +1,94 @@
+"""Process edge: uvicorn with graceful SIGTERM handling and the metrics port.
+
+SIGTERM -> readiness turns false at once -> (optional `shutdown_delay_s` while
+the endpoint is removed from Services) -> the listener closes -> in-flight and
+queued requests finish, bounded by `drain_timeout_s` -> exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+import uvicorn
+from prometheus_client import REGISTRY, start_http_server
+
+from .api.common import AppState
+from .app import create_app
+from .settings import ServerSettings
+
+log = logging.getLogger("model_server")
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn.Server that marks the app unready before it starts shutting down."""
+
+    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+        super().__init__(config)
+        self.app_state = state
+        self._delay: threading.Timer | None = None
+        self._drain_started: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.app_state.draining = True
+        delay = self.app_state.settings.shutdown_delay_s
+        if delay > 0 and self._delay is None and not self.should_exit:
+            log.info("signal %d: not ready; stopping in %.1fs", sig, delay)
+            self._delay = threading.Timer(delay, self._begin_shutdown, args=(sig, frame))
+            self._delay.daemon = True
+            self._delay.start()
+            return
+        self._begin_shutdown(sig, frame)
+
+    def _begin_shutdown(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain_started is None:
+            self._drain_started = time.monotonic()
+            log.info("signal %d: draining (timeout %.1fs)", sig, self.app_state.settings.drain_timeout_s)
+            loop = self.app_state.loop
+            if loop is not None:  # signal handler / timer thread: hand over to the loop
+                loop.call_soon_threadsafe(self.app_state.repository.flush)
+        super().handle_exit(sig, frame)
+
+    def drain_budget(self) -> float:
+        """What is left of the drain timeout for the queues after connections closed."""
+        total = self.app_state.settings.drain_timeout_s
+        if self._drain_started is None:
+            return total
+        return max(0.5, total - (time.monotonic() - self._drain_started))
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def serve(settings: ServerSettings) -> int:
+    """Run until SIGTERM/SIGINT; 0 after a graceful stop."""
+    configure_logging(settings.log_level)
+    app = create_app(settings, registry=REGISTRY)
+    state: AppState = app.state.server
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr=settings.host, registry=REGISTRY)
+        log.info("metrics on :%d/metrics", settings.metrics_port)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
+        lifespan="on",
+    )
+    server = GracefulServer(config, state)
+    app.state.drain_budget = server.drain_budget
+    # uvicorn re-raises the caught signal after a graceful stop; a no-op handler
+    # underneath turns that into a normal return, so the exit code is 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    return 0 if server.started else 1

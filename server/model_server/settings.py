@@ -1,0 +1,104 @@
+"""Server configuration, read from CLI flags and `MODEL_SERVER_*` env vars.
+
+The operator may pass settings either way, so both end up in one validated
+object; explicitly given flags win over env values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+#: Provider preference when none is configured: most to least specialised.
+DEFAULT_PROVIDERS = (
+    "MIGraphXExecutionProvider",
+    "ROCMExecutionProvider",
+    "CUDAExecutionProvider",
+    "CPUExecutionProvider",
+)
+
+#: File suffixes that mark a path as a model file rather than a directory.
+MODEL_SUFFIXES = frozenset({".onnx", ".pt", ".pth", ".torchscript", ".pt2"})
+
+ModelFormat = Literal["auto", "onnx", "torchscript", "export"]
+
+
+class ServerSettings(BaseSettings):
+    """Everything `serve` needs; field names map to `--kebab-case` flags."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MODEL_SERVER_", extra="ignore", populate_by_name=True
+    )
+
+    model: Path = Field(description="Model file or model repository directory.")
+    model_name: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("model_name", "MODEL_SERVER_MODEL_NAME", "MODEL_NAME"),
+        description="Name in the API and the `model` metric label; default: model stem.",
+    )
+    format: ModelFormat = "auto"
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=0, le=65535)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+
+    providers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_PROVIDERS))
+    intra_op_threads: int = Field(default=0, ge=0, description="0 = runtime default")
+    inter_op_threads: int = Field(default=0, ge=0, description="0 = runtime default")
+    io_binding: Literal["auto", "on", "off"] = "auto"
+    profiling: bool = False
+    profile_dir: Path = Path("/tmp/model-server-profiles")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    max_batch_size: int = Field(default=16, ge=1, le=4096)
+    max_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
+    max_queue: int = Field(default=256, ge=1)
+    batch_workers: int = Field(default=1, ge=1, le=16, description="concurrent backend calls")
+    warmup: bool = True
+
+    watch: bool = True
+    watch_polling: bool = False
+    watch_debounce_ms: int = Field(default=500, ge=10)
+    max_versions: int = Field(default=2, ge=0, description="highest N versions served; 0 = all")
+
+    drain_timeout_s: float = Field(default=30.0, ge=0)
+    shutdown_delay_s: float = Field(default=0.0, ge=0, description="stay up unready after SIGTERM")
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = False
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _split_providers(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _default_name(self) -> ServerSettings:
+        if not self.model_name:
+            self.model_name = default_model_name(self.model)
+        return self
+
+    @property
+    def name(self) -> str:
+        """The resolved model name (never empty after validation)."""
+        assert self.model_name is not None
+        return self.model_name
+
+    @property
+    def max_delay_s(self) -> float:
+        return self.max_delay_ms / 1000.0
+
+
+def default_model_name(path: Path) -> str:
+    """`/mnt/models` -> `models`, `/x/resnet50.onnx` -> `resnet50`."""
+    name = path.stem if path.suffix in MODEL_SUFFIXES else path.name
+    return name or "model"

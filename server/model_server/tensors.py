@@ -1,0 +1,387 @@
+"""Tensor metadata and the conversions between wire formats and numpy.
+
+Everything here is pure: it turns request data into validated arrays (raising
+`InvalidInput` with a message that names the offending tensor) and arrays back
+into Open Inference Protocol tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidInput
+
+#: Open Inference Protocol datatypes and their numpy dtypes.
+V2_DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+
+_NUMPY_TO_V2 = {dtype: name for name, dtype in V2_DATATYPES.items()}
+
+#: ONNX Runtime type strings -> v2 datatypes.
+ORT_TO_V2 = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+    "tensor(bfloat16)": "BF16",
+}
+
+_INT_KINDS = "iu"
+_MAX_ERRORS_SHOWN = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """Name, v2 datatype and shape of a model input or output.
+
+    `shape` uses -1 for dynamic dimensions and is None when the runtime does not
+    know the rank (e.g. TorchScript without a signature file).
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...] | None
+
+    @property
+    def dtype(self) -> np.dtype:
+        try:
+            return V2_DATATYPES[self.datatype]
+        except KeyError:
+            raise InvalidInput(
+                f"tensor '{self.name}' has datatype {self.datatype}, which this server cannot "
+                "exchange over JSON"
+            ) from None
+
+    @property
+    def has_batch_dim(self) -> bool:
+        return self.shape is not None and len(self.shape) >= 1 and self.shape[0] == -1
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "datatype": self.datatype,
+            "shape": list(self.shape) if self.shape is not None else [-1],
+        }
+
+
+def v2_datatype(dtype: np.dtype) -> str:
+    """The v2 datatype of a numpy dtype (str_/bytes_ map to BYTES)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "USO":
+        return "BYTES"
+    try:
+        return _NUMPY_TO_V2[dtype]
+    except KeyError:
+        raise ValueError(f"numpy dtype {dtype} has no v2 datatype") from None
+
+
+def normalize_dim(dim: object) -> int:
+    """Runtime dims (int, None, symbolic str or SymInt) -> int, with -1 for dynamic."""
+    if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 0:
+        return int(dim)
+    return -1
+
+
+def is_batchable(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
+    """Requests can be stacked only if every tensor has a dynamic leading dimension."""
+    if not inputs:
+        return False
+    return all(s.has_batch_dim for s in inputs) and all(
+        s.shape is None or s.has_batch_dim for s in outputs
+    )
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _flatten(data: Any) -> Iterator[Any]:
+    if isinstance(data, (list, tuple)):
+        for item in data:
+            yield from _flatten(item)
+    else:
+        yield data
+
+
+def _valid_element(value: Any, datatype: str) -> bool:
+    if datatype == "BOOL":
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if datatype in ("FP16", "FP32", "FP64"):
+        return isinstance(value, (int, float))
+    if datatype == "BYTES":
+        return isinstance(value, str)
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _first_bad_element(label: str, data: Any, datatype: str, noun: str) -> InvalidInput:
+    for index, value in enumerate(_flatten(data)):
+        if not _valid_element(value, datatype):
+            return InvalidInput(f"{label}: element {index} ({value!r}) is not {noun}")
+    return InvalidInput(f"{label}: data is not a well-formed {datatype} array")
+
+
+def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -> np.ndarray:
+    """Nested JSON lists -> array of `datatype`, rejecting strings, bools-as-numbers,
+    ragged lists, non-integers for integer types and out-of-range values."""
+    dtype = V2_DATATYPES[datatype]
+    noun = f"a valid {datatype} value"
+    if label is None:
+        label = f"input '{name}'"
+    else:
+        noun = "a number"
+    try:
+        raw = np.asarray(data)
+    except (ValueError, TypeError):
+        raise InvalidInput(f"{label}: data is ragged (nested lists of different lengths)") from None
+    kind = raw.dtype.kind
+    if datatype == "BOOL":
+        if kind != "b":
+            raise _first_bad_element(label, data, datatype, noun)
+        return raw
+    if kind not in "iuf":
+        raise _first_bad_element(label, data, datatype, noun)
+    if dtype.kind in _INT_KINDS:
+        if kind == "f":
+            if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
+                raise _first_bad_element(label, data, datatype, noun)
+        info = np.iinfo(dtype)
+        if raw.size and (raw.min() < info.min or raw.max() > info.max):
+            raise InvalidInput(
+                f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}"
+            )
+    elif dtype.kind == "f" and dtype != raw.dtype and raw.size:
+        finfo = np.finfo(dtype)
+        peak = np.max(np.abs(raw[np.isfinite(raw)])) if np.any(np.isfinite(raw)) else 0.0
+        if peak > finfo.max:
+            raise InvalidInput(f"{label}: values exceed the range of {datatype}")
+    return raw.astype(dtype, copy=False)
+
+
+def check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    if any((not isinstance(d, int)) or isinstance(d, bool) or d < 0 for d in shape):
+        raise InvalidInput(f"input '{name}': shape {list(shape)} must be non-negative integers")
+    return tuple(shape)
+
+
+def decode_json_tensor(name: str, datatype: str, shape: Sequence[int], data: Any) -> np.ndarray:
+    """A v2 JSON tensor (flat row-major or nested `data`) -> numpy array of `shape`."""
+    shape = check_shape(name, shape)
+    if datatype not in V2_DATATYPES:
+        raise InvalidInput(
+            f"input '{name}': unsupported datatype '{datatype}'; "
+            f"supported: {', '.join(V2_DATATYPES)}"
+        )
+    if data is None:
+        raise InvalidInput(f"input '{name}' has no 'data'")
+    if not isinstance(data, list):
+        data = [data]
+    if datatype == "BYTES":
+        flat = list(_flatten(data))
+        bad = next((i for i, v in enumerate(flat) if not isinstance(v, str)), None)
+        if bad is not None:
+            raise InvalidInput(
+                f"input '{name}': element {bad} ({flat[bad]!r}) is not a valid BYTES value"
+            )
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = flat
+    else:
+        arr = _to_numeric(name, data, datatype)
+    expected = math.prod(shape)
+    if arr.size != expected:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} needs {expected} values, data has {arr.size}"
+        )
+    return arr.reshape(shape)
+
+
+def decode_binary_tensor(name: str, datatype: str, shape: Sequence[int], buf: bytes) -> np.ndarray:
+    """A tensor sent with the binary-data extension -> numpy array (copy, writable)."""
+    shape = check_shape(name, shape)
+    if datatype not in V2_DATATYPES:
+        raise InvalidInput(f"input '{name}': unsupported datatype '{datatype}'")
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        items: list[bytes] = []
+        offset = 0
+        while offset < len(buf):
+            if offset + 4 > len(buf):
+                raise InvalidInput(f"input '{name}': truncated BYTES element header")
+            (length,) = struct.unpack_from("<I", buf, offset)
+            offset += 4
+            if offset + length > len(buf):
+                raise InvalidInput(f"input '{name}': truncated BYTES element")
+            items.append(bytes(buf[offset : offset + length]))
+            offset += length
+        if len(items) != count:
+            raise InvalidInput(
+                f"input '{name}': shape {list(shape)} needs {count} values, data has {len(items)}"
+            )
+        arr = np.empty(count, dtype=object)
+        arr[:] = items
+        return arr.reshape(shape)
+    dtype = V2_DATATYPES[datatype]
+    if len(buf) != count * dtype.itemsize:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} of {datatype} needs "
+            f"{count * dtype.itemsize} bytes, got {len(buf)}"
+        )
+    return np.frombuffer(buf, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+
+
+def decode_simple_rows(data: Any, spec: TensorSpec) -> np.ndarray:
+    """The simple API's `data` -> a batch for `spec`.
+
+    A flat list is ONE row (reshaped to the input shape without its batch
+    dimension); a list of flat lists, or fully nested rows, is several rows.
+    """
+    if not isinstance(data, list) or not data:
+        raise InvalidInput("'data' must be a non-empty list of numbers (or a list of rows)")
+    arr = _to_numeric("data", data, "FP64", label="'data'")
+    if spec.datatype not in ("FP16", "FP32", "FP64") and spec.dtype.kind not in _INT_KINDS + "b":
+        raise InvalidInput(
+            f"model input '{spec.name}' has datatype {spec.datatype}; use the v2 API"
+        )
+    if spec.shape is None:
+        return _cast_simple(arr[None, :] if arr.ndim == 1 else arr, spec)
+    row_shape = spec.shape[1:] if len(spec.shape) >= 1 else ()
+    if not row_shape and arr.ndim == 1:
+        return _cast_simple(arr, spec)  # scalar rows: a flat list is a list of rows
+    rows = arr[None, :] if arr.ndim == 1 else arr
+    if rows.ndim == 1 + len(row_shape) and all(
+        d == -1 or d == n for d, n in zip(row_shape, rows.shape[1:], strict=True)
+    ):
+        return _cast_simple(rows, spec)
+    if rows.ndim != 2:
+        raise InvalidInput(
+            f"'data' rows have shape {list(rows.shape[1:])}, model input '{spec.name}' "
+            f"expects rows of shape {list(row_shape)}"
+        )
+    per_row = rows.shape[1]
+    dynamic = [i for i, d in enumerate(row_shape) if d == -1]
+    known = math.prod(d for d in row_shape if d != -1)
+    if not dynamic:
+        if per_row != known:
+            raise InvalidInput(
+                f"'data' has {per_row} values per row, model input '{spec.name}' expects "
+                f"{known} (row shape {list(row_shape)})"
+            )
+        target = row_shape
+    elif len(dynamic) == 1 and known > 0 and per_row % known == 0:
+        target = tuple(per_row // known if d == -1 else d for d in row_shape)
+    else:
+        raise InvalidInput(
+            f"'data' has {per_row} values per row, which cannot be reshaped to model input "
+            f"'{spec.name}' row shape {list(row_shape)}; send nested rows or use the v2 API"
+        )
+    return _cast_simple(rows.reshape((rows.shape[0], *target)), spec)
+
+
+def _cast_simple(rows: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    dtype = spec.dtype
+    if dtype.kind in _INT_KINDS and not np.all(rows == np.round(rows)):
+        raise InvalidInput(f"model input '{spec.name}' is {spec.datatype}; 'data' has non-integers")
+    return np.ascontiguousarray(rows.astype(dtype, copy=False))
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_inputs(
+    arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], *, batchable: bool
+) -> int:
+    """Check names, dtypes and shapes against the model; return the row count."""
+    expected = {s.name for s in specs}
+    missing = [s.name for s in specs if s.name not in arrays]
+    unknown = sorted(set(arrays) - expected)
+    if missing or unknown:
+        problems = [f"missing input(s) {missing}" if missing else "",
+                    f"unknown input(s) {unknown}" if unknown else ""]
+        raise InvalidInput(
+            f"{', '.join(p for p in problems if p)}; model inputs are {sorted(expected)}"
+        )
+    rows: int | None = None
+    for spec in specs:
+        arr = arrays[spec.name]
+        if arr.dtype != spec.dtype and not (spec.datatype == "BYTES" and arr.dtype.kind in "OSU"):
+            raise InvalidInput(
+                f"input '{spec.name}' has datatype {v2_datatype(arr.dtype)}, "
+                f"model expects {spec.datatype}"
+            )
+        if spec.shape is not None:
+            ok = arr.ndim == len(spec.shape) and all(
+                d == -1 or d == n for d, n in zip(spec.shape, arr.shape, strict=True)
+            )
+            if not ok:
+                raise InvalidInput(
+                    f"input '{spec.name}' has shape {list(arr.shape)}, model expects "
+                    f"{list(spec.shape)} (-1 = any size)"
+                )
+        if batchable:
+            if arr.ndim == 0:
+                raise InvalidInput(f"input '{spec.name}' needs a batch dimension")
+            if rows is None:
+                rows = arr.shape[0]
+            elif arr.shape[0] != rows:
+                raise InvalidInput(
+                    f"inputs disagree on batch size: '{spec.name}' has {arr.shape[0]} rows, "
+                    f"others have {rows}"
+                )
+    if batchable and rows == 0:
+        raise InvalidInput("batch dimension is 0: send at least one row")
+    return rows if (batchable and rows is not None) else 1
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def encode_json_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
+    """numpy -> v2 JSON tensor; `data` stays an array for orjson to serialize fast."""
+    datatype = v2_datatype(arr.dtype)
+    if datatype == "BYTES":
+        data: Any = [
+            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+            for v in arr.reshape(-1).tolist()
+        ]
+    else:
+        data = np.ascontiguousarray(arr).reshape(-1)
+    return {"name": name, "datatype": datatype, "shape": list(arr.shape), "data": data}
+
+
+def encode_binary_tensor(arr: np.ndarray) -> bytes:
+    """numpy -> bytes for the binary-data extension (little-endian, row-major)."""
+    if v2_datatype(arr.dtype) == "BYTES":
+        parts = []
+        for v in arr.reshape(-1).tolist():
+            b = v if isinstance(v, bytes) else str(v).encode()
+            parts.append(struct.pack("<I", len(b)) + b)
+        return b"".join(parts)
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()

@@ -1,0 +1,427 @@
+"""Model repository: versions on disk, the versions being served, hot reload.
+
+Layout: `DIR/<version>/model.onnx` (or `model.pt` / `model.pt2`); a bare model
+file, or a directory holding the model file directly, is version `1`.
+`latest` is the highest version (numeric versions compare as numbers).
+
+Loading and warmup happen in a thread, off the request path; the map of served
+versions is replaced in one assignment, so a request sees either the old or the
+new map, never a half-built one. A replaced or removed version drains its queue
+before its runtime is released. A version that fails to load is recorded with
+the reason and not retried until its files change, while the versions already
+being served keep serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from .backends import MODEL_FILES, Backend, create_backend
+from .backends.torch import SIGNATURE_FILE
+from .batching import DynamicBatcher
+from .errors import ModelLoadError, ModelNotFound, ModelNotReady
+from .metrics import ServerMetrics
+from .settings import MODEL_SUFFIXES, ServerSettings
+
+log = logging.getLogger(__name__)
+
+Fingerprint = tuple[tuple[str, int, int], ...]
+BackendFactory = Callable[[Path, ServerSettings, str], Backend]
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSource:
+    """A version on disk: its model file and a fingerprint of its files, so a
+    rewritten version is noticed and a half-copied one retried."""
+
+    version: str
+    path: Path
+    fingerprint: Fingerprint
+
+
+def version_key(version: str) -> tuple[int, int, str]:
+    """Numbers sort numerically and above nothing; other names sort after numbers."""
+    return (0, int(version), "") if version.isdigit() else (1, 0, version)
+
+
+def latest_version(versions: Any) -> str:
+    return max(versions, key=version_key)
+
+
+def find_model_file(directory: Path, fmt: str) -> Path | None:
+    """`model.<ext>` for the format, else the directory's only model-looking file."""
+    names = MODEL_FILES.get(fmt) or tuple(n for names in MODEL_FILES.values() for n in names)
+    for name in names:
+        candidate = directory / name
+        if candidate.is_file():
+            return candidate
+    try:
+        found = [
+            p for p in directory.iterdir()
+            if p.is_file() and p.suffix in MODEL_SUFFIXES and not p.name.startswith(".")
+        ]
+    except OSError:
+        return None
+    return found[0] if len(found) == 1 else None
+
+
+def fingerprint(paths: list[Path]) -> Fingerprint:
+    result = []
+    for path in sorted(paths):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        result.append((path.name, stat.st_size, stat.st_mtime_ns))
+    return tuple(result)
+
+
+def _version_files(directory: Path) -> list[Path]:
+    try:
+        return [p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")]
+    except OSError:
+        return []
+
+
+def discover(root: Path, fmt: str) -> dict[str, VersionSource]:
+    """Versions found under `root` (a file, a version-per-subdirectory directory,
+    or a directory holding one model). Hidden entries (temp copies) are ignored."""
+    if root.is_file():
+        files = [root]
+        signature = root.parent / SIGNATURE_FILE
+        if signature.is_file():
+            files.append(signature)
+        return {"1": VersionSource("1", root, fingerprint(files))}
+    if not root.is_dir():
+        return {}
+    versions: dict[str, VersionSource] = {}
+    try:
+        children = sorted(root.iterdir())
+    except OSError:
+        return {}
+    for child in children:
+        if child.name.startswith(".") or not child.is_dir():
+            continue
+        model_file = find_model_file(child, fmt)
+        if model_file is not None:
+            versions[child.name] = VersionSource(
+                child.name, model_file, fingerprint(_version_files(child))
+            )
+    if not versions:
+        model_file = find_model_file(root, fmt)
+        if model_file is not None:
+            versions["1"] = VersionSource("1", model_file, fingerprint(_version_files(root)))
+    return versions
+
+
+def select_versions(available: Mapping[str, VersionSource], max_versions: int) -> dict[str, VersionSource]:
+    """The `max_versions` highest versions (all when 0)."""
+    ordered = sorted(available, key=version_key, reverse=True)
+    if max_versions:
+        ordered = ordered[:max_versions]
+    return {v: available[v] for v in ordered}
+
+
+# --------------------------------------------------------------------------- serving
+
+
+@dataclass(eq=False)
+class ServedVersion:
+    """One loaded version: its runtime and its batching queue."""
+
+    version: str
+    source: VersionSource
+    backend: Backend
+    batcher: DynamicBatcher
+    loaded_at: float = field(default_factory=time.time)
+
+    @property
+    def inputs(self):
+        return self.backend.inputs
+
+    @property
+    def outputs(self):
+        return self.backend.outputs
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFailure:
+    fingerprint: Fingerprint
+    reason: str
+
+
+def _load_and_warm(backend: Backend, batch_sizes: list[int]) -> None:
+    """Runs in a worker thread: a slow load (MIGraphX compiles) must not block requests."""
+    try:
+        backend.load()
+        if batch_sizes:
+            backend.warmup(batch_sizes)
+    except ModelLoadError:
+        backend.close()
+        raise
+    except Exception as exc:
+        backend.close()
+        raise ModelLoadError(f"{type(exc).__name__}: {exc}") from exc
+
+
+class ModelRepository:
+    """Keeps the served versions in line with what is on disk."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        metrics: ServerMetrics,
+        *,
+        backend_factory: BackendFactory | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.root = settings.model
+        self._factory = backend_factory or (lambda p, s, v: create_backend(p, s, version=v))
+        self._served: Mapping[str, ServedVersion] = MappingProxyType({})
+        self._latest: ServedVersion | None = None
+        self._available: dict[str, VersionSource] = {}
+        self._failed: dict[str, LoadFailure] = {}
+        self._loading: set[str] = set()
+        self._synced_once = False
+        self._sync_lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._retiring: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Begin loading in the background: liveness answers while a large model loads."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="model-repository")
+
+    async def wait_loaded(self) -> None:
+        """Until the first scan has finished (loaded or failed)."""
+        while not self._synced_once and not self._stop.is_set():
+            await asyncio.sleep(0.02)
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Stop watching, drain every queue (bounded), release the runtimes."""
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        served = list(self._served.values())
+        await asyncio.gather(
+            *(sv.batcher.close(drain_timeout) for sv in served),
+            *self._retiring,
+            return_exceptions=True,
+        )
+        for sv in served:
+            await asyncio.to_thread(sv.backend.close)
+
+    def flush(self) -> None:
+        """Run every queued request now (shutdown has begun)."""
+        for served in self._served.values():
+            served.batcher.flush()
+
+    async def _run(self) -> None:
+        try:
+            await self.sync()
+        except Exception:
+            log.exception("initial model scan failed")
+        finally:
+            self._synced_once = True
+        if self.settings.watch:
+            await self._watch()
+
+    async def _watch(self) -> None:
+        import watchfiles
+
+        root = self.root
+        while not self._stop.is_set():
+            if not root.exists():
+                await self._sleep(max(1.0, self.settings.watch_debounce_ms / 1000))
+                await self._safe_sync()
+                continue
+            target, watch_filter = root, None
+            if root.is_file():  # watch the directory: files are often replaced by rename
+                target = root.parent
+                watch_filter = lambda _change, path: Path(path) == root  # noqa: E731
+            try:
+                async for _ in watchfiles.awatch(
+                    target,
+                    watch_filter=watch_filter,
+                    stop_event=self._stop,
+                    debounce=self.settings.watch_debounce_ms,
+                    step=min(50, self.settings.watch_debounce_ms),
+                    force_polling=self.settings.watch_polling or None,
+                    poll_delay_ms=max(100, self.settings.watch_debounce_ms),
+                    recursive=True,
+                    ignore_permission_denied=True,
+                ):
+                    await self._safe_sync()
+                    if not root.exists():
+                        break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("watching %s failed (%s); retrying", target, exc)
+                await self._sleep(1.0)
+                await self._safe_sync()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _safe_sync(self) -> None:
+        try:
+            await self.sync()
+        except Exception:
+            log.exception("model rescan failed")
+
+    # ------------------------------------------------------------------ reconcile
+
+    async def sync(self) -> None:
+        """Load new or changed versions, retire unwanted ones."""
+        async with self._sync_lock:
+            available = await asyncio.to_thread(discover, self.root, self.settings.format)
+            self._available = available
+            self._failed = {
+                v: f for v, f in self._failed.items()
+                if v in available and available[v].fingerprint == f.fingerprint
+            }
+            while True:
+                candidates = {
+                    v: s for v, s in available.items() if v not in self._failed or v in self._served
+                }
+                desired = select_versions(candidates, self.settings.max_versions)
+                pending = [
+                    s for v, s in desired.items()
+                    if v not in self._failed
+                    and (v not in self._served or self._served[v].source.fingerprint != s.fingerprint)
+                ]
+                if not pending:
+                    break
+                source = max(pending, key=lambda s: version_key(s.version))
+                await self._load(source)
+            if desired:
+                for version in set(self._served) - set(desired):
+                    self._remove(version)
+            elif self._served:
+                log.warning("no loadable version under %s; still serving %s", self.root, sorted(self._served))
+
+    async def _load(self, source: VersionSource) -> None:
+        version = source.version
+        settings = self.settings
+        log.info("loading %s version %s from %s", settings.name, version, source.path)
+        self._loading.add(version)
+        started = time.perf_counter()
+        try:
+            backend = self._factory(source.path, settings, version)
+            sizes = sorted({1, settings.max_batch_size}) if settings.warmup else []
+            await asyncio.to_thread(_load_and_warm, backend, sizes)
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            self._failed[version] = LoadFailure(source.fingerprint, reason)
+            log.error("version %s failed to load: %s", version, reason)
+            return
+        finally:
+            self._loading.discard(version)
+        batcher = DynamicBatcher(
+            backend.infer,
+            max_batch_size=settings.max_batch_size,
+            max_delay_s=settings.max_delay_s,
+            max_queue=settings.max_queue,
+            workers=settings.batch_workers,
+            batchable=backend.batchable,
+            observer=self.metrics.batch_observer(settings.name, version),
+            name=f"{settings.name}:{version}",
+        )
+        batcher.start()
+        served = ServedVersion(version, source, backend, batcher)
+        old = self._served.get(version)
+        self._install({**self._served, version: served})
+        log.info(
+            "serving %s version %s on %s (loaded in %.2fs, batchable=%s)",
+            settings.name, version, backend.device, time.perf_counter() - started, backend.batchable,
+        )
+        if old is not None:
+            self._retire(old)
+
+    def _install(self, served: dict[str, ServedVersion]) -> None:
+        """The atomic swap: one assignment of an immutable map."""
+        self._served = MappingProxyType(served)
+        self._latest = served[latest_version(served)] if served else None
+
+    def _remove(self, version: str) -> None:
+        old = self._served[version]
+        self._install({v: s for v, s in self._served.items() if v != version})
+        log.info("retiring %s version %s", self.settings.name, version)
+        self._retire(old)
+
+    def _retire(self, old: ServedVersion) -> None:
+        old.batcher.stop_accepting()
+
+        async def drain() -> None:
+            await old.batcher.close(self.settings.drain_timeout_s)
+            await asyncio.to_thread(old.backend.close)
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def served(self) -> Mapping[str, ServedVersion]:
+        return self._served
+
+    @property
+    def failures(self) -> dict[str, str]:
+        return {v: f.reason for v, f in self._failed.items()}
+
+    def resolve(self, version: str | None) -> ServedVersion:
+        """The version a request asked for (`latest`/empty = highest served).
+        Must be followed by `batcher.submit` without an `await` in between, so a
+        swap cannot retire the version in the gap."""
+        if not version or version == "latest":
+            latest = self._latest
+            if latest is None:
+                raise ModelNotReady(self.not_ready_reason() or "no model version is loaded")
+            return latest
+        served = self._served.get(version)
+        if served is not None:
+            return served
+        if version in self._loading:
+            raise ModelNotReady(f"version {version} is still loading")
+        if version in self._failed:
+            raise ModelNotReady(f"version {version} failed to load: {self._failed[version].reason}")
+        listed = sorted(self._served, key=version_key)
+        if version in self._available:
+            raise ModelNotFound(
+                f"version {version} is on disk but not served (max-versions="
+                f"{self.settings.max_versions}); served versions: {listed}"
+            )
+        raise ModelNotFound(
+            f"model '{self.settings.name}' has no version '{version}'; served versions: {listed}"
+        )
+
+    def not_ready_reason(self) -> str | None:
+        if self._served:
+            return None
+        if not self._synced_once or self._loading:
+            return f"loading model from {self.root}"
+        if self._failed:
+            return "; ".join(f"version {v} failed to load: {f.reason}" for v, f in self._failed.items())
+        return (
+            f"no model found at {self.root} (expected a model file, or "
+            f"{self.root}/<version>/model.onnx|model.pt|model.pt2)"
+        )

@@ -1,0 +1,209 @@
+"""Dynamic batching on a recording fake backend (no HTTP, no runtime)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from model_server.batching import DynamicBatcher, batch_key, merge, split
+from model_server.errors import BackendInputError, QueueFull, ShuttingDown
+
+
+class Recorder:
+    """y = 2x + row index within the batch (so a wrong split is visible), and
+    remembers the row count of every call."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.calls: list[int] = []
+        self.gate = gate
+
+    def __call__(self, inputs):
+        if self.gate is not None:
+            self.gate.wait(5)
+        x = inputs["x"]
+        self.calls.append(x.shape[0])
+        return {"y": x * 2, "rows": np.full(x.shape[0], x.shape[0])}
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.depth = 0
+        self.batches: list[int] = []
+        self.waits = 0
+
+    def queued(self, delta):
+        self.depth += delta
+
+    def queue_wait(self, seconds):
+        self.waits += 1
+
+    def batch(self, rows, compute_seconds):
+        self.batches.append(rows)
+
+
+def rows(value: float, n: int = 1, width: int = 3) -> dict[str, np.ndarray]:
+    return {"x": np.full((n, width), value, np.float32)}
+
+
+def test_merge_and_split_are_inverse():
+    parts = [rows(1, 2), rows(2, 1), rows(3, 3)]
+    merged = merge(parts)
+    assert merged["x"].shape == (6, 3)
+    back = split({"x": merged["x"]}, [2, 1, 3])
+    for original, piece in zip(parts, back, strict=True):
+        np.testing.assert_array_equal(original["x"], piece["x"])
+    with pytest.raises(ValueError, match="not batch-major"):
+        split({"x": np.zeros(5)}, [2, 1, 3])
+
+
+def test_batch_key_separates_incompatible_shapes_and_dtypes():
+    assert batch_key(rows(1, 2)) == batch_key(rows(5, 7))
+    assert batch_key(rows(1, 1, width=3)) != batch_key(rows(1, 1, width=4))
+    assert batch_key({"x": np.zeros((1, 3), np.float64)}) != batch_key(rows(1))
+
+
+async def test_concurrent_requests_share_one_call_and_get_their_own_rows():
+    run, obs = Recorder(), Observer()
+    batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=1.0, max_queue=64, observer=obs)
+    batcher.start()
+    results = await asyncio.gather(*(batcher.submit(rows(i, 2), 2) for i in range(4)))
+    await batcher.close(1)
+    assert run.calls == [8]  # filled to max_batch_size, so no need to wait for the delay
+    assert obs.batches == [8] and obs.waits == 4 and obs.depth == 0
+    for i, out in enumerate(results):
+        np.testing.assert_array_equal(out["y"], np.full((2, 3), 2 * i))
+        assert out["rows"].tolist() == [8, 8]
+
+
+async def test_max_batch_size_is_respected_and_fifo_kept():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=4, max_delay_s=0.05, max_queue=64)
+    batcher.start()
+    results = await asyncio.gather(*(batcher.submit(rows(i, 3), 3) for i in range(3)))
+    await batcher.close(1)
+    assert all(c <= 4 for c in run.calls) and sum(run.calls) == 9
+    assert [float(r["y"][0, 0]) for r in results] == [0.0, 2.0, 4.0]
+
+
+async def test_incompatible_shapes_never_share_a_batch():
+    seen: list[set[int]] = []
+
+    def run(inputs):
+        seen.append({inputs["x"].shape[1]})
+        return {"y": inputs["x"] + 1}
+
+    batcher = DynamicBatcher(run, max_batch_size=16, max_delay_s=0.05, max_queue=64)
+    batcher.start()
+    jobs = [batcher.submit(rows(i, 1, width=3 if i % 2 else 5), 1) for i in range(6)]
+    results = await asyncio.gather(*jobs)
+    await batcher.close(1)
+    assert sorted(len(s) for s in seen) == [1] * len(seen)  # one width per call
+    assert len(seen) == 2
+    for i, out in enumerate(results):
+        assert out["y"].shape == (1, 3 if i % 2 else 5)
+
+
+async def test_full_queue_raises_queue_full_with_retry_after():
+    gate = threading.Event()
+    batcher = DynamicBatcher(Recorder(gate), max_batch_size=1, max_delay_s=0, max_queue=2)
+    batcher.start()
+    first = asyncio.ensure_future(batcher.submit(rows(0), 1))
+    await asyncio.sleep(0.05)  # taken by the worker, blocked in the backend
+    queued = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in (1, 2)]
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull) as info:
+        await batcher.submit(rows(9), 1)
+    assert int(info.value.headers["Retry-After"]) >= 1
+    gate.set()
+    done = await asyncio.gather(first, *queued)
+    assert [float(d["y"][0, 0]) for d in done] == [0.0, 2.0, 4.0]
+    await batcher.close(1)
+
+
+async def test_close_flushes_the_queue_then_rejects():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_s=10.0, max_queue=64)
+    batcher.start()
+    pending = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in range(5)]
+    await asyncio.sleep(0.02)
+    assert batcher.depth == 5  # waiting for the 10 s delay
+    await batcher.close(2)
+    results = await asyncio.gather(*pending)
+    assert [float(r["y"][0, 0]) for r in results] == [0, 2, 4, 6, 8]
+    with pytest.raises(ShuttingDown):
+        await batcher.submit(rows(1), 1)
+
+
+async def test_drain_timeout_fails_what_cannot_finish():
+    gate = threading.Event()
+    batcher = DynamicBatcher(Recorder(gate), max_batch_size=1, max_delay_s=0, max_queue=8)
+    batcher.start()
+    stuck = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in range(3)]
+    await asyncio.sleep(0.05)
+    await batcher.close(0.1)
+    gate.set()
+    outcomes = await asyncio.gather(*stuck, return_exceptions=True)
+    assert all(isinstance(o, ShuttingDown) for o in outcomes)
+
+
+async def test_a_bad_request_does_not_fail_its_batch_neighbours():
+    def run(inputs):
+        x = inputs["x"]
+        if np.any(x < 0):
+            raise BackendInputError("negative input")
+        return {"y": x + 1}
+
+    batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.2, max_queue=8)
+    batcher.start()
+    outcomes = await asyncio.gather(
+        *(batcher.submit(rows(v), 1) for v in (1, -1, 2)), return_exceptions=True
+    )
+    await batcher.close(1)
+    assert float(outcomes[0]["y"][0, 0]) == 2.0 and float(outcomes[2]["y"][0, 0]) == 3.0
+    assert isinstance(outcomes[1], BackendInputError)
+
+
+async def test_output_without_batch_dim_falls_back_to_single_requests():
+    calls = []
+
+    def run(inputs):
+        calls.append(inputs["x"].shape[0])
+        return {"total": np.asarray(inputs["x"].sum())}
+
+    batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.1, max_queue=8)
+    batcher.start()
+    outs = await asyncio.gather(*(batcher.submit(rows(v), 1) for v in (1, 2)))
+    later = await batcher.submit(rows(5), 1)
+    await batcher.close(1)
+    assert [float(o["total"]) for o in outs] == [3.0, 6.0]
+    assert float(later["total"]) == 15.0
+    assert calls[0] == 2 and calls[1:] == [1, 1, 1]
+
+
+async def test_cancelled_request_is_dropped_before_running():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.1, max_queue=8)
+    batcher.start()
+    gone = asyncio.ensure_future(batcher.submit(rows(1), 1))
+    kept = asyncio.ensure_future(batcher.submit(rows(2), 1))
+    await asyncio.sleep(0)
+    gone.cancel()
+    out = await kept
+    await batcher.close(1)
+    assert run.calls == [1] and float(out["y"][0, 0]) == 4.0
+
+
+async def test_flush_stops_waiting_for_a_full_batch():
+    run = Recorder()
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_s=30.0, max_queue=64)
+    batcher.start()
+    pending = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in range(3)]
+    await asyncio.sleep(0.02)
+    assert batcher.depth == 3 and run.calls == []
+    batcher.flush()
+    results = await asyncio.wait_for(asyncio.gather(*pending), 5)
+    assert run.calls == [3] and [float(r["y"][0, 0]) for r in results] == [0, 2, 4]
+    await batcher.close(1)

@@ -1,0 +1,94 @@
+"""The real process: `python -m model_server serve`, env settings, metrics port,
+and SIGTERM draining every accepted request."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from conftest import scale_model
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def poll(client: httpx.AsyncClient, url: str, predicate, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            response = await client.get(url)
+            if predicate(response):
+                return response
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"timed out polling {url}"
+        await asyncio.sleep(0.05)
+
+
+def queue_depth(text: str) -> float:
+    for line in text.splitlines():
+        if line.startswith('model_server_queue_depth{model="drainer"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+@pytest.mark.slow
+async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
+    repo = tmp_path / "models"
+    scale_model(repo / "1" / "model.onnx", 3.0)
+    port, metrics_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "MODEL_NAME": "drainer",
+        "MODEL_SERVER_MAX_QUEUE": "64",
+        "MODEL_SERVER_INTRA_OP_THREADS": "1",
+        "MODEL_SERVER_SHUTDOWN_DELAY_S": "0.5",
+    }
+    cmd = [
+        sys.executable, "-m", "model_server", "serve", "--model", str(repo),
+        "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
+        "--format", "onnx", "--providers", "MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider",
+        # Requests wait up to 5 s for a batch of 64: they are sure to be queued at SIGTERM.
+        "--max-batch-size", "64", "--max-delay-ms", "5000", "--drain-timeout", "20", "--no-watch",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            await poll(client, "/health/ready", lambda r: r.status_code == 200)
+            scrape = await client.get(f"http://127.0.0.1:{metrics_port}/metrics")
+            assert 'model_server_inflight_requests{model="drainer"}' in scrape.text
+
+            values = list(range(20))
+            pending = [
+                asyncio.ensure_future(client.post("/infer", json={"data": [v, 0, 0, 0]})) for v in values
+            ]
+            await poll(client, "/metrics", lambda r: queue_depth(r.text) == len(values))
+            proc.send_signal(signal.SIGTERM)
+            not_ready = await poll(client, "/health/ready", lambda r: r.status_code == 503, timeout=5)
+            late = await client.post("/infer", json={"data": [100, 0, 0, 0]})  # still inside the delay
+            replies = await asyncio.gather(*pending)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = proc.stdout.read()
+    assert not_ready.json()["reason"] == "shutting down"
+    assert [r.status_code for r in replies] == [200] * len(values), log
+    assert [r.json()["result"][0] for r in replies] == [3.0 * v for v in values]
+    assert late.status_code == 200 and late.json()["result"][0] == 300.0
+    assert code == 0, log
+    assert "MIGraphXExecutionProvider (unavailable) -> ROCMExecutionProvider (unavailable)" in log
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{base}/health/live", timeout=2)
