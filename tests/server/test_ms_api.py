@@ -8,7 +8,7 @@ import json
 import httpx
 import numpy as np
 import pytest
-from conftest import affine_model, int_model, make_settings, running_server, save_model
+from .helpers import affine_model, int_model, make_settings, running_server, save_model
 from onnx import TensorProto, helper
 
 from model_server.gpu import GpuSample

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import affine_model, int_model, make_settings
+from .helpers import affine_model, int_model, make_settings
 
 from model_server.backends import create_backend, detect_format
 from model_server.backends.base import example_inputs

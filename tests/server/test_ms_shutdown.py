@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from conftest import scale_model
+from .helpers import scale_model
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import make_settings, running_server, scale_model
+from .helpers import make_settings, running_server, scale_model
 from prometheus_client import CollectorRegistry
 
 from model_server.errors import ModelNotFound, ModelNotReady
