@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import contextlib
 import pathlib
 import threading
@@ -104,3 +105,29 @@ def running_cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
         asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+
+
+class LogCapture(logging.Handler):
+    """Collects the operator's per-object log lines while it runs (KopfRunner's output is
+    only readable after it stops)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def count(self, fragment: str) -> int:
+        return sum(fragment in line for line in list(self.lines))
+
+
+@contextlib.contextmanager
+def captured_operator_logs() -> Iterator[LogCapture]:
+    capture = LogCapture()
+    logger = logging.getLogger("kopf.objects")
+    logger.addHandler(capture)
+    try:
+        yield capture
+    finally:
+        logger.removeHandler(capture)

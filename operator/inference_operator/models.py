@@ -27,7 +27,7 @@ DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring:9090"
 
 # A Kubernetes quantity (the same grammar as resource.Quantity's regex).
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-MODEL_URI_PATTERN = r"^(pvc|s3|gs|https?|oci)://.+"
+MODEL_URI_PATTERN = r"^(pvc|s3|https?|oci)://.+"
 
 
 class _Spec(BaseModel):

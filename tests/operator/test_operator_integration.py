@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import copy
+import time
 
 import pytest
 
-from tests.cluster import Cluster, wait_for
+from tests.cluster import Cluster, captured_operator_logs, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -53,3 +53,106 @@ def test_apply_creates_deployment_and_service(cluster: Cluster, operator) -> Non
     assert status["url"] == "http://resnet.ml.svc.cluster.local"
     assert status["observedGeneration"] == 1
     assert condition(cluster.get_cr("ml", "resnet"), "Ready")["status"] == "False"
+
+
+def test_spec_change_patches_deployment(cluster: Cluster, operator) -> None:
+    cluster.apply_cr(resnet())
+    wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment")
+    before = cluster.emulator.writes["deployments:update"]
+
+    response = cluster.patch_cr("ml", "resnet", {"spec": {"resources": {"gpu": {"count": 4}}, "replicas": 3}})
+    assert response.status_code == 200
+
+    def patched() -> dict | None:
+        d = cluster.get(DEPLOYMENTS, "ml", "resnet")
+        limits = d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        return d if limits["amd.com/gpu"] == "4" else None
+
+    deployment = wait_for(patched, message="Deployment with 4 GPUs")
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ROCR_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert deployment["spec"]["replicas"] == 3
+    assert cluster.emulator.writes["deployments:update"] == before + 1
+    # Three replicas → a PodDisruptionBudget appears; observedGeneration follows the spec.
+    wait_for(lambda: cluster.get(PDBS, "ml", "resnet"), message="PodDisruptionBudget")
+    wait_for(lambda: cluster.get_cr("ml", "resnet")["status"].get("observedGeneration") == 2,
+             message="observedGeneration 2")
+
+
+def test_deployment_becoming_ready_makes_service_ready(cluster: Cluster, operator) -> None:
+    cluster.apply_cr(resnet(replicas=2))
+    deployment = wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment")
+    # The emulator runs no Deployment controller: play its part, as kubelet and it would.
+    cluster.patch(DEPLOYMENTS, "ml", "resnet", {"status": {
+        "observedGeneration": deployment["metadata"]["generation"],
+        "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "availableReplicas": 2,
+    }}, subresource="status")
+
+    ready = wait_for(lambda: (c := condition(cluster.get_cr("ml", "resnet"), "Ready"))
+                     and c["status"] == "True" and c, message="Ready=True")
+    assert ready["reason"] == "MinimumReplicasAvailable"
+    status = cluster.get_cr("ml", "resnet")["status"]
+    assert (status["replicas"], status["readyReplicas"]) == (2, 2)
+    assert condition(cluster.get_cr("ml", "resnet"), "Progressing")["status"] == "False"
+    assert condition(cluster.get_cr("ml", "resnet"), "Degraded")["status"] == "False"
+
+
+def test_resync_of_unchanged_service_writes_nothing(cluster: Cluster, tmp_path) -> None:
+    from kopf.testing import KopfRunner
+
+    args = ["run", "--all-namespaces", "--standalone", "-m", "inference_operator.handlers"]
+    cluster.apply_cr(resnet(replicas=2))
+    with KopfRunner(args, timeout=60) as first:
+        wait_for(lambda: cluster.get(PDBS, "ml", "resnet"), message="PodDisruptionBudget")
+        wait_for(lambda: (cluster.get_cr("ml", "resnet").get("metadata", {}).get("annotations") or {})
+                 .get("inference.rocm.dev/last-handled-configuration"), message="handled")
+    assert first.exit_code == 0, first.output
+    writes_before = dict(cluster.emulator.writes)
+
+    # A restart resumes every InferenceService: the reconcile runs again, finds every hash equal.
+    with captured_operator_logs() as logs, KopfRunner(args, timeout=60) as second:
+        wait_for(lambda: logs.count("reconciled generation 1: 0 writes"), message="resync")
+    assert second.exit_code == 0, second.output
+    new_writes = {k: v - writes_before.get(k, 0) for k, v in cluster.emulator.writes.items()
+                  if v != writes_before.get(k, 0)}
+    owned = {k: v for k, v in new_writes.items() if not k.startswith(("inferenceservices", "events"))}
+    assert owned == {}, f"resync wrote owned objects: {new_writes}"
+    assert "status keys changed: none" in second.output
+    print(f"resync writes: {new_writes or 'none'}")
+
+
+def test_invalid_spec_is_refused_by_schema(cluster: Cluster, operator) -> None:
+    bad = resnet()
+    bad["spec"]["resources"]["gpu"]["count"] = -1
+    response = cluster.apply_cr(bad)
+    assert response.status_code == 422
+    assert "spec.resources.gpu.count" in response.json()["message"]
+
+
+def test_spec_that_slips_past_schema_is_reported_degraded(cluster: Cluster) -> None:
+    # minReplicas > maxReplicas is a CEL rule: API servers without CEL (and this emulator) let
+    # it through, so the operator must catch it, report it, and not retry in a loop.
+    from kopf.testing import KopfRunner
+
+    args = ["run", "--all-namespaces", "--standalone", "-m", "inference_operator.handlers"]
+    with captured_operator_logs() as logs, KopfRunner(args, timeout=60) as runner:
+        _degrade_then_fix(cluster, logs)
+    assert runner.exit_code == 0, runner.output
+
+
+def _degrade_then_fix(cluster: Cluster, logs) -> None:
+    cluster.apply_cr(resnet(autoscaling={"minReplicas": 5, "maxReplicas": 2, "target": 50}))
+    degraded = wait_for(lambda: (c := condition(cluster.get_cr("ml", "resnet"), "Degraded"))
+                        and c["status"] == "True" and c, message="Degraded=True")
+    assert degraded["reason"] == "InvalidSpec"
+    assert "minReplicas" in degraded["message"]
+    assert cluster.get(DEPLOYMENTS, "ml", "resnet") is None
+    assert cluster.emulator.writes["deployments:create"] == 0
+    time.sleep(2)  # room for a retry storm, if there were one
+    assert logs.count("Handler 'reconcile_service' failed permanently") == 1
+
+    # Fixing the spec clears the condition and creates the workload.
+    cluster.patch_cr("ml", "resnet", {"spec": {"autoscaling": {"minReplicas": 1}}})
+    wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment after fix")
+    wait_for(lambda: condition(cluster.get_cr("ml", "resnet"), "Degraded")["status"] == "False",
+             message="Degraded=False")

@@ -1,0 +1,132 @@
+"""Command line: `render` manifests without a cluster, `run` the operator.
+
+    python -m inference_operator render -f examples/resnet-onnx-1gpu.yaml
+    python -m inference_operator run --all-namespaces --liveness http://0.0.0.0:8080/healthz
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Sequence
+from typing import TextIO
+
+import yaml
+
+from .builders import Owner, build_all
+from .models import API_VERSION, KIND, SpecError, parse_spec
+
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+class RenderError(Exception):
+    """A document that is not a renderable InferenceService; the message names where."""
+
+
+def render_documents(documents: Iterable[dict | None], source: str = "<stdin>") -> list[dict]:
+    """Every object the operator would create for the InferenceServices among `documents`."""
+    objects: list[dict] = []
+    for index, doc in enumerate(documents, start=1):
+        if doc is None:
+            continue
+        where = f"{source}: document {index}"
+        if not isinstance(doc, dict):
+            raise RenderError(f"{where}: expected a mapping, got {type(doc).__name__}")
+        if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+            raise RenderError(
+                f"{where}: apiVersion/kind must be {API_VERSION}/{KIND}, "
+                f"got {doc.get('apiVersion')}/{doc.get('kind')}"
+            )
+        meta = doc.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            raise RenderError(f"{where}: metadata.name is required")
+        where = f"{source}: InferenceService {name}"
+        try:
+            spec = parse_spec(doc.get("spec") or {})
+        except SpecError as exc:
+            raise RenderError(f"{where}: {exc}") from exc
+        owner = Owner(
+            name=name,
+            namespace=meta.get("namespace", "default"),
+            uid=meta.get("uid", PLACEHOLDER_UID),
+            spec=spec,
+        )
+        objects.extend(build_all(owner))
+    return objects
+
+
+def _render(args: argparse.Namespace, out: TextIO) -> int:
+    objects: list[dict] = []
+    for path in args.filename:
+        try:
+            stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
+        except OSError as exc:
+            raise RenderError(f"{path}: {exc.strerror}") from exc
+        with stream:
+            try:
+                documents = list(yaml.safe_load_all(stream))
+            except yaml.YAMLError as exc:
+                raise RenderError(f"{path}: not valid YAML: {exc}") from exc
+        objects.extend(render_documents(documents, source=path))
+    yaml.safe_dump_all(objects, out, sort_keys=False)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from . import handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose)
+    if args.metrics_port:
+        from . import metrics
+
+        metrics.serve(args.metrics_port, args.metrics_address)
+    kopf.run(
+        clusterwide=args.all_namespaces,
+        namespaces=args.namespace or (),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        priority=args.priority,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="inference-operator", description=__doc__.split("\n")[0])
+    commands = root.add_subparsers(dest="command", required=True)
+
+    render = commands.add_parser("render", help="print the objects an InferenceService becomes")
+    render.add_argument("-f", "--filename", action="append", required=True,
+                        help="InferenceService YAML file ('-' for stdin); repeatable")
+
+    run = commands.add_parser("run", help="run the operator")
+    scope = run.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-A", "--all-namespaces", action="store_true")
+    scope.add_argument("-n", "--namespace", action="append", help="watch this namespace; repeatable")
+    run.add_argument("--peering", default=None,
+                     help="kopf peering name for HA (one active replica); standalone when unset")
+    run.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    run.add_argument("--liveness", default=None, help="e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--metrics-port", type=int, default=8000,
+                     help="serve Prometheus metrics on this port at /metrics (0 = off)")
+    run.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics server binds")
+    run.add_argument("-v", "--verbose", action="store_true")
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "render":
+        try:
+            return _render(args, sys.stdout)
+        except RenderError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
