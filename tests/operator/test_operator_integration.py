@@ -156,3 +156,25 @@ def _degrade_then_fix(cluster: Cluster, logs) -> None:
     wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment after fix")
     wait_for(lambda: condition(cluster.get_cr("ml", "resnet"), "Degraded")["status"] == "False",
              message="Degraded=False")
+
+
+def test_deleted_deployment_is_recreated(cluster: Cluster, operator) -> None:
+    cluster.apply_cr(resnet())
+    first = wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment")
+    response = cluster.request("DELETE", "/apis/apps/v1/namespaces/ml/deployments/resnet")
+    assert response.status_code == 200
+    second = wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment again")
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    assert cluster.emulator.writes["deployments:create"] == 2
+
+
+def test_transient_api_error_is_retried(cluster: Cluster, operator) -> None:
+    # The first Service creation fails with 500 (stored anyway, as a half-failed write might be);
+    # the retry must converge without a duplicate or a Degraded condition.
+    cluster.emulator["post /api/v1/namespaces/ml/services"][:1] << 500
+    cluster.apply_cr(resnet())
+    wait_for(lambda: (cluster.get_cr("ml", "resnet").get("status") or {}).get("url"),
+             message="status after retry")
+    assert cluster.get(SERVICES, "ml", "resnet") is not None
+    assert condition(cluster.get_cr("ml", "resnet"), "Degraded")["status"] == "False"
+    assert cluster.emulator.writes["services:create"] == 1

@@ -1,0 +1,176 @@
+"""The whole path on one laptop: kubectl apply → operator → Deployment → model server → answer.
+
+No cluster is needed: the operator runs for real (its own process) against an emulated
+Kubernetes API on 127.0.0.1, and the model server runs for real on the CPU with the exact
+arguments the operator put into the Deployment. Only the kubelet's part is played here:
+starting the container and reporting it ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import numpy as np
+import onnx
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.cluster import running_cluster, wait_for  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "resnet-2gpu.yaml"
+DEPLOYMENTS = "apps/v1/deployments"
+
+
+def say(text: str) -> None:
+    print(f"\n==> {text}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_model(directory: pathlib.Path, version: str) -> np.ndarray:
+    """A 4→3 linear+ReLU ONNX model in DIR/<version>/model.onnx; returns its weights."""
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((4, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["input", "w"], ["mm"]), helper.make_node("Relu", ["mm"], ["output"])],
+        "tiny",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (directory / version).mkdir(parents=True)
+    onnx.save(model, directory / version / "model.onnx")
+    return weights
+
+
+def print_table(cr: dict) -> None:
+    """`kubectl get ris` from the CRD's printer columns."""
+    status = cr.get("status") or {}
+    ready = next((c["status"] for c in status.get("conditions", []) if c["type"] == "Ready"), "")
+    gpus = cr["spec"].get("resources", {}).get("gpu", {}).get("count", "")
+    latency = (status.get("autoscaler") or {}).get("latencyP95Ms", "")
+    rows = [("NAME", "READY", "REPLICAS", "GPUS", "LATENCY", "URL"),
+            (cr["metadata"]["name"], ready, str(status.get("replicas", "")), str(gpus), str(latency),
+             status.get("url", ""))]
+    widths = [max(len(r[i]) for r in rows) + 3 for i in range(len(rows[0]))]
+    for row in rows:
+        print("".join(cell.ljust(w) for cell, w in zip(row, widths)))
+
+
+@contextlib.contextmanager
+def process(args: list[str], env: dict, log: pathlib.Path):
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = pathlib.Path(tmp_name)
+        with running_cluster(tmp) as cluster:
+            env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+            env.pop("KUBERNETES_SERVICE_HOST", None)
+            say(f"Emulated Kubernetes API on {cluster.url}; starting the operator")
+            with process([sys.executable, "-m", "inference_operator", "run", "--all-namespaces"],
+                         env, tmp / "operator.log"):
+                return run_demo(cluster, env, tmp)
+
+
+def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
+    cr = yaml.safe_load(EXAMPLE.read_text())
+    name, namespace = cr["metadata"]["name"], cr["metadata"]["namespace"]
+    say(f"kubectl apply -f {EXAMPLE.relative_to(ROOT)}")
+    response = cluster.apply_cr(cr)
+    response.raise_for_status()
+
+    deployment = wait_for(lambda: cluster.get(DEPLOYMENTS, namespace, name), timeout=60,
+                          message="the operator to create the Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    say("The operator created Deployment and Service; the GPU wiring of the pod:")
+    print(yaml.safe_dump({
+        "resources": container["resources"],
+        "env": container["env"],
+        "affinity": deployment["spec"]["template"]["spec"].get("affinity"),
+        "tolerations": deployment["spec"]["template"]["spec"].get("tolerations"),
+    }, sort_keys=False))
+    print("args:", " ".join(container["args"]))
+
+    say("Playing the kubelet: starting the model server with the Deployment's own arguments (CPU)")
+    models = tmp / "models"
+    weights = tiny_model(models, cr["spec"]["model"].get("version", "1"))
+    port, metrics_port = free_port(), free_port()
+    args = list(container["args"])
+    args[args.index("--model") + 1] = str(models)
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--metrics-port") + 1] = str(metrics_port)
+    server_env = {**env, **{e["name"]: e["value"] for e in container["env"]}}
+    with process([sys.executable, "-m", "model_server", *args, "--host", "127.0.0.1"],
+                 server_env, tmp / "server.log"):
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _ok(base + "/health/ready"), timeout=60, message="the model server to be ready")
+        cluster.patch(DEPLOYMENTS, namespace, name, {"status": {
+            "observedGeneration": deployment["metadata"]["generation"],
+            "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1}},
+            subresource="status")
+        wait_for(lambda: _ready(cluster.get_cr(namespace, name)), timeout=30, message="Ready=True")
+        say("kubectl get ris -n ml")
+        print_table(cluster.get_cr(namespace, name))
+
+        row = [0.5, -1.0, 2.0, 0.25]
+        say(f"POST /infer {row}")
+        answer = httpx.post(base + "/infer", json={"data": row}, timeout=10).json()
+        print(answer)
+        expected = np.maximum(np.array(row, dtype=np.float32) @ weights, 0)
+        got = np.array(answer["result"], dtype=np.float32).reshape(-1)
+        print("matches numpy:", bool(np.allclose(got, expected, atol=1e-5)))
+
+        say(f"POST /v2/models/{name}/infer (Open Inference Protocol)")
+        v2 = httpx.post(f"{base}/v2/models/{name}/infer", timeout=10, json={
+            "inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32", "data": row + row}]}).json()
+        print(v2)
+
+        say("A few of the server's metrics (what the autoscaler reads through Prometheus)")
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        for line in metrics.splitlines():
+            if line.startswith(("model_server_requests_total", "model_server_request_duration_seconds_count")):
+                print(line)
+        return 0 if np.allclose(got, expected, atol=1e-5) else 1
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _ready(cr: dict | None) -> bool:
+    conditions = ((cr or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
