@@ -45,10 +45,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.loop = asyncio.get_running_loop()
         await repository.start()
+        watcher = asyncio.get_running_loop().create_task(_flush_when_stopping(state))
         yield
-        state.draining = True
+        watcher.cancel()
+        state.draining = state.stopping = True
         remaining = getattr(app.state, "drain_budget", None)
         await repository.stop(settings.drain_timeout_s if remaining is None else remaining())
 
@@ -65,6 +66,13 @@ def create_app(
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     _install_error_handlers(app)
     return app
+
+
+async def _flush_when_stopping(state: AppState) -> None:
+    """Once shutdown begins no request will come to fill a batch: stop waiting."""
+    while not state.stopping:
+        await asyncio.sleep(0.05)
+    state.repository.flush()
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -44,13 +44,13 @@ class GracefulServer(uvicorn.Server):
         self._begin_shutdown(sig, frame)
 
     def _begin_shutdown(self, sig: int, frame: FrameType | None) -> None:
+        # Runs in a signal handler (or the delay timer's thread): only set flags
+        # here; the app's own task sees `stopping` and flushes the queues.
+        super().handle_exit(sig, frame)
         if self._drain_started is None:
             self._drain_started = time.monotonic()
+            self.app_state.stopping = True
             log.info("signal %d: draining (timeout %.1fs)", sig, self.app_state.settings.drain_timeout_s)
-            loop = self.app_state.loop
-            if loop is not None:  # signal handler / timer thread: hand over to the loop
-                loop.call_soon_threadsafe(self.app_state.repository.flush)
-        super().handle_exit(sig, frame)
 
     def drain_budget(self) -> float:
         """What is left of the drain timeout for the queues after connections closed."""

@@ -3,7 +3,6 @@ parsing that turns schema errors into 4xx messages, and the inference call."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -30,8 +29,8 @@ class AppState:
     settings: ServerSettings
     metrics: ServerMetrics
     repository: ModelRepository
-    draining: bool = False
-    loop: asyncio.AbstractEventLoop | None = None
+    draining: bool = False  # readiness is false (SIGTERM received)
+    stopping: bool = False  # the listener is closing: run queued requests now
 
     def readiness(self) -> tuple[bool, str | None]:
         if self.draining:
@@ -40,7 +39,8 @@ class AppState:
         return reason is None, reason
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    """Async on purpose: FastAPI runs sync dependencies in a thread pool."""
     return request.app.state.server
 
 

@@ -59,6 +59,7 @@ class OnnxBackend(Backend):
         profiling: bool = False,
         profile_prefix: Path | None = None,
         io_binding: Literal["auto", "on", "off"] = "auto",
+        spinning: bool = False,
     ) -> None:
         super().__init__()
         self.path = Path(path)
@@ -68,6 +69,7 @@ class OnnxBackend(Backend):
         self.profiling = profiling
         self.profile_prefix = profile_prefix
         self.io_binding_mode = io_binding
+        self.spinning = spinning
         self.providers: list[str] = []
         self._session = None
         self._output_names: list[str] = []
@@ -78,6 +80,11 @@ class OnnxBackend(Backend):
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not self.spinning:
+            # Idle runtime threads would otherwise spin and starve the event loop
+            # that parses requests on the same cores.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         if self.intra_op_threads:
             options.intra_op_num_threads = self.intra_op_threads
         if self.inter_op_threads:

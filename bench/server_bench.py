@@ -1,0 +1,342 @@
+"""Three-way model server benchmark, all in one run on the same ONNX model:
+
+  (a) raw in-process ONNX Runtime session (the ceiling), by batch size;
+  (b) this server (`python -m model_server serve`) with dynamic batching;
+  (c) a naive per-request FastAPI server like the seed's (one session.run per request).
+
+(b) and (c) run as separate processes and are loaded over HTTP by an httpx
+async client in yet another process, at 1/16/64 concurrent clients, with the
+same JSON request body. Prints throughput and p50/p99 latency, then ratios.
+
+    .venv/bin/python bench/server_bench.py            # ~1.5 min on 2 cores
+    .venv/bin/python bench/server_bench.py --duration 3 --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+DEFAULT_SIZES = [1024, 4096, 4096, 4096, 16]
+CONCURRENCY = [1, 16, 64]
+
+
+# --------------------------------------------------------------------------- model
+
+
+def build_mlp(path: Path, sizes: list[int], seed: int = 0) -> Path:
+    """A dense ReLU MLP (FP32) with a dynamic batch dimension."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, prev = [], [], "x"
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        w = (rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
+        prev = f"a{i}"
+        if i < len(sizes) - 2:
+            nodes.append(helper.make_node("Relu", [prev], [f"r{i}"]))
+            prev = f"r{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    graph = helper.make_graph(
+        nodes, "bench_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", sizes[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", sizes[-1]])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+# --------------------------------------------------------------------------- (a) raw
+
+
+def bench_raw(path: Path, width: int, batch: int, threads: int, duration: float) -> dict:
+    sess = session(path, threads)
+    x = np.random.default_rng(1).standard_normal((batch, width)).astype(np.float32)
+    for _ in range(5):
+        sess.run(None, {"x": x})
+    latencies = []
+    end = time.perf_counter() + duration
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        sess.run(None, {"x": x})
+        latencies.append(time.perf_counter() - t0)
+    lat = np.array(latencies)
+    p50, p99 = (np.percentile(lat, [50, 99]) * 1000).tolist()
+    return _summary(f"(a) raw ORT batch={batch}", len(lat) * batch / lat.sum(), p50, p99, len(lat), 0)
+
+
+# --------------------------------------------------------------------------- (c) naive
+
+
+class SeedRequest(BaseModel):
+    data: list[float]
+    model_version: str = "latest"
+
+
+
+def naive_app(model: str, threads: int):
+    """The seed's shape: one session, one `session.run` per request, no batching.
+    A sync route, so FastAPI runs requests concurrently in its threadpool."""
+    from fastapi import FastAPI
+
+    sess = session(Path(model), threads)
+    input_name = sess.get_inputs()[0].name
+    app = FastAPI()
+
+    @app.get("/health/ready")
+    def ready() -> dict:
+        return {"ready": True}
+
+    @app.post("/infer")
+    def infer(req: SeedRequest) -> dict:
+        start = time.perf_counter()
+        x = np.asarray(req.data, dtype=np.float32)[None, :]
+        result = sess.run(None, {input_name: x})[0][0]
+        return {"result": result.tolist(), "latency_ms": (time.perf_counter() - start) * 1000,
+                "model_version": "1"}
+
+    return app
+
+
+def run_naive(model: str, port: int, threads: int) -> None:
+    import uvicorn
+
+    uvicorn.run(naive_app(model, threads), host="127.0.0.1", port=port, log_level="warning")
+
+
+# --------------------------------------------------------------------------- load
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("%(body)s", "rb"); wrk.body = f:read("*a"); f:close()
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('WRK {"requests": %%d, "duration_us": %%d, "errors": %%d, "p50_us": %%d, "p99_us": %%d}\\n',
+    summary.requests, summary.duration, e.status + e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def _httpx_load(url: str, body: bytes, concurrency: int, warmup: float, duration: float, out) -> None:
+    """Closed-loop clients: each sends its next request when the last returns.
+    One client per worker: a shared httpx pool degrades badly at high concurrency."""
+    import httpx
+
+    async def main() -> None:
+        headers = {"content-type": "application/json"}
+        latencies: list[float] = []
+        errors = 0
+        start = time.perf_counter()
+        measure_from, stop_at = start + warmup, start + warmup + duration
+
+        async def worker() -> None:
+            nonlocal errors
+            async with httpx.AsyncClient(timeout=60) as client:
+                while (now := time.perf_counter()) < stop_at:
+                    try:
+                        r = await client.post(url, content=body, headers=headers)
+                        ok = r.status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    done = time.perf_counter()
+                    if now >= measure_from:
+                        if ok:
+                            latencies.append(done - now)
+                        else:
+                            errors += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        out.put((latencies, errors, duration))
+
+    asyncio.run(main())
+
+
+def bench_http(
+    label: str, url: str, body: bytes, concurrency: int, warmup: float, duration: float, loadgen: str
+) -> dict:
+    if loadgen == "wrk":
+        return _bench_wrk(label, url, body, concurrency, warmup, duration)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_httpx_load, args=(url, body, concurrency, warmup, duration, queue))
+    proc.start()
+    latencies, errors, elapsed = queue.get(timeout=warmup + duration + 120)
+    proc.join(timeout=30)
+    lat = np.array(latencies)
+    p50, p99 = (np.percentile(lat, [50, 99]) * 1000).tolist() if len(lat) else (float("nan"),) * 2
+    return _summary(f"{label} c={concurrency}", len(lat) / elapsed, p50, p99, len(lat), errors)
+
+
+def _bench_wrk(label: str, url: str, body: bytes, concurrency: int, warmup: float, duration: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        body_file = Path(tmp) / "body.json"
+        body_file.write_bytes(body)
+        script = Path(tmp) / "post.lua"
+        script.write_text(WRK_SCRIPT % {"body": body_file})
+        base = ["wrk", "-t", "1", "-c", str(concurrency), "--timeout", "30s", "-s", str(script)]
+        subprocess.run([*base, "-d", f"{max(1, round(warmup))}s", url], capture_output=True, check=True)
+        out = subprocess.run([*base, "-d", f"{max(1, round(duration))}s", url],
+                             capture_output=True, text=True, check=True).stdout
+    stats = json.loads(next(line for line in out.splitlines() if line.startswith("WRK "))[4:])
+    ok = stats["requests"] - stats["errors"]
+    return _summary(f"{label} c={concurrency}", ok / (stats["duration_us"] / 1e6),
+                    stats["p50_us"] / 1000, stats["p99_us"] / 1000, ok, stats["errors"])
+
+
+def _summary(label: str, throughput: float, p50: float, p99: float, n: int, errors: int) -> dict:
+    row = {"label": label, "throughput": throughput, "p50_ms": p50, "p99_ms": p99, "n": n, "errors": errors}
+    print(f"  {label:<28} {throughput:9.1f}/s   p50 {p50:8.2f} ms   p99 {p99:8.2f} ms"
+          f"   n={n} errors={errors}", flush=True)
+    return row
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="MLP layer widths")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per point")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads for all three (0 = ORT default)")
+    parser.add_argument("--max-batch-size", type=int, default=16)
+    parser.add_argument("--max-delay-ms", type=float, default=5.0)
+    parser.add_argument("--loadgen", choices=["auto", "wrk", "httpx"], default="auto",
+                        help="HTTP load generator process (auto: wrk when installed)")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--naive-server", nargs=2, metavar=("MODEL", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.naive_server:
+        run_naive(args.naive_server[0], int(args.naive_server[1]), args.threads)
+        return 0
+
+    loadgen = args.loadgen if args.loadgen != "auto" else ("wrk" if shutil.which("wrk") else "httpx")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    results: dict[str, list[dict]] = {"a": [], "b": [], "c": []}
+    body = json.dumps({"data": np.random.default_rng(2).standard_normal(sizes[0]).round(4).tolist()}).encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build_mlp(Path(tmp) / "mlp.onnx", sizes)
+        print(f"MLP {sizes}: {params / 1e6:.1f}M parameters, {model.stat().st_size / 1e6:.0f} MB; "
+              f"{os.cpu_count()} CPUs; ORT threads={args.threads or 'default'}; "
+              f"server max-batch-size={args.max_batch_size} max-delay-ms={args.max_delay_ms}; "
+              f"load generator: {loadgen}", flush=True)
+
+        print("(a) raw in-process ONNX Runtime session", flush=True)
+        for batch in (1, 8, args.max_batch_size, 64):
+            results["a"].append(bench_raw(model, sizes[0], batch, args.threads, args.duration))
+
+        servers = {
+            "b": ("(b) model_server", [
+                sys.executable, "-m", "model_server", "serve", "--model", str(model), "--host", "127.0.0.1",
+                "--format", "onnx", "--providers", "CPUExecutionProvider", "--no-watch",
+                "--max-batch-size", str(args.max_batch_size), "--max-delay-ms", str(args.max_delay_ms),
+                "--max-queue", "256", "--intra-op-threads", str(args.threads), "--log-level", "warning",
+            ]),
+            "c": ("(c) naive FastAPI", [
+                sys.executable, __file__, "--threads", str(args.threads), "--naive-server", str(model),
+            ]),
+        }
+        for key, (label, cmd) in servers.items():
+            port = free_port()
+            cmd = [*cmd, "--port", str(port)] if key == "b" else [*cmd, str(port)]
+            print(label, flush=True)
+            proc = subprocess.Popen(cmd)
+            try:
+                wait_ready(f"http://127.0.0.1:{port}/health/ready", proc)
+                for concurrency in CONCURRENCY:
+                    results[key].append(bench_http(
+                        label, f"http://127.0.0.1:{port}/infer", body, concurrency, args.warmup,
+                        args.duration, loadgen))
+            finally:
+                stop(proc)
+
+    by = {k: {r["label"].split()[-1]: r for r in v} for k, v in results.items()}
+    print("\nratios (same run, same model):")
+    for c in CONCURRENCY:
+        b, cc = by["b"][f"c={c}"], by["c"][f"c={c}"]
+        print(f"  c={c:<3} (b)/(c) throughput {b['throughput'] / cc['throughput']:6.2f}x   "
+              f"p99 (c)/(b) {cc['p99_ms'] / b['p99_ms']:6.2f}x")
+    b64 = by["b"]["c=64"]["throughput"]
+    for batch in (8, args.max_batch_size, 64):
+        a = by["a"][f"batch={batch}"]["throughput"]
+        print(f"  (a) batch={batch:<3} / (b) c=64 throughput {a / b64:5.2f}x")
+    ratio_bc = b64 / by["c"]["c=64"]["throughput"]
+    ratio_ab = by["a"][f"batch={args.max_batch_size}"]["throughput"] / b64
+    print(f"\ntargets: (b) >= 5x (c) at 64 clients: {ratio_bc:.2f}x [{'met' if ratio_bc >= 5 else 'MISSED'}]; "
+          f"(b) within 1.3x of (a) at batch {args.max_batch_size}: {ratio_ab:.2f}x "
+          f"[{'met' if ratio_ab <= 1.3 else 'MISSED'}]")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"sizes": sizes, "results": results,
+                                               "ratio_b_over_c_c64": ratio_bc,
+                                               "ratio_a_over_b": ratio_ab}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
