@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from . import metrics, peering
 from . import status as st
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, Owner
@@ -34,6 +35,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    # HA: a priority of this replica's own and the keep-alive lifetime (see peering.py).
+    peering.apply_peering_env(settings)
     if getattr(memo, "api", None) is None:
         memo.api = KubeApi(load_api_client())
 
@@ -77,6 +80,7 @@ def _spec_problem(status: dict | None) -> st.Problem | None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
+@metrics.instrumented("reconcile")
 def reconcile_service(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo,
                       logger: logging.Logger, **_: Any) -> None:
     api: KubeApi = memo.api
@@ -131,6 +135,7 @@ def _controller_owner(body: kopf.Body) -> dict | None:
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGER})
+@metrics.instrumented("deployment_event")
 def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
                      logger: logging.Logger, **_: Any) -> None:
     """Mirror the Deployment's rollout into its InferenceService; recreate it if deleted."""
