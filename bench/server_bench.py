@@ -52,16 +52,22 @@ def build_mlp(path: Path, sizes: list[int], seed: int = 0) -> Path:
     nodes, inits, prev = [], [], "x"
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         w = (rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32)
-        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}")]
-        nodes += [helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]),
-                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
+        inits += [
+            numpy_helper.from_array(w, f"W{i}"),
+            numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+        ]
         prev = f"a{i}"
         if i < len(sizes) - 2:
             nodes.append(helper.make_node("Relu", [prev], [f"r{i}"]))
             prev = f"r{i}"
     nodes.append(helper.make_node("Identity", [prev], ["y"]))
     graph = helper.make_graph(
-        nodes, "bench_mlp",
+        nodes,
+        "bench_mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", sizes[0]])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", sizes[-1]])],
         inits,
@@ -109,7 +115,6 @@ class SeedRequest(BaseModel):
     model_version: str = "latest"
 
 
-
 def naive_app(model: str, threads: int):
     """The seed's shape: one session, one `session.run` per request, no batching.
     A sync route, so FastAPI runs requests concurrently in its threadpool."""
@@ -128,8 +133,11 @@ def naive_app(model: str, threads: int):
         start = time.perf_counter()
         x = np.asarray(req.data, dtype=np.float32)[None, :]
         result = sess.run(None, {input_name: x})[0][0]
-        return {"result": result.tolist(), "latency_ms": (time.perf_counter() - start) * 1000,
-                "model_version": "1"}
+        return {
+            "result": result.tolist(),
+            "latency_ms": (time.perf_counter() - start) * 1000,
+            "model_version": "1",
+        }
 
     return app
 
@@ -214,18 +222,27 @@ def _bench_wrk(label: str, url: str, body: bytes, concurrency: int, warmup: floa
         script.write_text(WRK_SCRIPT % {"body": body_file})
         base = ["wrk", "-t", "1", "-c", str(concurrency), "--timeout", "30s", "-s", str(script)]
         subprocess.run([*base, "-d", f"{max(1, round(warmup))}s", url], capture_output=True, check=True)
-        out = subprocess.run([*base, "-d", f"{max(1, round(duration))}s", url],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [*base, "-d", f"{max(1, round(duration))}s", url], capture_output=True, text=True, check=True
+        ).stdout
     stats = json.loads(next(line for line in out.splitlines() if line.startswith("WRK "))[4:])
     ok = stats["requests"] - stats["errors"]
-    return _summary(f"{label} c={concurrency}", ok / (stats["duration_us"] / 1e6),
-                    stats["p50_us"] / 1000, stats["p99_us"] / 1000, ok, stats["errors"])
+    return _summary(
+        f"{label} c={concurrency}",
+        ok / (stats["duration_us"] / 1e6),
+        stats["p50_us"] / 1000,
+        stats["p99_us"] / 1000,
+        ok,
+        stats["errors"],
+    )
 
 
 def _summary(label: str, throughput: float, p50: float, p99: float, n: int, errors: int) -> dict:
     row = {"label": label, "throughput": throughput, "p50_ms": p50, "p99_ms": p99, "n": n, "errors": errors}
-    print(f"  {label:<28} {throughput:9.1f}/s   p50 {p50:8.2f} ms   p99 {p99:8.2f} ms"
-          f"   n={n} errors={errors}", flush=True)
+    print(
+        f"  {label:<28} {throughput:9.1f}/s   p50 {p50:8.2f} ms   p99 {p99:8.2f} ms   n={n} errors={errors}",
+        flush=True,
+    )
     return row
 
 
@@ -268,22 +285,32 @@ def _median(rows: list[dict], label: str) -> dict:
     pick = {k: float(np.median([r[k] for r in rows])) for k in ("throughput", "p50_ms", "p99_ms")}
     spread = f"{min(r['throughput'] for r in rows):.0f}-{max(r['throughput'] for r in rows):.0f}"
     errors = sum(r["errors"] for r in rows)
-    print(f"  {label:<28} {pick['throughput']:9.1f}/s   p50 {pick['p50_ms']:8.2f} ms   "
-          f"p99 {pick['p99_ms']:8.2f} ms   (range {spread}/s, errors {errors})")
+    print(
+        f"  {label:<28} {pick['throughput']:9.1f}/s   p50 {pick['p50_ms']:8.2f} ms   "
+        f"p99 {pick['p99_ms']:8.2f} ms   (range {spread}/s, errors {errors})"
+    )
     return {"label": label, **pick, "errors": errors, "rounds": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="MLP layer widths")
     parser.add_argument("--duration", type=float, default=3.0, help="measured seconds per point and round")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
-    parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads for all three (0 = ORT default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="ORT intra-op threads for all three (0 = ORT default)"
+    )
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--max-delay-ms", type=float, default=5.0)
-    parser.add_argument("--loadgen", choices=["auto", "wrk", "httpx"], default="auto",
-                        help="HTTP load generator process (auto: wrk when installed)")
+    parser.add_argument(
+        "--loadgen",
+        choices=["auto", "wrk", "httpx"],
+        default="auto",
+        help="HTTP load generator process (auto: wrk when installed)",
+    )
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--naive-server", nargs=2, metavar=("MODEL", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -300,19 +327,51 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
         model = build_mlp(Path(tmp) / "mlp.onnx", sizes)
-        print(f"MLP {sizes}: {params / 1e6:.1f}M parameters, {model.stat().st_size / 1e6:.0f} MB; "
-              f"{os.cpu_count()} CPUs; ORT threads={args.threads or 'default'}; "
-              f"server max-batch-size={args.max_batch_size} max-delay-ms={args.max_delay_ms}; "
-              f"load generator: {loadgen}; {args.rounds} interleaved rounds", flush=True)
+        print(
+            f"MLP {sizes}: {params / 1e6:.1f}M parameters, {model.stat().st_size / 1e6:.0f} MB; "
+            f"{os.cpu_count()} CPUs; ORT threads={args.threads or 'default'}; "
+            f"server max-batch-size={args.max_batch_size} max-delay-ms={args.max_delay_ms}; "
+            f"load generator: {loadgen}; {args.rounds} interleaved rounds",
+            flush=True,
+        )
         ports = {"b": free_port(), "c": free_port()}
         commands = {
-            "b": [sys.executable, "-m", "model_server", "serve", "--model", str(model), "--host", "127.0.0.1",
-                  "--port", str(ports["b"]), "--format", "onnx", "--providers", "CPUExecutionProvider",
-                  "--no-watch", "--max-batch-size", str(args.max_batch_size),
-                  "--max-delay-ms", str(args.max_delay_ms), "--max-queue", "256",
-                  "--intra-op-threads", str(args.threads), "--log-level", "warning"],
-            "c": [sys.executable, __file__, "--threads", str(args.threads),
-                  "--naive-server", str(model), str(ports["c"])],
+            "b": [
+                sys.executable,
+                "-m",
+                "model_server",
+                "serve",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(ports["b"]),
+                "--format",
+                "onnx",
+                "--providers",
+                "CPUExecutionProvider",
+                "--no-watch",
+                "--max-batch-size",
+                str(args.max_batch_size),
+                "--max-delay-ms",
+                str(args.max_delay_ms),
+                "--max-queue",
+                "256",
+                "--intra-op-threads",
+                str(args.threads),
+                "--log-level",
+                "warning",
+            ],
+            "c": [
+                sys.executable,
+                __file__,
+                "--threads",
+                str(args.threads),
+                "--naive-server",
+                str(model),
+                str(ports["c"]),
+            ],
         }
         labels = {"b": "(b) model_server", "c": "(c) naive FastAPI"}
         try:
@@ -326,8 +385,15 @@ def main(argv: list[str] | None = None) -> int:
                     rounds["a"].setdefault(f"batch={batch}", []).append(row)
                 for c in CONCURRENCY:
                     for key in ("b", "c"):
-                        row = bench_http(labels[key], f"http://127.0.0.1:{ports[key]}/infer", body, c,
-                                         args.warmup, args.duration, loadgen)
+                        row = bench_http(
+                            labels[key],
+                            f"http://127.0.0.1:{ports[key]}/infer",
+                            body,
+                            c,
+                            args.warmup,
+                            args.duration,
+                            loadgen,
+                        )
                         rounds[key].setdefault(f"c={c}", []).append(row)
         finally:
             for proc in procs:
@@ -342,21 +408,35 @@ def main(argv: list[str] | None = None) -> int:
     print("\nratios (same run, same model, medians):")
     for c in CONCURRENCY:
         b, cc = by["b"][f"c={c}"], by["c"][f"c={c}"]
-        print(f"  c={c:<3} (b)/(c) throughput {b['throughput'] / cc['throughput']:6.2f}x   "
-              f"p99 (c)/(b) {cc['p99_ms'] / b['p99_ms']:6.2f}x")
+        print(
+            f"  c={c:<3} (b)/(c) throughput {b['throughput'] / cc['throughput']:6.2f}x   "
+            f"p99 (c)/(b) {cc['p99_ms'] / b['p99_ms']:6.2f}x"
+        )
     b64 = by["b"]["c=64"]["throughput"]
     for batch in batches[1:]:
         a = by["a"][f"batch={batch}"]["throughput"]
         print(f"  (a) batch={batch:<3} / (b) c=64 throughput {a / b64:5.2f}x")
     ratio_bc = b64 / by["c"]["c=64"]["throughput"]
     ratio_ab = by["a"][f"batch={args.max_batch_size}"]["throughput"] / b64
-    print(f"\ntargets: (b) >= 5x (c) at 64 clients: {ratio_bc:.2f}x [{'met' if ratio_bc >= 5 else 'MISSED'}]; "
-          f"(a) at batch {args.max_batch_size} (the server's batch) / (b) at 64 clients: {ratio_ab:.2f}x "
-          f"(target <= 1.3) [{'met' if ratio_ab <= 1.3 else 'MISSED'}]")
+    print(
+        f"\ntargets: (b) >= 5x (c) at 64 clients: {ratio_bc:.2f}x [{'met' if ratio_bc >= 5 else 'MISSED'}]; "
+        f"(a) at batch {args.max_batch_size} (the server's batch) / (b) at 64 clients: {ratio_ab:.2f}x "
+        f"(target <= 1.3) [{'met' if ratio_ab <= 1.3 else 'MISSED'}]"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"sizes": sizes, "threads": args.threads, "loadgen": loadgen,
-                                               "medians": by, "ratio_b_over_c_c64": ratio_bc,
-                                               "ratio_a_over_b": ratio_ab}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "sizes": sizes,
+                    "threads": args.threads,
+                    "loadgen": loadgen,
+                    "medians": by,
+                    "ratio_b_over_c_c64": ratio_bc,
+                    "ratio_a_over_b": ratio_ab,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -58,8 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(quant, "calibration", help=".npy (single input) or .npz (by input name)")
     _flag(quant, "mode", choices=["dynamic", "static"], default="dynamic")
     _flag(quant, "per-channel", dest="per_channel", action="store_true")
-    _flag(quant, "tolerance", type=float, default=0.05,
-          help="max relative L2 error of outputs vs. the original (exit 1 above it)")
+    _flag(
+        quant,
+        "tolerance",
+        type=float,
+        default=0.05,
+        help="max relative L2 error of outputs vs. the original (exit 1 above it)",
+    )
     return parser
 
 
@@ -82,8 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         for error in exc.errors(include_url=False):
             field = ".".join(str(p) for p in error["loc"])
-            print(f"error: {field} (--{field.replace('_', '-')} or MODEL_SERVER_{field.upper()}): "
-                  f"{error['msg']}", file=sys.stderr)
+            print(
+                f"error: {field} (--{field.replace('_', '-')} or MODEL_SERVER_{field.upper()}): "
+                f"{error['msg']}",
+                file=sys.stderr,
+            )
         return 2
     from .runner import serve
 

@@ -80,10 +80,7 @@ def split(outputs: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[Tensor
                 f"output '{name}' has shape {list(arr.shape)}, not {total} rows: not batch-major"
             )
     bounds = np.cumsum([0, *rows])
-    return [
-        {name: arr[bounds[i] : bounds[i + 1]] for name, arr in outputs.items()}
-        for i in range(len(rows))
-    ]
+    return [{name: arr[bounds[i] : bounds[i + 1]] for name, arr in outputs.items()} for i in range(len(rows))]
 
 
 class DynamicBatcher:

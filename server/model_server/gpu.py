@@ -60,7 +60,10 @@ def rocm_smi_reader(binary: str) -> GpuReader:
     def read() -> list[GpuSample]:
         out = subprocess.run(
             [binary, "--showuse", "--showmeminfo", "vram", "--json"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout
         return parse_rocm_smi_json(out)
 
@@ -79,9 +82,7 @@ def amdsmi_reader(amdsmi: Any) -> GpuReader:
             except Exception:  # amdsmi raises AmdSmiLibraryException per query
                 util = None
             try:
-                used = _number(
-                    amdsmi.amdsmi_get_gpu_memory_usage(handle, amdsmi.AmdSmiMemoryType.VRAM)
-                )
+                used = _number(amdsmi.amdsmi_get_gpu_memory_usage(handle, amdsmi.AmdSmiMemoryType.VRAM))
             except Exception:
                 used = None
             samples.append(GpuSample(str(index), util, used))
@@ -142,12 +143,8 @@ class GpuCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         samples = self._samples()
-        util = GaugeMetricFamily(
-            "model_server_gpu_utilization_percent", "GPU busy percent.", labels=["gpu"]
-        )
-        mem = GaugeMetricFamily(
-            "model_server_gpu_memory_used_bytes", "GPU VRAM in use.", labels=["gpu"]
-        )
+        util = GaugeMetricFamily("model_server_gpu_utilization_percent", "GPU busy percent.", labels=["gpu"])
+        mem = GaugeMetricFamily("model_server_gpu_memory_used_bytes", "GPU VRAM in use.", labels=["gpu"])
         for s in samples:
             if s.utilization_percent is not None:
                 util.add_metric([s.gpu], s.utilization_percent)

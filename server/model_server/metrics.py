@@ -42,34 +42,47 @@ class ServerMetrics:
         self.request_duration = Histogram(
             "model_server_request_duration_seconds",
             "Time from request receipt to response for successful inference requests.",
-            labels, buckets=LATENCY_BUCKETS, registry=registry,
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.queue_wait = Histogram(
             "model_server_queue_wait_seconds",
             "Time a request waited in the batching queue.",
-            labels, buckets=LATENCY_BUCKETS, registry=registry,
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.compute = Histogram(
             "model_server_compute_seconds",
             "Backend time per batch.",
-            labels, buckets=LATENCY_BUCKETS, registry=registry,
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.batch_size = Histogram(
             "model_server_batch_size",
             "Rows per backend call.",
-            labels, buckets=BATCH_BUCKETS, registry=registry,
+            labels,
+            buckets=BATCH_BUCKETS,
+            registry=registry,
         )
         self.requests = Counter(
             "model_server_requests_total",
             "Inference requests by HTTP status code.",
-            [*labels, "code"], registry=registry,
+            [*labels, "code"],
+            registry=registry,
         )
         self.inflight = Gauge(
-            "model_server_inflight_requests", "Inference requests being handled.", ["model"],
+            "model_server_inflight_requests",
+            "Inference requests being handled.",
+            ["model"],
             registry=registry,
         )
         self.queue_depth = Gauge(
-            "model_server_queue_depth", "Requests waiting in batching queues.", ["model"],
+            "model_server_queue_depth",
+            "Requests waiting in batching queues.",
+            ["model"],
             registry=registry,
         )
         self.gpu_exported = gpu_reader is not None
@@ -107,9 +120,7 @@ class ServerMetrics:
             inflight.dec()
             self.requests.labels(model, tracker.version, str(tracker.code)).inc()
             if tracker.code < 400:
-                self.request_duration.labels(model, tracker.version).observe(
-                    time.perf_counter() - started
-                )
+                self.request_duration.labels(model, tracker.version).observe(time.perf_counter() - started)
 
 
 class BatchMetrics:

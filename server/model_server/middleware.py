@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import PayloadTooLarge
 from .api.common import json_response
+from .errors import PayloadTooLarge
 
 
 class BodySizeLimit:
@@ -29,8 +29,10 @@ class BodySizeLimit:
                     length = -1
                 if length > limit:
                     response = json_response(
-                        {"error": f"request body of {length} bytes exceeds the limit of {limit} "
-                                  "bytes (max-body-bytes)"},
+                        {
+                            "error": f"request body of {length} bytes exceeds the limit of {limit} "
+                            "bytes (max-body-bytes)"
+                        },
                         status=413,
                         headers={"Connection": "close"},
                     )
@@ -45,9 +47,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise PayloadTooLarge(
-                        f"request body exceeds the limit of {limit} bytes (max-body-bytes)"
-                    )
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (max-body-bytes)")
             return message
 
         await self.app(scope, limited_receive, send)

@@ -29,9 +29,7 @@ ModelFormat = Literal["auto", "onnx", "torchscript", "export"]
 class ServerSettings(BaseSettings):
     """Everything `serve` needs; field names map to `--kebab-case` flags."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="MODEL_SERVER_", extra="ignore", populate_by_name=True
-    )
+    model_config = SettingsConfigDict(env_prefix="MODEL_SERVER_", extra="ignore", populate_by_name=True)
 
     model: Path = Field(description="Model file or model repository directory.")
     model_name: str | None = Field(

@@ -114,9 +114,7 @@ def is_batchable(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) ->
     """Requests can be stacked only if every tensor has a dynamic leading dimension."""
     if not inputs:
         return False
-    return all(s.has_batch_dim for s in inputs) and all(
-        s.shape is None or s.has_batch_dim for s in outputs
-    )
+    return all(s.has_batch_dim for s in inputs) and all(s.shape is None or s.has_batch_dim for s in outputs)
 
 
 # --------------------------------------------------------------------------- decoding
@@ -170,14 +168,11 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
     if kind not in "iuf":
         raise _first_bad_element(label, data, datatype, noun)
     if dtype.kind in _INT_KINDS:
-        if kind == "f":
-            if not np.all(np.isfinite(raw)) or not np.all(raw == np.round(raw)):
-                raise _first_bad_element(label, data, datatype, noun)
+        if kind == "f" and not (np.all(np.isfinite(raw)) and np.all(raw == np.round(raw))):
+            raise _first_bad_element(label, data, datatype, noun)
         info = np.iinfo(dtype)
         if raw.size and (raw.min() < info.min or raw.max() > info.max):
-            raise InvalidInput(
-                f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}"
-            )
+            raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
     elif dtype.kind == "f" and dtype != raw.dtype and raw.size:
         finfo = np.finfo(dtype)
         peak = np.max(np.abs(raw[np.isfinite(raw)])) if np.any(np.isfinite(raw)) else 0.0
@@ -197,8 +192,7 @@ def decode_json_tensor(name: str, datatype: str, shape: Sequence[int], data: Any
     shape = check_shape(name, shape)
     if datatype not in V2_DATATYPES:
         raise InvalidInput(
-            f"input '{name}': unsupported datatype '{datatype}'; "
-            f"supported: {', '.join(V2_DATATYPES)}"
+            f"input '{name}': unsupported datatype '{datatype}'; supported: {', '.join(V2_DATATYPES)}"
         )
     if data is None:
         raise InvalidInput(f"input '{name}' has no 'data'")
@@ -208,9 +202,7 @@ def decode_json_tensor(name: str, datatype: str, shape: Sequence[int], data: Any
         flat = list(_flatten(data))
         bad = next((i for i, v in enumerate(flat) if not isinstance(v, str)), None)
         if bad is not None:
-            raise InvalidInput(
-                f"input '{name}': element {bad} ({flat[bad]!r}) is not a valid BYTES value"
-            )
+            raise InvalidInput(f"input '{name}': element {bad} ({flat[bad]!r}) is not a valid BYTES value")
         arr = np.empty(len(flat), dtype=object)
         arr[:] = flat
     else:
@@ -267,9 +259,7 @@ def decode_simple_rows(data: Any, spec: TensorSpec) -> np.ndarray:
         raise InvalidInput("'data' must be a non-empty list of numbers (or a list of rows)")
     arr = _to_numeric("data", data, "FP64", label="'data'")
     if spec.datatype not in ("FP16", "FP32", "FP64") and spec.dtype.kind not in _INT_KINDS + "b":
-        raise InvalidInput(
-            f"model input '{spec.name}' has datatype {spec.datatype}; use the v2 API"
-        )
+        raise InvalidInput(f"model input '{spec.name}' has datatype {spec.datatype}; use the v2 API")
     if spec.shape is None:
         return _cast_simple(arr[None, :] if arr.ndim == 1 else arr, spec)
     row_shape = spec.shape[1:] if len(spec.shape) >= 1 else ()
@@ -315,26 +305,23 @@ def _cast_simple(rows: np.ndarray, spec: TensorSpec) -> np.ndarray:
 # --------------------------------------------------------------------------- validation
 
 
-def validate_inputs(
-    arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], *, batchable: bool
-) -> int:
+def validate_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], *, batchable: bool) -> int:
     """Check names, dtypes and shapes against the model; return the row count."""
     expected = {s.name for s in specs}
     missing = [s.name for s in specs if s.name not in arrays]
     unknown = sorted(set(arrays) - expected)
     if missing or unknown:
-        problems = [f"missing input(s) {missing}" if missing else "",
-                    f"unknown input(s) {unknown}" if unknown else ""]
-        raise InvalidInput(
-            f"{', '.join(p for p in problems if p)}; model inputs are {sorted(expected)}"
-        )
+        problems = [
+            f"missing input(s) {missing}" if missing else "",
+            f"unknown input(s) {unknown}" if unknown else "",
+        ]
+        raise InvalidInput(f"{', '.join(p for p in problems if p)}; model inputs are {sorted(expected)}")
     rows: int | None = None
     for spec in specs:
         arr = arrays[spec.name]
         if arr.dtype != spec.dtype and not (spec.datatype == "BYTES" and arr.dtype.kind in "OSU"):
             raise InvalidInput(
-                f"input '{spec.name}' has datatype {v2_datatype(arr.dtype)}, "
-                f"model expects {spec.datatype}"
+                f"input '{spec.name}' has datatype {v2_datatype(arr.dtype)}, model expects {spec.datatype}"
             )
         if spec.shape is not None:
             ok = arr.ndim == len(spec.shape) and all(
@@ -368,8 +355,7 @@ def encode_json_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
     datatype = v2_datatype(arr.dtype)
     if datatype == "BYTES":
         data: Any = [
-            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-            for v in arr.reshape(-1).tolist()
+            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1).tolist()
         ]
     else:
         data = np.ascontiguousarray(arr).reshape(-1)

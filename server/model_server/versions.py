@@ -15,6 +15,7 @@ being served keep serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -67,7 +68,8 @@ def find_model_file(directory: Path, fmt: str) -> Path | None:
             return candidate
     try:
         found = [
-            p for p in directory.iterdir()
+            p
+            for p in directory.iterdir()
             if p.is_file() and p.suffix in MODEL_SUFFIXES and not p.name.startswith(".")
         ]
     except OSError:
@@ -114,9 +116,7 @@ def discover(root: Path, fmt: str) -> dict[str, VersionSource]:
             continue
         model_file = find_model_file(child, fmt)
         if model_file is not None:
-            versions[child.name] = VersionSource(
-                child.name, model_file, fingerprint(_version_files(child))
-            )
+            versions[child.name] = VersionSource(child.name, model_file, fingerprint(_version_files(child)))
     if not versions:
         model_file = find_model_file(root, fmt)
         if model_file is not None:
@@ -276,10 +276,8 @@ class ModelRepository:
                 await self._safe_sync()
 
     async def _sleep(self, seconds: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
-        except TimeoutError:
-            pass
 
     async def _safe_sync(self) -> None:
         try:
@@ -295,7 +293,8 @@ class ModelRepository:
             available = await asyncio.to_thread(discover, self.root, self.settings.format)
             self._available = available
             self._failed = {
-                v: f for v, f in self._failed.items()
+                v: f
+                for v, f in self._failed.items()
                 if v in available and available[v].fingerprint == f.fingerprint
             }
             while True:
@@ -304,7 +303,8 @@ class ModelRepository:
                 }
                 desired = select_versions(candidates, self.settings.max_versions)
                 pending = [
-                    s for v, s in desired.items()
+                    s
+                    for v, s in desired.items()
                     if v not in self._failed
                     and (v not in self._served or self._served[v].source.fingerprint != s.fingerprint)
                 ]
@@ -351,7 +351,11 @@ class ModelRepository:
         self._install({**self._served, version: served})
         log.info(
             "serving %s version %s on %s (loaded in %.2fs, batchable=%s)",
-            settings.name, version, backend.device, time.perf_counter() - started, backend.batchable,
+            settings.name,
+            version,
+            backend.device,
+            time.perf_counter() - started,
+            backend.batchable,
         )
         if old is not None:
             self._retire(old)

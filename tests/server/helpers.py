@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import uvicorn
-from onnx import TensorProto, helper, numpy_helper
-from prometheus_client import CollectorRegistry
-
 from model_server.app import create_app
 from model_server.settings import ServerSettings
+from onnx import TensorProto, helper, numpy_helper
+from prometheus_client import CollectorRegistry
 
 OPSET = [helper.make_opsetid("", 17)]
 
@@ -79,15 +78,22 @@ def mlp_model(path: Path, sizes: list[int], seed: int = 0) -> Path:
     prev = "x"
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         w = (rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32)
-        inits += [numpy_helper.from_array(w, f"W{i}"), numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}")]
-        nodes += [helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]), helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
+        inits += [
+            numpy_helper.from_array(w, f"W{i}"),
+            numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+        ]
         prev = f"a{i}"
         if i < len(sizes) - 2:
             nodes.append(helper.make_node("Relu", [prev], [f"r{i}"]))
             prev = f"r{i}"
     nodes.append(helper.make_node("Identity", [prev], ["y"]))
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", sizes[0]])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", sizes[-1]])],
         inits,
@@ -98,8 +104,14 @@ def mlp_model(path: Path, sizes: list[int], seed: int = 0) -> Path:
 def make_settings(model: Path, **overrides) -> ServerSettings:
     """Settings for tests: one ORT thread, no file watching unless asked."""
     base = dict(
-        model=model, model_name="tiny", intra_op_threads=1, inter_op_threads=1,
-        max_delay_ms=2, watch=False, providers=["CPUExecutionProvider"], drain_timeout_s=5,
+        model=model,
+        model_name="tiny",
+        intra_op_threads=1,
+        inter_op_threads=1,
+        max_delay_ms=2,
+        watch=False,
+        providers=["CPUExecutionProvider"],
+        drain_timeout_s=5,
     )
     base.update(overrides)
     return ServerSettings(**base)
@@ -120,7 +132,9 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def running_server(settings: ServerSettings, *, wait_ready: bool = True, **app_kwargs) -> Iterator[RunningServer]:
+def running_server(
+    settings: ServerSettings, *, wait_ready: bool = True, **app_kwargs
+) -> Iterator[RunningServer]:
     """A real uvicorn server for `settings` on a free loopback port, in a thread."""
     registry = CollectorRegistry()
     app = create_app(settings, registry=registry, gpu_reader=app_kwargs.pop("gpu_reader", None), **app_kwargs)

@@ -8,10 +8,10 @@ import json
 import httpx
 import numpy as np
 import pytest
-from .helpers import affine_model, int_model, make_settings, running_server, save_model
+from model_server.gpu import GpuSample
 from onnx import TensorProto, helper
 
-from model_server.gpu import GpuSample
+from .helpers import affine_model, int_model, make_settings, running_server, save_model
 
 RNG = np.random.default_rng(7)
 W1, B1 = RNG.standard_normal((4, 3)).astype(np.float32), RNG.standard_normal(3).astype(np.float32)
@@ -80,9 +80,14 @@ async def test_v2_server_and_model_metadata(server):
 
 async def test_v2_infer_flat_and_nested_with_id(server):
     x = RNG.standard_normal((2, 4)).astype(np.float32)
-    flat = {"id": "req-1", "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.ravel().tolist()}]}
-    nested = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.tolist()}],
-              "outputs": [{"name": "y"}]}
+    flat = {
+        "id": "req-1",
+        "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.ravel().tolist()}],
+    }
+    nested = {
+        "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.tolist()}],
+        "outputs": [{"name": "y"}],
+    }
     async with httpx.AsyncClient(base_url=server.url) as client:
         r1 = await client.post("/v2/models/tiny/infer", json=flat)
         r2 = await client.post("/v2/models/tiny/versions/1/infer", json=nested)
@@ -93,20 +98,35 @@ async def test_v2_infer_flat_and_nested_with_id(server):
     assert out["name"] == "y" and out["datatype"] == "FP32" and out["shape"] == [2, 3]
     np.testing.assert_allclose(np.reshape(out["data"], (2, 3)), ref(x), rtol=1e-5, atol=1e-5)
     assert r2.json()["model_version"] == "1"
-    np.testing.assert_allclose(np.reshape(r2.json()["outputs"][0]["data"], (2, 3)), ref(x, 1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.reshape(r2.json()["outputs"][0]["data"], (2, 3)), ref(x, 1), rtol=1e-5, atol=1e-5
+    )
 
 
 async def test_v2_binary_tensor_extension(server):
     x = RNG.standard_normal((3, 4)).astype(np.float32)
     blob = x.tobytes()
-    header = json.dumps({
-        "inputs": [{"name": "x", "shape": [3, 4], "datatype": "FP32", "parameters": {"binary_data_size": len(blob)}}],
-        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
-    }).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [3, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
     async with httpx.AsyncClient(base_url=server.url) as client:
         r = await client.post(
-            "/v2/models/tiny/infer", content=header + blob,
-            headers={"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"},
+            "/v2/models/tiny/infer",
+            content=header + blob,
+            headers={
+                "Inference-Header-Content-Length": str(len(header)),
+                "Content-Type": "application/octet-stream",
+            },
         )
     assert r.status_code == 200, r.text
     length = int(r.headers["Inference-Header-Content-Length"])
@@ -119,10 +139,12 @@ async def test_v2_binary_tensor_extension(server):
 
 async def test_v2_typed_tensors(int_server):
     a, b = [[1, 9], [4, -3]], [[2, 3], [4, -5]]
-    req = {"inputs": [
-        {"name": "a", "shape": [2, 2], "datatype": "INT64", "data": a},
-        {"name": "b", "shape": [2, 2], "datatype": "INT64", "data": sum(b, [])},
-    ]}
+    req = {
+        "inputs": [
+            {"name": "a", "shape": [2, 2], "datatype": "INT64", "data": a},
+            {"name": "b", "shape": [2, 2], "datatype": "INT64", "data": sum(b, [])},
+        ]
+    }
     async with httpx.AsyncClient(base_url=int_server.url) as client:
         r = await client.post("/v2/models/ints/infer", json=req)
         only_gt = await client.post("/v2/models/ints/infer", json={**req, "outputs": [{"name": "gt"}]})
@@ -148,14 +170,34 @@ X_OK = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
         ("/infer", {"rows": [1, 2, 3, 4]}, 422, "data: Field required"),
         ("/infer", {"data": [1, 2, 3, 4], "model_version": "7"}, 404, "no version '7'"),
         ("/infer", b"{not json", 400, "not valid JSON"),
-        ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "datatype": "FP64"}]}, 400, "'x' has datatype FP64, model expects FP32"),
-        ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "shape": [2, 2]}]}, 400, "'x' has shape [2, 2], model expects [-1, 4]"),
+        (
+            "/v2/models/tiny/infer",
+            {"inputs": [{**X_OK, "datatype": "FP64"}]},
+            400,
+            "'x' has datatype FP64, model expects FP32",
+        ),
+        (
+            "/v2/models/tiny/infer",
+            {"inputs": [{**X_OK, "shape": [2, 2]}]},
+            400,
+            "'x' has shape [2, 2], model expects [-1, 4]",
+        ),
         ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "shape": [1, 5]}]}, 400, "needs 5 values, data has 4"),
         ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "data": [1, 2, None, 4]}]}, 400, "element 2 (None)"),
         ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "name": "z"}]}, 400, "unknown input(s) ['z']"),
-        ("/v2/models/tiny/infer", {"inputs": [X_OK], "outputs": [{"name": "nope"}]}, 400, "unknown output(s) ['nope']"),
+        (
+            "/v2/models/tiny/infer",
+            {"inputs": [X_OK], "outputs": [{"name": "nope"}]},
+            400,
+            "unknown output(s) ['nope']",
+        ),
         ("/v2/models/tiny/infer", {"inputs": []}, 422, "inputs"),
-        ("/v2/models/tiny/infer", {"inputs": [{"name": "x", "datatype": "FP32", "data": [1]}]}, 422, "shape: Field required"),
+        (
+            "/v2/models/tiny/infer",
+            {"inputs": [{"name": "x", "datatype": "FP32", "data": [1]}]},
+            422,
+            "shape: Field required",
+        ),
         ("/v2/models/nope/infer", {"inputs": [X_OK]}, 404, "unknown model 'nope'"),
         ("/infer", {"data": [0.5] * 20_000}, 413, "exceeds the limit"),
     ],
@@ -237,7 +279,9 @@ async def test_overflow_answers_429_with_retry_after(affine_repo):
             replies = await asyncio.gather(
                 *(client.post("/infer", json={"data": [i, 0, 0, 0]}) for i in range(10))
             )
-        rejected = running.metric("model_server_requests_total", {"model": "tiny", "version": "1", "code": "429"})
+        rejected = running.metric(
+            "model_server_requests_total", {"model": "tiny", "version": "1", "code": "429"}
+        )
     codes = sorted(r.status_code for r in replies)
     assert codes == [200] * 4 + [429] * 6
     for r in replies:
@@ -274,18 +318,25 @@ async def test_missing_model_explains_the_expected_layout(tmp_path):
 
 async def test_fixed_batch_model_runs_unbatched(tmp_path):
     graph = helper.make_graph(
-        [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0)], "fixed",
+        [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0)],
+        "fixed",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
         [helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
     )
     path = save_model(graph, tmp_path / "fixed.onnx")
     with running_server(make_settings(path, model_name="fixed", max_delay_ms=50)) as running:
         async with httpx.AsyncClient(base_url=running.url) as client:
-            replies = await asyncio.gather(*(
-                client.post("/v2/models/fixed/infer", json={"inputs": [
-                    {"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [i, i, i]}]})
-                for i in range(4)
-            ))
+            replies = await asyncio.gather(
+                *(
+                    client.post(
+                        "/v2/models/fixed/infer",
+                        json={
+                            "inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [i, i, i]}]
+                        },
+                    )
+                    for i in range(4)
+                )
+            )
         batches = running.metric("model_server_batch_size_count", {"model": "fixed", "version": "1"})
     assert [r.json()["outputs"][0]["data"] for r in replies] == [[0.0], [3.0], [6.0], [9.0]]
     assert batches == 4  # a model without a dynamic batch dimension is never stacked

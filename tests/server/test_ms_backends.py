@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from .helpers import affine_model, int_model, make_settings
-
 from model_server.backends import create_backend, detect_format
 from model_server.backends.base import example_inputs
 from model_server.backends.onnx import OnnxBackend, fallback_message, select_providers
 from model_server.errors import BackendInputError, ModelLoadError
 from model_server.tensors import TensorSpec
+
+from .helpers import affine_model, int_model, make_settings
 
 
 def test_provider_selection_keeps_order_and_falls_back_to_cpu():
@@ -34,8 +34,10 @@ def test_onnx_backend_matches_numpy(tmp_path, affine_params, io_binding):
     weight, bias = affine_params
     path = affine_model(tmp_path / "m.onnx", weight, bias)
     backend = OnnxBackend(
-        path, providers=["MIGraphXExecutionProvider", "CPUExecutionProvider"],
-        intra_op_threads=1, io_binding=io_binding,
+        path,
+        providers=["MIGraphXExecutionProvider", "CPUExecutionProvider"],
+        intra_op_threads=1,
+        io_binding=io_binding,
     )
     backend.load()
     assert backend.providers == ["CPUExecutionProvider"]
@@ -75,7 +77,9 @@ def test_corrupt_onnx_raises_load_error(tmp_path):
 def test_profiling_writes_a_trace(tmp_path, affine_params):
     backend = OnnxBackend(
         affine_model(tmp_path / "m.onnx", *affine_params),
-        intra_op_threads=1, profiling=True, profile_prefix=tmp_path / "prof" / "tiny",
+        intra_op_threads=1,
+        profiling=True,
+        profile_prefix=tmp_path / "prof" / "tiny",
     )
     backend.load()
     backend.infer({"x": np.zeros((2, 4), np.float32)})
@@ -117,10 +121,14 @@ def test_torchscript_backend_with_signature(tmp_path, torch_linear):
     version = tmp_path / "1"
     version.mkdir()
     torch.jit.trace(linear, torch.zeros(2, 4)).save(str(version / "model.pt"))
-    (version / "signature.json").write_text(json.dumps({
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}],
-    }))
+    (version / "signature.json").write_text(
+        json.dumps(
+            {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}],
+            }
+        )
+    )
     backend = create_backend(version / "model.pt", make_settings(version / "model.pt"))
     backend.load()
     assert backend.platform == "pytorch_torchscript" and backend.device == "cpu"
@@ -146,7 +154,9 @@ def test_torch_export_program(tmp_path, torch_linear):
     batch = torch.export.Dim("batch")
     program = torch.export.export(linear, (torch.zeros(2, 4),), dynamic_shapes=({0: batch},))
     torch.export.save(program, str(tmp_path / "model.pt2"))
-    backend = create_backend(tmp_path / "model.pt2", make_settings(tmp_path / "model.pt2", format="torchscript"))
+    backend = create_backend(
+        tmp_path / "model.pt2", make_settings(tmp_path / "model.pt2", format="torchscript")
+    )
     backend.load()
     assert backend.platform == "pytorch_export"
     assert backend.inputs[0].shape == (-1, 4) and backend.inputs[0].datatype == "FP32"

@@ -7,7 +7,6 @@ import threading
 
 import numpy as np
 import pytest
-
 from model_server.batching import DynamicBatcher, batch_key, merge, split
 from model_server.errors import BackendInputError, QueueFull, ShuttingDown
 
@@ -158,9 +157,7 @@ async def test_a_bad_request_does_not_fail_its_batch_neighbours():
 
     batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.2, max_queue=8)
     batcher.start()
-    outcomes = await asyncio.gather(
-        *(batcher.submit(rows(v), 1) for v in (1, -1, 2)), return_exceptions=True
-    )
+    outcomes = await asyncio.gather(*(batcher.submit(rows(v), 1) for v in (1, -1, 2)), return_exceptions=True)
     await batcher.close(1)
     assert float(outcomes[0]["y"][0, 0]) == 2.0 and float(outcomes[2]["y"][0, 0]) == 3.0
     assert isinstance(outcomes[1], BackendInputError)

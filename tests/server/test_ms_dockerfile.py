@@ -18,8 +18,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "server" / "Dockerfile"
 KNOWN = {
-    "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
-    "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
+    "FROM",
+    "RUN",
+    "CMD",
+    "LABEL",
+    "EXPOSE",
+    "ENV",
+    "ADD",
+    "COPY",
+    "ENTRYPOINT",
+    "VOLUME",
+    "USER",
+    "WORKDIR",
+    "ARG",
+    "ONBUILD",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "SHELL",
 }
 
 
@@ -63,9 +78,7 @@ def test_only_known_instructions_and_exec_forms(instructions):
 
 
 def test_base_image_is_a_pinned_rocm_image(instructions):
-    defaults = dict(
-        a.split("=", 1) for k, a in instructions if k == "ARG" and "=" in a
-    )
+    defaults = dict(a.split("=", 1) for k, a in instructions if k == "ARG" and "=" in a)
     (image,) = args_of(instructions, "FROM")
     image = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], image.split()[0])
     name, _, tag = image.partition(":")
@@ -105,8 +118,10 @@ def test_installs_onnxruntime_rocm_and_the_server_extra_only(instructions):
     assert re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", defaults["ORT_ROCM_VERSION"])
     installs = [shlex.split(part) for part in re.split(r"&&|;", text) if "pip install" in part]
     packages = [w for cmd in installs for w in cmd if not w.startswith("-") and w not in {"pip", "install"}]
-    assert '.[server]' in packages
-    assert not any("[cpu" in p or "cpu]" in p or p.startswith("onnxruntime==") or p == "onnxruntime" for p in packages)
+    assert ".[server]" in packages
+    assert not any(
+        "[cpu" in p or "cpu]" in p or p.startswith("onnxruntime==") or p == "onnxruntime" for p in packages
+    )
     torch_installs = [cmd for cmd in installs if any(w.startswith("torch") for w in cmd)]
     assert all("--index-url" in cmd for cmd in torch_installs), "torch only from the ROCm index"
     assert "! pip show onnxruntime" in text  # the build fails if the CPU runtime sneaks in

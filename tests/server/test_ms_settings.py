@@ -6,18 +6,33 @@ import json
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-
 from model_server.__main__ import build_parser, main, settings_from_args
 from model_server.gpu import GpuCollector, GpuSample, parse_rocm_smi_json
 from model_server.metrics import ServerMetrics
 from model_server.settings import ServerSettings, default_model_name
+from prometheus_client import CollectorRegistry, generate_latest
 
-OPERATOR_ARGS = (
-    "serve --model /mnt/models --model-name resnet --format onnx --port 8080 --metrics-port 9090 "
-    "--providers MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider "
-    "--max-batch-size 16 --max-delay-ms 5 --max-queue 256"
-).split()
+OPERATOR_ARGS = [
+    "serve",
+    "--model",
+    "/mnt/models",
+    "--model-name",
+    "resnet",
+    "--format",
+    "onnx",
+    "--port",
+    "8080",
+    "--metrics-port",
+    "9090",
+    "--providers",
+    "MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider",
+    "--max-batch-size",
+    "16",
+    "--max-delay-ms",
+    "5",
+    "--max-queue",
+    "256",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +49,9 @@ def test_operator_command_line_parses():
     assert settings.model == Path("/mnt/models") and settings.name == "resnet"
     assert settings.format == "onnx" and settings.port == 8080 and settings.metrics_port == 9090
     assert settings.providers == [
-        "MIGraphXExecutionProvider", "ROCMExecutionProvider", "CPUExecutionProvider",
+        "MIGraphXExecutionProvider",
+        "ROCMExecutionProvider",
+        "CPUExecutionProvider",
     ]
     assert (settings.max_batch_size, settings.max_delay_s, settings.max_queue) == (16, 0.005, 256)
 
@@ -55,14 +72,21 @@ def test_same_settings_from_env(monkeypatch):
 def test_flags_win_over_env(monkeypatch):
     monkeypatch.setenv("MODEL_SERVER_MAX_BATCH_SIZE", "32")
     monkeypatch.setenv("MODEL_SERVER_MODEL_NAME", "from-env")
-    args = build_parser().parse_args(["serve", "--model", "m.onnx", "--max-batch-size", "4", "--model-name", "cli"])
+    args = build_parser().parse_args(
+        ["serve", "--model", "m.onnx", "--max-batch-size", "4", "--model-name", "cli"]
+    )
     settings = settings_from_args(args)
     assert settings.max_batch_size == 4 and settings.name == "cli"
 
 
 @pytest.mark.parametrize(
     ("path", "name"),
-    [("/mnt/models", "models"), ("/srv/resnet50.onnx", "resnet50"), ("/x/bert.pt2", "bert"), ("/x/v1.2", "v1.2")],
+    [
+        ("/mnt/models", "models"),
+        ("/srv/resnet50.onnx", "resnet50"),
+        ("/x/bert.pt2", "bert"),
+        ("/x/v1.2", "v1.2"),
+    ],
 )
 def test_default_model_name_is_the_stem(path, name):
     assert default_model_name(Path(path)) == name
@@ -80,11 +104,17 @@ def test_invalid_settings_exit_2_with_the_field_named(monkeypatch, capsys):
 
 
 def test_rocm_smi_json_parsing():
-    text = json.dumps({
-        "card0": {"GPU use (%)": "87", "VRAM Total Memory (B)": "68702699520", "VRAM Total Used Memory (B)": "1073741824"},
-        "card1": {"GPU use (%)": "N/A", "VRAM Total Used Memory (B)": "42"},
-        "system": {"Driver version": "6.8"},
-    })
+    text = json.dumps(
+        {
+            "card0": {
+                "GPU use (%)": "87",
+                "VRAM Total Memory (B)": "68702699520",
+                "VRAM Total Used Memory (B)": "1073741824",
+            },
+            "card1": {"GPU use (%)": "N/A", "VRAM Total Used Memory (B)": "42"},
+            "system": {"Driver version": "6.8"},
+        }
+    )
     assert parse_rocm_smi_json(text) == [
         GpuSample("0", 87.0, 1073741824.0),
         GpuSample("1", None, 42.0),

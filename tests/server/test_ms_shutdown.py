@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+
 from .helpers import scale_model
 
 
@@ -55,11 +56,30 @@ async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
         "MODEL_SERVER_SHUTDOWN_DELAY_S": "0.5",
     }
     cmd = [
-        sys.executable, "-m", "model_server", "serve", "--model", str(repo),
-        "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-        "--format", "onnx", "--providers", "MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider",
+        sys.executable,
+        "-m",
+        "model_server",
+        "serve",
+        "--model",
+        str(repo),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--metrics-port",
+        str(metrics_port),
+        "--format",
+        "onnx",
+        "--providers",
+        "MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider",
         # Requests wait up to 5 s for a batch of 64: they are sure to be queued at SIGTERM.
-        "--max-batch-size", "64", "--max-delay-ms", "5000", "--drain-timeout", "20", "--no-watch",
+        "--max-batch-size",
+        "64",
+        "--max-delay-ms",
+        "5000",
+        "--drain-timeout",
+        "20",
+        "--no-watch",
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"

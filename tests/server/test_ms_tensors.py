@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
 from model_server.errors import InvalidInput
 from model_server.tensors import (
     V2_DATATYPES,
@@ -138,9 +137,18 @@ def test_validate_inputs_returns_rows():
     ("arrays", "fragment"),
     [
         ({"a": np.zeros((1, 2), np.float32)}, "missing input(s) ['b']"),
-        ({"a": np.zeros((1, 2), np.float32), "b": np.zeros(1, np.int64), "c": np.zeros(1)}, "unknown input(s) ['c']"),
-        ({"a": np.zeros((1, 2), np.float64), "b": np.zeros(1, np.int64)}, "'a' has datatype FP64, model expects FP32"),
-        ({"a": np.zeros((1, 3), np.float32), "b": np.zeros(1, np.int64)}, "'a' has shape [1, 3], model expects [-1, 2]"),
+        (
+            {"a": np.zeros((1, 2), np.float32), "b": np.zeros(1, np.int64), "c": np.zeros(1)},
+            "unknown input(s) ['c']",
+        ),
+        (
+            {"a": np.zeros((1, 2), np.float64), "b": np.zeros(1, np.int64)},
+            "'a' has datatype FP64, model expects FP32",
+        ),
+        (
+            {"a": np.zeros((1, 3), np.float32), "b": np.zeros(1, np.int64)},
+            "'a' has shape [1, 3], model expects [-1, 2]",
+        ),
         ({"a": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.int64)}, "disagree on batch size"),
         ({"a": np.zeros((0, 2), np.float32), "b": np.zeros(0, np.int64)}, "batch dimension is 0"),
     ],

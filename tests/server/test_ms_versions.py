@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from .helpers import make_settings, running_server, scale_model
-from prometheus_client import CollectorRegistry
-
 from model_server.errors import ModelNotFound, ModelNotReady
 from model_server.metrics import ServerMetrics
 from model_server.versions import ModelRepository, discover, select_versions, version_key
+from prometheus_client import CollectorRegistry
+
+from .helpers import make_settings, running_server, scale_model
 
 
 def test_discover_layouts(tmp_path):
@@ -131,7 +131,9 @@ async def test_hot_reload_over_http_without_failed_requests(tmp_path):
             value = float(worker * 1000 + i)
             r = await client.post("/infer", json={"data": [value, 0, 0, 0]})
             body = r.json()
-            results.append((r.status_code, body.get("model_version"), value, (body.get("result") or [None])[0]))
+            results.append(
+                (r.status_code, body.get("model_version"), value, (body.get("result") or [None])[0])
+            )
 
     async def wait_for(predicate, timeout=20.0):
         deadline = time.monotonic() + timeout

@@ -183,9 +183,7 @@ def decode_inputs(req: InferenceRequest, binary: bytes) -> dict[str, np.ndarray]
             )
             offset += size
         else:
-            arrays[tensor.name] = decode_json_tensor(
-                tensor.name, tensor.datatype, tensor.shape, tensor.data
-            )
+            arrays[tensor.name] = decode_json_tensor(tensor.name, tensor.datatype, tensor.shape, tensor.data)
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
     return arrays

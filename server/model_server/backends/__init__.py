@@ -15,8 +15,13 @@ MODEL_FILES: dict[str, tuple[str, ...]] = {
     "export": ("model.pt2",),
 }
 
-_SUFFIX_FORMAT = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript",
-                  ".torchscript": "torchscript", ".pt2": "export"}
+_SUFFIX_FORMAT = {
+    ".onnx": "onnx",
+    ".pt": "torchscript",
+    ".pth": "torchscript",
+    ".torchscript": "torchscript",
+    ".pt2": "export",
+}
 
 
 def detect_format(path: Path, requested: str) -> str:

@@ -63,8 +63,7 @@ def example_inputs(specs: Sequence[TensorSpec], rows: int) -> dict[str, np.ndarr
         if spec.shape is None:
             return None
         shape = tuple(
-            rows if (i == 0 and d == -1) else (1 if d == -1 else d)
-            for i, d in enumerate(spec.shape)
+            rows if (i == 0 and d == -1) else (1 if d == -1 else d) for i, d in enumerate(spec.shape)
         )
         if spec.datatype == "BYTES":
             arr = np.full(shape, "", dtype=object)

@@ -24,9 +24,7 @@ DEVICE_PROVIDERS = {
 }
 
 
-def select_providers(
-    requested: Sequence[str], available: Sequence[str]
-) -> tuple[list[str], list[str]]:
+def select_providers(requested: Sequence[str], available: Sequence[str]) -> tuple[list[str], list[str]]:
     """Keep the requested providers that this onnxruntime build has, in order,
     always ending with CPU; return (chosen, skipped)."""
     wanted = list(requested) or list(DEFAULT_PROVIDERS)

@@ -107,10 +107,7 @@ class TorchBackend(Backend):
         try:
             if self.kind == "torchscript":
                 module = torch.jit.load(str(self.path), map_location=self.device)
-                inputs = [
-                    TensorSpec(arg.name, "FP32", None)
-                    for arg in module.forward.schema.arguments[1:]
-                ]
+                inputs = [TensorSpec(arg.name, "FP32", None) for arg in module.forward.schema.arguments[1:]]
                 outputs: list[TensorSpec] = []
             else:
                 program = torch.export.load(str(self.path))
@@ -130,9 +127,7 @@ class TorchBackend(Backend):
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self._torch
-        tensors = [
-            torch.from_numpy(_writable(inputs[spec.name])).to(self.device) for spec in self.inputs
-        ]
+        tensors = [torch.from_numpy(_writable(inputs[spec.name])).to(self.device) for spec in self.inputs]
         with torch.inference_mode():
             result = self._module(*tensors)
         return self._name_outputs(result)
@@ -158,9 +153,7 @@ def _export_specs(program: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
     inputs = [_fake_spec(name, by_name[name].meta.get("val")) for name in user_inputs]
     output_node = next(n for n in program.graph.nodes if n.op == "output")
     values = [getattr(a, "meta", {}).get("val") for a in output_node.args[0]]
-    outputs = [
-        _fake_spec(name, val) for name, val in zip(user_outputs, values, strict=False)
-    ]
+    outputs = [_fake_spec(name, val) for name, val in zip(user_outputs, values, strict=False)]
     return inputs, outputs
 
 
