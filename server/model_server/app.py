@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from . import __version__
 from .api import health, simple, v2
-from .api.common import AppState, json_response
+from .api.common import BODY_MODELS, AppState, json_response
 from .errors import ServerError
 from .gpu import GpuReader, detect_gpu_reader
 from .metrics import ServerMetrics
@@ -65,7 +65,26 @@ def create_app(
     app.include_router(v2.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     _install_error_handlers(app)
+    _document_bodies(app)
     return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Add the hand-parsed request bodies to the OpenAPI components."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = generate()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in BODY_MODELS:
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def _flush_when_stopping(state: AppState) -> None:

@@ -340,3 +340,62 @@ async def test_fixed_batch_model_runs_unbatched(tmp_path):
         batches = running.metric("model_server_batch_size_count", {"model": "fixed", "version": "1"})
     assert [r.json()["outputs"][0]["data"] for r in replies] == [[0.0], [3.0], [6.0], [9.0]]
     assert batches == 4  # a model without a dynamic batch dimension is never stacked
+
+
+def _refs(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+async def test_openapi_documents_the_request_bodies(server):
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        spec = (await client.get("/openapi.json")).json()
+    schemas = spec["components"]["schemas"]
+    body = spec["paths"]["/v2/models/{name}/infer"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"]["$ref"] == "#/components/schemas/InferenceRequest"
+    assert "inputs" in schemas["InferenceRequest"]["properties"]
+    assert "data" in schemas["SimpleRequest"]["properties"]
+    for ref in _refs(spec):
+        assert ref.removeprefix("#/components/schemas/") in schemas, ref
+
+
+async def test_torchscript_model_over_both_apis(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(4, 3)
+    version = tmp_path / "repo" / "1"
+    version.mkdir(parents=True)
+    torch.jit.trace(linear, torch.zeros(1, 4)).save(str(version / "model.pt"))
+    (version / "signature.json").write_text(
+        json.dumps(
+            {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}],
+            }
+        )
+    )
+    weight, bias = linear.weight.detach().numpy().T, linear.bias.detach().numpy()
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    settings = make_settings(tmp_path / "repo", format="torchscript", max_delay_ms=20)
+    with running_server(settings) as running:
+        async with httpx.AsyncClient(base_url=running.url) as client:
+            meta = (await client.get("/v2/models/tiny")).json()
+            simple, v2 = await asyncio.gather(
+                client.post("/infer", json={"data": x[0].tolist()}),
+                client.post(
+                    "/v2/models/tiny/infer",
+                    json={"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.tolist()}]},
+                ),
+            )
+    assert meta["platform"] == "pytorch_torchscript" and meta["outputs"][0]["name"] == "y"
+    np.testing.assert_allclose(simple.json()["result"], x[0] @ weight + bias, rtol=1e-5, atol=1e-5)
+    out = v2.json()["outputs"][0]
+    assert out["name"] == "y" and out["shape"] == [2, 3]
+    np.testing.assert_allclose(np.reshape(out["data"], (2, 3)), x @ weight + bias, rtol=1e-5, atol=1e-5)

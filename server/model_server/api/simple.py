@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from ..errors import InvalidInput
 from ..tensors import decode_simple_rows
-from .common import State, json_response, parse_body, submit
+from .common import State, documented_body, json_response, parse_body, submit
 
 router = APIRouter(tags=["simple"])
 
@@ -31,12 +31,7 @@ class SimpleResponse(BaseModel):
 @router.post(
     "/infer",
     response_model=SimpleResponse,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": SimpleRequest.model_json_schema()}},
-        }
-    },
+    openapi_extra=documented_body(SimpleRequest),
 )
 async def infer(request: Request, state: State) -> Response:
     """Rows in, first output's rows out (a flat row in gives one row out)."""

@@ -20,7 +20,7 @@ from ..tensors import (
     encode_json_tensor,
 )
 from ..versions import ServedVersion, version_key
-from .common import State, dumps, json_response, parse_body, submit
+from .common import State, documented_body, dumps, json_response, parse_body, submit
 
 router = APIRouter(prefix="/v2", tags=["v2"])
 
@@ -131,12 +131,7 @@ async def version_ready(name: str, version: str, state: State) -> Response:
 # --------------------------------------------------------------------------- infer
 
 
-_INFER_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": InferenceRequest.model_json_schema()}},
-    }
-}
+_INFER_DOC = documented_body(InferenceRequest)
 
 
 @router.post("/models/{name}/infer", openapi_extra=_INFER_DOC)
