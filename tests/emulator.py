@@ -58,6 +58,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         declare(self, "v1/services", "Service", subresources=("status",))
         declare(self, "policy/v1/poddisruptionbudgets", "PodDisruptionBudget", subresources=("status",))
         declare(self, "coordination.k8s.io/v1/leases", "Lease")
+        declare(self, "autoscaling/v2/horizontalpodautoscalers", "HorizontalPodAutoscaler",
+                subresources=("status",))
+        declare(self, "keda.sh/v1alpha1/scaledobjects", "ScaledObject", subresources=("status",))
+        declare(self, "v1/secrets", "Secret")
 
     def _has_status(self, resource: Any) -> bool:
         info = self.resources.get(resource) if resource in self.resources else None
@@ -123,7 +127,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         for field in ("uid", "creationTimestamp", "generation"):
             data.get("metadata", {}).pop(field, None)
         merged = dicts.patch_dict(current, data)
-        if error := self._invalid(request.resource, merged):
+        # Like API servers with validation ratcheting, a status write is not refused for a
+        # spec that was already stored: only what this request changes is judged.
+        if request.subresource != "status" and (error := self._invalid(request.resource, merged)):
             return error
         meta = self._stamp(data)
         if merged.get("spec") != current.get("spec"):

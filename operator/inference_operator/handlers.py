@@ -7,9 +7,10 @@ replica of the operator can pick up where another stopped.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from . import metrics, peering
@@ -18,7 +19,7 @@ from .builders import selector_string, service_url
 from .builders.common import MANAGER, Owner
 from .k8s import KubeApi, Ref, load_api_client
 from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
-from .reconcile import Action, ForeignObjectError, reconcile
+from .reconcile import ForeignObjectError, reconcile
 
 # Problems that only a change of the InferenceService can clear: Deployment events keep them.
 SPEC_PROBLEMS = ("InvalidSpec", "ResourceConflict", "ApplyFailed")
@@ -47,16 +48,15 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def _temporary(exc: ApiException) -> kopf.TemporaryError:
-    """Map a transient API failure to a retry with a delay fit for it."""
-    delay: float = 5
-    if exc.status == 409:
-        delay = 1
-    elif exc.status == 429:
+def _temporary(exc: ApiException, retry: int = 0) -> kopf.TemporaryError:
+    """Map a transient API failure to a retry, backing off exponentially (1 s … 5 min)."""
+    delay = min(2.0**retry, 300.0)
+    if exc.status == 429:
         retry_after = (exc.headers or {}).get("Retry-After")
-        delay = float(retry_after) if retry_after and retry_after.isdigit() else 5
+        if retry_after and retry_after.isdigit():
+            delay = max(delay, float(retry_after))
     elif exc.status in (401, 403):
-        delay = 30
+        delay = max(delay, 30.0)  # RBAC or credentials: a person has to act, do not hammer
     return kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=delay)
 
 
@@ -82,36 +82,36 @@ def _spec_problem(status: dict | None) -> st.Problem | None:
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @metrics.instrumented("reconcile")
 def reconcile_service(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo,
-                      logger: logging.Logger, **_: Any) -> None:
-    api: KubeApi = memo.api
-    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
+                      logger: logging.Logger, retry: int = 0, **_: Any) -> None:
     try:
-        parsed = parse_spec(dict(spec))
-    except SpecError as exc:
-        problem = st.Problem("InvalidSpec", str(exc))
-        _publish(api, body, st.compute_status(body.get("status"), None, generation, problem)
-                 | {"observedGeneration": generation})
-        kopf.warn(body, reason="InvalidSpec", message=str(exc))
-        raise kopf.PermanentError(str(exc)) from exc
+        _reconcile_service(memo.api, body, meta, spec, logger)
+    except urllib3.exceptions.HTTPError as exc:
+        raise kopf.TemporaryError(f"API unreachable: {exc}", delay=min(2.0**retry, 300.0)) from exc
+    except ApiException as exc:
+        raise _temporary(exc, retry) from exc
 
-    owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parsed)
+
+def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec,
+                       logger: logging.Logger) -> None:
+    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     problem: st.Problem | None = None
     try:
+        parsed = parse_spec(dict(spec))
         result = reconcile(api, name, namespace, meta["uid"], parsed)
+    except SpecError as exc:
+        problem = st.Problem("InvalidSpec", str(exc))
     except ForeignObjectError as exc:
         problem = st.Problem("ResourceConflict", str(exc))
     except ApiException as exc:
         if exc.status not in (400, 422):
-            raise _temporary(exc) from exc
+            raise
         problem = st.Problem("ApplyFailed", f"API rejected an owned object: {exc.body or exc.reason}")
     if problem is not None:
-        _publish(api, body, st.compute_status(body.get("status"), None, generation, problem)
-                 | {"observedGeneration": generation})
-        kopf.warn(body, reason=problem.reason, message=problem.message)
-        raise kopf.PermanentError(problem.message)
+        _give_up(api, body, generation, problem, logger)
 
     for change in result.writes:
         kopf.info(body, reason=change.action.value, message=change.describe())
+    owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parsed)
     new_status = st.compute_status(body.get("status"), result.deployment, generation) | {
         "observedGeneration": generation,
         "url": service_url(owner),
@@ -127,6 +127,20 @@ def reconcile_service(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: k
     )
 
 
+def _give_up(api: KubeApi, body: kopf.Body, generation: int | None, problem: st.Problem,
+             logger: logging.Logger) -> NoReturn:
+    """Record a problem only a spec change can fix, then stop retrying until that change."""
+    status = st.compute_status(body.get("status"), None, generation, problem)
+    try:
+        _publish(api, body, status | {"observedGeneration": generation})
+    except ApiException as exc:
+        if exc.status not in (400, 422):
+            raise  # transient: retry the whole handler, which records it next time
+        logger.warning("could not record %s in status: %s", problem.reason, exc.reason)
+    kopf.warn(body, reason=problem.reason, message=problem.message)
+    raise kopf.PermanentError(problem.message)
+
+
 def _controller_owner(body: kopf.Body) -> dict | None:
     for ref in body["metadata"].get("ownerReferences") or []:
         if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION and ref.get("controller"):
@@ -137,7 +151,7 @@ def _controller_owner(body: kopf.Body) -> dict | None:
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGER})
 @metrics.instrumented("deployment_event")
 def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
-                     logger: logging.Logger, **_: Any) -> None:
+                     logger: logging.Logger, retry: int = 0, **_: Any) -> None:
     """Mirror the Deployment's rollout into its InferenceService; recreate it if deleted."""
     owner_ref = _controller_owner(body)
     if owner_ref is None:
@@ -157,8 +171,10 @@ def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
         new_status = st.compute_status(previous, deployment, isvc["metadata"].get("generation"),
                                        _spec_problem(previous))
         _publish(api, isvc, new_status)
+    except urllib3.exceptions.HTTPError as exc:
+        raise kopf.TemporaryError(f"API unreachable: {exc}", delay=min(2.0**retry, 300.0)) from exc
     except ApiException as exc:
-        raise _temporary(exc) from exc
+        raise _temporary(exc, retry) from exc
     _announce_readiness(isvc, previous, new_status)
 
 
@@ -173,7 +189,7 @@ def _restore(api: KubeApi, isvc: dict, logger: logging.Logger) -> dict | None:
     for change in result.writes:
         kopf.info(isvc, reason=change.action.value, message=change.describe() + " (was deleted)")
     logger.info("restored %s", ", ".join(c.describe() for c in result.writes) or "nothing")
-    return result.deployment if any(c.action == Action.CREATED for c in result.writes) else None
+    return result.deployment
 
 
 def _ready(status: dict | None) -> str | None:

@@ -25,9 +25,17 @@ GPU_RESOURCE = "amd.com/gpu"
 DEFAULT_IMAGE = "ghcr.io/rocm-inference/model-server:0.1.0"
 DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring:9090"
 
-# A Kubernetes quantity (the same grammar as resource.Quantity's regex).
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-MODEL_URI_PATTERN = r"^(pvc|s3|https?|oci)://.+"
+# A non-negative Kubernetes quantity: decimal or binary SI suffix, or an exponent.
+QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+MODEL_URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/\S*)?|(s3|https?|oci)://\S+)$"
+IMAGE_PATTERN = r"^\S+$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Label keys and values, as the API server checks them (pods would be refused otherwise).
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+)
 
 
 class _Spec(BaseModel):
@@ -110,7 +118,7 @@ def _default_providers() -> list[ExecutionProvider]:
 class RuntimeSpec(_Spec):
     """The model-server container: image, providers, batching and probes."""
 
-    image: str = DEFAULT_IMAGE
+    image: Annotated[str, Field(pattern=IMAGE_PATTERN, max_length=512)] = DEFAULT_IMAGE
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     execution_providers: Annotated[list[ExecutionProvider], Field(min_length=1)] = Field(
         default_factory=_default_providers
@@ -207,10 +215,21 @@ class AutoscalingSpec(_Spec):
         return self
 
 
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+
+
 class SchedulingSpec(_Spec):
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    priority_class_name: str | None = None
-    service_account_name: str | None = None
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict)
+    priority_class_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] = None
+    service_account_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] = None
+
+    @field_validator("node_selector")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.match(LABEL_KEY_PATTERN, key) or len(key.rsplit("/", 1)[-1]) > 63:
+                raise ValueError(f"scheduling.nodeSelector key {key!r} is not a valid label key")
+        return value
 
 
 class InferenceServiceSpec(_Spec):
@@ -233,9 +252,6 @@ class InferenceServiceSpec(_Spec):
                 "runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0"
             )
         return self
-
-
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class SpecError(ValueError):

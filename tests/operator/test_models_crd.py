@@ -35,6 +35,9 @@ def _walk(crd_node: dict, model_node: dict, path: str, found: list[str]) -> None
         assert crd_node.get("minItems") == model_node.get("minItems"), f"{path}: minItems"
         _walk(crd_node["items"], model_node.get("items", {}), path + "[]", found)
         return
+    if isinstance(crd_node.get("additionalProperties"), dict):
+        _walk(crd_node["additionalProperties"], model_node.get("additionalProperties", {}), path + "{}", found)
+        return
     crd_props = crd_node.get("properties") or {}
     model_props = model_node.get("properties") or {}
     if crd_props or model_props:
@@ -113,6 +116,7 @@ CEL_CASES = [
     ({"runtime": {"port": 9090, "metricsPort": 9090}}, "must differ"),
     ({"resources": {"gpu": {"count": 0}}, "runtime": {"executionProviders": ["ROCMExecutionProvider"]}},
      "CPUExecutionProvider"),
+    ({"scheduling": {"nodeSelector": {"bad key!": "x"}}}, "valid label key"),
 ]
 
 
@@ -143,6 +147,9 @@ def test_every_cel_rule_has_a_case() -> None:
 
 @pytest.mark.parametrize(("spec", "field"), [
     ({"model": {"uri": "ftp://x"}}, "spec.model.uri"),
+    ({"model": {"uri": "pvc://Not_A_Claim/m"}}, "spec.model.uri"),
+    ({"model": {"uri": "pvc://m"}, "scheduling": {"nodeSelector": {"pool": "no spaces"}}},
+     "spec.scheduling.nodeSelector.pool"),
     ({"model": {"uri": "pvc://m", "format": "tensorflow"}}, "spec.model.format"),
     ({"model": {"uri": "pvc://m"}, "resources": {"gpu": {"count": 17}}}, "spec.resources.gpu.count"),
     ({"model": {"uri": "pvc://m"}, "resources": {"memory": "lots"}}, "spec.resources.memory"),

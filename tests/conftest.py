@@ -1,0 +1,29 @@
+"""Fixtures shared by every test directory: an emulated cluster and the real operator on it."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+from kopf.testing import KopfRunner
+
+from tests.cluster import Cluster, running_cluster
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    with running_cluster(tmp_path) as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        yield cluster
+
+
+@pytest.fixture
+def operator(cluster: Cluster) -> Iterator[KopfRunner]:
+    """The real operator (kopf run) against the emulated cluster."""
+    args = ["run", "--all-namespaces", "--standalone", "--verbose", "-m", "inference_operator.handlers"]
+    with KopfRunner(args, timeout=60) as runner:
+        yield runner
+    assert runner.exit_code == 0, runner.output
+    assert runner.exception is None, runner.exception

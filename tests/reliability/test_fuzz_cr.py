@@ -1,0 +1,206 @@
+"""CR fuzzing: InferenceServices drawn from the CRD's schema, valid and corrupted.
+
+Every spec either fails schema validation with a message naming the field, or renders to
+objects that pass kubernetes-validate (and the API server's label/name rules); the operator's
+handler never raises anything but a PermanentError on any of them, called directly or when the
+real operator process meets them through the emulated API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import itertools
+import logging
+import re
+from collections.abc import Iterator
+
+import kopf
+import kubernetes
+import kubernetes_validate
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kopf._core.engines import posting
+
+from inference_operator import handlers
+from inference_operator.builders import Owner, build_all
+from inference_operator.k8s import KubeApi
+from inference_operator.models import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, SpecError, parse_spec
+from tests.cluster import Cluster, captured_operator_logs, running_cluster, wait_for
+from tests.crd import apply_defaults, crd_schema, schema_errors
+from tests.strategies import JUNK, from_schema, leaf_paths
+
+SPEC_SCHEMA = crd_schema()["properties"]["spec"]
+CEL_MESSAGES = [
+    "minReplicas must be <= autoscaling.maxReplicas",
+    "set but resources.gpu.count is 0",
+    "visibleDevices must list exactly",
+    "runtime.port and runtime.metricsPort must differ",
+    "has no CPUExecutionProvider",
+    "valid label key",
+]
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+names = itertools.count()
+
+
+def cr(spec: dict, name: str = "fuzz") -> dict:
+    return {"apiVersion": "inference.rocm.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": "ml"}, "spec": spec}
+
+
+def api_server_problems(obj: dict) -> list[str]:
+    """What the API server checks in code rather than in its OpenAPI schema."""
+    problems = []
+    pod = obj["spec"].get("template", {}).get("spec", {})
+    labels = {**obj["metadata"].get("labels", {}), **pod.get("nodeSelector", {})}
+    for key, value in labels.items():
+        if not re.match(LABEL_KEY_PATTERN, key) or not re.match(LABEL_VALUE_PATTERN, value) or len(value) > 63:
+            problems.append(f"label {key}={value}")
+    for volume in pod.get("volumes", []):
+        claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+        if claim is not None and not DNS_SUBDOMAIN.match(claim):
+            problems.append(f"claimName {claim!r}")
+    for container in pod.get("containers", []) + pod.get("initContainers", []):
+        env_names = [e["name"] for e in container.get("env", [])]
+        if len(env_names) != len(set(env_names)):
+            problems.append(f"duplicate env in {container['name']}")
+        if not container.get("image", "").strip() or container["image"] != container["image"].strip():
+            problems.append(f"image {container.get('image')!r}")
+    return problems
+
+
+def assert_renders_valid(spec) -> None:
+    for obj in build_all(Owner(name="fuzz", namespace="ml", uid="u-1", spec=spec)):
+        if obj["apiVersion"].startswith("keda.sh/"):
+            continue  # a CRD of KEDA's: kubernetes-validate has no schema for it
+        kubernetes_validate.validate(obj, "1.33", strict=True)
+        assert api_server_problems(obj) == []
+
+
+@FUZZ
+@given(from_schema(SPEC_SCHEMA))
+def test_fuzz_schema_valid_specs_render_valid_objects(spec: dict) -> None:
+    assert schema_errors(cr(spec)) == []
+    try:
+        parsed = parse_spec(apply_defaults(SPEC_SCHEMA, spec))
+    except SpecError as exc:
+        # Only the CEL rules, which plain JSON schema cannot express, may refuse it.
+        assert any(m in exc.message for m in CEL_MESSAGES), exc
+        assert exc.field.startswith("spec")
+        return
+    assert_renders_valid(parsed)
+
+
+def _set(obj: dict, path: tuple, value) -> None:
+    for part in path[:-1]:
+        if not isinstance(obj.get(part), dict):
+            obj[part] = {}
+        obj = obj[part]
+    obj[path[-1]] = value
+
+
+@FUZZ
+@given(from_schema(SPEC_SCHEMA), st.sampled_from(leaf_paths(SPEC_SCHEMA)), JUNK)
+def test_fuzz_corrupted_specs_are_refused_naming_the_field(spec: dict, path: tuple, junk) -> None:
+    spec = copy.deepcopy(spec)
+    _set(spec, path, junk)
+    errors = schema_errors(cr(spec))
+    try:
+        parsed = parse_spec(apply_defaults(SPEC_SCHEMA, spec) if not errors else spec)
+    except SpecError as exc:
+        assert exc.field.startswith("spec"), exc
+        if errors:  # the schema refuses it too, and says where
+            dotted = "spec." + ".".join(path)
+            where = [e.split(":")[0] for e in errors]  # on the corrupted branch, above or below
+            assert any(w.startswith(dotted) or dotted.startswith(w) for w in where), (errors, dotted)
+        return
+    # The model accepted it: whatever it is, it must still become valid objects.
+    assert_renders_valid(parsed)
+
+
+# -- the handler itself, called directly (no kopf reactor) and through the running operator --
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    with running_cluster(tmp_path_factory.mktemp("fuzz")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def direct_memo(shared_cluster: Cluster) -> Iterator[kopf.Memo]:
+    config = kubernetes.client.Configuration(host=shared_cluster.url)
+    memo = kopf.Memo(api=KubeApi(kubernetes.client.ApiClient(config)))
+    # kopf.info()/warn() outside the reactor: give them a queue to post into.
+    loop = asyncio.new_event_loop()
+    tokens = [(posting.settings_var, posting.settings_var.set(kopf.OperatorSettings())),
+              (posting.event_queue_loop_var, posting.event_queue_loop_var.set(loop)),
+              (posting.event_queue_var, posting.event_queue_var.set(asyncio.Queue()))]
+    yield memo
+    for var, token in reversed(tokens):
+        var.reset(token)
+    loop.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(from_schema(SPEC_SCHEMA), st.dictionaries(st.sampled_from(list(SPEC_SCHEMA["properties"])),
+                                                           JUNK, max_size=3)))
+def test_fuzz_handler_only_raises_permanent_errors(shared_cluster: Cluster, direct_memo, spec) -> None:
+    name = f"direct-{next(names)}"
+    body = cr(spec, name)
+    body["metadata"].update(uid=f"uid-{name}", generation=1)
+    shared_cluster.emulator.objects["inference.rocm.dev/v1alpha1/inferenceservices", "ml", name] = body
+    stored = shared_cluster.get_cr("ml", name)
+    context = contextvars.copy_context()
+    try:
+        context.run(handlers.reconcile_service, body=stored, meta=stored["metadata"], spec=stored["spec"],
+                    memo=direct_memo, logger=logging.getLogger("fuzz"), retry=0)
+    except kopf.PermanentError:
+        degraded = [c for c in shared_cluster.get_cr("ml", name)["status"]["conditions"]
+                    if c["type"] == "Degraded"][0]
+        assert degraded["status"] == "True" and degraded["reason"] in ("InvalidSpec", "ApplyFailed")
+        assert degraded["message"].startswith("spec")
+    else:
+        assert shared_cluster.get("apps/v1/deployments", "ml", name) is not None
+        assert shared_cluster.get_cr("ml", name)["status"]["url"].startswith(f"http://{name}.ml.")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_fuzz_operator_process_survives_generated_services(cluster: Cluster) -> None:
+    from kopf.testing import KopfRunner
+
+    specs: list[dict] = []
+    from_schema_examples = st.one_of(from_schema(SPEC_SCHEMA), st.fixed_dictionaries(
+        {"model": st.fixed_dictionaries({"uri": st.just("pvc://m")})},
+        optional={k: JUNK for k in ("resources", "runtime", "autoscaling", "replicas")}))
+
+    @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(from_schema_examples)
+    def collect(spec: dict) -> None:
+        specs.append(spec)
+
+    collect()
+    args = ["run", "--all-namespaces", "--standalone", "-m", "inference_operator.handlers"]
+    with captured_operator_logs() as logs, KopfRunner(args, timeout=90) as runner:
+        accepted = []
+        for i, spec in enumerate(specs):
+            response = cluster.apply_cr(cr(spec, f"gen-{i}"))
+            assert response.status_code in (200, 201, 422), response.text
+            if response.status_code != 422:
+                accepted.append(f"gen-{i}")
+                continue
+            assert "spec" in response.json()["message"]
+
+        def settled(name: str) -> bool:
+            status = (cluster.get_cr("ml", name) or {}).get("status") or {}
+            reasons = {c["type"]: c for c in status.get("conditions", [])}
+            return bool(status.get("url")) or reasons.get("Degraded", {}).get("reason") == "InvalidSpec"
+
+        wait_for(lambda: all(settled(n) for n in accepted), timeout=60, message="every service settled")
+    assert runner.exit_code == 0, runner.output
+    assert logs.count("failed with an exception. Will retry") == 0
+    assert logs.count("Unhandled") == 0
