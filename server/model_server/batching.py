@@ -83,6 +83,24 @@ def split(outputs: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[Tensor
     return [{name: arr[bounds[i] : bounds[i + 1]] for name, arr in outputs.items()} for i in range(len(rows))]
 
 
+def bucket_for(rows: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `rows` (rows itself when none does)."""
+    return next((b for b in sorted(buckets) if b >= rows), rows)
+
+
+def pad_rows(inputs: Mapping[str, np.ndarray], target: int) -> Tensors:
+    """Append zero rows up to `target` so the runtime only ever sees bucket
+    shapes (MIGraphX compiles a program per input shape)."""
+    padded = {}
+    for name, arr in inputs.items():
+        extra = target - arr.shape[0]
+        filler = np.zeros((extra, *arr.shape[1:]), dtype=arr.dtype)
+        if arr.dtype == object:
+            filler[...] = ""
+        padded[name] = np.concatenate([arr, filler], axis=0) if extra > 0 else arr
+    return padded
+
+
 class DynamicBatcher:
     """Queue + worker(s) for one loaded model version."""
 
@@ -97,8 +115,10 @@ class DynamicBatcher:
         batchable: bool = True,
         observer: BatchObserver | None = None,
         name: str = "model",
+        buckets: Sequence[int] | None = None,
     ) -> None:
         self._run = run
+        self._buckets = sorted(buckets) if buckets and batchable else None
         self._max_batch = max_batch_size if batchable else 1
         self._max_delay = max_delay_s
         self._max_queue = max_queue
@@ -251,9 +271,15 @@ class DynamicBatcher:
         rows = [r.rows for r in batch]
         loop = asyncio.get_running_loop()
         inputs = merge([r.inputs for r in batch])
+        total = sum(rows)
+        padded = bucket_for(total, self._buckets) if self._buckets else total
+        if padded > total:
+            inputs = pad_rows(inputs, padded)
         started = time.perf_counter()
         try:
             outputs = await loop.run_in_executor(self._executor, self._run, inputs)
+            if padded > total:
+                outputs = {k: v[:total] if v.ndim and v.shape[0] == padded else v for k, v in outputs.items()}
             parts = split(outputs, rows) if len(batch) > 1 else [outputs]
         except ValueError as exc:
             if len(batch) == 1:

@@ -54,6 +54,11 @@ class ServerSettings(BaseSettings):
     max_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
     max_queue: int = Field(default=256, ge=1)
     batch_workers: int = Field(default=1, ge=1, le=16, description="concurrent backend calls")
+    batch_buckets: str = Field(
+        default="auto",
+        description="pad batches to these sizes ('1,2,4,8'), 'off', or 'auto' "
+        "(powers of two when the provider compiles per shape, i.e. MIGraphX)",
+    )
     warmup: bool = True
 
     watch: bool = True
@@ -72,6 +77,12 @@ class ServerSettings(BaseSettings):
     def _split_providers(cls, value: object) -> object:
         if isinstance(value, str):
             return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("batch_buckets")
+    @classmethod
+    def _check_buckets(cls, value: str) -> str:
+        resolve_buckets(value, 1 << 12, True)
         return value
 
     @field_validator("log_level", mode="before")
@@ -94,6 +105,29 @@ class ServerSettings(BaseSettings):
     @property
     def max_delay_s(self) -> float:
         return self.max_delay_ms / 1000.0
+
+
+def resolve_buckets(spec: str, max_batch_size: int, prefers_static_shapes: bool) -> list[int] | None:
+    """`--batch-buckets` -> sorted sizes capped at max_batch_size, or None (no padding)."""
+    spec = spec.strip().lower()
+    if spec in ("off", "none", ""):
+        return None
+    if spec == "auto":
+        if not prefers_static_shapes:
+            return None
+        sizes = {max_batch_size}
+        size = 1
+        while size < max_batch_size:
+            sizes.add(size)
+            size *= 2
+        return sorted(sizes)
+    try:
+        sizes = {int(part) for part in spec.split(",") if part.strip()}
+    except ValueError:
+        raise ValueError(f"batch buckets must be 'auto', 'off' or integers, not {spec!r}") from None
+    if any(s < 1 for s in sizes):
+        raise ValueError("batch buckets must be positive")
+    return sorted({s for s in sizes if s <= max_batch_size} | {max_batch_size})
 
 
 def default_model_name(path: Path) -> str:

@@ -29,7 +29,7 @@ from .backends.torch import SIGNATURE_FILE
 from .batching import DynamicBatcher
 from .errors import ModelLoadError, ModelNotFound, ModelNotReady
 from .metrics import ServerMetrics
-from .settings import MODEL_SUFFIXES, ServerSettings
+from .settings import MODEL_SUFFIXES, ServerSettings, resolve_buckets
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +160,17 @@ class LoadFailure:
     reason: str
 
 
-def _load_and_warm(backend: Backend, batch_sizes: list[int]) -> None:
-    """Runs in a worker thread: a slow load (MIGraphX compiles) must not block requests."""
+def _load_and_warm(backend: Backend, settings: ServerSettings) -> list[int] | None:
+    """Runs in a worker thread: a slow load (MIGraphX compiles) must not block
+    requests. Returns the batch buckets, which are also the warmup sizes."""
     try:
         backend.load()
-        if batch_sizes:
-            backend.warmup(batch_sizes)
+        buckets = resolve_buckets(
+            settings.batch_buckets, settings.max_batch_size, backend.prefers_static_shapes
+        )
+        if settings.warmup:
+            backend.warmup(buckets or sorted({1, settings.max_batch_size}))
+        return buckets
     except ModelLoadError:
         backend.close()
         raise
@@ -326,8 +331,7 @@ class ModelRepository:
         started = time.perf_counter()
         try:
             backend = self._factory(source.path, settings, version)
-            sizes = sorted({1, settings.max_batch_size}) if settings.warmup else []
-            await asyncio.to_thread(_load_and_warm, backend, sizes)
+            buckets = await asyncio.to_thread(_load_and_warm, backend, settings)
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             self._failed[version] = LoadFailure(source.fingerprint, reason)
@@ -344,6 +348,7 @@ class ModelRepository:
             batchable=backend.batchable,
             observer=self.metrics.batch_observer(settings.name, version),
             name=f"{settings.name}:{version}",
+            buckets=buckets,
         )
         batcher.start()
         served = ServedVersion(version, source, backend, batcher)

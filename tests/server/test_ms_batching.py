@@ -204,3 +204,19 @@ async def test_flush_stops_waiting_for_a_full_batch():
     results = await asyncio.wait_for(asyncio.gather(*pending), 5)
     assert run.calls == [3] and [float(r["y"][0, 0]) for r in results] == [0, 2, 4]
     await batcher.close(1)
+
+
+async def test_batches_are_padded_to_buckets_and_padding_is_dropped():
+    run, obs = Recorder(), Observer()
+    batcher = DynamicBatcher(
+        run, max_batch_size=8, max_delay_s=0.2, max_queue=8, observer=obs, buckets=[1, 2, 4, 8]
+    )
+    batcher.start()
+    results = await asyncio.gather(*(batcher.submit(rows(i), 1) for i in (1, 2, 3)))
+    single = await batcher.submit(rows(7, 2), 2)
+    await batcher.close(1)
+    assert run.calls == [4, 2]  # 3 rows ran as a bucket of 4, 2 rows as 2
+    assert obs.batches == [3, 2]  # metrics count real rows, not padding
+    assert [r["y"].shape for r in results] == [(1, 3)] * 3
+    assert [float(r["y"][0, 0]) for r in results] == [2.0, 4.0, 6.0]
+    assert single["y"].shape == (2, 3) and single["rows"].tolist() == [2, 2]

@@ -140,3 +140,15 @@ def test_gpu_gauges_absent_without_a_reader():
     registry = CollectorRegistry()
     ServerMetrics(registry, gpu_reader=None)
     assert "gpu" not in generate_latest(registry).decode()
+
+
+def test_batch_buckets():
+    from model_server.settings import resolve_buckets
+
+    assert resolve_buckets("auto", 16, prefers_static_shapes=True) == [1, 2, 4, 8, 16]
+    assert resolve_buckets("auto", 12, prefers_static_shapes=True) == [1, 2, 4, 8, 12]
+    assert resolve_buckets("auto", 16, prefers_static_shapes=False) is None
+    assert resolve_buckets("off", 16, prefers_static_shapes=True) is None
+    assert resolve_buckets("4, 1,32", 16, prefers_static_shapes=False) == [1, 4, 16]
+    with pytest.raises(ValueError, match="batch_buckets"):
+        ServerSettings(model=Path("m.onnx"), batch_buckets="small")

@@ -169,3 +169,27 @@ async def test_hot_reload_over_http_without_failed_requests(tmp_path):
     assert {v for _, v, _, _ in results[mark:]} == {"2"}
     assert ready["ready"] is True and ready["latest"] == "2" and "3" in ready["failed"]
     assert explicit["model_version"] == "1" and explicit["result"][0] == 1.0
+
+
+async def test_batch_buckets_shape_warmup_and_requests(tmp_path):
+    from model_server.backends.onnx import OnnxBackend
+
+    seen: list[int] = []
+
+    class Recording(OnnxBackend):
+        def infer(self, inputs):
+            seen.append(inputs["x"].shape[0])
+            return super().infer(inputs)
+
+    scale_model(tmp_path / "repo" / "1" / "model.onnx", 1.0)
+    settings = make_settings(tmp_path / "repo", batch_buckets="2,4", max_batch_size=4)
+    repo = ModelRepository(
+        settings,
+        ServerMetrics(CollectorRegistry()),
+        backend_factory=lambda path, s, v: Recording(path, providers=s.providers, intra_op_threads=1),
+    )
+    await repo.sync()
+    assert seen == [2, 4]  # warmup compiles exactly the bucket shapes
+    assert await infer(repo, 3) == ("1", 3.0)
+    assert seen[-1] == 2  # one row ran padded to the smallest bucket
+    await repo.stop(1)

@@ -38,6 +38,11 @@ class Backend(ABC):
         """Release runtime resources (device memory, sessions)."""
 
     @property
+    def prefers_static_shapes(self) -> bool:
+        """True when every new input shape costs a compile (pad batches to buckets)."""
+        return False
+
+    @property
     def batchable(self) -> bool:
         return is_batchable(self.inputs, self.outputs)
 

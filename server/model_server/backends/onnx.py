@@ -112,6 +112,10 @@ class OnnxBackend(Backend):
         ):
             self._binding_device = DEVICE_PROVIDERS.get(self.providers[0], "cpu")
 
+    @property
+    def prefers_static_shapes(self) -> bool:
+        return bool(self.providers) and self.providers[0] == "MIGraphXExecutionProvider"
+
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self._session
         if session is None:
