@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _flag(serve, "model", help="model file or repository directory (DIR/<version>/model.onnx)")
     _flag(serve, "model-name", dest="model_name", help="API name and metric label (env MODEL_NAME)")
+    _flag(serve, "model-version", dest="model_version", help="serve only this version (pinned)")
     _flag(serve, "format", choices=["auto", "onnx", "torchscript", "export"])
     _flag(serve, "host")
     _flag(serve, "port", type=int)

@@ -88,7 +88,7 @@ def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None) -> list[P
     base = prefix if prefix.endswith("/") or not prefix else prefix.rsplit("/", 1)[0] + "/"
     fetched = []
     for key in _s3_keys(client, bucket, prefix):
-        relative = PurePosixPath(key[len(base):] if key.startswith(base) else PurePosixPath(key).name)
+        relative = PurePosixPath(key[len(base) :] if key.startswith(base) else PurePosixPath(key).name)
         if ".." in relative.parts:
             raise FetchError(f"{uri}: refusing key {key!r}, it leaves the model directory")
         target = dest_dir.joinpath(*relative.parts)
@@ -116,7 +116,9 @@ def fetch(uri: str, dest_dir: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model_server.storage", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m model_server.storage", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("uri")
     parser.add_argument("dest", type=Path)
     args = parser.parse_args(argv)

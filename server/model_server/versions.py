@@ -95,15 +95,16 @@ def _version_files(directory: Path) -> list[Path]:
         return []
 
 
-def discover(root: Path, fmt: str) -> dict[str, VersionSource]:
+def discover(root: Path, fmt: str, flat_version: str = "1") -> dict[str, VersionSource]:
     """Versions found under `root` (a file, a version-per-subdirectory directory,
-    or a directory holding one model). Hidden entries (temp copies) are ignored."""
+    or a directory holding one model, which is `flat_version`). Hidden entries
+    (temp copies) are ignored."""
     if root.is_file():
         files = [root]
         signature = root.parent / SIGNATURE_FILE
         if signature.is_file():
             files.append(signature)
-        return {"1": VersionSource("1", root, fingerprint(files))}
+        return {flat_version: VersionSource(flat_version, root, fingerprint(files))}
     if not root.is_dir():
         return {}
     versions: dict[str, VersionSource] = {}
@@ -120,7 +121,9 @@ def discover(root: Path, fmt: str) -> dict[str, VersionSource]:
     if not versions:
         model_file = find_model_file(root, fmt)
         if model_file is not None:
-            versions["1"] = VersionSource("1", model_file, fingerprint(_version_files(root)))
+            versions[flat_version] = VersionSource(
+                flat_version, model_file, fingerprint(_version_files(root))
+            )
     return versions
 
 
@@ -295,7 +298,10 @@ class ModelRepository:
     async def sync(self) -> None:
         """Load new or changed versions, retire unwanted ones."""
         async with self._sync_lock:
-            available = await asyncio.to_thread(discover, self.root, self.settings.format)
+            pinned = self.settings.model_version
+            available = await asyncio.to_thread(discover, self.root, self.settings.format, pinned or "1")
+            if pinned:  # --model-version: this version only, never another
+                available = {v: s for v, s in available.items() if v == pinned}
             self._available = available
             self._failed = {
                 v: f
@@ -430,6 +436,11 @@ class ModelRepository:
             return f"loading model from {self.root}"
         if self._failed:
             return "; ".join(f"version {v} failed to load: {f.reason}" for v, f in self._failed.items())
+        if self.settings.model_version:
+            return (
+                f"version {self.settings.model_version} (--model-version) not found at {self.root} "
+                f"(expected {self.root}/{self.settings.model_version}/model.onnx|model.pt|model.pt2)"
+            )
         return (
             f"no model found at {self.root} (expected a model file, or "
             f"{self.root}/<version>/model.onnx|model.pt|model.pt2)"

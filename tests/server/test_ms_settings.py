@@ -12,27 +12,12 @@ from model_server.metrics import ServerMetrics
 from model_server.settings import ServerSettings, default_model_name
 from prometheus_client import CollectorRegistry, generate_latest
 
-OPERATOR_ARGS = [
-    "serve",
-    "--model",
-    "/mnt/models",
-    "--model-name",
-    "resnet",
-    "--format",
-    "onnx",
-    "--port",
-    "8080",
-    "--metrics-port",
-    "9090",
-    "--providers",
-    "MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider",
-    "--max-batch-size",
-    "16",
-    "--max-delay-ms",
-    "5",
-    "--max-queue",
-    "256",
-]
+# Exactly what the operator's Deployment builder passes.
+OPERATOR_ARGS = (
+    "serve --model /mnt/models --model-name resnet --format onnx --port 8080 --metrics-port 9090 "
+    "--providers MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider "
+    "--max-batch-size 16 --max-delay-ms 5 --max-queue 256 --model-version 3"
+).split()
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +32,7 @@ def clean_env(monkeypatch):
 def test_operator_command_line_parses():
     settings = settings_from_args(build_parser().parse_args(OPERATOR_ARGS))
     assert settings.model == Path("/mnt/models") and settings.name == "resnet"
+    assert settings.model_version == "3"
     assert settings.format == "onnx" and settings.port == 8080 and settings.metrics_port == 9090
     assert settings.providers == [
         "MIGraphXExecutionProvider",

@@ -193,3 +193,25 @@ async def test_batch_buckets_shape_warmup_and_requests(tmp_path):
     assert await infer(repo, 3) == ("1", 3.0)
     assert seen[-1] == 2  # one row ran padded to the smallest bucket
     await repo.stop(1)
+
+
+async def test_pinned_version_serves_only_that_version(tmp_path):
+    for version, factor in (("1", 1.0), ("3", 3.0), ("4", 4.0)):
+        scale_model(tmp_path / "repo" / version / "model.onnx", factor)
+    repo = repository(tmp_path / "repo", model_version="3")
+    await repo.sync()
+    assert list(repo.served) == ["3"] and await infer(repo, 2) == ("3", 6.0)
+    with pytest.raises(ModelNotFound):
+        repo.resolve("4")
+    await repo.stop(1)
+
+    flat = scale_model(tmp_path / "flat" / "model.onnx", 2.0)
+    repo = repository(flat.parent, model_version="7")
+    await repo.sync()
+    assert await infer(repo, 1) == ("7", 2.0)  # a flat layout takes the pinned name
+    await repo.stop(1)
+
+    missing = repository(tmp_path / "repo", model_version="9")
+    await missing.sync()
+    missing._synced_once = True
+    assert "version 9 (--model-version) not found" in missing.not_ready_reason()
