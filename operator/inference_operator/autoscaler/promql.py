@@ -1,0 +1,91 @@
+"""PromQL for each autoscaling metric, over the pods of one InferenceService.
+
+Pure string builders, shared by the built-in loop and the HPA/KEDA emitters, so every mode
+scales on the same numbers. Series are selected by the `namespace` target label Prometheus
+adds and the server's own `model` label. Per-pod metrics are averaged over scrape targets
+(`instance`), since HPA's formula wants a per-replica value.
+"""
+
+from __future__ import annotations
+
+from ..models import Metric
+
+LATENCY_HISTOGRAM = "model_server_request_duration_seconds"
+REQUESTS_TOTAL = "model_server_requests_total"
+QUEUE_DEPTH = "model_server_queue_depth"
+INFLIGHT = "model_server_inflight_requests"
+GPU_UTILIZATION = "model_server_gpu_utilization_percent"
+
+QUANTILES = {Metric.LATENCY_P95_MS: 0.95, Metric.LATENCY_P99_MS: 0.99}
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def selector(namespace: str, model: str) -> str:
+    return "{namespace=" + _quote(namespace) + ",model=" + _quote(model) + "}"
+
+
+def latency_ms(quantile: float, namespace: str, model: str, window_seconds: int) -> str:
+    """The latency quantile in ms; 0 when the service is up but served nothing in the window.
+
+    histogram_quantile() of all-zero rates is NaN (and the histogram does not exist before the
+    first request), which would read as "no data" and hold an idle service at its peak size;
+    `>= 0` drops the NaN and the `or` branch answers 0 as long as the pods are scraped at all.
+    No series (nothing scraped) still gives an empty result.
+    """
+    sel = selector(namespace, model)
+    window = f"[{window_seconds}s]"
+    return (
+        f"(histogram_quantile({quantile}, sum by (le) (rate({LATENCY_HISTOGRAM}_bucket{sel}{window})))"
+        f" * 1000 >= 0) or (sum({QUEUE_DEPTH}{sel}) * 0)"
+    )
+
+
+def queue_depth(namespace: str, model: str, window_seconds: int) -> str:
+    """Queued requests per pod, averaged over the window (a single gauge reading is noisy)."""
+    sel = selector(namespace, model)
+    return f"avg(sum by (instance) (avg_over_time({QUEUE_DEPTH}{sel}[{window_seconds}s])))"
+
+
+def rps(namespace: str, model: str, window_seconds: int) -> str:
+    """Requests per second per pod, all response codes (rejections are load too)."""
+    sel = selector(namespace, model)
+    return f"avg(sum by (instance) (rate({REQUESTS_TOTAL}{sel}[{window_seconds}s])))"
+
+
+def gpu_utilization(namespace: str, model: str, window_seconds: int) -> str:
+    """Mean GPU busy percent over the service's pods' GPUs.
+
+    The GPU gauge carries only a `gpu` label, so it is matched to this service's pods through
+    a series that does carry `model`, on the scrape target.
+    """
+    sel = selector(namespace, model)
+    ns = "{namespace=" + _quote(namespace) + "}"
+    return (
+        f"avg(avg_over_time({GPU_UTILIZATION}{ns}[{window_seconds}s])"
+        f" and on (instance) ({QUEUE_DEPTH}{sel} or {INFLIGHT}{sel}))"
+    )
+
+
+def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int) -> str:
+    if metric in QUANTILES:
+        return latency_ms(QUANTILES[metric], namespace, model, window_seconds)
+    if metric == Metric.QUEUE_DEPTH:
+        return queue_depth(namespace, model, window_seconds)
+    if metric == Metric.RPS:
+        return rps(namespace, model, window_seconds)
+    if metric == Metric.GPU_UTILIZATION:
+        return gpu_utilization(namespace, model, window_seconds)
+    raise ValueError(f"no query for metric {metric!r}")
+
+
+def data_age_seconds(namespace: str, model: str) -> str:
+    """Seconds since the newest scraped sample of the service's always-present series.
+
+    timestamp() of a plain selector returns the sample's own time; scrapes that fail mark
+    series stale, so a dead service answers an empty vector rather than an old age.
+    """
+    sel = selector(namespace, model)
+    return f"time() - max(timestamp({QUEUE_DEPTH}{sel}) or timestamp({REQUESTS_TOTAL}{sel}))"
