@@ -1,0 +1,166 @@
+"""The Prometheus client: answers, retries, auth and TLS, against fake and real HTTP servers."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import shutil
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from inference_operator.autoscaler.prometheus import (
+    PrometheusClient,
+    PrometheusError,
+    Sample,
+    parse_response,
+)
+
+
+def vector(*values: str, ts: float = 1700000000.5) -> dict:
+    return {"status": "success", "data": {"resultType": "vector",
+                                          "result": [{"metric": {}, "value": [ts, v]} for v in values]}}
+
+
+def test_autoscaler_parse_vector_scalar_empty_and_special_values() -> None:
+    assert parse_response(vector("41.5")) == Sample(41.5, 1700000000.5)
+    assert parse_response(vector()) is None
+    assert parse_response({"status": "success", "data": {"resultType": "scalar",
+                                                         "result": [1.0, "7"]}}) == Sample(7.0, 1.0)
+    assert math.isnan(parse_response(vector("NaN")).value)
+    assert parse_response(vector("+Inf")).value == math.inf
+    # Several series: the largest finite one (errs towards scaling up).
+    assert parse_response(vector("3", "NaN", "9", "1")).value == 9.0
+
+
+def test_autoscaler_parse_errors() -> None:
+    with pytest.raises(PrometheusError, match="bad_data"):
+        parse_response({"status": "error", "errorType": "bad_data", "error": "parse error"})
+    with pytest.raises(PrometheusError, match="matrix"):
+        parse_response({"status": "success", "data": {"resultType": "matrix", "result": []}})
+
+
+class Script:
+    """A fake Prometheus that answers from a list of (status, body) and records requests."""
+
+    def __init__(self, *answers: tuple[int, dict | str] | Exception):
+        self.answers = list(answers)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        status, body = answer
+        if isinstance(body, dict):
+            return httpx.Response(status, json=body)
+        return httpx.Response(status, text=body)
+
+
+def client(script: Script, **kw) -> PrometheusClient:
+    return PrometheusClient("http://prom:9090/", transport=httpx.MockTransport(script), backoff=0, **kw)
+
+
+async def test_autoscaler_client_sends_query_and_token() -> None:
+    script = Script((200, vector("12")))
+    async with client(script, token="s3cret") as prom:
+        assert (await prom.query('sum(up{job="x"})')).value == 12.0
+    (request,) = script.requests
+    assert request.url.path == "/api/v1/query"
+    assert request.url.params["query"] == 'sum(up{job="x"})'
+    assert request.headers["Authorization"] == "Bearer s3cret"
+
+
+async def test_autoscaler_client_retries_what_retrying_can_fix() -> None:
+    script = Script(httpx.ConnectError("refused"), (503, "busy"), (200, vector("5")))
+    async with client(script, retries=2) as prom:
+        assert (await prom.query("up")).value == 5.0
+    assert len(script.requests) == 3
+
+
+async def test_autoscaler_client_gives_up_after_retries() -> None:
+    script = Script(httpx.ConnectError("refused"), httpx.ReadTimeout("slow"), (502, "bad gateway"))
+    async with client(script, retries=2) as prom:
+        with pytest.raises(PrometheusError, match="502"):
+            await prom.query("up")
+    assert len(script.requests) == 3
+
+
+async def test_autoscaler_client_does_not_retry_a_rejected_query() -> None:
+    script = Script((400, {"status": "error", "errorType": "bad_data", "error": "parse error"}))
+    async with client(script, retries=3) as prom:
+        with pytest.raises(PrometheusError, match="parse error"):
+            await prom.query("sum(")
+    assert len(script.requests) == 1
+
+
+async def test_autoscaler_client_reports_auth_failure_without_retrying() -> None:
+    script = Script((401, "unauthorized"))
+    async with client(script, retries=3) as prom:
+        with pytest.raises(PrometheusError, match="401"):
+            await prom.query("up")
+    assert len(script.requests) == 1
+
+
+async def test_autoscaler_client_times_out_against_a_silent_server() -> None:
+    import socket
+
+    with socket.socket() as listener:  # accepts connections, never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        async with PrometheusClient(f"http://127.0.0.1:{port}", timeout=0.2, retries=1,
+                                    backoff=0) as prom:
+            with pytest.raises(PrometheusError, match="unreachable"):
+                await prom.query("up")
+
+
+@pytest.fixture(scope="module")
+def tls_prometheus(tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """A fake Prometheus on https://127.0.0.1 with a self-signed certificate: (url, ca_pem)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a certificate")
+    tmp = tmp_path_factory.mktemp("tls")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = json.dumps(vector("3")).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}", cert.read_text()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_autoscaler_client_trusts_the_given_ca(tls_prometheus) -> None:
+    url, ca_pem = tls_prometheus
+    async with PrometheusClient(url, ca_pem=ca_pem, retries=0) as prom:
+        assert (await prom.query("up")).value == 3.0
+    async with PrometheusClient(url, retries=0) as prom:
+        with pytest.raises(PrometheusError, match="unreachable"):
+            await prom.query("up")
