@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from ..models import AutoscalingMode
 from .common import Owner, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
+from .hpa import build_hpa
+from .keda import build_scaled_object
 from .pdb import build_pdb, needs_pdb
 from .service import build_service
 
@@ -13,6 +16,8 @@ OWNED_KINDS = [
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
 ]
 
 
@@ -21,6 +26,11 @@ def build_all(owner: Owner) -> list[dict]:
     objects = [build_deployment(owner), build_service(owner)]
     if needs_pdb(owner):
         objects.append(build_pdb(owner))
+    scaling = owner.spec.autoscaling
+    if scaling is not None and scaling.mode == AutoscalingMode.HPA:
+        objects.append(build_hpa(owner))
+    elif scaling is not None and scaling.mode == AutoscalingMode.KEDA:
+        objects.append(build_scaled_object(owner))
     return objects
 
 
@@ -29,7 +39,9 @@ __all__ = [
     "Owner",
     "build_all",
     "build_deployment",
+    "build_hpa",
     "build_pdb",
+    "build_scaled_object",
     "build_service",
     "desired_replicas",
     "needs_pdb",
