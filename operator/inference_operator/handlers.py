@@ -208,3 +208,6 @@ def _announce_readiness(isvc: dict, previous: dict | None, new: dict) -> None:
         kopf.info(isvc, reason="Ready", message=condition["message"])
     else:
         kopf.warn(isvc, reason=condition["reason"], message=condition["message"])
+
+
+from .autoscaler import handlers as _autoscaler  # noqa: E402,F401

@@ -1,0 +1,244 @@
+"""One autoscaling step for one InferenceService: observe, decide, write, report.
+
+The kopf daemon (handlers.py) calls `Autoscaler.tick` every `intervalSeconds`. Everything the
+step needs to survive across ticks is either in the object (spec.replicas, status.autoscaler)
+or in `History`, which may be lost at any time (operator restart): `decide` then holds
+instead of scaling down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kubernetes.client.exceptions import ApiException
+
+from ..k8s import KubeApi, Ref
+from ..models import API_VERSION, KIND, AutoscalingSpec, InferenceServiceSpec, Metric, SecretKeyRef
+from ..status import now_iso
+from . import promql
+from .policy import Decision, History, Observation, Policy, decide
+from .prometheus import PrometheusClient, PrometheusError, Sample
+
+SECRET_TTL_SECONDS = 300
+EventPoster = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class Queries:
+    value: str
+    latency_p95: str
+    age: str
+
+
+def queries_for(scaling: AutoscalingSpec, namespace: str, model: str) -> Queries:
+    return Queries(
+        value=promql.metric_query(scaling.metric, namespace, model, scaling.window_seconds),
+        latency_p95=promql.latency_ms(0.95, namespace, model, scaling.window_seconds),
+        age=promql.data_age_seconds(namespace, model),
+    )
+
+
+def observation_from(at: float, value: Sample | None, age: Sample | None,
+                     ready_replicas: int | None, error: str | None = None) -> Observation:
+    """Combine the answers of one tick; any doubt about the data becomes "no value"."""
+    if error:
+        return Observation(at, None, ready_replicas=ready_replicas, note=error)
+    if age is None or not math.isfinite(age.value):
+        return Observation(at, None, ready_replicas=ready_replicas,
+                           note="no live series of the service in Prometheus")
+    if value is None:
+        return Observation(at, None, ready_replicas=ready_replicas, note="query returned no series")
+    return Observation(at, value.value, age_seconds=max(age.value, 0.0),
+                       ready_replicas=ready_replicas)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits)
+
+
+def autoscaler_status(metric: Metric, observation: Observation, latency_p95_ms: float | None,
+                      decision: Decision, last_scale_time: str | None) -> dict:
+    """`status.autoscaler`; None values delete their key in a merge patch."""
+    return {
+        "metric": metric.value,
+        "currentValue": _rounded(observation.value, 3),
+        "latencyP95Ms": _rounded(latency_p95_ms, 1),
+        "desiredReplicas": decision.replicas,
+        "lastScaleTime": last_scale_time,
+        "reason": decision.reason,
+    }
+
+
+def status_patch(current: dict | None, desired: dict) -> dict:
+    """Keys of `desired` that differ from `current` (absent and None are the same)."""
+    current = current or {}
+    return {k: v for k, v in desired.items() if current.get(k) != v}
+
+
+class Autoscaler:
+    """Per-InferenceService state of the built-in loop: history and a Prometheus client."""
+
+    def __init__(self, api: KubeApi, namespace: str, name: str, logger: logging.Logger,
+                 post_event: EventPoster, clock: Callable[[], float] = time.monotonic,
+                 prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient):
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.logger = logger
+        self.post_event = post_event
+        self.clock = clock
+        self.prometheus_factory = prometheus_factory
+        self.history = History()
+        self._client: PrometheusClient | None = None
+        self._client_key: tuple | None = None
+        self._client_born = 0.0
+        self._had_data = True
+        # (generation before our last scale write, replicas written): until the watch delivers
+        # the object with a newer generation, the body still shows the old count.
+        self._pending: tuple[int, int] | None = None
+
+    @property
+    def ref(self) -> Ref:
+        return Ref(API_VERSION, KIND, self.namespace, self.name)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _secret_value(self, ref: SecretKeyRef) -> str:
+        secret = self.api.get(Ref("v1", "Secret", self.namespace, ref.name))
+        if secret is None:
+            raise PrometheusError(f"secret {ref.name} not found")
+        data = (secret.get("data") or {}).get(ref.key)
+        if data is None:
+            raise PrometheusError(f"secret {ref.name} has no key {ref.key}")
+        return base64.b64decode(data).decode()
+
+    async def _prometheus(self, scaling: AutoscalingSpec) -> PrometheusClient:
+        """A client for the spec's URL and auth, rebuilt when they change or secrets may rotate."""
+        auth = scaling.prometheus_auth
+        key = (scaling.prometheus_url, auth)
+        now = self.clock()
+        if self._client is not None and key == self._client_key:
+            if not auth or now - self._client_born < SECRET_TTL_SECONDS:
+                return self._client
+        token = ca_pem = None
+        if auth and auth.bearer_token_secret:
+            token = (await asyncio.to_thread(self._secret_value, auth.bearer_token_secret)).strip()
+        if auth and auth.ca_secret:
+            ca_pem = await asyncio.to_thread(self._secret_value, auth.ca_secret)
+        await self.aclose()
+        self._client = self.prometheus_factory(scaling.prometheus_url, token=token, ca_pem=ca_pem)
+        self._client_key, self._client_born = key, now
+        return self._client
+
+    async def _observe(self, scaling: AutoscalingSpec, model: str,
+                       ready: int | None) -> tuple[Observation, float | None]:
+        q = queries_for(scaling, self.namespace, model)
+        at = self.clock()
+        try:
+            client = await self._prometheus(scaling)
+            wanted = [q.value, q.age]
+            if scaling.metric != Metric.LATENCY_P95_MS:
+                wanted.append(q.latency_p95)
+            answers = await asyncio.gather(*(client.query(text) for text in wanted))
+        except (PrometheusError, ApiException, ValueError, UnicodeDecodeError) as exc:
+            return observation_from(at, None, None, ready, error=str(exc) or type(exc).__name__), None
+        value, age = answers[0], answers[1]
+        p95 = answers[2] if len(answers) > 2 else value
+        observation = observation_from(at, value, age, ready)
+        p95_ms = p95.value if p95 is not None and observation.value is not None else None
+        return observation, p95_ms
+
+    async def tick(self, body: dict, spec: InferenceServiceSpec) -> float:
+        """Observe, decide and act once; returns the seconds until the next tick is due."""
+        scaling = spec.autoscaling
+        assert scaling is not None
+        started = self.clock()
+        policy = Policy.from_spec(scaling)
+        status = body.get("status") or {}
+        ready = status.get("readyReplicas")
+        observation, p95_ms = await self._observe(scaling, spec.model.name or self.name, ready)
+        generation = (body.get("metadata") or {}).get("generation") or 0
+        current = self._current_replicas(spec.replicas, generation)
+        decision = decide(observation, current, policy, self.history)
+        self.history = self.history.remember(observation.at, decision.recommendation,
+                                             policy.horizon_seconds)
+
+        previous = status.get("autoscaler") or {}
+        last_scale_time = previous.get("lastScaleTime")
+        if decision.replicas != current:
+            scaled_at = await self._scale(policy, current, decision)
+            if scaled_at is None:
+                return max(0.0, scaling.interval_seconds - (self.clock() - started))
+            self._pending = (generation, decision.replicas) if generation else None
+            last_scale_time = scaled_at
+
+        self._log(scaling, observation, p95_ms, current, decision)
+        desired = autoscaler_status(scaling.metric, observation, p95_ms, decision, last_scale_time)
+        changes = status_patch(previous, desired)
+        if changes:
+            try:
+                await asyncio.to_thread(self.api.patch_status, self.ref, {"autoscaler": changes})
+            except ApiException as exc:
+                if exc.status != 404:
+                    self.logger.warning("autoscaler status not written: API error %s", exc.status)
+        return max(0.0, scaling.interval_seconds - (self.clock() - started))
+
+    def _current_replicas(self, spec_replicas: int, generation: int) -> int:
+        """spec.replicas, or what we wrote last if the body predates that write."""
+        if self._pending is not None:
+            before, written = self._pending
+            if generation and generation <= before:
+                return written
+            self._pending = None
+        return spec_replicas
+
+    async def _scale(self, policy: Policy, current: int, decision: Decision) -> str | None:
+        """Write spec.replicas through the scale subresource; the time of the write, or None."""
+        running = policy.bounded(current)  # what the Deployment runs (the builder clamps too)
+        try:
+            await asyncio.to_thread(self.api.patch, self.ref, {"spec": {"replicas": decision.replicas}},
+                                    "scale")
+        except ApiException as exc:
+            self.logger.warning("scale to %d not written: API error %s %s", decision.replicas,
+                                exc.status, exc.reason)
+            return None
+        written = now_iso()
+        if decision.replicas != running:
+            self.history = self.history.scaled(self.clock(), running, decision.replicas,
+                                               policy.horizon_seconds)
+            reason = "ScaledUp" if decision.replicas > running else "ScaledDown"
+        else:
+            reason = "ReplicasBounded"
+        self.post_event(reason, f"replicas {current} -> {decision.replicas}: {decision.reason}")
+        return written
+
+    def _log(self, scaling: AutoscalingSpec, observation: Observation, p95_ms: float | None,
+             current: int, decision: Decision) -> None:
+        has_data = observation.value is not None
+        log = self.logger.info
+        if not has_data and self._had_data:
+            log = self.logger.warning  # once per outage, not on every tick
+        self._had_data = has_data
+        log(
+            "autoscaler decision: replicas %d -> %d (recommendation %d) metric=%s value=%s "
+            "target=%s p95_ms=%s ready=%s data_age_s=%s fast=%s | %s",
+            current, decision.replicas, decision.recommendation, scaling.metric.value,
+            _fmt(observation.value), _fmt(scaling.target), _fmt(p95_ms),
+            observation.ready_replicas, _fmt(observation.age_seconds if has_data else None),
+            decision.fast, decision.reason,
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4g}"
