@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(serve, "max-delay-ms", dest="max_delay_ms", type=float)
     _flag(serve, "max-queue", dest="max_queue", type=int)
     _flag(serve, "batch-workers", dest="batch_workers", type=int)
+    _flag(
+        serve, "instances", help="runtime sessions per version, one per device ('auto': one per visible GPU)"
+    )
     _flag(serve, "batch-buckets", dest="batch_buckets", help="'auto', 'off' or sizes like 1,2,4,8,16")
     _flag(serve, "warmup", action=argparse.BooleanOptionalAction)
     _flag(serve, "watch", action=argparse.BooleanOptionalAction, help="hot-reload new versions")

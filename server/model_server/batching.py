@@ -106,7 +106,7 @@ class DynamicBatcher:
 
     def __init__(
         self,
-        run: RunFn,
+        run: RunFn | Sequence[RunFn],
         *,
         max_batch_size: int,
         max_delay_s: float,
@@ -117,7 +117,9 @@ class DynamicBatcher:
         name: str = "model",
         buckets: Sequence[int] | None = None,
     ) -> None:
-        self._run = run
+        # One runner per model instance (e.g. one session per GPU), `workers` each.
+        runners = [run] if callable(run) else list(run)
+        self._runners = [r for r in runners for _ in range(workers)]
         self._buckets = sorted(buckets) if buckets and batchable else None
         self._max_batch = max_batch_size if batchable else 1
         self._max_delay = max_delay_s
@@ -128,8 +130,10 @@ class DynamicBatcher:
         self._rows_by_key: dict[Hashable, int] = defaultdict(int)
         self._wakeup = asyncio.Event()
         self._collect_lock = asyncio.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"infer-{name}")
-        self._n_workers = workers
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}-{i}")
+            for i in range(len(self._runners))
+        ]
         self._workers: list[asyncio.Task] = []
         self._closing = False
         self._batch_seconds = 0.0  # moving average, for Retry-After
@@ -139,9 +143,10 @@ class DynamicBatcher:
     def start(self) -> None:
         """Start the worker tasks on the running loop."""
         if not self._workers:
+            loop = asyncio.get_running_loop()
             self._workers = [
-                asyncio.get_running_loop().create_task(self._worker(), name=f"batcher-{self._name}")
-                for _ in range(self._n_workers)
+                loop.create_task(self._worker(runner, executor), name=f"batcher-{self._name}-{i}")
+                for i, (runner, executor) in enumerate(zip(self._runners, self._executors, strict=True))
             ]
 
     @property
@@ -196,17 +201,18 @@ class DynamicBatcher:
             if not request.future.done():
                 request.future.set_exception(ShuttingDown())
         self._rows_by_key.clear()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for executor in self._executors:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ worker
 
-    async def _worker(self) -> None:
+    async def _worker(self, runner: RunFn, executor: ThreadPoolExecutor) -> None:
         while True:
             batch = await self._next_batch()
             if batch is None:
                 return
             try:
-                await self._execute(batch)
+                await self._execute(batch, runner, executor)
             except asyncio.CancelledError:
                 self._fail(batch, ShuttingDown())
                 raise
@@ -267,7 +273,7 @@ class DynamicBatcher:
             del self._rows_by_key[key]
         return batch
 
-    async def _execute(self, batch: list[_Request]) -> None:
+    async def _execute(self, batch: list[_Request], runner: RunFn, executor: ThreadPoolExecutor) -> None:
         rows = [r.rows for r in batch]
         loop = asyncio.get_running_loop()
         inputs = merge([r.inputs for r in batch])
@@ -277,7 +283,7 @@ class DynamicBatcher:
             inputs = pad_rows(inputs, padded)
         started = time.perf_counter()
         try:
-            outputs = await loop.run_in_executor(self._executor, self._run, inputs)
+            outputs = await loop.run_in_executor(executor, runner, inputs)
             if padded > total:
                 outputs = {k: v[:total] if v.ndim and v.shape[0] == padded else v for k, v in outputs.items()}
             parts = split(outputs, rows) if len(batch) > 1 else [outputs]
@@ -286,13 +292,13 @@ class DynamicBatcher:
                 raise
             log.warning("%s: %s; no longer merging requests", self._name, exc)
             self._max_batch = 1
-            await self._execute_each(batch)
+            await self._execute_each(batch, runner, executor)
             return
         except Exception:
             if len(batch) == 1:
                 raise
             # One bad request must not fail its neighbours: rerun them one by one.
-            await self._execute_each(batch)
+            await self._execute_each(batch, runner, executor)
             return
         elapsed = time.perf_counter() - started
         self._observer.batch(sum(rows), elapsed)
@@ -301,10 +307,10 @@ class DynamicBatcher:
             if not request.future.done():
                 request.future.set_result(part)
 
-    async def _execute_each(self, batch: list[_Request]) -> None:
+    async def _execute_each(self, batch: list[_Request], runner: RunFn, executor: ThreadPoolExecutor) -> None:
         for request in batch:
             try:
-                await self._execute([request])
+                await self._execute([request], runner, executor)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

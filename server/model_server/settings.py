@@ -6,6 +6,7 @@ object; explicitly given flags win over env values.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -57,6 +58,11 @@ class ServerSettings(BaseSettings):
     max_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
     max_queue: int = Field(default=256, ge=1)
     batch_workers: int = Field(default=1, ge=1, le=16, description="concurrent backend calls")
+    instances: str = Field(
+        default="auto",
+        description="model instances (runtime sessions) per version, each on its own device; "
+        "'auto' = one per visible GPU (ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES), 1 on CPU",
+    )
     batch_buckets: str = Field(
         default="auto",
         description="pad batches to these sizes ('1,2,4,8'), 'off', or 'auto' "
@@ -88,6 +94,12 @@ class ServerSettings(BaseSettings):
         resolve_buckets(value, 1 << 12, True)
         return value
 
+    @field_validator("instances")
+    @classmethod
+    def _check_instances(cls, value: str) -> str:
+        resolve_instances(value, on_gpu=False, env={})
+        return value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_log_level(cls, value: object) -> object:
@@ -108,6 +120,30 @@ class ServerSettings(BaseSettings):
     @property
     def max_delay_s(self) -> float:
         return self.max_delay_ms / 1000.0
+
+
+VISIBLE_DEVICE_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+def resolve_instances(spec: str, *, on_gpu: bool, env: Mapping[str, str]) -> int:
+    """`--instances` -> a count. `auto` gives one instance per GPU the pod may
+    see (the operator sets ROCR_VISIBLE_DEVICES), and one on CPU."""
+    spec = spec.strip().lower()
+    if spec == "auto":
+        if not on_gpu:
+            return 1
+        for var in VISIBLE_DEVICE_VARS:
+            devices = [d for d in env.get(var, "").split(",") if d.strip()]
+            if devices:
+                return len(devices)
+        return 1
+    try:
+        count = int(spec)
+    except ValueError:
+        raise ValueError(f"instances must be 'auto' or a positive integer, not {spec!r}") from None
+    if count < 1:
+        raise ValueError("instances must be at least 1")
+    return count
 
 
 def resolve_buckets(spec: str, max_batch_size: int, prefers_static_shapes: bool) -> list[int] | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,12 +30,13 @@ from .backends.torch import SIGNATURE_FILE
 from .batching import DynamicBatcher
 from .errors import ModelLoadError, ModelNotFound, ModelNotReady
 from .metrics import ServerMetrics
-from .settings import MODEL_SUFFIXES, ServerSettings, resolve_buckets
+from .settings import MODEL_SUFFIXES, ServerSettings, resolve_buckets, resolve_instances
 
 log = logging.getLogger(__name__)
 
 Fingerprint = tuple[tuple[str, int, int], ...]
-BackendFactory = Callable[[Path, ServerSettings, str], Backend]
+#: (model file, settings, version, device index) -> an unloaded backend.
+BackendFactory = Callable[[Path, ServerSettings, str, int], Backend]
 
 
 # --------------------------------------------------------------------------- discovery
@@ -144,9 +146,18 @@ class ServedVersion:
 
     version: str
     source: VersionSource
-    backend: Backend
+    backends: list[Backend]  # one per model instance (device)
     batcher: DynamicBatcher
     loaded_at: float = field(default_factory=time.time)
+
+    @property
+    def backend(self) -> Backend:
+        """The first instance: all instances share one signature."""
+        return self.backends[0]
+
+    def close(self) -> None:
+        for backend in self.backends:
+            backend.close()
 
     @property
     def inputs(self):
@@ -195,7 +206,9 @@ class ModelRepository:
         self.settings = settings
         self.metrics = metrics
         self.root = settings.model
-        self._factory = backend_factory or (lambda p, s, v: create_backend(p, s, version=v))
+        self._factory = backend_factory or (
+            lambda p, s, v, i: create_backend(p, s, version=v, device_index=i)
+        )
         self._served: Mapping[str, ServedVersion] = MappingProxyType({})
         self._latest: ServedVersion | None = None
         self._available: dict[str, VersionSource] = {}
@@ -231,7 +244,7 @@ class ModelRepository:
             return_exceptions=True,
         )
         for sv in served:
-            await asyncio.to_thread(sv.backend.close)
+            await asyncio.to_thread(sv.close)
 
     def flush(self) -> None:
         """Run every queued request now (shutdown has begun)."""
@@ -336,8 +349,7 @@ class ModelRepository:
         self._loading.add(version)
         started = time.perf_counter()
         try:
-            backend = self._factory(source.path, settings, version)
-            buckets = await asyncio.to_thread(_load_and_warm, backend, settings)
+            backends, buckets = await asyncio.to_thread(self._load_instances, source)
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             self._failed[version] = LoadFailure(source.fingerprint, reason)
@@ -345,8 +357,9 @@ class ModelRepository:
             return
         finally:
             self._loading.discard(version)
+        backend = backends[0]
         batcher = DynamicBatcher(
-            backend.infer,
+            [b.infer for b in backends],
             max_batch_size=settings.max_batch_size,
             max_delay_s=settings.max_delay_s,
             max_queue=settings.max_queue,
@@ -357,19 +370,38 @@ class ModelRepository:
             buckets=buckets,
         )
         batcher.start()
-        served = ServedVersion(version, source, backend, batcher)
+        served = ServedVersion(version, source, backends, batcher)
         old = self._served.get(version)
         self._install({**self._served, version: served})
         log.info(
             "serving %s version %s on %s (loaded in %.2fs, batchable=%s)",
             settings.name,
             version,
-            backend.device,
+            ", ".join(b.device for b in backends),
             time.perf_counter() - started,
             backend.batchable,
         )
         if old is not None:
             self._retire(old)
+
+    def _load_instances(self, source: VersionSource) -> tuple[list[Backend], list[int] | None]:
+        """In a worker thread: the first instance decides (by its device) how many
+        more to load, one per visible GPU unless `--instances` says otherwise."""
+        settings, version = self.settings, source.version
+        first = self._factory(source.path, settings, version, 0)
+        buckets = _load_and_warm(first, settings)
+        count = resolve_instances(settings.instances, on_gpu=first.device != "cpu", env=os.environ)
+        backends = [first]
+        try:
+            for index in range(1, count):
+                backend = self._factory(source.path, settings, version, index)
+                _load_and_warm(backend, settings)
+                backends.append(backend)
+        except Exception:
+            for backend in backends:
+                backend.close()
+            raise
+        return backends, buckets
 
     def _install(self, served: dict[str, ServedVersion]) -> None:
         """The atomic swap: one assignment of an immutable map."""
@@ -387,7 +419,7 @@ class ModelRepository:
 
         async def drain() -> None:
             await old.batcher.close(self.settings.drain_timeout_s)
-            await asyncio.to_thread(old.backend.close)
+            await asyncio.to_thread(old.close)
 
         task = asyncio.get_running_loop().create_task(drain())
         self._retiring.add(task)

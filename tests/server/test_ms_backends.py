@@ -16,6 +16,15 @@ from model_server.tensors import TensorSpec
 from .helpers import affine_model, int_model, make_settings
 
 
+def test_device_providers_get_their_device_id():
+    from model_server.backends.onnx import provider_entries
+
+    assert provider_entries(["MIGraphXExecutionProvider", "CPUExecutionProvider"], 1) == [
+        ("MIGraphXExecutionProvider", {"device_id": "1"}),
+        "CPUExecutionProvider",
+    ]
+
+
 def test_provider_selection_keeps_order_and_falls_back_to_cpu():
     requested = ["MIGraphXExecutionProvider", "ROCMExecutionProvider", "CPUExecutionProvider"]
     chosen, skipped = select_providers(requested, ["ROCMExecutionProvider", "CPUExecutionProvider"])

@@ -138,3 +138,16 @@ def test_batch_buckets():
     assert resolve_buckets("4, 1,32", 16, prefers_static_shapes=False) == [1, 4, 16]
     with pytest.raises(ValueError, match="batch_buckets"):
         ServerSettings(model=Path("m.onnx"), batch_buckets="small")
+
+
+def test_instances_follow_the_visible_gpus():
+    from model_server.settings import resolve_instances
+
+    env = {"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "0,1"}
+    assert resolve_instances("auto", on_gpu=True, env=env) == 2
+    assert resolve_instances("auto", on_gpu=True, env={"HIP_VISIBLE_DEVICES": "3"}) == 1
+    assert resolve_instances("auto", on_gpu=True, env={}) == 1
+    assert resolve_instances("auto", on_gpu=False, env=env) == 1  # CPU: one session is enough
+    assert resolve_instances("3", on_gpu=False, env={}) == 3
+    with pytest.raises(ValueError, match="instances"):
+        ServerSettings(model=Path("m.onnx"), instances="0")

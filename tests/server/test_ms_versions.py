@@ -186,7 +186,7 @@ async def test_batch_buckets_shape_warmup_and_requests(tmp_path):
     repo = ModelRepository(
         settings,
         ServerMetrics(CollectorRegistry()),
-        backend_factory=lambda path, s, v: Recording(path, providers=s.providers, intra_op_threads=1),
+        backend_factory=lambda path, s, v, i: Recording(path, providers=s.providers, intra_op_threads=1),
     )
     await repo.sync()
     assert seen == [2, 4]  # warmup compiles exactly the bucket shapes
@@ -215,3 +215,34 @@ async def test_pinned_version_serves_only_that_version(tmp_path):
     await missing.sync()
     missing._synced_once = True
     assert "version 9 (--model-version) not found" in missing.not_ready_reason()
+
+
+async def test_instances_run_batches_concurrently_one_per_device(tmp_path):
+    import threading
+
+    from model_server.backends.onnx import OnnxBackend
+
+    together = threading.Barrier(2, timeout=5)
+    used: list[int] = []
+
+    class Instance(OnnxBackend):
+        def infer(self, inputs):
+            if inputs["x"].shape[0] == 1 and inputs["x"][0, 0] >= 100:  # not warmup
+                used.append(self.device_id)
+                together.wait()  # only passes if both instances run at the same time
+            return super().infer(inputs)
+
+    scale_model(tmp_path / "repo" / "1" / "model.onnx", 1.0)
+    settings = make_settings(tmp_path / "repo", instances="2", max_batch_size=1, max_delay_ms=0)
+    repo = ModelRepository(
+        settings,
+        ServerMetrics(CollectorRegistry()),
+        backend_factory=lambda path, s, v, i: Instance(
+            path, providers=s.providers, intra_op_threads=1, device_id=i
+        ),
+    )
+    await repo.sync()
+    assert [b.device_id for b in repo.served["1"].backends] == [0, 1]
+    results = await asyncio.gather(infer(repo, 100), infer(repo, 200))
+    assert results == [("1", 100.0), ("1", 200.0)] and sorted(used) == [0, 1]
+    await repo.stop(1)

@@ -36,8 +36,10 @@ def detect_format(path: Path, requested: str) -> str:
     return requested
 
 
-def create_backend(path: Path, settings: ServerSettings, *, version: str = "1") -> Backend:
-    """A not-yet-loaded backend for one model file, configured from settings."""
+def create_backend(
+    path: Path, settings: ServerSettings, *, version: str = "1", device_index: int = 0
+) -> Backend:
+    """A not-yet-loaded backend for one model file on one device, configured from settings."""
     fmt = detect_format(path, settings.format)
     if fmt == "onnx":
         from .onnx import OnnxBackend
@@ -48,8 +50,9 @@ def create_backend(path: Path, settings: ServerSettings, *, version: str = "1") 
             intra_op_threads=settings.intra_op_threads,
             inter_op_threads=settings.inter_op_threads,
             profiling=settings.profiling,
-            profile_prefix=settings.profile_dir / f"{settings.name}-v{version}",
+            profile_prefix=settings.profile_dir / f"{settings.name}-v{version}-d{device_index}",
             io_binding=settings.io_binding,
+            device_id=device_index,
         )
     from .torch import TorchBackend
 
@@ -57,6 +60,7 @@ def create_backend(path: Path, settings: ServerSettings, *, version: str = "1") 
         path,
         kind="export" if fmt == "export" else "torchscript",
         device=settings.device,
+        device_index=device_index,
         threads=settings.intra_op_threads,
     )
 

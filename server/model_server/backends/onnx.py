@@ -35,6 +35,11 @@ def select_providers(requested: Sequence[str], available: Sequence[str]) -> tupl
     return chosen, skipped
 
 
+def provider_entries(providers: Sequence[str], device_id: int) -> list[str | tuple[str, dict[str, str]]]:
+    """ORT's provider argument: device providers get their `device_id` option."""
+    return [(p, {"device_id": str(device_id)}) if p in DEVICE_PROVIDERS else p for p in providers]
+
+
 def fallback_message(requested: Sequence[str], chosen: Sequence[str], skipped: Sequence[str]) -> str:
     """One log line that shows the whole fallback chain, e.g.
     `MIGraphXExecutionProvider -> ROCMExecutionProvider (unavailable) -> CPU`."""
@@ -58,6 +63,7 @@ class OnnxBackend(Backend):
         profile_prefix: Path | None = None,
         io_binding: Literal["auto", "on", "off"] = "auto",
         spinning: bool = False,
+        device_id: int = 0,
     ) -> None:
         super().__init__()
         self.path = Path(path)
@@ -68,6 +74,7 @@ class OnnxBackend(Backend):
         self.profile_prefix = profile_prefix
         self.io_binding_mode = io_binding
         self.spinning = spinning
+        self.device_id = device_id
         self.providers: list[str] = []
         self._session = None
         self._output_names: list[str] = []
@@ -98,12 +105,15 @@ class OnnxBackend(Backend):
         chosen, skipped = select_providers(self.requested_providers, ort.get_available_providers())
         log.info(fallback_message(self.requested_providers, chosen, skipped))
         try:
-            session = ort.InferenceSession(str(self.path), sess_options=options, providers=chosen)
+            session = ort.InferenceSession(
+                str(self.path), sess_options=options, providers=provider_entries(chosen, self.device_id)
+            )
         except Exception as exc:  # onnxruntime raises its own hierarchy
             raise ModelLoadError(f"cannot load ONNX model {self.path}: {exc}") from exc
         self._session = session
         self.providers = session.get_providers()
-        self.device = DEVICE_PROVIDERS.get(self.providers[0], "cpu")
+        device = DEVICE_PROVIDERS.get(self.providers[0])
+        self.device = f"{device}:{self.device_id}" if device else "cpu"
         self.inputs = [_spec(i) for i in session.get_inputs()]
         self.outputs = [_spec(o) for o in session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
@@ -138,8 +148,9 @@ class OnnxBackend(Backend):
         binding = session.io_binding()
         for name, arr in inputs.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(arr))
+        device_id = 0 if self._binding_device == "cpu" else self.device_id
         for name in self._output_names:
-            binding.bind_output(name, self._binding_device)
+            binding.bind_output(name, self._binding_device, device_id)
         try:
             session.run_with_iobinding(binding)
         except Exception as exc:

@@ -81,12 +81,14 @@ class TorchBackend(Backend):
         *,
         kind: Literal["torchscript", "export"] = "torchscript",
         device: str = "auto",
+        device_index: int = 0,
         threads: int = 0,
     ) -> None:
         super().__init__()
         self.path = Path(path)
         self.kind = kind
         self.requested_device = device
+        self.device_index = device_index
         self.threads = threads
         self._module: Any = None
         self._torch: Any = None
@@ -102,6 +104,8 @@ class TorchBackend(Backend):
             raise ModelLoadError("torch is not installed in this image") from exc
         self._torch = torch
         self.device = resolve_device(self.requested_device, torch.cuda.is_available())
+        if self.device == "cuda":
+            self.device = f"cuda:{self.device_index}"
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
