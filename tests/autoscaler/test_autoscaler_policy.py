@@ -284,6 +284,26 @@ def test_autoscaler_policy_from_spec_uses_spec_defaults() -> None:
     assert policy.scale_up == Rule(4, 100, 15) and policy.scale_down == Rule(4, 100, 15)
     assert policy.stale_after_seconds == 90
     assert policy.metric == "latencyP95Ms"
+    assert policy.scale_down_exponent == 0.5  # latency is convex in load
+
+
+@pytest.mark.parametrize("metric", ["queueDepth", "rps", "gpuUtilization"])
+def test_autoscaler_linear_metrics_scale_down_proportionally(metric: str) -> None:
+    spec = AutoscalingSpec.model_validate({"maxReplicas": 8, "target": 50, "metric": metric})
+    policy = Policy.from_spec(spec)
+    assert policy.scale_down_exponent == 1.0
+    assert decide(obs(12.5), 8, policy, SETTLED).replicas == 2  # a quarter of the target
+
+
+def test_autoscaler_latency_scale_down_is_damped() -> None:
+    # At a quarter of the target latency the proportional rule would drop 8 replicas to 2;
+    # latency does not fall linearly with load, so the damped rule goes to ceil(8 * 0.5).
+    policy = Policy.from_spec(AutoscalingSpec.model_validate({"maxReplicas": 8, "target": 100}))
+    assert decide(obs(25.0), 8, policy, SETTLED).replicas == 4
+    # Idle is still idle: zero latency (no requests) goes to minReplicas.
+    assert decide(obs(0.0), 8, policy, SETTLED).replicas == 1
+    # Scale-up is unchanged: proportional.
+    assert decide(obs(200.0), 4, policy, SETTLED).replicas == 8
 
 
 # --- properties over arbitrary inputs -------------------------------------------------------

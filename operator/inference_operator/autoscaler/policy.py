@@ -2,7 +2,7 @@
 
 It follows the Kubernetes HPA algorithm (`desired = ceil(current * value / target)` outside a
 tolerance band; `behavior` rate limits per period; a scale-down stabilization window that
-takes the highest recommendation in the window) with three differences that matter for
+takes the highest recommendation in the window) with four differences that matter for
 latency-driven GPU services:
 
 - a fast path: above `fast_factor * target` the scale-up limit is counted per decision, not
@@ -10,6 +10,10 @@ latency-driven GPU services:
 - replicas that are still starting (model loading takes minutes on GPUs) are not counted as
   capacity when scaling up, and are assumed to be on target when scaling down, so the loop
   does not pile on replicas while earlier ones load, nor remove them for being idle;
+- latency is convex in load (the service time is a floor, queueing grows like 1/(1-rho)), so
+  at half the target latency the service cannot lose half its replicas; scaling down on a
+  latency metric uses the square root of the ratio (halfway, in log terms), which removes
+  the overshoot-then-rebound sawtooth that the proportional rule produces on latency;
 - missing or stale data holds the current count, and a history that does not yet cover the
   stabilization window (an operator restart, a Prometheus outage) blocks scale-down, so a
   gap in the data can never walk a service down to `minReplicas`.
@@ -22,8 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..models import AutoscalingSpec
+from ..models import AutoscalingSpec, Metric
 
+LATENCY_METRICS = (Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS)
 # Guards ceil() against 2.0000000001-style float noise turning into an extra replica.
 _EPSILON = 1e-9
 
@@ -54,6 +59,8 @@ class Policy:
     stale_after_seconds: float = 60
     # False uses the spec count as capacity even while replicas start (plain HPA, external metric).
     count_ready: bool = True
+    # Scale-down uses ratio ** exponent: 1 is HPA's proportional rule, 0.5 suits latency.
+    scale_down_exponent: float = 1.0
 
     @classmethod
     def from_spec(cls, spec: AutoscalingSpec) -> Policy:
@@ -69,6 +76,7 @@ class Policy:
                             spec.scale_down.period_seconds),
             # A sample older than three decisions (or a minute) no longer describes the service.
             stale_after_seconds=max(60.0, 3.0 * spec.interval_seconds),
+            scale_down_exponent=0.5 if spec.metric in LATENCY_METRICS else 1.0,
         )
 
     def bounded(self, replicas: int) -> int:
@@ -176,7 +184,7 @@ def recommend(value: float, current: int, ready: int | None, policy: Policy) -> 
         if wanted <= current and starting:
             return current, f"above target, waiting for {starting} starting replica(s)"
         return policy.bounded(max(wanted, current)), "above target"
-    wanted = math.ceil(basis * ratio + starting - _EPSILON)
+    wanted = math.ceil(basis * ratio ** policy.scale_down_exponent + starting - _EPSILON)
     return policy.bounded(wanted), "below target"
 
 
