@@ -5,11 +5,13 @@ from __future__ import annotations
 import jsonschema
 import kubernetes_validate
 import pytest
-
 from inference_operator.autoscaler import promql
 from inference_operator.builders import OWNED_KINDS, Owner, build_all, build_deployment
 from inference_operator.builders.hpa import PROMQL_ANNOTATION, build_hpa, quantity
-from inference_operator.builders.keda import build_scaled_object, build_trigger_authentication
+from inference_operator.builders.keda import (
+    build_scaled_object,
+    build_trigger_authentication,
+)
 from inference_operator.models import Metric, parse_spec
 
 K8S_VERSION = "1.33"

@@ -12,17 +12,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.server
+import itertools
 import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Self
 
 import httpx
 import pytest
-
 from inference_operator.autoscaler import promql
+
 from tests.autoscaler.conftest import (
     Target,
     free_port,
@@ -70,9 +71,10 @@ def scale_events(cluster: Cluster) -> list[dict]:
     """Events the operator posted about scaling (read from the requests the API server got)."""
     posted = []
     for request in list(cluster.emulator):
-        if request.method == "POST" and request.url.path.endswith("/events") and isinstance(request.data, dict):
-            if request.data.get("reason") in ("ScaledUp", "ScaledDown"):
-                posted.append(request.data)
+        event = request.data if request.url.path.endswith("/events") else None
+        if request.method == "POST" and isinstance(event, dict) and event.get("reason") in (
+                "ScaledUp", "ScaledDown"):
+            posted.append(event)
     return posted
 
 
@@ -84,7 +86,7 @@ class ReplicaRecorder:
     changes: list[tuple[float, int]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def __enter__(self) -> ReplicaRecorder:
+    def __enter__(self) -> Self:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -102,7 +104,7 @@ class ReplicaRecorder:
                 last = current
 
     def writes(self) -> list[tuple[float, int, int]]:
-        return [(t, before, after) for (_, before), (t, after) in zip(self.changes, self.changes[1:])]
+        return [(t, before, after) for (_, before), (t, after) in itertools.pairwise(self.changes)]
 
 
 class Load:
@@ -207,7 +209,7 @@ def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster
     assert downs[0][0] - load_stopped >= stabilization
     # Flaps: any reversal besides the one up→down turn after the load stopped.
     directions = [1 if after > before else -1 for _, before, after in writes]
-    flaps = sum(1 for a, b in zip(directions, directions[1:]) if a != b) - 1
+    flaps = sum(1 for a, b in itertools.pairwise(directions) if a != b) - 1
     assert flaps == 0
 
     # What the loop recorded: the latency it acted on, and a Kubernetes event per change.
@@ -258,7 +260,7 @@ class FakePrometheus:
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 fake.auth_headers.append(self.headers.get("Authorization"))
                 if self.headers.get("Authorization") != f"Bearer {token}":
                     self.send_error(401)
@@ -277,7 +279,7 @@ class FakePrometheus:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def __enter__(self) -> FakePrometheus:
+    def __enter__(self) -> Self:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 

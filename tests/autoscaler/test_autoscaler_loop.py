@@ -14,11 +14,15 @@ from collections.abc import Iterator
 import httpx
 import kubernetes
 import pytest
-
-from inference_operator.autoscaler.loop import Autoscaler, observation_from, status_patch
+from inference_operator.autoscaler.loop import (
+    Autoscaler,
+    observation_from,
+    status_patch,
+)
 from inference_operator.autoscaler.prometheus import PrometheusClient, Sample
 from inference_operator.k8s import KubeApi
 from inference_operator.models import parse_spec
+
 from tests.cluster import Cluster, running_cluster
 
 

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-
 from inference_operator.autoscaler.prometheus import (
     PrometheusClient,
     PrometheusError,
@@ -133,7 +132,7 @@ def tls_prometheus(tmp_path_factory) -> Iterator[tuple[str, str]]:
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             body = json.dumps(vector("3")).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

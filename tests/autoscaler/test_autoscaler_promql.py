@@ -11,11 +11,12 @@ import http.server
 import threading
 import time
 from collections.abc import Iterator
+from typing import Self
 
 import pytest
-
 from inference_operator.autoscaler import promql
 from inference_operator.models import Metric
+
 from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
 from tests.cluster import wait_for
 
@@ -45,10 +46,10 @@ def exposition(model: str, rps: float, latency_bucket: float, queue: float, gpus
     for le in BUCKETS:
         lines.append(f'model_server_request_duration_seconds_bucket{{le="{le}",model="{model}",version="1"}} '
                      f"{count if le >= latency_bucket else 0}")
+    total = count * latency_bucket * 0.9
     lines += [f'model_server_request_duration_seconds_bucket{{le="+Inf",model="{model}",version="1"}} {count}',
               f'model_server_request_duration_seconds_count{{model="{model}",version="1"}} {count}',
-              f'model_server_request_duration_seconds_sum{{model="{model}",version="1"}} '
-              f"{count * latency_bucket * 0.9}"]
+              f'model_server_request_duration_seconds_sum{{model="{model}",version="1"}} {total}']
     lines += [f'model_server_gpu_utilization_percent{{gpu="{i}"}} {u}' for i, u in enumerate(gpus)]
     return "\n".join(lines) + "\n"
 
@@ -56,15 +57,15 @@ def exposition(model: str, rps: float, latency_bucket: float, queue: float, gpus
 # path → (namespace, pod, exposition arguments)
 PODS = {
     # Two pods of ml/resnet: 10 req/s just under 100 ms, 30 req/s just under 50 ms.
-    "/pod-a": ("ml", "resnet-a", dict(model="resnet", rps=10, latency_bucket=0.1, queue=2, gpus=[50])),
-    "/pod-b": ("ml", "resnet-b", dict(model="resnet", rps=30, latency_bucket=0.05, queue=4, gpus=[60, 80])),
+    "/pod-a": ("ml", "resnet-a", {"model": "resnet", "rps": 10, "latency_bucket": 0.1, "queue": 2, "gpus": [50]}),
+    "/pod-b": ("ml", "resnet-b", {"model": "resnet", "rps": 30, "latency_bucket": 0.05, "queue": 4, "gpus": [60, 80]}),
     # Decoys: the same model in another namespace, another model in the same namespace.
-    "/other-ns": ("other", "resnet-c", dict(model="resnet", rps=500, latency_bucket=5.0, queue=90, gpus=[100])),
-    "/other-model": ("ml", "bert-a", dict(model="bert", rps=500, latency_bucket=5.0, queue=90, gpus=[100])),
+    "/other-ns": ("other", "resnet-c", {"model": "resnet", "rps": 500, "latency_bucket": 5.0, "queue": 90, "gpus": [100]}),
+    "/other-model": ("ml", "bert-a", {"model": "bert", "rps": 500, "latency_bucket": 5.0, "queue": 90, "gpus": [100]}),
     # A service that is up but has served nothing since the exporter started.
-    "/idle": ("ml", "idle-a", dict(model="idle", rps=0, latency_bucket=0.1, queue=0, gpus=[])),
+    "/idle": ("ml", "idle-a", {"model": "idle", "rps": 0, "latency_bucket": 0.1, "queue": 0, "gpus": []}),
     # A service whose scrapes start failing.
-    "/flaky": ("ml", "flaky-a", dict(model="flaky", rps=5, latency_bucket=0.1, queue=1, gpus=[])),
+    "/flaky": ("ml", "flaky-a", {"model": "flaky", "rps": 5, "latency_bucket": 0.1, "queue": 1, "gpus": []}),
 }
 
 
@@ -75,7 +76,7 @@ class Exporter:
         exporter = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self.path not in PODS or self.path in exporter.broken:
                     self.send_error(503)
                     return
@@ -93,7 +94,7 @@ class Exporter:
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> Exporter:
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 
@@ -122,7 +123,7 @@ def prometheus(tmp_path_factory) -> Iterator[tuple[Prometheus, Exporter]]:
 @pytest.mark.slow
 def test_autoscaler_promql_answers_on_real_prometheus(prometheus) -> None:
     prom, _ = prometheus
-    value = lambda metric, model="resnet": prom.value(promql.metric_query(metric, "ml", model, WINDOW))  # noqa: E731
+    value = lambda metric, model="resnet": prom.value(promql.metric_query(metric, "ml", model, WINDOW))
 
     # p95 of the pooled distribution: 40 req/s, 30 under 50 ms and 10 in (75, 100] ms, so the
     # 38th of 40 falls at 75 + 25 * 8/10 = 95 ms. Averaging per-pod p95s would say ~73.

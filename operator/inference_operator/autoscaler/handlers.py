@@ -23,11 +23,14 @@ RETRY_SECONDS = 15
 
 def builtin_mode(spec: kopf.Spec, **_: Any) -> bool:
     scaling = spec.get("autoscaling")
-    return bool(scaling) and scaling.get("mode", AutoscalingMode.BUILTIN.value) == AutoscalingMode.BUILTIN.value
+    builtin = AutoscalingMode.BUILTIN.value
+    return bool(scaling) and scaling.get("mode", builtin) == builtin
 
 
+# A failure that escapes the loop restarts the daemon after `backoff` (its history is then
+# empty, so it holds before it scales down again).
 @kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=builtin_mode,
-             cancellation_timeout=10, errors=kopf.ErrorsMode.PERMANENT)
+             cancellation_timeout=10, backoff=RETRY_SECONDS)
 async def autoscaler(stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta,
                      memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """Run the loop until kopf stops the daemon; an error in one tick never ends it."""

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 
 from ..k8s import KubeApi, Ref
-from ..models import API_VERSION, KIND, AutoscalingSpec, InferenceServiceSpec, Metric, SecretKeyRef
+from ..models import (
+    API_VERSION,
+    KIND,
+    AutoscalingSpec,
+    InferenceServiceSpec,
+    Metric,
+    SecretKeyRef,
+)
 from ..status import now_iso
 from . import promql
 from .policy import Decision, History, Observation, Policy, decide
@@ -128,9 +135,9 @@ class Autoscaler:
         auth = scaling.prometheus_auth
         key = (scaling.prometheus_url, auth)
         now = self.clock()
-        if self._client is not None and key == self._client_key:
-            if not auth or now - self._client_born < SECRET_TTL_SECONDS:
-                return self._client
+        fresh = not auth or now - self._client_born < SECRET_TTL_SECONDS
+        if self._client is not None and key == self._client_key and fresh:
+            return self._client
         token = ca_pem = None
         if auth and auth.bearer_token_secret:
             token = (await asyncio.to_thread(self._secret_value, auth.bearer_token_secret)).strip()

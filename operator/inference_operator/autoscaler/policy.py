@@ -216,10 +216,8 @@ def decide(observation: Observation, current_replicas: int, policy: Policy,
         in_window.append(current)
     ceiling = max([recommendation, *in_window])
     result = current
-    if result < recommendation:
-        result = recommendation
-    if result > ceiling:
-        result = ceiling
+    result = max(result, recommendation)
+    result = min(result, ceiling)
 
     fast = False
     limited = ""

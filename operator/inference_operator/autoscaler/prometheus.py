@@ -11,6 +11,7 @@ import asyncio
 import math
 import ssl
 from dataclasses import dataclass
+from typing import Self
 
 import httpx
 
@@ -71,7 +72,7 @@ class PrometheusClient:
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, verify=verify,
                                        timeout=httpx.Timeout(timeout), transport=transport)
 
-    async def __aenter__(self) -> PrometheusClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
