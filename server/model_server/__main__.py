@@ -9,7 +9,11 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 
-def _flag(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+def _flag(parser: argparse.ArgumentParser, name: str, *, env: bool = False, **kwargs) -> None:
+    """Add `--name`; for `serve`, the help names the matching env var too."""
+    if env:
+        var = "MODEL_SERVER_" + kwargs.get("dest", name.replace("-", "_")).upper()
+        kwargs["help"] = f"{kwargs.get('help', '')} [env {var}]".strip()
     parser.add_argument(f"--{name}", **kwargs)
 
 
@@ -21,41 +25,69 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve a model over HTTP",
         argument_default=argparse.SUPPRESS,  # unset flags fall through to MODEL_SERVER_* env
-        description="Every flag can also be set as MODEL_SERVER_<FLAG_NAME> (e.g. "
-        "MODEL_SERVER_MAX_BATCH_SIZE); flags win.",
+        description="Each flag can also be set through the env var shown in its help "
+        "(MODEL_SERVER_...); a flag on the command line wins over the env var.",
     )
-    _flag(serve, "model", help="model file or repository directory (DIR/<version>/model.onnx)")
-    _flag(serve, "model-name", dest="model_name", help="API name and metric label (env MODEL_NAME)")
-    _flag(serve, "model-version", dest="model_version", help="serve only this version (pinned)")
-    _flag(serve, "format", choices=["auto", "onnx", "torchscript", "export"])
-    _flag(serve, "host")
-    _flag(serve, "port", type=int)
-    _flag(serve, "metrics-port", dest="metrics_port", type=int, help="extra port for /metrics")
-    _flag(serve, "providers", help="comma-separated ONNX Runtime execution providers, in preference order")
-    _flag(serve, "intra-op-threads", dest="intra_op_threads", type=int)
-    _flag(serve, "inter-op-threads", dest="inter_op_threads", type=int)
-    _flag(serve, "io-binding", dest="io_binding", choices=["auto", "on", "off"])
-    _flag(serve, "profiling", action=argparse.BooleanOptionalAction)
-    _flag(serve, "profile-dir", dest="profile_dir")
-    _flag(serve, "device", choices=["auto", "cpu", "cuda"], help="torch device")
-    _flag(serve, "max-batch-size", dest="max_batch_size", type=int)
-    _flag(serve, "max-delay-ms", dest="max_delay_ms", type=float)
-    _flag(serve, "max-queue", dest="max_queue", type=int)
-    _flag(serve, "batch-workers", dest="batch_workers", type=int)
+    _flag(serve, env=True, name="model", help="model file or repository directory (DIR/<version>/model.onnx)")
+    _flag(
+        serve,
+        env=True,
+        name="model-name",
+        dest="model_name",
+        help="API name and metric label; also env MODEL_NAME",
+    )
+    _flag(
+        serve, env=True, name="model-version", dest="model_version", help="serve only this version (pinned)"
+    )
+    _flag(serve, env=True, name="format", choices=["auto", "onnx", "torchscript", "export"])
+    _flag(serve, env=True, name="host")
+    _flag(serve, env=True, name="port", type=int)
+    _flag(serve, env=True, name="metrics-port", dest="metrics_port", type=int, help="extra port for /metrics")
+    _flag(
+        serve,
+        env=True,
+        name="providers",
+        help="comma-separated ONNX Runtime execution providers, in preference order",
+    )
+    _flag(serve, env=True, name="intra-op-threads", dest="intra_op_threads", type=int)
+    _flag(serve, env=True, name="inter-op-threads", dest="inter_op_threads", type=int)
+    _flag(serve, env=True, name="io-binding", dest="io_binding", choices=["auto", "on", "off"])
+    _flag(serve, env=True, name="profiling", action=argparse.BooleanOptionalAction)
+    _flag(serve, env=True, name="profile-dir", dest="profile_dir")
+    _flag(serve, env=True, name="device", choices=["auto", "cpu", "cuda"], help="torch device")
+    _flag(serve, env=True, name="max-batch-size", dest="max_batch_size", type=int)
+    _flag(serve, env=True, name="max-delay-ms", dest="max_delay_ms", type=float)
+    _flag(serve, env=True, name="max-queue", dest="max_queue", type=int)
+    _flag(serve, env=True, name="batch-workers", dest="batch_workers", type=int)
     _flag(
         serve, "instances", help="runtime sessions per version, one per device ('auto': one per visible GPU)"
     )
-    _flag(serve, "batch-buckets", dest="batch_buckets", help="'auto', 'off' or sizes like 1,2,4,8,16")
-    _flag(serve, "warmup", action=argparse.BooleanOptionalAction)
-    _flag(serve, "watch", action=argparse.BooleanOptionalAction, help="hot-reload new versions")
-    _flag(serve, "watch-polling", dest="watch_polling", action=argparse.BooleanOptionalAction)
-    _flag(serve, "watch-debounce-ms", dest="watch_debounce_ms", type=int)
-    _flag(serve, "max-versions", dest="max_versions", type=int, help="serve the N highest (0 = all)")
-    _flag(serve, "drain-timeout", dest="drain_timeout_s", type=float)
-    _flag(serve, "shutdown-delay", dest="shutdown_delay_s", type=float)
-    _flag(serve, "max-body-bytes", dest="max_body_bytes", type=int)
-    _flag(serve, "log-level", dest="log_level")
-    _flag(serve, "access-log", dest="access_log", action=argparse.BooleanOptionalAction)
+    _flag(
+        serve,
+        env=True,
+        name="batch-buckets",
+        dest="batch_buckets",
+        help="'auto', 'off' or sizes like 1,2,4,8,16",
+    )
+    _flag(serve, env=True, name="warmup", action=argparse.BooleanOptionalAction)
+    _flag(
+        serve, env=True, name="watch", action=argparse.BooleanOptionalAction, help="hot-reload new versions"
+    )
+    _flag(serve, env=True, name="watch-polling", dest="watch_polling", action=argparse.BooleanOptionalAction)
+    _flag(serve, env=True, name="watch-debounce-ms", dest="watch_debounce_ms", type=int)
+    _flag(
+        serve,
+        env=True,
+        name="max-versions",
+        dest="max_versions",
+        type=int,
+        help="serve the N highest (0 = all)",
+    )
+    _flag(serve, env=True, name="drain-timeout", dest="drain_timeout_s", type=float)
+    _flag(serve, env=True, name="shutdown-delay", dest="shutdown_delay_s", type=float)
+    _flag(serve, env=True, name="max-body-bytes", dest="max_body_bytes", type=int)
+    _flag(serve, env=True, name="log-level", dest="log_level")
+    _flag(serve, env=True, name="access-log", dest="access_log", action=argparse.BooleanOptionalAction)
 
     quant = commands.add_parser("quantize", help="INT8-quantize an ONNX model")
     _flag(quant, "model", required=True, help="input .onnx")

@@ -247,7 +247,7 @@ class DynamicBatcher:
 
     def _take(self, key: Hashable) -> list[_Request]:
         """Pop queued requests of `key` in FIFO order while they fit the batch;
-        drop requests whose caller has gone away."""
+        drop requests whose handler was cancelled while they waited."""
         batch: list[_Request] = []
         keep: deque[_Request] = deque()
         rows = 0
@@ -263,7 +263,7 @@ class DynamicBatcher:
                 continue
             self._rows_by_key[key] -= request.rows
             self._observer.queued(-1)
-            if request.future.done():  # cancelled by a disconnected client
+            if request.future.done():  # its handler was cancelled meanwhile
                 continue
             self._observer.queue_wait(now - request.enqueued)
             batch.append(request)

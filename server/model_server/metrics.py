@@ -19,7 +19,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 #: `version` label of requests that failed before a version was chosen.
 UNRESOLVED = "unresolved"
-#: Status recorded when the client disconnects before the response (nginx's convention).
+#: Status recorded when a request is cancelled before it answers (nginx's "client closed").
 CLIENT_CLOSED = 499
 
 
