@@ -215,9 +215,7 @@ def decide(observation: Observation, current_replicas: int, policy: Policy,
     if not history.covers(now, window):
         in_window.append(current)
     ceiling = max([recommendation, *in_window])
-    result = current
-    result = max(result, recommendation)
-    result = min(result, ceiling)
+    result = min(max(current, recommendation), ceiling)
 
     fast = False
     limited = ""
