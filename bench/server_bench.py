@@ -305,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--max-delay-ms", type=float, default=5.0)
+    parser.add_argument("--batch-workers", type=int, default=1, help="(b)'s concurrent batches")
     parser.add_argument(
         "--loadgen",
         choices=["auto", "wrk", "httpx"],
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"MLP {sizes}: {params / 1e6:.1f}M parameters, {model.stat().st_size / 1e6:.0f} MB; "
             f"{os.cpu_count()} CPUs; ORT threads={args.threads or 'default'}; "
-            f"server max-batch-size={args.max_batch_size} max-delay-ms={args.max_delay_ms}; "
+            f"server max-batch-size={args.max_batch_size} max-delay-ms={args.max_delay_ms} "
+            f"batch-workers={args.batch_workers}; "
             f"load generator: {loadgen}; {args.rounds} interleaved rounds",
             flush=True,
         )
@@ -360,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                 "256",
                 "--intra-op-threads",
                 str(args.threads),
+                "--batch-workers",
+                str(args.batch_workers),
                 "--log-level",
                 "warning",
             ],
