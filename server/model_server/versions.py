@@ -18,12 +18,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from .backends import MODEL_FILES, Backend, create_backend
 from .backends.torch import SIGNATURE_FILE
@@ -34,6 +35,7 @@ from .settings import MODEL_SUFFIXES, ServerSettings, resolve_buckets, resolve_i
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Fingerprint = tuple[tuple[str, int, int], ...]
 #: (model file, settings, version, device index) -> an unloaded backend.
 BackendFactory = Callable[[Path, ServerSettings, str, int], Backend]
@@ -174,6 +176,32 @@ class LoadFailure:
     reason: str
 
 
+async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn` in a daemon thread: unlike `asyncio.to_thread`, a model that is
+    still compiling when SIGTERM arrives does not hold the process open."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if future.done():
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def target() -> None:
+        try:
+            result, exc = fn(*args), None
+        except BaseException as error:  # handed to the awaiting coroutine
+            result, exc = None, error
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=target, name="model-load", daemon=True).start()
+    return await future
+
+
 def _load_and_warm(backend: Backend, settings: ServerSettings) -> list[int] | None:
     """Runs in a worker thread: a slow load (MIGraphX compiles) must not block
     requests. Returns the batch buckets, which are also the warmup sizes."""
@@ -273,7 +301,7 @@ class ModelRepository:
             target, watch_filter = root, None
             if root.is_file():  # watch the directory: files are often replaced by rename
                 target = root.parent
-                watch_filter = lambda _change, path: Path(path) == root  # noqa: E731
+                watch_filter = lambda _change, path: Path(path) in (root, root.parent / SIGNATURE_FILE)  # noqa: E731
             try:
                 async for _ in watchfiles.awatch(
                     target,
@@ -349,7 +377,7 @@ class ModelRepository:
         self._loading.add(version)
         started = time.perf_counter()
         try:
-            backends, buckets = await asyncio.to_thread(self._load_instances, source)
+            backends, buckets = await in_daemon_thread(self._load_instances, source)
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             self._failed[version] = LoadFailure(source.fingerprint, reason)

@@ -246,3 +246,34 @@ async def test_instances_run_batches_concurrently_one_per_device(tmp_path):
     results = await asyncio.gather(infer(repo, 100), infer(repo, 200))
     assert results == [("1", 100.0), ("1", 200.0)] and sorted(used) == [0, 1]
     await repo.stop(1)
+
+
+async def test_a_slow_load_neither_blocks_requests_nor_holds_the_process(tmp_path):
+    import threading
+
+    from model_server.backends.onnx import OnnxBackend
+
+    release = threading.Event()
+
+    class Slow(OnnxBackend):
+        def load(self):
+            release.wait(10)  # e.g. MIGraphX compiling
+            super().load()
+
+    scale_model(tmp_path / "repo" / "1" / "model.onnx", 1.0)
+    repo = ModelRepository(
+        make_settings(tmp_path / "repo"),
+        ServerMetrics(CollectorRegistry()),
+        backend_factory=lambda path, s, v, i: Slow(path, providers=s.providers, intra_op_threads=1),
+    )
+    await repo.start()
+    await asyncio.sleep(0.05)
+    assert repo.not_ready_reason() == f"loading model from {tmp_path / 'repo'}"
+    with pytest.raises(ModelNotReady, match="loading"):
+        repo.resolve(None)
+    loader = next(t for t in threading.enumerate() if t.name == "model-load")
+    assert loader.daemon  # SIGTERM during a long compile can still exit
+    release.set()
+    await repo.wait_loaded()
+    assert await infer(repo, 5) == ("1", 5.0)
+    await repo.stop(1)
