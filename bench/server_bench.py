@@ -297,9 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="MLP layer widths")
-    parser.add_argument("--duration", type=float, default=3.0, help="measured seconds per point and round")
+    parser.add_argument("--duration", type=float, default=2.0, help="measured seconds per point and round")
     parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
     parser.add_argument(
         "--threads", type=int, default=0, help="ORT intra-op threads for all three (0 = ORT default)"
     )
@@ -383,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
                 procs.append(subprocess.Popen(cmd))
                 wait_ready(f"http://127.0.0.1:{ports[key]}/health/ready", procs[-1])
             for r in range(args.rounds):
-                print(f"round {r + 1}/{args.rounds}", flush=True)
+                load = os.getloadavg()[0]
+                busy = "  (the machine is busy: expect noise)" if load > (os.cpu_count() or 1) else ""
+                print(f"round {r + 1}/{args.rounds}, load average {load:.2f}{busy}", flush=True)
                 for batch in batches:
                     row = bench_raw(model, sizes[0], batch, args.threads, args.duration)
                     rounds["a"].setdefault(f"batch={batch}", []).append(row)
