@@ -57,6 +57,16 @@ class Cluster:
     def get_cr(self, namespace: str, name: str) -> dict | None:
         return self.get(CR_RESOURCE, namespace, name)
 
+    def events(self, namespace: str, involving: str | None = None) -> list[dict]:
+        """Kubernetes events posted in `namespace`, optionally about one object by name."""
+        found = []
+        for (resource, ns, _), obj in list(self.emulator.objects.items()):
+            if resource.plural == "events" and ns == namespace and not obj.deleted:
+                event = obj.raw
+                if involving is None or event.get("involvedObject", {}).get("name") == involving:
+                    found.append(event)
+        return found
+
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05,
              message: str = "condition") -> Any:

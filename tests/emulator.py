@@ -7,6 +7,7 @@ keeps objects as plain merged JSON. Real API servers do more, and the operator d
 - `metadata.generation`, bumped only when `spec` changes (observedGeneration depends on it);
 - the status subresource: a PATCH of the object ignores `status`, a PATCH of `/status` only
   changes `status`, and neither bumps the generation;
+- `metadata.generateName` on create (kopf names its events that way);
 - validation of InferenceServices against the CRD's openAPIV3Schema (jsonschema; CEL rules
   are not evaluated), so an invalid object is refused with 422 as a real API server would.
 
@@ -103,6 +104,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if error := self._invalid(request.resource, data):
             return error
         meta = self._stamp(data)
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp",
                         datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))

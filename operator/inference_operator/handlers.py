@@ -60,6 +60,11 @@ def _temporary(exc: ApiException, retry: int = 0) -> kopf.TemporaryError:
     return kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=delay)
 
 
+def _normal_event(body: kopf.Body | dict, reason: str, message: str) -> None:
+    """A Normal event; kopf.info would obey posting.level, which keeps log lines out."""
+    kopf.event(body, type="Normal", reason=reason, message=message)
+
+
 def _publish(api: KubeApi, body: kopf.Body | dict, new_status: dict) -> dict:
     """Write only the status keys that changed; an unchanged status costs no write."""
     meta = body["metadata"]
@@ -110,7 +115,7 @@ def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kop
         _give_up(api, body, generation, problem, logger)
 
     for change in result.writes:
-        kopf.info(body, reason=change.action.value, message=change.describe())
+        _normal_event(body, change.action.value, change.describe())
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parsed)
     new_status = st.compute_status(body.get("status"), result.deployment, generation) | {
         "observedGeneration": generation,
@@ -187,7 +192,7 @@ def _restore(api: KubeApi, isvc: dict, logger: logging.Logger) -> dict | None:
     meta = isvc["metadata"]
     result = reconcile(api, meta["name"], meta["namespace"], meta["uid"], parsed)
     for change in result.writes:
-        kopf.info(isvc, reason=change.action.value, message=change.describe() + " (was deleted)")
+        _normal_event(isvc, change.action.value, change.describe() + " (was deleted)")
     logger.info("restored %s", ", ".join(c.describe() for c in result.writes) or "nothing")
     return result.deployment
 
@@ -200,12 +205,13 @@ def _ready(status: dict | None) -> str | None:
 
 
 def _announce_readiness(isvc: dict, previous: dict | None, new: dict) -> None:
+    """An event when the service becomes ready, a warning when a ready one stops being so."""
     before, after = _ready(previous), _ready(new)
-    if before == after:
+    if before == after or (after != "True" and before != "True"):
         return
     condition = next(c for c in new["conditions"] if c["type"] == st.READY)
     if after == "True":
-        kopf.info(isvc, reason="Ready", message=condition["message"])
+        _normal_event(isvc, "Ready", condition["message"])
     else:
         kopf.warn(isvc, reason=condition["reason"], message=condition["message"])
 

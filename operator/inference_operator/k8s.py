@@ -24,6 +24,7 @@ PLURALS = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): "triggerauthentications",
     ("v1", "Secret"): "secrets",
     ("inference.rocm.dev/v1alpha1", "InferenceService"): "inferenceservices",
 }

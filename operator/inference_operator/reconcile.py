@@ -77,7 +77,18 @@ def apply_object(api: KubeApi, desired: dict, owner_uid: str) -> tuple[Action, d
     live_hash = (live["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
     if live_hash == desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]:
         return Action.UNCHANGED, live
-    return Action.UPDATED, api.apply(desired)
+    return Action.UPDATED, api.apply(keep_foreign_replicas(desired, live))
+
+
+def keep_foreign_replicas(desired: dict, live: dict) -> dict:
+    """When an HPA or KEDA owns the replica count we send none; send back the live count
+    instead, or server-side apply would drop the field and the Deployment fall to 1."""
+    if desired["kind"] != "Deployment" or "replicas" in desired["spec"]:
+        return desired
+    replicas = (live.get("spec") or {}).get("replicas")
+    if replicas is None:
+        return desired
+    return {**desired, "spec": {**desired["spec"], "replicas": replicas}}
 
 
 def reconcile(api: KubeApi, name: str, namespace: str, uid: str, spec: InferenceServiceSpec) -> Result:

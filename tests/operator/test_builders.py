@@ -195,3 +195,18 @@ SPECS = [
 def test_every_object_passes_kubernetes_validate(spec: dict) -> None:
     for obj in build_all(owner(**spec)):
         kubernetes_validate.validate(obj, "1.33", strict=True)
+
+
+def test_an_autoscaler_owned_replica_count_is_sent_back_unchanged() -> None:
+    from inference_operator.reconcile import keep_foreign_replicas
+
+    hpa_mode = build_deployment(owner(autoscaling={"mode": "hpa", "maxReplicas": 9, "target": 5}))
+    assert "replicas" not in hpa_mode["spec"]
+    live = {"spec": {"replicas": 6}}
+    assert keep_foreign_replicas(hpa_mode, live)["spec"]["replicas"] == 6
+    assert "replicas" not in hpa_mode["spec"]  # the desired manifest itself is left alone
+    assert keep_foreign_replicas(hpa_mode, {"spec": {}}) is hpa_mode
+    fixed = build_deployment(owner(replicas=2))
+    assert keep_foreign_replicas(fixed, live)["spec"]["replicas"] == 2
+    service = build_service(owner())
+    assert keep_foreign_replicas(service, live) is service

@@ -53,6 +53,13 @@ def test_apply_creates_deployment_and_service(cluster: Cluster, operator) -> Non
     assert status["url"] == "http://resnet.ml.svc.cluster.local"
     assert status["observedGeneration"] == 1
     assert condition(cluster.get_cr("ml", "resnet"), "Ready")["status"] == "False"
+    # One Normal event per change, on the InferenceService.
+    events = wait_for(lambda: len(cluster.events("ml", "resnet")) >= 2 and cluster.events("ml", "resnet"),
+                      message="events")
+    assert sorted((e["type"], e["reason"], e["message"]) for e in events) == [
+        ("Normal", "Created", "Deployment resnet created"),
+        ("Normal", "Created", "Service resnet created"),
+    ]
 
 
 def test_spec_change_patches_deployment(cluster: Cluster, operator) -> None:

@@ -157,7 +157,7 @@ class Autoscaler:
             wanted = [q.value, q.age]
             if scaling.metric != Metric.LATENCY_P95_MS:
                 wanted.append(q.latency_p95)
-            answers = await asyncio.gather(*(client.query(text) for text in wanted))
+            answers = await _query_all(client, wanted)
         except (PrometheusError, ApiException, ValueError, UnicodeDecodeError) as exc:
             return observation_from(at, None, None, ready, error=str(exc) or type(exc).__name__), None
         value, age = answers[0], answers[1]
@@ -249,3 +249,10 @@ class Autoscaler:
 
 def _fmt(value: float | None) -> str:
     return "none" if value is None else f"{value:.4g}"
+
+
+async def _query_all(client: PrometheusClient, queries: list[str]) -> list[Sample | None]:
+    """The queries one after another, inside the daemon's own task: a task of their own could
+    outlive a stopped daemon (a cancelled connect can surface as a connection error), and
+    kopf re-raises such leftovers when the operator exits."""
+    return [await client.query(text) for text in queries]

@@ -6,7 +6,7 @@ from ..models import AutoscalingMode
 from .common import Owner, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
 from .hpa import build_hpa
-from .keda import build_scaled_object
+from .keda import build_scaled_object, build_trigger_authentication
 from .pdb import build_pdb, needs_pdb
 from .service import build_service
 
@@ -18,6 +18,7 @@ OWNED_KINDS = [
     ("policy/v1", "PodDisruptionBudget"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("keda.sh/v1alpha1", "TriggerAuthentication"),
 ]
 
 
@@ -30,6 +31,8 @@ def build_all(owner: Owner) -> list[dict]:
     if scaling is not None and scaling.mode == AutoscalingMode.HPA:
         objects.append(build_hpa(owner))
     elif scaling is not None and scaling.mode == AutoscalingMode.KEDA:
+        if auth := build_trigger_authentication(owner):
+            objects.append(auth)  # before the ScaledObject that refers to it
         objects.append(build_scaled_object(owner))
     return objects
 
