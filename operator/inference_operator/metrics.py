@@ -10,7 +10,8 @@ Names follow Prometheus conventions; the dashboards and alerts in
 charts/rocm-inference-operator rely on them:
 
 - `inference_operator_reconciles_total{handler,result}`: result is success | retry | failed | error
-- `inference_operator_reconcile_errors_total{handler,reason}`: reason e.g. api_409, invalid_spec
+- `inference_operator_reconcile_errors_total{handler,reason}`: reason e.g. api_409, spec (a
+  SpecError behind a PermanentError), temporary, runtime_error
 - `inference_operator_reconcile_duration_seconds{handler}` (histogram)
 - `inference_operator_autoscaler_decisions_total{namespace,name,direction}`: up | down | hold
 - `inference_operator_autoscaler_{desired,current,min,max}_replicas{namespace,name}`
@@ -46,7 +47,7 @@ RECONCILES = Counter(
 )
 ERRORS = Counter(
     "inference_operator_reconcile_errors_total",
-    "Handler runs that raised, by handler and reason (api_<status>, invalid_spec, ...).",
+    "Handler runs that raised, by handler and reason (api_<status>, spec, temporary, ...).",
     ["handler", "reason"],
     registry=REGISTRY,
 )

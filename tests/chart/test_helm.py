@@ -1,0 +1,219 @@
+"""`helm lint` and `helm install` of the chart (Helm v4 engine) into the emulated cluster.
+
+Every object the install creates goes through kubernetes-validate (built-in kinds) or the
+schema of the CRD shipped beside it (kopf peerings); the Prometheus Operator kinds, whose
+schemas are not available offline, are checked for the fields Prometheus needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.chart import helm as h
+from tests.cluster import Cluster
+
+KUBERNETES_VERSIONS = ("1.33", kubernetes_validate.latest_version())
+BUILTIN_GROUPS = {"v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}
+
+
+def _crd_schema(kind: str) -> dict:
+    for path in (h.CHART / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        if crd["spec"]["names"]["kind"] == kind:
+            return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    raise LookupError(kind)
+
+
+def validate(obj: dict) -> None:
+    if obj["apiVersion"] in BUILTIN_GROUPS:
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+    elif obj["apiVersion"] == "kopf.dev/v1":
+        jsonschema.Draft4Validator(_crd_schema(obj["kind"])).validate(obj)
+    elif obj["apiVersion"] == "monitoring.coreos.com/v1":
+        assert obj["spec"], obj
+    else:
+        raise AssertionError(f"unexpected object {obj['apiVersion']} {obj['kind']}")
+
+
+def test_helm_lint_passes(helm) -> None:
+    result = h.lint()
+    assert result["TotalChartsLinted"] == 1
+    assert not result["Errors"], result
+    # INFO messages (e.g. "icon is recommended") are fine; nothing at WARNING (2) or ERROR (3).
+    assert all(m["Severity"] < 2 for m in result["Messages"]), result
+
+
+def test_helm_lint_catches_a_broken_template(helm, tmp_path: pathlib.Path) -> None:
+    """The lint above is meaningful: the same engine flags a bad template and a typo'd value."""
+    import shutil
+
+    broken = tmp_path / "chart"
+    shutil.copytree(h.CHART, broken)
+    (broken / "templates" / "broken.yaml").write_text("{{ .Values.nope.missing }}\n")
+    (broken / "values.yaml").write_text((broken / "values.yaml").read_text() + "replicaCuont: 3\n")
+    result = h.lint(broken)
+    paths = {m["Path"] for m in result["Messages"] if m["Severity"] == 3}
+    assert {"templates/", "values.yaml"} <= paths, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("values_file", h.CI_VALUES, ids=lambda p: p.stem)
+def test_install_renders_valid_objects(chart_cluster: Cluster, values_file: pathlib.Path) -> None:
+    release = h.install(chart_cluster, h.values_of(values_file))
+    assert release["info"]["status"] == "deployed", release["info"]
+    objects = h.installed_objects(chart_cluster)
+    kinds = {o["kind"] for o in objects}
+    assert {"CustomResourceDefinition", "ServiceAccount", "Deployment"} <= kinds
+    for obj in objects:
+        validate(obj)
+
+
+def test_default_install(chart_cluster: Cluster) -> None:
+    release = h.install(chart_cluster, None)
+    objects = h.installed_objects(chart_cluster)
+
+    crds = {o["metadata"]["name"] for o in h.by_kind(objects, "CustomResourceDefinition")}
+    assert crds == {"inferenceservices.inference.rocm.dev", "clusterkopfpeerings.kopf.dev",
+                    "kopfpeerings.kopf.dev"}
+
+    deployment = h.one(objects, "Deployment")
+    assert deployment["metadata"]["namespace"] == h.RELEASE_NAMESPACE
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == f"ghcr.io/rocm-inference/operator:{release['chart']['metadata']['appVersion']}"
+    args = container["args"]
+    assert args[0] == "run" and "--all-namespaces" in args
+    assert "--peering=rio-rocm-inference-operator" in args
+    assert "--liveness=http://0.0.0.0:8080/healthz" in args
+    assert "--metrics-port=8000" in args
+    env = {e["name"]: e for e in container["env"]}
+    assert env["INFERENCE_OPERATOR_PEERING_PRIORITY"]["value"] == "random"
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # Non-root, read-only root filesystem, no privileges; probes on kopf's liveness endpoint.
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert ports == {"liveness": 8080, "metrics": 8000}
+
+    sa = h.one(objects, "ServiceAccount")
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    binding = h.one(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": h.RELEASE_NAMESPACE}]
+    assert binding["roleRef"]["name"] == h.one(objects, "ClusterRole")["metadata"]["name"]
+    assert not h.by_kind(objects, "Role")
+
+    peering = h.one(objects, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "rio-rocm-inference-operator"
+    assert h.one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    dashboard = h.one(objects, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "model_server_request_duration_seconds_bucket" in dashboard["data"]["rocm-inference.json"]
+    service = h.one(objects, "Service")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert not [o for o in objects if o["apiVersion"] == "monitoring.coreos.com/v1"]
+    assert "kubectl get clusterkopfpeering rio-rocm-inference-operator" in release["info"]["notes"]
+
+
+def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: Cluster) -> None:
+    values = h.values_of(h.CHART / "ci" / "multi-namespace-ha-values.yaml")
+    h.install(chart_cluster, values)
+    objects = h.installed_objects(chart_cluster)
+
+    args = h.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--all-namespaces" not in args
+    assert [a for a in args if a.startswith("--namespace=")] == ["--namespace=ml-team-a",
+                                                                 "--namespace=ml-team-b"]
+    assert "--peering=inference-operator" in args
+    roles = h.by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b"]
+    bindings = h.by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml-team-a", "ml-team-b"]
+    assert all(b["subjects"][0]["namespace"] == h.RELEASE_NAMESPACE for b in bindings)
+    peerings = h.by_kind(objects, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["ml-team-a", "ml-team-b"]
+    assert not h.by_kind(objects, "ClusterKopfPeering")
+    # Only the discovery reads are cluster-wide: no write verb in any ClusterRole.
+    (cluster_role,) = h.by_kind(objects, "ClusterRole")
+    assert {v for r in cluster_role["rules"] for v in r["verbs"]} == {"list", "watch"}
+    assert {res for r in cluster_role["rules"] for res in r["resources"]} == {
+        "customresourcedefinitions", "namespaces"}
+
+
+def test_single_namespace_install_has_no_cluster_scoped_rbac(chart_cluster: Cluster) -> None:
+    h.install(chart_cluster, h.values_of(h.CHART / "ci" / "namespaced-values.yaml"))
+    objects = h.installed_objects(chart_cluster)
+    assert not h.by_kind(objects, "ClusterRole") and not h.by_kind(objects, "ClusterRoleBinding")
+    (role,) = h.by_kind(objects, "Role")
+    assert role["metadata"]["namespace"] == "ml-team-a"
+    assert "kopfpeerings" not in {res for r in role["rules"] for res in r["resources"]}
+    deployment = h.one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--peering")]
+    assert not h.by_kind(objects, "PodDisruptionBudget")
+    assert not h.by_kind(objects, "KopfPeering") and not h.by_kind(objects, "ConfigMap")
+
+
+def test_monitoring_install(chart_cluster: Cluster) -> None:
+    h.install(chart_cluster, h.values_of(h.CHART / "ci" / "monitoring-values.yaml"))
+    objects = h.installed_objects(chart_cluster)
+
+    service_monitor = h.one(objects, "ServiceMonitor")
+    assert service_monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    service = h.one(objects, "Service")
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service_monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+    pod_monitor = h.one(objects, "PodMonitor")
+    # The labels and port name the operator's builders give model-server pods.
+    assert pod_monitor["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "model-server",
+        "app.kubernetes.io/managed-by": "rocm-inference-operator",
+    }
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["interval"] == "10s"
+    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+
+    rule = h.one(objects, "PrometheusRule")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    assert {"InferenceLatencySLOBreach", "InferenceOperatorDown",
+            "InferenceAutoscalerAtMaxReplicas"} <= set(alerts)
+    assert "> 0.25" in alerts["InferenceLatencySLOBreach"]["expr"]
+    assert all(a["labels"]["team"] == "ml-platform" for a in alerts.values())
+    # The operator-down alert watches the scrape job the ServiceMonitor creates (named after
+    # the Service) in the release namespace.
+    assert f'job="{service["metadata"]["name"]}"' in alerts["InferenceOperatorDown"]["expr"]
+    assert f'namespace="{h.RELEASE_NAMESPACE}"' in alerts["InferenceOperatorDown"]["expr"]
+    assert "{{ $labels.model }}" in alerts["InferenceLatencySLOBreach"]["annotations"]["summary"]
+
+    dashboard = h.one(objects, "ConfigMap")
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["annotations"]["grafana_folder"] == "Inference"
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"replicaCuont": 3}, "typo at the top level"),
+    ({"image": {"tga": "1.0"}}, "typo in a nested key"),
+    ({"replicaCount": 2, "ha": {"enabled": False}}, "two active operators"),
+    ({"monitoring": {"serviceMonitor": {"enabled": True}}, "metrics": {"enabled": False}},
+     "ServiceMonitor without metrics"),
+])
+def test_install_refuses_invalid_values(chart_cluster: Cluster, bad: dict, where: str) -> None:
+    with pytest.raises(h.HelmError, match="values don't meet the specifications of the schema"):
+        h.install(chart_cluster, copy.deepcopy(bad))
+    assert not h.by_kind(h.installed_objects(chart_cluster), "Deployment"), where
