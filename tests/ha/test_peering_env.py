@@ -1,0 +1,42 @@
+"""Peering priority and lifetime from the environment (what the Helm chart sets)."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+from inference_operator.peering import LIFETIME_ENV, MAX_PRIORITY, PRIORITY_ENV, apply_peering_env
+
+
+def settings() -> kopf.OperatorSettings:
+    s = kopf.OperatorSettings()
+    s.peering.priority = 7
+    return s
+
+
+def test_nothing_set_keeps_kopfs_values() -> None:
+    s = settings()
+    apply_peering_env(s, {})
+    assert (s.peering.priority, s.peering.lifetime) == (7, 60)
+
+
+def test_random_priorities_differ_between_replicas() -> None:
+    drawn = set()
+    for _ in range(20):
+        s = settings()
+        apply_peering_env(s, {PRIORITY_ENV: "random"})
+        assert 1 <= s.peering.priority < MAX_PRIORITY
+        drawn.add(s.peering.priority)
+    assert len(drawn) == 20  # kopf pauses every replica when two share the top priority
+
+
+def test_integer_priority_and_lifetime() -> None:
+    s = settings()
+    apply_peering_env(s, {PRIORITY_ENV: " 100 ", LIFETIME_ENV: "15"})
+    assert (s.peering.priority, s.peering.lifetime) == (100, 15)
+
+
+@pytest.mark.parametrize("env", [{PRIORITY_ENV: "high"}, {LIFETIME_ENV: "0"}, {LIFETIME_ENV: "1.5"}])
+def test_invalid_values_are_refused(env: dict) -> None:
+    with pytest.raises(ValueError, match="INFERENCE_OPERATOR_PEERING_"):
+        apply_peering_env(settings(), env)
