@@ -366,6 +366,7 @@ async def test_openapi_documents_the_request_bodies(server):
         assert ref.removeprefix("#/components/schemas/") in schemas, ref
 
 
+@pytest.mark.filterwarnings("ignore:`torch\\.jit:DeprecationWarning")
 async def test_torchscript_model_over_both_apis(tmp_path):
     torch = pytest.importorskip("torch")
     torch.manual_seed(1)

@@ -13,6 +13,9 @@ from model_server.backends.onnx import OnnxBackend, fallback_message, select_pro
 from model_server.errors import BackendInputError, ModelLoadError
 from model_server.tensors import TensorSpec
 
+# torch 2.13 deprecates torch.jit; serving TorchScript files is still supported.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch\\.jit:DeprecationWarning")
+
 from .helpers import affine_model, int_model, make_settings
 
 
