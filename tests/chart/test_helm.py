@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import copy
 import pathlib
+import textwrap
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
+from inference_operator.models import parse_spec
 from tests.chart import helm as h
 from tests.cluster import Cluster
+from tests.crd import schema_errors
 
 KUBERNETES_VERSIONS = ("1.33", kubernetes_validate.latest_version())
 BUILTIN_GROUPS = {"v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}
@@ -126,7 +129,13 @@ def test_default_install(chart_cluster: Cluster) -> None:
     service = h.one(objects, "Service")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     assert not [o for o in objects if o["apiVersion"] == "monitoring.coreos.com/v1"]
-    assert "kubectl get clusterkopfpeering rio-rocm-inference-operator" in release["info"]["notes"]
+    notes = release["info"]["notes"]
+    assert "kubectl get clusterkopfpeering rio-rocm-inference-operator" in notes
+    # The InferenceService NOTES.txt suggests is one the CRD and the operator accept.
+    example = yaml.safe_load(textwrap.dedent(notes.split("resnet.yaml`")[1].split("\n\n", 2)[1]))
+    assert example["kind"] == "InferenceService"
+    assert schema_errors(example) == []
+    parse_spec(example["spec"])
 
 
 def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: Cluster) -> None:
