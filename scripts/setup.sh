@@ -8,10 +8,17 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned (CPU build) in the `cpu` extra; `test` pulls `server` and `cpu`.
 .venv/bin/python -m pip install --quiet -e '.[test]'
+# The Helm v4 engine for the chart tests (helm lint / install). No helm binary is packaged
+# for these machines; this wheel embeds the engine. It declares Python >= 3.12 but runs on 3.11.
+.venv/bin/python -m pip install --quiet --ignore-requires-python 'helm-sdkpy==0.1.32'
 
-if ! command -v prometheus >/dev/null 2>&1; then
+# Prometheus (the autoscaler tests run it for real) and shellcheck (e2e/run.sh is checked).
+missing=()
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+if [ "${#missing[@]}" -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import httpx
 import kubernetes
 import pytest
+from inference_operator import metrics
 from inference_operator.autoscaler.loop import (
     Autoscaler,
     observation_from,
@@ -97,6 +98,11 @@ async def test_autoscaler_tick_writes_scale_status_and_one_event(cluster: Cluste
     assert [r for r, _ in events] == ["ScaledUp"]
     assert events[0][1].startswith("replicas 2 -> 3: queueDepth=15 target=10")
     assert 0 < delay <= 15
+    # …and the operator's own metrics carry the decision for dashboards and alerts.
+    labels = {"namespace": "ml", "name": "mlp"}
+    assert metrics.REGISTRY.get_sample_value(
+        "inference_operator_autoscaler_decisions_total", {**labels, "direction": "up"}) >= 1
+    assert metrics.REGISTRY.get_sample_value("inference_operator_autoscaler_desired_replicas", labels) == 3
 
 
 async def test_autoscaler_tick_trusts_its_own_write_over_a_stale_body(cluster: Cluster) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 
+from .. import metrics
 from ..models import GROUP, PLURAL, VERSION, AutoscalingMode, SpecError, parse_spec
 from .loop import Autoscaler
 
@@ -62,3 +63,4 @@ async def autoscaler(stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Me
             await stopped.wait(delay)
     finally:
         await loop.aclose()
+        metrics.forget_service(meta["namespace"], meta["name"])

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from kubernetes.client.exceptions import ApiException
 
+from .. import metrics
 from ..k8s import KubeApi, Ref
 from ..models import (
     API_VERSION,
@@ -191,6 +192,10 @@ class Autoscaler:
             last_scale_time = scaled_at
 
         self._log(scaling, observation, p95_ms, current, decision)
+        metrics.record_autoscaler_decision(
+            self.namespace, self.name, current=current, desired=decision.replicas,
+            min_replicas=scaling.min_replicas, max_replicas=scaling.max_replicas,
+            metric=scaling.metric.value, value=observation.value, target=scaling.target)
         desired = autoscaler_status(scaling.metric, observation, p95_ms, decision, last_scale_time)
         changes = status_patch(previous, desired)
         if changes:
