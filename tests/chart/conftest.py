@@ -1,22 +1,14 @@
+"""Chart fixtures: the Helm engine, and an emulated cluster (tests/conftest.py) ready for it."""
+
 from __future__ import annotations
 
 import os
-import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.chart import helm as helm_module
-from tests.cluster import Cluster, running_cluster
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as cluster:
-        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
-        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        yield cluster
+from tests.cluster import Cluster
 
 
 @pytest.fixture
