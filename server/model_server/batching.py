@@ -3,7 +3,9 @@
 Requests wait in a bounded queue; a worker takes the oldest one plus every
 queued request of the same shape, up to `max_batch_size` rows, waiting at most
 `max_delay` for the batch to fill. The batch runs in a worker thread and each
-caller gets back exactly its own rows. A full queue raises `QueueFull` at once
+caller gets back exactly its own rows. While a batch runs, the next one is
+already formed and queued behind it, so the runtime does not sit idle waiting
+for the event loop between batches. A full queue raises `QueueFull` at once
 (backpressure instead of unbounded latency); closing flushes the queue.
 """
 
@@ -117,9 +119,15 @@ class DynamicBatcher:
         name: str = "model",
         buckets: Sequence[int] | None = None,
     ) -> None:
-        # One runner per model instance (e.g. one session per GPU), `workers` each.
+        # One runner per model instance (e.g. one session per GPU), each with its own
+        # `workers` threads, fed by one batch more than it has threads: the next batch
+        # is formed while the current one runs, so the runtime never waits for the loop.
         runners = [run] if callable(run) else list(run)
-        self._runners = [r for r in runners for _ in range(workers)]
+        self._lanes = [
+            (runner, ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"infer-{name}-{i}"))
+            for i, runner in enumerate(runners)
+        ]
+        self._feeders_per_lane = workers + 1
         self._buckets = sorted(buckets) if buckets and batchable else None
         self._max_batch = max_batch_size if batchable else 1
         self._max_delay = max_delay_s
@@ -130,10 +138,6 @@ class DynamicBatcher:
         self._rows_by_key: dict[Hashable, int] = defaultdict(int)
         self._wakeup = asyncio.Event()
         self._collect_lock = asyncio.Lock()
-        self._executors = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"infer-{name}-{i}")
-            for i in range(len(self._runners))
-        ]
         self._workers: list[asyncio.Task] = []
         self._closing = False
         self._batch_seconds = 0.0  # moving average, for Retry-After
@@ -146,7 +150,8 @@ class DynamicBatcher:
             loop = asyncio.get_running_loop()
             self._workers = [
                 loop.create_task(self._worker(runner, executor), name=f"batcher-{self._name}-{i}")
-                for i, (runner, executor) in enumerate(zip(self._runners, self._executors, strict=True))
+                for i, (runner, executor) in enumerate(self._lanes)
+                for _ in range(self._feeders_per_lane)
             ]
 
     @property
@@ -201,7 +206,7 @@ class DynamicBatcher:
             if not request.future.done():
                 request.future.set_exception(ShuttingDown())
         self._rows_by_key.clear()
-        for executor in self._executors:
+        for _, executor in self._lanes:
             executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ worker
