@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import httpx
 import numpy as np
@@ -70,7 +69,7 @@ def print_table(cr: dict) -> None:
              status.get("url", ""))]
     widths = [max(len(r[i]) for r in rows) + 3 for i in range(len(rows[0]))]
     for row in rows:
-        print("".join(cell.ljust(w) for cell, w in zip(row, widths)))
+        print("".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jsonschema
 import kubernetes_validate
 import pytest
+
 from inference_operator.autoscaler import promql
 from inference_operator.builders import OWNED_KINDS, Owner, build_all, build_deployment
 from inference_operator.builders.hpa import PROMQL_ANNOTATION, build_hpa, quantity

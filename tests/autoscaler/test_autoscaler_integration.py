@@ -22,8 +22,8 @@ from typing import Self
 
 import httpx
 import pytest
-from inference_operator.autoscaler import promql
 
+from inference_operator.autoscaler import promql
 from tests.autoscaler.conftest import (
     Target,
     free_port,

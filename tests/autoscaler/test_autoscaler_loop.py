@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import httpx
 import kubernetes
 import pytest
+
 from inference_operator import metrics
 from inference_operator.autoscaler.loop import (
     Autoscaler,
@@ -23,7 +24,6 @@ from inference_operator.autoscaler.loop import (
 from inference_operator.autoscaler.prometheus import PrometheusClient, Sample
 from inference_operator.k8s import KubeApi
 from inference_operator.models import parse_spec
-
 from tests.cluster import Cluster, running_cluster
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from inference_operator.autoscaler.policy import (
     Decision,
     History,

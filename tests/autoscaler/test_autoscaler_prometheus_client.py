@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from inference_operator.autoscaler.prometheus import (
     PrometheusClient,
     PrometheusError,

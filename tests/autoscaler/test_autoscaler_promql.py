@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from typing import Self
 
 import pytest
+
 from inference_operator.autoscaler import promql
 from inference_operator.models import Metric
-
 from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
 from tests.cluster import wait_for
 
@@ -60,7 +60,8 @@ PODS = {
     "/pod-a": ("ml", "resnet-a", {"model": "resnet", "rps": 10, "latency_bucket": 0.1, "queue": 2, "gpus": [50]}),
     "/pod-b": ("ml", "resnet-b", {"model": "resnet", "rps": 30, "latency_bucket": 0.05, "queue": 4, "gpus": [60, 80]}),
     # Decoys: the same model in another namespace, another model in the same namespace.
-    "/other-ns": ("other", "resnet-c", {"model": "resnet", "rps": 500, "latency_bucket": 5.0, "queue": 90, "gpus": [100]}),
+    "/other-ns": ("other", "resnet-c",
+                  {"model": "resnet", "rps": 500, "latency_bucket": 5.0, "queue": 90, "gpus": [100]}),
     "/other-model": ("ml", "bert-a", {"model": "bert", "rps": 500, "latency_bucket": 5.0, "queue": 90, "gpus": [100]}),
     # A service that is up but has served nothing since the exporter started.
     "/idle": ("ml", "idle-a", {"model": "idle", "rps": 0, "latency_bucket": 0.1, "queue": 0, "gpus": []}),
@@ -123,7 +124,9 @@ def prometheus(tmp_path_factory) -> Iterator[tuple[Prometheus, Exporter]]:
 @pytest.mark.slow
 def test_autoscaler_promql_answers_on_real_prometheus(prometheus) -> None:
     prom, _ = prometheus
-    value = lambda metric, model="resnet": prom.value(promql.metric_query(metric, "ml", model, WINDOW))
+
+    def value(metric, model="resnet"):
+        return prom.value(promql.metric_query(metric, "ml", model, WINDOW))
 
     # p95 of the pooled distribution: 40 req/s, 30 under 50 ms and 10 in (75, 100] ms, so the
     # 38th of 40 falls at 75 + 25 * 8/10 = 95 ms. Averaging per-pod p95s would say ~73.

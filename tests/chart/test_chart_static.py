@@ -164,7 +164,7 @@ def test_every_value_is_documented() -> None:
         stack.append((indent, key))
         if "properties" not in schema:
             continue  # inside a free-form structure
-        following = next((l for l in lines[index + 1:] if l.strip()), "")
+        following = next((line for line in lines[index + 1:] if line.strip()), "")
         is_group = not rest.strip() and len(following) - len(following.lstrip()) > indent
         above = lines[index - 1].strip() if index else ""
         if not is_group and not above.startswith("#"):
@@ -212,7 +212,8 @@ def test_dashboard_queries_known_metrics_and_shows_what_operators_need() -> None
     # latency p50/p95/p99, rps, queue, batch size, replicas, GPU utilisation
     latency = " ".join(t["expr"] for p in panels if "latency" in p["title"].lower() for t in p["targets"])
     for quantile in ("0.5", "0.95", "0.99"):
-        assert f"histogram_quantile({quantile}, " in latency and "model_server_request_duration_seconds_bucket" in latency
+        assert f"histogram_quantile({quantile}, " in latency
+        assert "model_server_request_duration_seconds_bucket" in latency
     for series in ("model_server_requests_total", "model_server_queue_depth", "model_server_batch_size_bucket",
                    "model_server_gpu_utilization_percent", "inference_operator_autoscaler_desired_replicas"):
         assert series in used, series

@@ -71,7 +71,8 @@ def test_examples_are_valid_against_the_crd_schema(path: pathlib.Path) -> None:
 def test_examples_cover_the_promised_shapes() -> None:
     specs = [yaml.safe_load(p.read_text())["spec"] for p in EXAMPLES]
     gpus = [s.get("resources", {}).get("gpu", {}) for s in specs]
-    assert any(g.get("count") == 1 and s["model"].get("format", "onnx") == "onnx" for g, s in zip(gpus, specs))
+    assert any(g.get("count") == 1 and s["model"].get("format", "onnx") == "onnx"
+               for g, s in zip(gpus, specs, strict=True))
     assert any(g.get("count") == 8 and g.get("productName") and s["model"]["format"] == "torchscript"
-               for g, s in zip(gpus, specs))
+               for g, s in zip(gpus, specs, strict=True))
     assert any(g.get("count") == 0 for g in gpus)
