@@ -148,10 +148,12 @@ class DynamicBatcher:
         """Start the worker tasks on the running loop."""
         if not self._workers:
             loop = asyncio.get_running_loop()
+            # Round-robin over instances: the collect lock is FIFO, so the first
+            # batches go to idle instances before any is queued behind a busy one.
             self._workers = [
                 loop.create_task(self._worker(runner, executor), name=f"batcher-{self._name}-{i}")
-                for i, (runner, executor) in enumerate(self._lanes)
                 for _ in range(self._feeders_per_lane)
+                for i, (runner, executor) in enumerate(self._lanes)
             ]
 
     @property

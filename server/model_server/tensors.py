@@ -166,6 +166,11 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
             raise _first_bad_element(label, data, datatype, noun)
         return raw
     if kind not in "iuf":
+        if dtype.kind in _INT_KINDS and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in _flatten(data)
+        ):  # integers too large for any numpy type
+            info = np.iinfo(dtype)
+            raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
         raise _first_bad_element(label, data, datatype, noun)
     if dtype.kind in _INT_KINDS:
         if kind == "f" and not (np.all(np.isfinite(raw)) and np.all(raw == np.round(raw))):
@@ -173,6 +178,15 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
         info = np.iinfo(dtype)
         if raw.size and (raw.min() < info.min or raw.max() > info.max):
             raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
+        if kind == "f":
+            # numpy turns ints beyond int64 into float64 and loses digits: convert
+            # the JSON integers themselves, exactly.
+            try:
+                return np.array(data, dtype=dtype)
+            except OverflowError:
+                raise InvalidInput(
+                    f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}"
+                ) from None
     elif dtype.kind == "f" and dtype != raw.dtype and raw.size:
         finfo = np.finfo(dtype)
         peak = np.max(np.abs(raw[np.isfinite(raw)])) if np.any(np.isfinite(raw)) else 0.0

@@ -164,3 +164,12 @@ def test_batchable_needs_dynamic_leading_dims():
     assert not is_batchable([TensorSpec("x", "FP32", (1, 4))], [])
     assert not is_batchable(SPECS, [TensorSpec("y", "FP32", (3,))])
     assert [normalize_dim(d) for d in (3, None, "N", -1)] == [3, -1, -1, -1]
+
+
+def test_integers_beyond_int64_keep_every_digit():
+    big = 2**63 + 1
+    assert decode_json_tensor("t", "UINT64", [2], [big, 0]).tolist() == [big, 0]
+    assert decode_json_tensor("t", "UINT64", [1], [2**64 - 1]).tolist() == [2**64 - 1]
+    for bad in ([2**64], [1e20], [-1]):
+        with pytest.raises(InvalidInput, match="must lie in"):
+            decode_json_tensor("t", "UINT64", [1], bad)
