@@ -293,16 +293,12 @@ def _median(rows: list[dict], label: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="MLP layer widths")
     parser.add_argument("--duration", type=float, default=2.0, help="measured seconds per point and round")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians are reported")
-    parser.add_argument(
-        "--threads", type=int, default=0, help="ORT intra-op threads for all three (0 = ORT default)"
-    )
+    parser.add_argument("--threads", type=int, default=0, help="ORT intra-op threads for all three (0 = ORT default)")
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--max-delay-ms", type=float, default=5.0)
     parser.add_argument("--batch-workers", type=int, default=1, help="(b)'s concurrent batches")

@@ -36,9 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="model_name",
         help="API name and metric label; also env MODEL_NAME",
     )
-    _flag(
-        serve, env=True, name="model-version", dest="model_version", help="serve only this version (pinned)"
-    )
+    _flag(serve, env=True, name="model-version", dest="model_version", help="serve only this version (pinned)")
     _flag(serve, env=True, name="format", choices=["auto", "onnx", "torchscript", "export"])
     _flag(serve, env=True, name="host")
     _flag(serve, env=True, name="port", type=int)
@@ -59,9 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(serve, env=True, name="max-delay-ms", dest="max_delay_ms", type=float)
     _flag(serve, env=True, name="max-queue", dest="max_queue", type=int)
     _flag(serve, env=True, name="batch-workers", dest="batch_workers", type=int)
-    _flag(
-        serve, "instances", help="runtime sessions per version, one per device ('auto': one per visible GPU)"
-    )
+    _flag(serve, "instances", help="runtime sessions per version, one per device ('auto': one per visible GPU)")
     _flag(
         serve,
         env=True,
@@ -70,9 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="'auto', 'off' or sizes like 1,2,4,8,16",
     )
     _flag(serve, env=True, name="warmup", action=argparse.BooleanOptionalAction)
-    _flag(
-        serve, env=True, name="watch", action=argparse.BooleanOptionalAction, help="hot-reload new versions"
-    )
+    _flag(serve, env=True, name="watch", action=argparse.BooleanOptionalAction, help="hot-reload new versions")
     _flag(serve, env=True, name="watch-polling", dest="watch_polling", action=argparse.BooleanOptionalAction)
     _flag(serve, env=True, name="watch-debounce-ms", dest="watch_debounce_ms", type=int)
     _flag(
@@ -125,8 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for error in exc.errors(include_url=False):
             field = ".".join(str(p) for p in error["loc"])
             print(
-                f"error: {field} (--{field.replace('_', '-')} or MODEL_SERVER_{field.upper()}): "
-                f"{error['msg']}",
+                f"error: {field} (--{field.replace('_', '-')} or MODEL_SERVER_{field.upper()}): {error['msg']}",
                 file=sys.stderr,
             )
         return 2

@@ -78,9 +78,7 @@ def split(outputs: Mapping[str, np.ndarray], rows: Sequence[int]) -> list[Tensor
     total = sum(rows)
     for name, arr in outputs.items():
         if arr.ndim == 0 or arr.shape[0] != total:
-            raise ValueError(
-                f"output '{name}' has shape {list(arr.shape)}, not {total} rows: not batch-major"
-            )
+            raise ValueError(f"output '{name}' has shape {list(arr.shape)}, not {total} rows: not batch-major")
     bounds = np.cumsum([0, *rows])
     return [{name: arr[bounds[i] : bounds[i + 1]] for name, arr in outputs.items()} for i in range(len(rows))]
 

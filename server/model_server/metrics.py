@@ -34,9 +34,7 @@ class RequestTracker:
 class ServerMetrics:
     """All server metrics, registered on one (injectable) registry."""
 
-    def __init__(
-        self, registry: CollectorRegistry = REGISTRY, *, gpu_reader: GpuReader | None = None
-    ) -> None:
+    def __init__(self, registry: CollectorRegistry = REGISTRY, *, gpu_reader: GpuReader | None = None) -> None:
         self.registry = registry
         labels = ["model", "version"]
         self.request_duration = Histogram(

@@ -62,9 +62,7 @@ def sample_inputs(model: Path, rows: int = 32, seed: int = 0) -> dict[str, np.nd
         dtype = _ORT_FLOAT_TYPES.get(node.type)
         if dtype is None:
             raise ValueError(f"input '{node.name}' is {node.type}: pass --calibration data")
-        shape = [
-            d if isinstance(d, int) and d > 0 else (rows if i == 0 else 1) for i, d in enumerate(node.shape)
-        ]
+        shape = [d if isinstance(d, int) and d > 0 else (rows if i == 0 else 1) for i, d in enumerate(node.shape)]
         result[node.name] = rng.standard_normal(shape).astype(dtype)
     return result
 

@@ -38,9 +38,7 @@ class ServerSettings(BaseSettings):
         validation_alias=AliasChoices("model_name", "MODEL_SERVER_MODEL_NAME", "MODEL_NAME"),
         description="Name in the API and the `model` metric label; default: model stem.",
     )
-    model_version: str | None = Field(
-        default=None, description="serve only this version of the repository (pinned)"
-    )
+    model_version: str | None = Field(default=None, description="serve only this version of the repository (pinned)")
     format: ModelFormat = "auto"
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)

@@ -76,8 +76,7 @@ class TensorSpec:
             return V2_DATATYPES[self.datatype]
         except KeyError:
             raise InvalidInput(
-                f"tensor '{self.name}' has datatype {self.datatype}, which this server cannot "
-                "exchange over JSON"
+                f"tensor '{self.name}' has datatype {self.datatype}, which this server cannot exchange over JSON"
             ) from None
 
     @property
@@ -184,9 +183,7 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
             try:
                 return np.array(data, dtype=dtype)
             except OverflowError:
-                raise InvalidInput(
-                    f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}"
-                ) from None
+                raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}") from None
     elif dtype.kind == "f" and dtype != raw.dtype and raw.size:
         finfo = np.finfo(dtype)
         peak = np.max(np.abs(raw[np.isfinite(raw)])) if np.any(np.isfinite(raw)) else 0.0
@@ -205,9 +202,7 @@ def decode_json_tensor(name: str, datatype: str, shape: Sequence[int], data: Any
     """A v2 JSON tensor (flat row-major or nested `data`) -> numpy array of `shape`."""
     shape = check_shape(name, shape)
     if datatype not in V2_DATATYPES:
-        raise InvalidInput(
-            f"input '{name}': unsupported datatype '{datatype}'; supported: {', '.join(V2_DATATYPES)}"
-        )
+        raise InvalidInput(f"input '{name}': unsupported datatype '{datatype}'; supported: {', '.join(V2_DATATYPES)}")
     if data is None:
         raise InvalidInput(f"input '{name}' has no 'data'")
     if not isinstance(data, list):
@@ -223,9 +218,7 @@ def decode_json_tensor(name: str, datatype: str, shape: Sequence[int], data: Any
         arr = _to_numeric(name, data, datatype)
     expected = math.prod(shape)
     if arr.size != expected:
-        raise InvalidInput(
-            f"input '{name}': shape {list(shape)} needs {expected} values, data has {arr.size}"
-        )
+        raise InvalidInput(f"input '{name}': shape {list(shape)} needs {expected} values, data has {arr.size}")
     return arr.reshape(shape)
 
 
@@ -248,17 +241,14 @@ def decode_binary_tensor(name: str, datatype: str, shape: Sequence[int], buf: by
             items.append(bytes(buf[offset : offset + length]))
             offset += length
         if len(items) != count:
-            raise InvalidInput(
-                f"input '{name}': shape {list(shape)} needs {count} values, data has {len(items)}"
-            )
+            raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} values, data has {len(items)}")
         arr = np.empty(count, dtype=object)
         arr[:] = items
         return arr.reshape(shape)
     dtype = V2_DATATYPES[datatype]
     if len(buf) != count * dtype.itemsize:
         raise InvalidInput(
-            f"input '{name}': shape {list(shape)} of {datatype} needs "
-            f"{count * dtype.itemsize} bytes, got {len(buf)}"
+            f"input '{name}': shape {list(shape)} of {datatype} needs {count * dtype.itemsize} bytes, got {len(buf)}"
         )
     return np.frombuffer(buf, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
 
@@ -343,8 +333,7 @@ def validate_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec
             )
             if not ok:
                 raise InvalidInput(
-                    f"input '{spec.name}' has shape {list(arr.shape)}, model expects "
-                    f"{list(spec.shape)} (-1 = any size)"
+                    f"input '{spec.name}' has shape {list(arr.shape)}, model expects {list(spec.shape)} (-1 = any size)"
                 )
         if batchable:
             if arr.ndim == 0:
@@ -353,8 +342,7 @@ def validate_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec
                 rows = arr.shape[0]
             elif arr.shape[0] != rows:
                 raise InvalidInput(
-                    f"inputs disagree on batch size: '{spec.name}' has {arr.shape[0]} rows, "
-                    f"others have {rows}"
+                    f"inputs disagree on batch size: '{spec.name}' has {arr.shape[0]} rows, others have {rows}"
                 )
     if batchable and rows == 0:
         raise InvalidInput("batch dimension is 0: send at least one row")
@@ -368,9 +356,7 @@ def encode_json_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
     """numpy -> v2 JSON tensor; `data` stays an array for orjson to serialize fast."""
     datatype = v2_datatype(arr.dtype)
     if datatype == "BYTES":
-        data: Any = [
-            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1).tolist()
-        ]
+        data: Any = [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1).tolist()]
     else:
         data = np.ascontiguousarray(arr).reshape(-1)
     return {"name": name, "datatype": datatype, "shape": list(arr.shape), "data": data}

@@ -72,9 +72,7 @@ def find_model_file(directory: Path, fmt: str) -> Path | None:
             return candidate
     try:
         found = [
-            p
-            for p in directory.iterdir()
-            if p.is_file() and p.suffix in MODEL_SUFFIXES and not p.name.startswith(".")
+            p for p in directory.iterdir() if p.is_file() and p.suffix in MODEL_SUFFIXES and not p.name.startswith(".")
         ]
     except OSError:
         return None
@@ -125,9 +123,7 @@ def discover(root: Path, fmt: str, flat_version: str = "1") -> dict[str, Version
     if not versions:
         model_file = find_model_file(root, fmt)
         if model_file is not None:
-            versions[flat_version] = VersionSource(
-                flat_version, model_file, fingerprint(_version_files(root))
-            )
+            versions[flat_version] = VersionSource(flat_version, model_file, fingerprint(_version_files(root)))
     return versions
 
 
@@ -207,9 +203,7 @@ def _load_and_warm(backend: Backend, settings: ServerSettings) -> list[int] | No
     requests. Returns the batch buckets, which are also the warmup sizes."""
     try:
         backend.load()
-        buckets = resolve_buckets(
-            settings.batch_buckets, settings.max_batch_size, backend.prefers_static_shapes
-        )
+        buckets = resolve_buckets(settings.batch_buckets, settings.max_batch_size, backend.prefers_static_shapes)
         if settings.warmup:
             backend.warmup(buckets or sorted({1, settings.max_batch_size}))
         return buckets
@@ -234,9 +228,7 @@ class ModelRepository:
         self.settings = settings
         self.metrics = metrics
         self.root = settings.model
-        self._factory = backend_factory or (
-            lambda p, s, v, i: create_backend(p, s, version=v, device_index=i)
-        )
+        self._factory = backend_factory or (lambda p, s, v, i: create_backend(p, s, version=v, device_index=i))
         self._served: Mapping[str, ServedVersion] = MappingProxyType({})
         self._latest: ServedVersion | None = None
         self._available: dict[str, VersionSource] = {}
@@ -345,14 +337,10 @@ class ModelRepository:
                 available = {v: s for v, s in available.items() if v == pinned}
             self._available = available
             self._failed = {
-                v: f
-                for v, f in self._failed.items()
-                if v in available and available[v].fingerprint == f.fingerprint
+                v: f for v, f in self._failed.items() if v in available and available[v].fingerprint == f.fingerprint
             }
             while True:
-                candidates = {
-                    v: s for v, s in available.items() if v not in self._failed or v in self._served
-                }
+                candidates = {v: s for v, s in available.items() if v not in self._failed or v in self._served}
                 desired = select_versions(candidates, self.settings.max_versions)
                 pending = [
                     s
@@ -485,9 +473,7 @@ class ModelRepository:
                 f"version {version} is on disk but not served (max-versions="
                 f"{self.settings.max_versions}); served versions: {listed}"
             )
-        raise ModelNotFound(
-            f"model '{self.settings.name}' has no version '{version}'; served versions: {listed}"
-        )
+        raise ModelNotFound(f"model '{self.settings.name}' has no version '{version}'; served versions: {listed}")
 
     def not_ready_reason(self) -> str | None:
         if self._served:

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import uvicorn
-from model_server.app import create_app
-from model_server.settings import ServerSettings
 from onnx import TensorProto, helper, numpy_helper
 from prometheus_client import CollectorRegistry
+
+from model_server.app import create_app
+from model_server.settings import ServerSettings
 
 OPSET = [helper.make_opsetid("", 17)]
 
@@ -132,9 +133,7 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def running_server(
-    settings: ServerSettings, *, wait_ready: bool = True, **app_kwargs
-) -> Iterator[RunningServer]:
+def running_server(settings: ServerSettings, *, wait_ready: bool = True, **app_kwargs) -> Iterator[RunningServer]:
     """A real uvicorn server for `settings` on a free loopback port, in a thread."""
     registry = CollectorRegistry()
     app = create_app(settings, registry=registry, gpu_reader=app_kwargs.pop("gpu_reader", None), **app_kwargs)

@@ -8,8 +8,9 @@ import json
 import httpx
 import numpy as np
 import pytest
-from model_server.gpu import GpuSample
 from onnx import TensorProto, helper
+
+from model_server.gpu import GpuSample
 
 from .helpers import affine_model, int_model, make_settings, running_server, save_model
 
@@ -98,9 +99,7 @@ async def test_v2_infer_flat_and_nested_with_id(server):
     assert out["name"] == "y" and out["datatype"] == "FP32" and out["shape"] == [2, 3]
     np.testing.assert_allclose(np.reshape(out["data"], (2, 3)), ref(x), rtol=1e-5, atol=1e-5)
     assert r2.json()["model_version"] == "1"
-    np.testing.assert_allclose(
-        np.reshape(r2.json()["outputs"][0]["data"], (2, 3)), ref(x, 1), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(np.reshape(r2.json()["outputs"][0]["data"], (2, 3)), ref(x, 1), rtol=1e-5, atol=1e-5)
 
 
 async def test_v2_binary_tensor_extension(server):
@@ -258,9 +257,7 @@ async def test_concurrent_requests_are_batched_and_each_gets_its_rows(affine_rep
     xs = RNG.standard_normal((8, 4)).astype(np.float32)
     with running_server(settings) as running:
         async with httpx.AsyncClient(base_url=running.url) as client:
-            replies = await asyncio.gather(
-                *(client.post("/infer", json={"data": row.tolist()}) for row in xs)
-            )
+            replies = await asyncio.gather(*(client.post("/infer", json={"data": row.tolist()}) for row in xs))
         labels = {"model": "tiny", "version": "1"}
         count = running.metric("model_server_batch_size_count", labels)
         total = running.metric("model_server_batch_size_sum", labels)
@@ -276,12 +273,8 @@ async def test_overflow_answers_429_with_retry_after(affine_repo):
     settings = make_settings(affine_repo, max_batch_size=64, max_delay_ms=1500, max_queue=4)
     with running_server(settings) as running:
         async with httpx.AsyncClient(base_url=running.url) as client:
-            replies = await asyncio.gather(
-                *(client.post("/infer", json={"data": [i, 0, 0, 0]}) for i in range(10))
-            )
-        rejected = running.metric(
-            "model_server_requests_total", {"model": "tiny", "version": "1", "code": "429"}
-        )
+            replies = await asyncio.gather(*(client.post("/infer", json={"data": [i, 0, 0, 0]}) for i in range(10)))
+        rejected = running.metric("model_server_requests_total", {"model": "tiny", "version": "1", "code": "429"})
     codes = sorted(r.status_code for r in replies)
     assert codes == [200] * 4 + [429] * 6
     for r in replies:
@@ -330,9 +323,7 @@ async def test_fixed_batch_model_runs_unbatched(tmp_path):
                 *(
                     client.post(
                         "/v2/models/fixed/infer",
-                        json={
-                            "inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [i, i, i]}]
-                        },
+                        json={"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [i, i, i]}]},
                     )
                     for i in range(4)
                 )

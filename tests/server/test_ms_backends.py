@@ -7,16 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from model_server.backends import create_backend, detect_format
 from model_server.backends.base import example_inputs
 from model_server.backends.onnx import OnnxBackend, fallback_message, select_providers
 from model_server.errors import BackendInputError, ModelLoadError
 from model_server.tensors import TensorSpec
 
+from .helpers import affine_model, int_model, make_settings
+
 # torch 2.13 deprecates torch.jit; serving TorchScript files is still supported.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch\\.jit:DeprecationWarning")
-
-from .helpers import affine_model, int_model, make_settings
 
 
 def test_device_providers_get_their_device_id():
@@ -166,9 +167,7 @@ def test_torch_export_program(tmp_path, torch_linear):
     batch = torch.export.Dim("batch")
     program = torch.export.export(linear, (torch.zeros(2, 4),), dynamic_shapes=({0: batch},))
     torch.export.save(program, str(tmp_path / "model.pt2"))
-    backend = create_backend(
-        tmp_path / "model.pt2", make_settings(tmp_path / "model.pt2", format="torchscript")
-    )
+    backend = create_backend(tmp_path / "model.pt2", make_settings(tmp_path / "model.pt2", format="torchscript"))
     backend.load()
     assert backend.platform == "pytorch_export"
     assert backend.inputs[0].shape == (-1, 4) and backend.inputs[0].datatype == "FP32"

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from model_server.batching import DynamicBatcher, batch_key, merge, split
 from model_server.errors import BackendInputError, QueueFull, ShuttingDown
 
@@ -208,9 +209,7 @@ async def test_flush_stops_waiting_for_a_full_batch():
 
 async def test_batches_are_padded_to_buckets_and_padding_is_dropped():
     run, obs = Recorder(), Observer()
-    batcher = DynamicBatcher(
-        run, max_batch_size=8, max_delay_s=0.2, max_queue=8, observer=obs, buckets=[1, 2, 4, 8]
-    )
+    batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.2, max_queue=8, observer=obs, buckets=[1, 2, 4, 8])
     batcher.start()
     results = await asyncio.gather(*(batcher.submit(rows(i), 1) for i in (1, 2, 3)))
     single = await batcher.submit(rows(7, 2), 2)

@@ -119,9 +119,7 @@ def test_installs_onnxruntime_rocm_and_the_server_extra_only(instructions):
     installs = [shlex.split(part) for part in re.split(r"&&|;", text) if "pip install" in part]
     packages = [w for cmd in installs for w in cmd if not w.startswith("-") and w not in {"pip", "install"}]
     assert ".[server]" in packages
-    assert not any(
-        "[cpu" in p or "cpu]" in p or p.startswith("onnxruntime==") or p == "onnxruntime" for p in packages
-    )
+    assert not any("[cpu" in p or "cpu]" in p or p.startswith("onnxruntime==") or p == "onnxruntime" for p in packages)
     torch_installs = [cmd for cmd in installs if any(w.startswith("torch") for w in cmd)]
     assert all("--index-url" in cmd for cmd in torch_installs), "torch only from the ROCm index"
     assert "! pip show onnxruntime" in text  # the build fails if the CPU runtime sneaks in

@@ -18,9 +18,7 @@ JSON = st.recursive(
     | st.integers(-(2**70), 2**70)
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=4),
-    lambda children: (
-        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=3), children, max_size=3)
-    ),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=3), children, max_size=3),
     max_leaves=16,
 )
 DATATYPES = st.sampled_from(["FP32", "FP64", "FP16", "INT64", "INT8", "UINT8", "BOOL", "BYTES", "FP8", ""])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
+
 from model_server.__main__ import main
 from model_server.quantize import compare_models, quantize_and_check
 

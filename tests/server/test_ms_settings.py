@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
 from model_server.__main__ import build_parser, main, settings_from_args
 from model_server.gpu import GpuCollector, GpuSample, parse_rocm_smi_json
 from model_server.metrics import ServerMetrics
 from model_server.settings import ServerSettings, default_model_name
-from prometheus_client import CollectorRegistry, generate_latest
 
 # Exactly what the operator's Deployment builder passes.
 OPERATOR_ARGS = (
@@ -58,9 +59,7 @@ def test_same_settings_from_env(monkeypatch):
 def test_flags_win_over_env(monkeypatch):
     monkeypatch.setenv("MODEL_SERVER_MAX_BATCH_SIZE", "32")
     monkeypatch.setenv("MODEL_SERVER_MODEL_NAME", "from-env")
-    args = build_parser().parse_args(
-        ["serve", "--model", "m.onnx", "--max-batch-size", "4", "--model-name", "cli"]
-    )
+    args = build_parser().parse_args(["serve", "--model", "m.onnx", "--max-batch-size", "4", "--model-name", "cli"])
     settings = settings_from_args(args)
     assert settings.max_batch_size == 4 and settings.name == "cli"
 

@@ -90,9 +90,7 @@ async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
             assert 'model_server_inflight_requests{model="drainer"}' in scrape.text
 
             values = list(range(20))
-            pending = [
-                asyncio.ensure_future(client.post("/infer", json={"data": [v, 0, 0, 0]})) for v in values
-            ]
+            pending = [asyncio.ensure_future(client.post("/infer", json={"data": [v, 0, 0, 0]})) for v in values]
             await poll(client, "/metrics", lambda r: queue_depth(r.text) == len(values))
             proc.send_signal(signal.SIGTERM)
             not_ready = await poll(client, "/health/ready", lambda r: r.status_code == 503, timeout=5)

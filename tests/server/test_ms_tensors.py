@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
 from model_server.errors import InvalidInput
 from model_server.tensors import (
     V2_DATATYPES,
@@ -33,9 +34,7 @@ NUMERIC = [d for d in V2_DATATYPES if d != "BYTES"]
 def test_json_and_binary_round_trip(datatype, shape, data):
     dtype = V2_DATATYPES[datatype]
     elements = (
-        st.floats(-1000, 1000, width=16 if dtype == np.float16 else 32, allow_nan=False)
-        if dtype.kind == "f"
-        else None
+        st.floats(-1000, 1000, width=16 if dtype == np.float16 else 32, allow_nan=False) if dtype.kind == "f" else None
     )
     arr = data.draw(hnp.arrays(dtype, shape, elements=elements))
     encoded = encode_json_tensor("t", arr)

@@ -11,10 +11,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
+
 from model_server.errors import ModelNotFound, ModelNotReady
 from model_server.metrics import ServerMetrics
 from model_server.versions import ModelRepository, discover, select_versions, version_key
-from prometheus_client import CollectorRegistry
 
 from .helpers import make_settings, running_server, scale_model
 
@@ -131,9 +132,7 @@ async def test_hot_reload_over_http_without_failed_requests(tmp_path):
             value = float(worker * 1000 + i)
             r = await client.post("/infer", json={"data": [value, 0, 0, 0]})
             body = r.json()
-            results.append(
-                (r.status_code, body.get("model_version"), value, (body.get("result") or [None])[0])
-            )
+            results.append((r.status_code, body.get("model_version"), value, (body.get("result") or [None])[0]))
 
     async def wait_for(predicate, timeout=20.0):
         deadline = time.monotonic() + timeout
@@ -237,9 +236,7 @@ async def test_instances_run_batches_concurrently_one_per_device(tmp_path):
     repo = ModelRepository(
         settings,
         ServerMetrics(CollectorRegistry()),
-        backend_factory=lambda path, s, v, i: Instance(
-            path, providers=s.providers, intra_op_threads=1, device_id=i
-        ),
+        backend_factory=lambda path, s, v, i: Instance(path, providers=s.providers, intra_op_threads=1, device_id=i),
     )
     await repo.sync()
     assert [b.device_id for b in repo.served["1"].backends] == [0, 1]

@@ -153,9 +153,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     except ValueError:
         raise InvalidInput(f"Inference-Header-Content-Length '{header_length}' is not an integer") from None
     if not 0 < length <= len(body):
-        raise InvalidInput(
-            f"Inference-Header-Content-Length {length} does not fit a body of {len(body)} bytes"
-        )
+        raise InvalidInput(f"Inference-Header-Content-Length {length} does not fit a body of {len(body)} bytes")
     return body[:length], body[length:]
 
 
@@ -202,9 +200,7 @@ async def _infer(state: State, request: Request, name: str, version: str | None)
         return _response(state, req, served, outputs)
 
 
-def _response(
-    state: State, req: InferenceRequest, served: ServedVersion, outputs: dict[str, np.ndarray]
-) -> Response:
+def _response(state: State, req: InferenceRequest, served: ServedVersion, outputs: dict[str, np.ndarray]) -> Response:
     binary_default = _binary_requested(req.parameters) or bool(
         req.parameters and req.parameters.get("binary_data_output")
     )

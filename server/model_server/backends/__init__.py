@@ -36,9 +36,7 @@ def detect_format(path: Path, requested: str) -> str:
     return requested
 
 
-def create_backend(
-    path: Path, settings: ServerSettings, *, version: str = "1", device_index: int = 0
-) -> Backend:
+def create_backend(path: Path, settings: ServerSettings, *, version: str = "1", device_index: int = 0) -> Backend:
     """A not-yet-loaded backend for one model file on one device, configured from settings."""
     fmt = detect_format(path, settings.format)
     if fmt == "onnx":

@@ -34,7 +34,7 @@ class Backend(ABC):
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch; outputs keep the batch as their leading dimension."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release runtime resources (device memory, sessions)."""
 
     @property
@@ -67,9 +67,7 @@ def example_inputs(specs: Sequence[TensorSpec], rows: int) -> dict[str, np.ndarr
     for spec in specs:
         if spec.shape is None:
             return None
-        shape = tuple(
-            rows if (i == 0 and d == -1) else (1 if d == -1 else d) for i, d in enumerate(spec.shape)
-        )
+        shape = tuple(rows if (i == 0 and d == -1) else (1 if d == -1 else d) for i, d in enumerate(spec.shape))
         if spec.datatype == "BYTES":
             arr = np.full(shape, "", dtype=object)
         else:

@@ -43,9 +43,7 @@ def provider_entries(providers: Sequence[str], device_id: int) -> list[str | tup
 def fallback_message(requested: Sequence[str], chosen: Sequence[str], skipped: Sequence[str]) -> str:
     """One log line that shows the whole fallback chain, e.g.
     `MIGraphXExecutionProvider -> ROCMExecutionProvider (unavailable) -> CPU`."""
-    chain = " -> ".join(
-        f"{p} (unavailable)" if p in skipped else p for p in (list(requested) or DEFAULT_PROVIDERS)
-    )
+    chain = " -> ".join(f"{p} (unavailable)" if p in skipped else p for p in (list(requested) or DEFAULT_PROVIDERS))
     return f"execution providers requested: {chain}; using {', '.join(chosen)}"
 
 
@@ -117,9 +115,7 @@ class OnnxBackend(Backend):
         self.inputs = [_spec(i) for i in session.get_inputs()]
         self.outputs = [_spec(o) for o in session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
-        if self.io_binding_mode == "on" or (
-            self.io_binding_mode == "auto" and self.providers[0] in DEVICE_PROVIDERS
-        ):
+        if self.io_binding_mode == "on" or (self.io_binding_mode == "auto" and self.providers[0] in DEVICE_PROVIDERS):
             self._binding_device = DEVICE_PROVIDERS.get(self.providers[0], "cpu")
 
     @property
