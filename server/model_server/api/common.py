@@ -79,6 +79,30 @@ async def submit(served: ServedVersion, inputs: dict[str, np.ndarray]) -> dict[s
 BODY_MODELS: list[type[BaseModel]] = []
 
 
+class ErrorBody(BaseModel):
+    """Every error answer: what went wrong, in words that name the problem."""
+
+    error: str
+
+
+_ERROR_MEANING = {
+    400: "Bad input: wrong shape, datatype or value; the message names it.",
+    404: "No such model or version.",
+    413: "The body is larger than --max-body-bytes.",
+    422: "The body is not a request of this endpoint's schema.",
+    429: "The queue is full; retry after Retry-After seconds.",
+    503: "Not ready (loading, or shutting down).",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error codes a route can answer, all as ErrorBody."""
+    return {code: {"model": ErrorBody, "description": _ERROR_MEANING[code]} for code in codes}
+
+
+INFER_ERRORS = error_responses(400, 404, 413, 422, 429, 503)
+
+
 def documented_body(model: type[ModelT]) -> dict[str, Any]:
     """`openapi_extra` for a route that reads `model` from the raw body."""
     BODY_MODELS.append(model)

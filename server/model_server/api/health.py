@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from ..versions import version_key
-from .common import State, json_response
+from .common import State, error_responses, json_response
 
 router = APIRouter(tags=["health"])
 
@@ -18,7 +18,7 @@ async def live() -> Response:
     return json_response({"live": True})
 
 
-@router.get("/health/ready")
+@router.get("/health/ready", responses=error_responses(503))
 async def ready(state: State) -> Response:
     """Ready only once a version is loaded and warmed up; the reason otherwise."""
     ok, reason = state.readiness()

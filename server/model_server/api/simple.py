@@ -12,13 +12,15 @@ from starlette.responses import Response
 
 from ..errors import InvalidInput
 from ..tensors import decode_simple_rows
-from .common import State, documented_body, json_response, parse_body, submit
+from .common import INFER_ERRORS, State, documented_body, json_response, parse_body, submit
 
 router = APIRouter(tags=["simple"])
 
 
 class SimpleRequest(BaseModel):
-    data: list[Any] = Field(description="One row as a flat list of numbers, or a list of rows.")
+    # minItems documents what decode_simple_rows enforces (with a 400 naming the problem).
+    data: list[Any] = Field(json_schema_extra={"minItems": 1},
+                            description="One row as a flat list of numbers, or a list of rows.")
     model_version: str | int | None = "latest"
 
 
@@ -31,6 +33,7 @@ class SimpleResponse(BaseModel):
 @router.post(
     "/infer",
     response_model=SimpleResponse,
+    responses=INFER_ERRORS,
     openapi_extra=documented_body(SimpleRequest),
 )
 async def infer(request: Request, state: State) -> Response:

@@ -20,7 +20,7 @@ from ..tensors import (
     encode_json_tensor,
 )
 from ..versions import ServedVersion, version_key
-from .common import State, documented_body, dumps, json_response, parse_body, submit
+from .common import INFER_ERRORS, State, documented_body, dumps, error_responses, json_response, parse_body, submit
 
 router = APIRouter(prefix="/v2", tags=["v2"])
 
@@ -65,7 +65,7 @@ async def server_live() -> Response:
     return json_response({"live": True})
 
 
-@router.get("/health/ready")
+@router.get("/health/ready", responses=error_responses(400))
 async def server_ready(state: State) -> Response:
     """Per the protocol, a 4xx status means "not ready"."""
     ok, reason = state.readiness()
@@ -93,13 +93,13 @@ def _metadata(state: State, served: ServedVersion) -> dict[str, Any]:
     }
 
 
-@router.get("/models/{name}")
+@router.get("/models/{name}", responses=error_responses(404, 503))
 async def model_metadata(name: str, state: State) -> Response:
     _check_name(state, name)
     return json_response(_metadata(state, state.repository.resolve(None)))
 
 
-@router.get("/models/{name}/versions/{version}")
+@router.get("/models/{name}/versions/{version}", responses=error_responses(404, 503))
 async def version_metadata(name: str, version: str, state: State) -> Response:
     _check_name(state, name)
     return json_response(_metadata(state, state.repository.resolve(version)))
@@ -118,12 +118,12 @@ def _model_ready(state: State, name: str, version: str | None) -> Response:
     return json_response({"name": name, "ready": True})
 
 
-@router.get("/models/{name}/ready")
+@router.get("/models/{name}/ready", responses=error_responses(400, 404))
 async def model_ready(name: str, state: State) -> Response:
     return _model_ready(state, name, None)
 
 
-@router.get("/models/{name}/versions/{version}/ready")
+@router.get("/models/{name}/versions/{version}/ready", responses=error_responses(400, 404))
 async def version_ready(name: str, version: str, state: State) -> Response:
     return _model_ready(state, name, version)
 
@@ -134,12 +134,13 @@ async def version_ready(name: str, version: str, state: State) -> Response:
 _INFER_DOC = documented_body(InferenceRequest)
 
 
-@router.post("/models/{name}/infer", openapi_extra=_INFER_DOC)
+@router.post("/models/{name}/infer", responses=INFER_ERRORS, openapi_extra=_INFER_DOC)
 async def model_infer(name: str, request: Request, state: State) -> Response:
     return await _infer(state, request, name, None)
 
 
-@router.post("/models/{name}/versions/{version}/infer", openapi_extra=_INFER_DOC)
+@router.post("/models/{name}/versions/{version}/infer", responses=INFER_ERRORS,
+             openapi_extra=_INFER_DOC)
 async def version_infer(name: str, version: str, request: Request, state: State) -> Response:
     return await _infer(state, request, name, version)
 
