@@ -118,7 +118,7 @@ def test_installs_onnxruntime_rocm_and_the_server_extra_only(instructions):
     assert re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", defaults["ORT_ROCM_VERSION"])
     installs = [shlex.split(part) for part in re.split(r"&&|;", text) if "pip install" in part]
     packages = [w for cmd in installs for w in cmd if not w.startswith("-") and w not in {"pip", "install"}]
-    assert ".[server]" in packages
+    assert ".[server,s3]" in packages  # the server, and boto3 for s3:// model fetches
     assert not any("[cpu" in p or "cpu]" in p or p.startswith("onnxruntime==") or p == "onnxruntime" for p in packages)
     torch_installs = [cmd for cmd in installs if any(w.startswith("torch") for w in cmd)]
     assert all("--index-url" in cmd for cmd in torch_installs), "torch only from the ROCm index"
