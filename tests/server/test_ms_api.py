@@ -269,7 +269,7 @@ async def test_concurrent_requests_are_batched_and_each_gets_its_rows(affine_rep
     assert running.metric("model_server_batch_size_bucket", {**labels, "le": "1.0"}) < count
 
 
-async def test_overflow_answers_429_with_retry_after(affine_repo):
+async def test_overload_overflow_answers_429_with_retry_after(affine_repo):
     settings = make_settings(affine_repo, max_batch_size=64, max_delay_ms=1500, max_queue=4)
     with running_server(settings) as running:
         async with httpx.AsyncClient(base_url=running.url) as client:
@@ -283,7 +283,7 @@ async def test_overflow_answers_429_with_retry_after(affine_repo):
     assert rejected == 6
 
 
-async def test_broken_model_keeps_server_live_but_not_ready(tmp_path):
+async def test_model_fault_broken_file_keeps_server_live_but_not_ready(tmp_path):
     (tmp_path / "repo" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "1" / "model.onnx").write_bytes(b"\x00garbage")
     with running_server(make_settings(tmp_path / "repo"), wait_ready=False) as running:
@@ -301,7 +301,7 @@ async def test_broken_model_keeps_server_live_but_not_ready(tmp_path):
     assert infer.status_code == 503 and "failed to load" in infer.json()["error"]
 
 
-async def test_missing_model_explains_the_expected_layout(tmp_path):
+async def test_model_fault_missing_model_explains_the_expected_layout(tmp_path):
     with running_server(make_settings(tmp_path / "absent"), wait_ready=False) as running:
         await running.state.repository.wait_loaded()
         ready = httpx.get(f"{running.url}/health/ready")

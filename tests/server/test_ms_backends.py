@@ -80,7 +80,7 @@ def test_onnx_backend_typed_outputs(tmp_path):
     assert out["gt"].dtype == np.bool_ and out["gt"].tolist() == (a > b).tolist()
 
 
-def test_corrupt_onnx_raises_load_error(tmp_path):
+def test_model_fault_corrupt_onnx_raises_load_error(tmp_path):
     bad = tmp_path / "model.onnx"
     bad.write_bytes(b"definitely not protobuf")
     with pytest.raises(ModelLoadError, match="cannot load ONNX model"):

@@ -77,7 +77,7 @@ async def test_replaced_version_drains_its_queue_before_release(tmp_path):
     await repo.stop(1)
 
 
-async def test_bad_new_version_keeps_the_old_one_serving(tmp_path):
+async def test_model_fault_bad_new_version_keeps_the_old_one_serving(tmp_path):
     scale_model(tmp_path / "repo" / "1" / "model.onnx", 1.0)
     repo = repository(tmp_path / "repo", max_versions=1)
     await repo.sync()
