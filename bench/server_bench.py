@@ -36,46 +36,14 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.server.helpers import mlp_model  # noqa: E402  (the same MLP the tests build)
+
 DEFAULT_SIZES = [1024, 4096, 4096, 4096, 16]
 CONCURRENCY = [1, 16, 64]
 
 
 # --------------------------------------------------------------------------- model
-
-
-def build_mlp(path: Path, sizes: list[int], seed: int = 0) -> Path:
-    """A dense ReLU MLP (FP32) with a dynamic batch dimension."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(seed)
-    nodes, inits, prev = [], [], "x"
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        w = (rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32)
-        inits += [
-            numpy_helper.from_array(w, f"W{i}"),
-            numpy_helper.from_array(np.zeros(b, np.float32), f"b{i}"),
-        ]
-        nodes += [
-            helper.make_node("MatMul", [prev, f"W{i}"], [f"m{i}"]),
-            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
-        ]
-        prev = f"a{i}"
-        if i < len(sizes) - 2:
-            nodes.append(helper.make_node("Relu", [prev], [f"r{i}"]))
-            prev = f"r{i}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    graph = helper.make_graph(
-        nodes,
-        "bench_mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", sizes[0]])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", sizes[-1]])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
 
 
 def session(path: Path, threads: int):
@@ -323,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     body = json.dumps({"data": np.random.default_rng(2).standard_normal(sizes[0]).round(4).tolist()}).encode()
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_mlp(Path(tmp) / "mlp.onnx", sizes)
+        model = mlp_model(Path(tmp) / "mlp.onnx", sizes)
         print(
             f"MLP {sizes}: {params / 1e6:.1f}M parameters, {model.stat().st_size / 1e6:.0f} MB; "
             f"{os.cpu_count()} CPUs; ORT threads={args.threads or 'default'}; "
