@@ -48,9 +48,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def _temporary(exc: ApiException, retry: int = 0) -> kopf.TemporaryError:
+def _temporary(exc: ApiException | urllib3.exceptions.HTTPError, retry: int = 0) -> kopf.TemporaryError:
     """Map a transient API failure to a retry, backing off exponentially (1 s … 5 min)."""
     delay = min(2.0**retry, 300.0)
+    if not isinstance(exc, ApiException):
+        return kopf.TemporaryError(f"API unreachable: {exc}", delay=delay)
     if exc.status == 429:
         retry_after = (exc.headers or {}).get("Retry-After")
         if retry_after and retry_after.isdigit():
@@ -90,9 +92,7 @@ def reconcile_service(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: k
                       logger: logging.Logger, retry: int = 0, **_: Any) -> None:
     try:
         _reconcile_service(memo.api, body, meta, spec, logger)
-    except urllib3.exceptions.HTTPError as exc:
-        raise kopf.TemporaryError(f"API unreachable: {exc}", delay=min(2.0**retry, 300.0)) from exc
-    except ApiException as exc:
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
         raise _temporary(exc, retry) from exc
 
 
@@ -176,9 +176,7 @@ def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
         new_status = st.compute_status(previous, deployment, isvc["metadata"].get("generation"),
                                        _spec_problem(previous))
         _publish(api, isvc, new_status)
-    except urllib3.exceptions.HTTPError as exc:
-        raise kopf.TemporaryError(f"API unreachable: {exc}", delay=min(2.0**retry, 300.0)) from exc
-    except ApiException as exc:
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
         raise _temporary(exc, retry) from exc
     _announce_readiness(isvc, previous, new_status)
 
