@@ -107,6 +107,9 @@ def test_server_args_follow_the_spec() -> None:
     assert (flags["--max-batch-size"], flags["--max-delay-ms"], flags["--max-queue"]) == ("4", "2.5", "9")
     assert args[args.index("--model-version") + 1] == "7"
     assert args[-1] == "--x"
+    # The server's SIGTERM delay and drain fit in the pod's grace period.
+    grace = pod(d)["terminationGracePeriodSeconds"]
+    assert float(flags["--shutdown-delay"]) + float(flags["--drain-timeout"]) < grace
 
 
 def test_pvc_model_is_mounted_read_only_with_sub_path() -> None:

@@ -23,6 +23,11 @@ GPU_NODE_LABELS = {
     "partition": "amd.com/compute-memory-partition",
 }
 PROBE_PERIOD_SECONDS = 10
+# SIGTERM → the server keeps answering (unready) while endpoints catch up, then drains; both
+# fit inside the grace period, so the kubelet never kills a pod with requests in flight.
+SHUTDOWN_DELAY_SECONDS = 5
+DRAIN_TIMEOUT_SECONDS = 45
+TERMINATION_GRACE_SECONDS = 60
 
 
 def desired_replicas(spec: InferenceServiceSpec) -> int | None:
@@ -55,6 +60,8 @@ def server_args(owner: Owner) -> list[str]:
         "--max-batch-size", str(batching.max_batch_size),
         "--max-delay-ms", _number(batching.max_delay_ms),
         "--max-queue", str(batching.max_queue),
+        "--shutdown-delay", str(SHUTDOWN_DELAY_SECONDS),
+        "--drain-timeout", str(DRAIN_TIMEOUT_SECONDS),
     ]
     if spec.model.version:
         args += ["--model-version", spec.model.version]
@@ -206,8 +213,7 @@ def build_deployment(owner: Owner) -> dict:
         "volumes": volumes,
         "securityContext": pod_security,
         "enableServiceLinks": False,
-        # Long enough for the server to drain its queue after SIGTERM.
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers
