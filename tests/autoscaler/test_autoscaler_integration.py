@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import http.server
 import itertools
 import json
 import sys
@@ -32,6 +31,7 @@ from tests.autoscaler.conftest import (
     tiny_mlp,
 )
 from tests.cluster import Cluster, captured_operator_logs, wait_for
+from tests.http_stub import QuietHandler, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -259,33 +259,24 @@ class FakePrometheus:
         self.auth_headers: list[str | None] = []
         fake = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 fake.auth_headers.append(self.headers.get("Authorization"))
                 if self.headers.get("Authorization") != f"Bearer {token}":
                     self.send_error(401)
                     return
-                body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-                    {"metric": {}, "value": [time.time(), str(value)]}]}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.reply(json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+                    {"metric": {}, "value": [time.time(), str(value)]}]}}).encode())
 
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._serving = serving(Handler)
 
     def __enter__(self) -> Self:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        server = self._serving.__enter__()
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._serving.__exit__(*exc)
 
 
 def test_autoscaler_reads_the_bearer_token_from_a_secret(cluster: Cluster, operator) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
 import shutil
 import ssl
 import subprocess
-import threading
 from collections.abc import Iterator
 
 import httpx
@@ -20,6 +18,7 @@ from inference_operator.autoscaler.prometheus import (
     Sample,
     parse_response,
 )
+from tests.http_stub import QuietHandler, serving
 
 
 def vector(*values: str, ts: float = 1700000000.5) -> dict:
@@ -132,29 +131,14 @@ def tls_prometheus(tmp_path_factory) -> Iterator[tuple[str, str]]:
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
-            body = json.dumps(vector("3")).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(json.dumps(vector("3")).encode())
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler, tls=context) as server:
         yield f"https://127.0.0.1:{server.server_address[1]}", cert.read_text()
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def test_autoscaler_client_trusts_the_given_ca(tls_prometheus) -> None:

@@ -7,8 +7,6 @@ namespace and model, idle services, services with no series, and services whose 
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 from collections.abc import Iterator
 from typing import Self
@@ -19,6 +17,7 @@ from inference_operator.autoscaler import promql
 from inference_operator.models import Metric
 from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
 from tests.cluster import wait_for
+from tests.http_stub import QuietHandler, serving
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 WINDOW = 5
@@ -76,32 +75,23 @@ class Exporter:
         self.broken: set[str] = set()
         exporter = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 if self.path not in PODS or self.path in exporter.broken:
                     self.send_error(503)
                     return
-                body = exposition(**PODS[self.path][2], elapsed=time.monotonic() - exporter.started).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                body = exposition(**PODS[self.path][2], elapsed=time.monotonic() - exporter.started)
+                self.reply(body.encode(), "text/plain; version=0.0.4")
 
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._serving = serving(Handler)
 
     def __enter__(self) -> Self:
-        self.thread.start()
+        server = self._serving.__enter__()
+        self.address = f"127.0.0.1:{server.server_address[1]}"
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._serving.__exit__(*exc)
 
 
 @pytest.fixture(scope="module")
