@@ -44,8 +44,7 @@ from inference_operator.autoscaler.policy import History, Observation, Policy, d
 from inference_operator.models import AutoscalingSpec
 
 # The model server's latency histogram buckets (seconds).
-BUCKETS = np.array([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75,
-                    1.0, 2.5, 5.0, 10.0])
+BUCKETS = np.array([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0])
 LN20 = math.log(20.0)  # p95 of an exponential with rate 1
 MAX_RHO = 0.98
 FLAP_SECONDS = 600
@@ -59,8 +58,8 @@ class Scenario:
     peak_rps: float = 600.0
     noise: float = 0.08
     bursts: int = 6
-    capacity: float = 50.0          # req/s one replica serves
-    startup: int = 90               # seconds until a new replica is ready
+    capacity: float = 50.0  # req/s one replica serves
+    startup: int = 90  # seconds until a new replica is ready
     slo_ms: float = 200.0
     target_ms: float = 150.0
     min_replicas: int = 2
@@ -93,10 +92,17 @@ class Contender:
 
 
 def contenders(s: Scenario) -> list[Contender]:
-    builtin = Policy.from_spec(AutoscalingSpec.model_validate({
-        "minReplicas": s.min_replicas, "maxReplicas": s.max_replicas, "target": s.target_ms,
-        "metric": "latencyP95Ms", "windowSeconds": s.window_seconds,
-    }))
+    builtin = Policy.from_spec(
+        AutoscalingSpec.model_validate(
+            {
+                "minReplicas": s.min_replicas,
+                "maxReplicas": s.max_replicas,
+                "target": s.target_ms,
+                "metric": "latencyP95Ms",
+                "windowSeconds": s.window_seconds,
+            }
+        )
+    )
     hpa = replace(builtin, fast_factor=None, count_ready=False, scale_down_exponent=1.0)
     return [
         Contender("built-in, defaults (15 s)", builtin, 15),
@@ -189,12 +195,16 @@ def simulate(s: Scenario, contender: Contender, rate: np.ndarray) -> Result:
 
 
 def table(results: list[tuple[float, Result]]) -> str:
-    header = (f"{'policy':<28} {'target ms':>9} {'SLO-violation s':>16} {'replica-hours':>14} "
-              f"{'scale events':>13} {'flaps':>6} {'peak':>5}")
+    header = (
+        f"{'policy':<28} {'target ms':>9} {'SLO-violation s':>16} {'replica-hours':>14} "
+        f"{'scale events':>13} {'flaps':>6} {'peak':>5}"
+    )
     lines = [header, "-" * len(header)]
     for target, r in results:
-        lines.append(f"{r.name:<28} {target:>9g} {r.slo_violation_seconds:>16d} {r.replica_hours:>14.1f} "
-                     f"{r.scale_events:>13d} {r.flaps:>6d} {r.peak_replicas:>5d}")
+        lines.append(
+            f"{r.name:<28} {target:>9g} {r.slo_violation_seconds:>16d} {r.replica_hours:>14.1f} "
+            f"{r.scale_events:>13d} {r.flaps:>6d} {r.peak_replicas:>5d}"
+        )
     return "\n".join(lines)
 
 
@@ -216,16 +226,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", type=float, default=Scenario.capacity, help="req/s per replica")
     parser.add_argument("--startup", type=int, default=Scenario.startup, help="seconds to ready")
     parser.add_argument("--slo-ms", type=float, default=Scenario.slo_ms)
-    parser.add_argument("--targets", default=str(Scenario.target_ms),
-                        help="comma-separated p95 targets in ms, e.g. 150,120,100 (a cost/SLO sweep)")
+    parser.add_argument(
+        "--targets",
+        default=str(Scenario.target_ms),
+        help="comma-separated p95 targets in ms, e.g. 150,120,100 (a cost/SLO sweep)",
+    )
     args = parser.parse_args(argv)
     targets = [float(t) for t in args.targets.split(",")]
-    s = Scenario(hours=args.hours, seed=args.seed, bursts=args.bursts, capacity=args.capacity,
-                 startup=args.startup, slo_ms=args.slo_ms, target_ms=targets[0])
+    s = Scenario(
+        hours=args.hours,
+        seed=args.seed,
+        bursts=args.bursts,
+        capacity=args.capacity,
+        startup=args.startup,
+        slo_ms=args.slo_ms,
+        target_ms=targets[0],
+    )
     rate = traffic(s)
-    print(f"trace: {s.hours:g} h, {rate.mean():.0f} req/s mean, {rate.max():.0f} peak, {s.bursts} bursts; "
-          f"{s.capacity:g} req/s per replica, {s.startup} s to ready; p95 SLO {s.slo_ms:g} ms; "
-          f"Prometheus scrape {s.scrape_seconds} s, window {s.window_seconds} s")
+    print(
+        f"trace: {s.hours:g} h, {rate.mean():.0f} req/s mean, {rate.max():.0f} peak, {s.bursts} bursts; "
+        f"{s.capacity:g} req/s per replica, {s.startup} s to ready; p95 SLO {s.slo_ms:g} ms; "
+        f"Prometheus scrape {s.scrape_seconds} s, window {s.window_seconds} s"
+    )
     print(table(run(s, targets)))
     return 0
 

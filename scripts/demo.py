@@ -64,9 +64,17 @@ def print_table(cr: dict) -> None:
     ready = next((c["status"] for c in status.get("conditions", []) if c["type"] == "Ready"), "")
     gpus = cr["spec"].get("resources", {}).get("gpu", {}).get("count", "")
     latency = (status.get("autoscaler") or {}).get("latencyP95Ms", "")
-    rows = [("NAME", "READY", "REPLICAS", "GPUS", "LATENCY", "URL"),
-            (cr["metadata"]["name"], ready, str(status.get("replicas", "")), str(gpus), str(latency),
-             status.get("url", ""))]
+    rows = [
+        ("NAME", "READY", "REPLICAS", "GPUS", "LATENCY", "URL"),
+        (
+            cr["metadata"]["name"],
+            ready,
+            str(status.get("replicas", "")),
+            str(gpus),
+            str(latency),
+            status.get("url", ""),
+        ),
+    ]
     widths = [max(len(r[i]) for r in rows) + 3 for i in range(len(rows[0]))]
     for row in rows:
         print("".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
@@ -93,8 +101,9 @@ def main() -> int:
             env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
             env.pop("KUBERNETES_SERVICE_HOST", None)
             say(f"Emulated Kubernetes API on {cluster.url}; starting the operator")
-            with process([sys.executable, "-m", "inference_operator", "run", "--all-namespaces"],
-                         env, tmp / "operator.log"):
+            with process(
+                [sys.executable, "-m", "inference_operator", "run", "--all-namespaces"], env, tmp / "operator.log"
+            ):
                 return run_demo(cluster, env, tmp)
 
 
@@ -105,16 +114,22 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
     response = cluster.apply_cr(cr)
     response.raise_for_status()
 
-    deployment = wait_for(lambda: cluster.get(DEPLOYMENTS, namespace, name), timeout=60,
-                          message="the operator to create the Deployment")
+    deployment = wait_for(
+        lambda: cluster.get(DEPLOYMENTS, namespace, name), timeout=60, message="the operator to create the Deployment"
+    )
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     say("The operator created Deployment and Service; the GPU wiring of the pod:")
-    print(yaml.safe_dump({
-        "resources": container["resources"],
-        "env": container["env"],
-        "affinity": deployment["spec"]["template"]["spec"].get("affinity"),
-        "tolerations": deployment["spec"]["template"]["spec"].get("tolerations"),
-    }, sort_keys=False))
+    print(
+        yaml.safe_dump(
+            {
+                "resources": container["resources"],
+                "env": container["env"],
+                "affinity": deployment["spec"]["template"]["spec"].get("affinity"),
+                "tolerations": deployment["spec"]["template"]["spec"].get("tolerations"),
+            },
+            sort_keys=False,
+        )
+    )
     print("args:", " ".join(container["args"]))
 
     say("Playing the kubelet: starting the model server with the Deployment's own arguments (CPU)")
@@ -126,14 +141,24 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
     args[args.index("--port") + 1] = str(port)
     args[args.index("--metrics-port") + 1] = str(metrics_port)
     server_env = {**env, **{e["name"]: e["value"] for e in container["env"]}}
-    with process([sys.executable, "-m", "model_server", *args, "--host", "127.0.0.1"],
-                 server_env, tmp / "server.log"):
+    with process([sys.executable, "-m", "model_server", *args, "--host", "127.0.0.1"], server_env, tmp / "server.log"):
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: _ok(base + "/health/ready"), timeout=60, message="the model server to be ready")
-        cluster.patch(DEPLOYMENTS, namespace, name, {"status": {
-            "observedGeneration": deployment["metadata"]["generation"],
-            "replicas": 1, "readyReplicas": 1, "updatedReplicas": 1, "availableReplicas": 1}},
-            subresource="status")
+        cluster.patch(
+            DEPLOYMENTS,
+            namespace,
+            name,
+            {
+                "status": {
+                    "observedGeneration": deployment["metadata"]["generation"],
+                    "replicas": 1,
+                    "readyReplicas": 1,
+                    "updatedReplicas": 1,
+                    "availableReplicas": 1,
+                }
+            },
+            subresource="status",
+        )
         wait_for(lambda: _ready(cluster.get_cr(namespace, name)), timeout=30, message="Ready=True")
         say("kubectl get ris -n ml")
         print_table(cluster.get_cr(namespace, name))
@@ -147,8 +172,11 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
         print("matches numpy:", bool(np.allclose(got, expected, atol=1e-5)))
 
         say(f"POST /v2/models/{name}/infer (Open Inference Protocol)")
-        v2 = httpx.post(f"{base}/v2/models/{name}/infer", timeout=10, json={
-            "inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32", "data": row + row}]}).json()
+        v2 = httpx.post(
+            f"{base}/v2/models/{name}/infer",
+            timeout=10,
+            json={"inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32", "data": row + row}]},
+        ).json()
         print(v2)
 
         say("A few of the server's metrics (what the autoscaler reads through Prometheus)")

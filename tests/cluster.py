@@ -27,18 +27,22 @@ class Cluster:
     url: str
     kubeconfig: pathlib.Path
 
-    def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/merge-patch+json") -> httpx.Response:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/merge-patch+json"
+    ) -> httpx.Response:
         headers = {"Content-Type": content_type} if body is not None else {}
         return httpx.request(method, self.url + path, json=body, headers=headers, timeout=10)
 
     def apply_cr(self, obj: dict) -> httpx.Response:
         ns = obj["metadata"].get("namespace", "default")
-        return self.request("POST", f"/apis/inference.rocm.dev/v1alpha1/namespaces/{ns}/inferenceservices",
-                            obj, content_type="application/json")
+        return self.request(
+            "POST",
+            f"/apis/inference.rocm.dev/v1alpha1/namespaces/{ns}/inferenceservices",
+            obj,
+            content_type="application/json",
+        )
 
-    def patch(self, resource: str, namespace: str, name: str, patch: dict,
-              subresource: str = "") -> httpx.Response:
+    def patch(self, resource: str, namespace: str, name: str, patch: dict, subresource: str = "") -> httpx.Response:
         prefix = "/api" if resource.count("/") == 1 else "/apis"
         group_version, plural = resource.rsplit("/", 1)
         path = f"{prefix}/{group_version}/namespaces/{namespace}/{plural}/{name}"
@@ -68,8 +72,9 @@ class Cluster:
         return found
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05,
-             message: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05, message: str = "condition"
+) -> Any:
     """Poll until `predicate()` is truthy; return its value or fail naming what we waited for."""
     deadline = time.monotonic() + timeout
     while True:
@@ -101,14 +106,18 @@ def running_cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
     asyncio.run_coroutine_threadsafe(start(), loop).result(10)
     url = f"http://127.0.0.1:{server.port}"
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-        "users": [{"name": "tester", "user": {"token": "test-token"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
-        "current-context": "emulator",
-    }))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+                "users": [{"name": "tester", "user": {"token": "test-token"}}],
+                "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
+                "current-context": "emulator",
+            }
+        )
+    )
     try:
         yield Cluster(emulator=emulator, url=url, kubeconfig=kubeconfig)
     finally:

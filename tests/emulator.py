@@ -32,9 +32,14 @@ from tests.crd import schema_errors
 CR_RESOURCE = "inference.rocm.dev/v1alpha1/inferenceservices"
 
 
-def declare(emulator: kmock.KubernetesEmulator, key: str, kind: str, namespaced: bool = True,
-            verbs: tuple[str, ...] = ("list", "watch", "get", "create", "patch", "update", "delete"),
-            subresources: tuple[str, ...] = ()) -> None:
+def declare(
+    emulator: kmock.KubernetesEmulator,
+    key: str,
+    kind: str,
+    namespaced: bool = True,
+    verbs: tuple[str, ...] = ("list", "watch", "get", "create", "patch", "update", "delete"),
+    subresources: tuple[str, ...] = (),
+) -> None:
     emulator.resources[key] = kmock.ResourceInfo(
         kind=kind, namespaced=namespaced, verbs=set(verbs), subresources=set(subresources)
     )
@@ -51,16 +56,20 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         # kopf's backbone, then everything the operator owns or posts.
         declare(self, "v1/namespaces", "Namespace", namespaced=False, verbs=("list", "watch", "get"))
-        declare(self, "apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition",
-                namespaced=False, verbs=("list", "watch", "get"))
+        declare(
+            self,
+            "apiextensions.k8s.io/v1/customresourcedefinitions",
+            "CustomResourceDefinition",
+            namespaced=False,
+            verbs=("list", "watch", "get"),
+        )
         declare(self, "v1/events", "Event", verbs=("create",))
         declare(self, CR_RESOURCE, "InferenceService", subresources=("status", "scale"))
         declare(self, "apps/v1/deployments", "Deployment", subresources=("status", "scale"))
         declare(self, "v1/services", "Service", subresources=("status",))
         declare(self, "policy/v1/poddisruptionbudgets", "PodDisruptionBudget", subresources=("status",))
         declare(self, "coordination.k8s.io/v1/leases", "Lease")
-        declare(self, "autoscaling/v2/horizontalpodautoscalers", "HorizontalPodAutoscaler",
-                subresources=("status",))
+        declare(self, "autoscaling/v2/horizontalpodautoscalers", "HorizontalPodAutoscaler", subresources=("status",))
         declare(self, "keda.sh/v1alpha1/scaledobjects", "ScaledObject", subresources=("status",))
         declare(self, "v1/secrets", "Secret")
 
@@ -70,8 +79,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> Any:
         action = request.action
-        if request.resource is not None and action in (kmock.action.CREATE, kmock.action.UPDATE,
-                                                      kmock.action.DELETE):
+        if request.resource is not None and action in (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE):
             sub = f"/{request.subresource}" if request.subresource else ""
             self.writes[f"{request.resource.plural}{sub}:{action.name.lower()}"] += 1
         if request.resource is not None and isinstance(request.data, dict):
@@ -96,8 +104,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         errors = schema_errors(obj)
         if not errors:
             return None
-        return kmock.KubernetesError(status=422, reason="Invalid",
-                                     message=f"InferenceService is invalid: {errors[0]}")
+        return kmock.KubernetesError(status=422, reason="Invalid", message=f"InferenceService is invalid: {errors[0]}")
 
     def _on_create(self, request: kmock.Request) -> kmock.KubernetesError | None:
         data = request.data
@@ -107,8 +114,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         meta.setdefault("uid", str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp",
-                        datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         meta["generation"] = 1
         if self._has_status(request.resource):
             data.pop("status", None)

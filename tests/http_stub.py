@@ -24,8 +24,9 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serving(handler: type[http.server.BaseHTTPRequestHandler],
-            tls: ssl.SSLContext | None = None) -> Iterator[http.server.ThreadingHTTPServer]:
+def serving(
+    handler: type[http.server.BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None
+) -> Iterator[http.server.ThreadingHTTPServer]:
     """Serve `handler` on a free loopback port from a thread until the block ends."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     if tls is not None:

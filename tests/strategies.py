@@ -56,8 +56,11 @@ def from_schema(node: dict) -> st.SearchStrategy[Any]:
     if kind == "object":
         props = node.get("properties") or {}
         if not props and isinstance(node.get("additionalProperties"), dict):
-            return st.dictionaries(st.from_regex(r"^[a-z][a-z0-9.-]{0,15}$", fullmatch=True),
-                                   from_schema(node["additionalProperties"]), max_size=MAX_ITEMS)
+            return st.dictionaries(
+                st.from_regex(r"^[a-z][a-z0-9.-]{0,15}$", fullmatch=True),
+                from_schema(node["additionalProperties"]),
+                max_size=MAX_ITEMS,
+            )
         required = set(node.get("required", []))
         return st.fixed_dictionaries(
             {name: from_schema(props[name]) for name in props if name in required},

@@ -13,8 +13,9 @@ from tests.crd import ROOT
 @pytest.mark.slow
 @pytest.mark.integration
 def test_demo_serves_the_applied_service() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "demo.py")], capture_output=True,
-                            text=True, timeout=240, check=False)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py")], capture_output=True, text=True, timeout=240, check=False
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "amd.com/gpu: '2'" in out

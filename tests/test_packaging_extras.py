@@ -12,8 +12,9 @@ BLOCK = "import sys; sys.modules.update(kopf=None, kubernetes=None); "
 
 
 def run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK + code], capture_output=True, text=True,
-                          timeout=120, check=False, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK + code], capture_output=True, text=True, timeout=120, check=False, cwd=ROOT
+    )
 
 
 def test_model_server_needs_no_operator_libraries() -> None:
@@ -22,8 +23,9 @@ def test_model_server_needs_no_operator_libraries() -> None:
 
 
 def test_render_needs_no_operator_libraries() -> None:
-    result = run("from inference_operator.__main__ import main; "
-                 "sys.exit(main(['render', '-f', 'examples/resnet-2gpu.yaml']))")
+    result = run(
+        "from inference_operator.__main__ import main; sys.exit(main(['render', '-f', 'examples/resnet-2gpu.yaml']))"
+    )
     assert result.returncode == 0, result.stderr
     assert "amd.com/gpu: '2'" in result.stdout
 

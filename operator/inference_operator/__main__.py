@@ -1,7 +1,7 @@
 """Command line: `render` manifests without a cluster, `run` the operator.
 
-    python -m inference_operator render -f examples/resnet-onnx-1gpu.yaml
-    python -m inference_operator run --all-namespaces --liveness http://0.0.0.0:8080/healthz
+python -m inference_operator render -f examples/resnet-onnx-1gpu.yaml
+python -m inference_operator run --all-namespaces --liveness http://0.0.0.0:8080/healthz
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ def render_documents(documents: Iterable[dict | None], source: str = "<stdin>") 
             raise RenderError(f"{where}: expected a mapping, got {type(doc).__name__}")
         if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
             raise RenderError(
-                f"{where}: apiVersion/kind must be {API_VERSION}/{KIND}, "
-                f"got {doc.get('apiVersion')}/{doc.get('kind')}"
+                f"{where}: apiVersion/kind must be {API_VERSION}/{KIND}, got {doc.get('apiVersion')}/{doc.get('kind')}"
             )
         meta = doc.get("metadata") or {}
         name = meta.get("name")
@@ -99,19 +98,26 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
 
     render = commands.add_parser("render", help="print the objects an InferenceService becomes")
-    render.add_argument("-f", "--filename", action="append", required=True,
-                        help="InferenceService YAML file ('-' for stdin); repeatable")
+    render.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        required=True,
+        help="InferenceService YAML file ('-' for stdin); repeatable",
+    )
 
     run = commands.add_parser("run", help="run the operator")
     scope = run.add_mutually_exclusive_group(required=True)
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     scope.add_argument("-n", "--namespace", action="append", help="watch this namespace; repeatable")
-    run.add_argument("--peering", default=None,
-                     help="kopf peering name for HA (one active replica); standalone when unset")
+    run.add_argument(
+        "--peering", default=None, help="kopf peering name for HA (one active replica); standalone when unset"
+    )
     run.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
     run.add_argument("--liveness", default=None, help="e.g. http://0.0.0.0:8080/healthz")
-    run.add_argument("--metrics-port", type=int, default=8000,
-                     help="serve Prometheus metrics on this port at /metrics (0 = off)")
+    run.add_argument(
+        "--metrics-port", type=int, default=8000, help="serve Prometheus metrics on this port at /metrics (0 = off)"
+    )
     run.add_argument("--metrics-address", default="0.0.0.0", help="address the metrics server binds")
     run.add_argument("-v", "--verbose", action="store_true")
     return root

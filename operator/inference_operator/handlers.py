@@ -88,16 +88,16 @@ def _spec_problem(status: dict | None) -> st.Problem | None:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @metrics.instrumented("reconcile")
-def reconcile_service(body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo,
-                      logger: logging.Logger, retry: int = 0, **_: Any) -> None:
+def reconcile_service(
+    body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, logger: logging.Logger, retry: int = 0, **_: Any
+) -> None:
     try:
         _reconcile_service(memo.api, body, meta, spec, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         raise _temporary(exc, retry) from exc
 
 
-def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec,
-                       logger: logging.Logger) -> None:
+def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: logging.Logger) -> None:
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     problem: st.Problem | None = None
     try:
@@ -132,8 +132,9 @@ def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kop
     )
 
 
-def _give_up(api: KubeApi, body: kopf.Body, generation: int | None, problem: st.Problem,
-             logger: logging.Logger) -> NoReturn:
+def _give_up(
+    api: KubeApi, body: kopf.Body, generation: int | None, problem: st.Problem, logger: logging.Logger
+) -> NoReturn:
     """Record a problem only a spec change can fix, then stop retrying until that change."""
     status = st.compute_status(body.get("status"), None, generation, problem)
     try:
@@ -155,8 +156,9 @@ def _controller_owner(body: kopf.Body) -> dict | None:
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGER})
 @metrics.instrumented("deployment_event")
-def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
-                     logger: logging.Logger, retry: int = 0, **_: Any) -> None:
+def deployment_event(
+    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int = 0, **_: Any
+) -> None:
     """Mirror the Deployment's rollout into its InferenceService; recreate it if deleted."""
     owner_ref = _controller_owner(body)
     if owner_ref is None:
@@ -173,8 +175,9 @@ def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
         if event["type"] == "DELETED":
             deployment = _restore(api, isvc, logger)
         previous = isvc.get("status")
-        new_status = st.compute_status(previous, deployment, isvc["metadata"].get("generation"),
-                                       _spec_problem(previous))
+        new_status = st.compute_status(
+            previous, deployment, isvc["metadata"].get("generation"), _spec_problem(previous)
+        )
         _publish(api, isvc, new_status)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         raise _temporary(exc, retry) from exc

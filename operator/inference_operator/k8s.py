@@ -131,6 +131,4 @@ class KubeApi:
         )
 
     def patch(self, ref: Ref, patch: dict, subresource: str | None = None) -> dict:
-        return self._call(
-            "PATCH", ref.path(subresource), body=patch, content_type="application/merge-patch+json"
-        )
+        return self._call("PATCH", ref.path(subresource), body=patch, content_type="application/merge-patch+json")

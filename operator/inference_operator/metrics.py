@@ -65,22 +65,39 @@ AUTOSCALER_DECISIONS = Counter(
     registry=REGISTRY,
 )
 _SCALE_LABELS = ["namespace", "name"]
-AUTOSCALER_DESIRED = Gauge("inference_operator_autoscaler_desired_replicas",
-                           "Replicas the autoscaler last asked for.", _SCALE_LABELS, registry=REGISTRY)
-AUTOSCALER_CURRENT = Gauge("inference_operator_autoscaler_current_replicas",
-                           "Replicas when the autoscaler last decided.", _SCALE_LABELS, registry=REGISTRY)
-AUTOSCALER_MIN = Gauge("inference_operator_autoscaler_min_replicas",
-                       "spec.autoscaling.minReplicas.", _SCALE_LABELS, registry=REGISTRY)
-AUTOSCALER_MAX = Gauge("inference_operator_autoscaler_max_replicas",
-                       "spec.autoscaling.maxReplicas.", _SCALE_LABELS, registry=REGISTRY)
-AUTOSCALER_VALUE = Gauge("inference_operator_autoscaler_metric_value",
-                         "The observed value of the scaling metric.", [*_SCALE_LABELS, "metric"],
-                         registry=REGISTRY)
-AUTOSCALER_TARGET = Gauge("inference_operator_autoscaler_target_value",
-                          "spec.autoscaling.target for the scaling metric.", [*_SCALE_LABELS, "metric"],
-                          registry=REGISTRY)
-BUILD_INFO = Gauge("inference_operator_build_info", "The running operator's version (always 1).",
-                   ["version"], registry=REGISTRY)
+AUTOSCALER_DESIRED = Gauge(
+    "inference_operator_autoscaler_desired_replicas",
+    "Replicas the autoscaler last asked for.",
+    _SCALE_LABELS,
+    registry=REGISTRY,
+)
+AUTOSCALER_CURRENT = Gauge(
+    "inference_operator_autoscaler_current_replicas",
+    "Replicas when the autoscaler last decided.",
+    _SCALE_LABELS,
+    registry=REGISTRY,
+)
+AUTOSCALER_MIN = Gauge(
+    "inference_operator_autoscaler_min_replicas", "spec.autoscaling.minReplicas.", _SCALE_LABELS, registry=REGISTRY
+)
+AUTOSCALER_MAX = Gauge(
+    "inference_operator_autoscaler_max_replicas", "spec.autoscaling.maxReplicas.", _SCALE_LABELS, registry=REGISTRY
+)
+AUTOSCALER_VALUE = Gauge(
+    "inference_operator_autoscaler_metric_value",
+    "The observed value of the scaling metric.",
+    [*_SCALE_LABELS, "metric"],
+    registry=REGISTRY,
+)
+AUTOSCALER_TARGET = Gauge(
+    "inference_operator_autoscaler_target_value",
+    "spec.autoscaling.target for the scaling metric.",
+    [*_SCALE_LABELS, "metric"],
+    registry=REGISTRY,
+)
+BUILD_INFO = Gauge(
+    "inference_operator_build_info", "The running operator's version (always 1).", ["version"], registry=REGISTRY
+)
 BUILD_INFO.labels(version=__version__).set(1)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -136,6 +153,7 @@ def instrumented(handler: str) -> Callable[[F], F]:
 
     def decorate(fn: F) -> F:
         if asyncio.iscoroutinefunction(fn):
+
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 started = time.perf_counter()
@@ -199,8 +217,15 @@ def record_autoscaler_decision(
 
 def forget_service(namespace: str, name: str) -> None:
     """Drop the per-InferenceService series (after it is deleted or stops autoscaling)."""
-    for family in (AUTOSCALER_DECISIONS, AUTOSCALER_DESIRED, AUTOSCALER_CURRENT, AUTOSCALER_MIN,
-                   AUTOSCALER_MAX, AUTOSCALER_VALUE, AUTOSCALER_TARGET):
+    for family in (
+        AUTOSCALER_DECISIONS,
+        AUTOSCALER_DESIRED,
+        AUTOSCALER_CURRENT,
+        AUTOSCALER_MIN,
+        AUTOSCALER_MAX,
+        AUTOSCALER_VALUE,
+        AUTOSCALER_TARGET,
+    ):
         # labels are (namespace, name, ...): remove every child of this service.
         for labels in list(family._metrics):  # noqa: SLF001  (prometheus_client has no public lister)
             if labels[:2] == (namespace, name):

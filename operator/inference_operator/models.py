@@ -155,9 +155,7 @@ class GpuSpec(_Spec):
             raise ValueError(f"resources.gpu.{names} set but resources.gpu.count is 0")
         if self.visible_devices is not None:
             if len(self.visible_devices.split(",")) != self.count:
-                raise ValueError(
-                    "resources.gpu.visibleDevices must list exactly resources.gpu.count devices"
-                )
+                raise ValueError("resources.gpu.visibleDevices must list exactly resources.gpu.count devices")
         return self
 
 
@@ -245,12 +243,12 @@ class InferenceServiceSpec(_Spec):
     @model_validator(mode="after")
     def _gpu_providers(self) -> InferenceServiceSpec:
         gpu_only = set(self.runtime.execution_providers) - {ExecutionProvider.CPU}
-        if self.resources.gpu.count == 0 and gpu_only and ExecutionProvider.CPU not in (
-            self.runtime.execution_providers
+        if (
+            self.resources.gpu.count == 0
+            and gpu_only
+            and ExecutionProvider.CPU not in (self.runtime.execution_providers)
         ):
-            raise ValueError(
-                "runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0"
-            )
+            raise ValueError("runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0")
         return self
 
 

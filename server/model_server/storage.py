@@ -116,9 +116,7 @@ def fetch(uri: str, dest_dir: Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m model_server.storage", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m model_server.storage", description=__doc__.split("\n")[0])
     parser.add_argument("uri")
     parser.add_argument("dest", type=Path)
     args = parser.parse_args(argv)

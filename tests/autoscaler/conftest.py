@@ -72,8 +72,11 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else None
 
     def query_range(self, promql: str, start: float, end: float, step: float = 1.0) -> list[tuple[float, float]]:
-        response = httpx.get(f"{self.url}/api/v1/query_range",
-                             params={"query": promql, "start": start, "end": end, "step": step}, timeout=10)
+        response = httpx.get(
+            f"{self.url}/api/v1/query_range",
+            params={"query": promql, "start": start, "end": end, "step": step},
+            timeout=10,
+        )
         payload = response.json()
         assert payload["status"] == "success", payload
         result = payload["data"]["result"]
@@ -89,9 +92,11 @@ def prometheus_config(targets: list[Target]) -> dict:
     for target in targets:
         jobs.setdefault(target.path, []).append(target)
     return {
-        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_SECONDS}s",
-                   "evaluation_interval": f"{SCRAPE_INTERVAL_SECONDS}s",
-                   "scrape_timeout": "900ms"},
+        "global": {
+            "scrape_interval": f"{SCRAPE_INTERVAL_SECONDS}s",
+            "evaluation_interval": f"{SCRAPE_INTERVAL_SECONDS}s",
+            "scrape_timeout": "900ms",
+        },
         "scrape_configs": [
             {
                 "job_name": f"job{i}",
@@ -115,10 +120,17 @@ def running_prometheus(tmp_path: pathlib.Path, targets: list[Target]) -> Iterato
     log = home / "prometheus.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-             "--storage.tsdb.retention.time=1h"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=home,
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={home / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=home,
         )
     prom = Prometheus(url=f"http://127.0.0.1:{port}", process=process, log=log)
     try:
@@ -163,12 +175,15 @@ def tiny_mlp(path: pathlib.Path, width: int = 2048, depth: int = 10, inputs: int
     nodes = [helper.make_node("MatMul", ["x", "w_in"], ["h"])]
     previous = "h"
     for i in range(depth):
-        nodes += [helper.make_node("MatMul", [previous, "w"], [f"m{i}"]),
-                  helper.make_node("Tanh", [f"m{i}"], [f"t{i}"])]
+        nodes += [
+            helper.make_node("MatMul", [previous, "w"], [f"m{i}"]),
+            helper.make_node("Tanh", [f"m{i}"], [f"t{i}"]),
+        ]
         previous = f"t{i}"
     nodes.append(helper.make_node("ReduceSum", [previous], ["y"], keepdims=1))
     graph = helper.make_graph(
-        nodes, "mlp",
+        nodes,
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", inputs])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
         [numpy_helper.from_array(w_in, "w_in"), numpy_helper.from_array(w, "w")],
@@ -192,8 +207,9 @@ class ModelServer:
 
 
 @contextlib.contextmanager
-def running_model_servers(tmp_path: pathlib.Path, model: pathlib.Path, name: str,
-                          count: int) -> Iterator[list[ModelServer]]:
+def running_model_servers(
+    tmp_path: pathlib.Path, model: pathlib.Path, name: str, count: int
+) -> Iterator[list[ModelServer]]:
     """`count` real model-server processes on loopback, one request at a time each."""
     servers = []
     try:
@@ -202,12 +218,35 @@ def running_model_servers(tmp_path: pathlib.Path, model: pathlib.Path, name: str
             log = tmp_path / f"model-server-{i}.log"
             with log.open("wb") as out:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "model_server", "serve", "--model", str(model),
-                     "--model-name", name, "--host", "127.0.0.1", "--port", str(port),
-                     "--max-batch-size", "1", "--max-delay-ms", "0", "--max-queue", "256",
-                     "--intra-op-threads", "1", "--providers", "CPUExecutionProvider",
-                     "--no-watch", "--log-level", "warning"],
-                    stdout=out, stderr=subprocess.STDOUT,
+                    [
+                        sys.executable,
+                        "-m",
+                        "model_server",
+                        "serve",
+                        "--model",
+                        str(model),
+                        "--model-name",
+                        name,
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--max-batch-size",
+                        "1",
+                        "--max-delay-ms",
+                        "0",
+                        "--max-queue",
+                        "256",
+                        "--intra-op-threads",
+                        "1",
+                        "--providers",
+                        "CPUExecutionProvider",
+                        "--no-watch",
+                        "--log-level",
+                        "warning",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
                 )
             servers.append(ModelServer(port, process, log))
         for server in servers:

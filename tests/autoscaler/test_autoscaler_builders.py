@@ -19,22 +19,38 @@ K8S_VERSION = "1.33"
 
 
 def owner(**autoscaling) -> Owner:
-    spec = parse_spec({
-        "model": {"uri": "pvc://models/resnet50", "name": "resnet-50"},
-        "autoscaling": {"maxReplicas": 8, "target": 50, **autoscaling},
-    })
+    spec = parse_spec(
+        {
+            "model": {"uri": "pvc://models/resnet50", "name": "resnet-50"},
+            "autoscaling": {"maxReplicas": 8, "target": 50, **autoscaling},
+        }
+    )
     return Owner(name="resnet", namespace="ml", uid="1234", spec=spec)
 
 
 # The parts of KEDA's ScaledObject CRD (keda.sh/v1alpha1, KEDA 2.x) the operator writes.
 # additionalProperties: false catches a misspelt field the real CRD would silently prune.
-_RULES = {"type": "object", "additionalProperties": False, "properties": {
-    "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
-    "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
-    "policies": {"type": "array", "items": {
-        "type": "object", "required": ["type", "value", "periodSeconds"], "additionalProperties": False,
-        "properties": {"type": {"enum": ["Pods", "Percent"]}, "value": {"type": "integer", "minimum": 1},
-                       "periodSeconds": {"type": "integer", "minimum": 1, "maximum": 1800}}}}}}
+_RULES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "policies": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "value", "periodSeconds"],
+                "additionalProperties": False,
+                "properties": {
+                    "type": {"enum": ["Pods", "Percent"]},
+                    "value": {"type": "integer", "minimum": 1},
+                    "periodSeconds": {"type": "integer", "minimum": 1, "maximum": 1800},
+                },
+            },
+        },
+    },
+}
 SCALED_OBJECT_SCHEMA = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -47,33 +63,61 @@ SCALED_OBJECT_SCHEMA = {
             "required": ["scaleTargetRef", "triggers"],
             "additionalProperties": False,
             "properties": {
-                "scaleTargetRef": {"type": "object", "required": ["name"], "additionalProperties": False,
-                                   "properties": {"apiVersion": {"type": "string"},
-                                                  "kind": {"type": "string"},
-                                                  "name": {"type": "string"},
-                                                  "envSourceContainerName": {"type": "string"}}},
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
                 "pollingInterval": {"type": "integer", "minimum": 1},
                 "cooldownPeriod": {"type": "integer"},
                 "minReplicaCount": {"type": "integer", "minimum": 0},
                 "maxReplicaCount": {"type": "integer", "minimum": 1},
-                "advanced": {"type": "object", "additionalProperties": False, "properties": {
-                    "restoreToOriginalReplicaCount": {"type": "boolean"},
-                    "horizontalPodAutoscalerConfig": {
-                        "type": "object", "additionalProperties": False, "properties": {
-                            "name": {"type": "string"},
-                            "behavior": {"type": "object", "additionalProperties": False,
-                                         "properties": {"scaleUp": _RULES, "scaleDown": _RULES}}}}}},
-                "triggers": {"type": "array", "minItems": 1, "items": {
-                    "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
                     "properties": {
-                        "type": {"type": "string"},
-                        "name": {"type": "string"},
-                        "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
-                        "useCachedMetrics": {"type": "boolean"},
-                        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-                        "authenticationRef": {"type": "object", "required": ["name"],
-                                              "properties": {"name": {"type": "string"},
-                                                             "kind": {"type": "string"}}}}}},
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {"scaleUp": _RULES, "scaleDown": _RULES},
+                                },
+                            },
+                        },
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {"name": {"type": "string"}, "kind": {"type": "string"}},
+                            },
+                        },
+                    },
+                },
             },
         },
     },
@@ -84,8 +128,7 @@ SCALED_OBJECT_SCHEMA = {
 def test_autoscaler_hpa_is_valid_autoscaling_v2(metric: Metric) -> None:
     hpa = build_hpa(owner(mode="hpa", metric=metric.value, target=0.75))
     kubernetes_validate.validate(hpa, K8S_VERSION, strict=True)
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                             "name": "resnet"}
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "resnet"}
     (spec,) = hpa["spec"]["metrics"]
     if metric in (Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS):
         assert spec["type"] == "External"
@@ -97,22 +140,29 @@ def test_autoscaler_hpa_is_valid_autoscaling_v2(metric: Metric) -> None:
 
 
 def test_autoscaler_hpa_carries_bounds_behavior_and_the_promql() -> None:
-    hpa = build_hpa(owner(mode="hpa", minReplicas=2, maxReplicas=6, scaleDownStabilizationSeconds=120,
-                          scaleUp={"pods": 2, "percent": 50, "periodSeconds": 30},
-                          windowSeconds=120))
+    hpa = build_hpa(
+        owner(
+            mode="hpa",
+            minReplicas=2,
+            maxReplicas=6,
+            scaleDownStabilizationSeconds=120,
+            scaleUp={"pods": 2, "percent": 50, "periodSeconds": 30},
+            windowSeconds=120,
+        )
+    )
     spec = hpa["spec"]
     assert (spec["minReplicas"], spec["maxReplicas"]) == (2, 6)
     assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 120
     assert spec["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 0
     assert {"type": "Pods", "value": 2, "periodSeconds": 30} in spec["behavior"]["scaleUp"]["policies"]
     assert {"type": "Percent", "value": 50, "periodSeconds": 30} in spec["behavior"]["scaleUp"]["policies"]
-    assert hpa["metadata"]["annotations"][PROMQL_ANNOTATION] == promql.latency_ms(
-        0.95, "ml", "resnet-50", 120)
+    assert hpa["metadata"]["annotations"][PROMQL_ANNOTATION] == promql.latency_ms(0.95, "ml", "resnet-50", 120)
     assert hpa["metadata"]["ownerReferences"][0]["uid"] == "1234"
 
 
-@pytest.mark.parametrize(("value", "expected"), [(50, "50"), (50.0, "50"), (0.5, "500m"),
-                                                 (12.345, "12345m"), (0.0001, "1m"), (2.9999, "3")])
+@pytest.mark.parametrize(
+    ("value", "expected"), [(50, "50"), (50.0, "50"), (0.5, "500m"), (12.345, "12345m"), (0.0001, "1m"), (2.9999, "3")]
+)
 def test_autoscaler_target_quantities(value: float, expected: str) -> None:
     assert quantity(value) == expected
 
@@ -145,8 +195,13 @@ def test_autoscaler_keda_auth_refers_to_a_trigger_authentication() -> None:
     plain = owner(mode="keda")
     assert "authenticationRef" not in build_scaled_object(plain)["spec"]["triggers"][0]
     assert build_trigger_authentication(plain) is None
-    auth = owner(mode="keda", prometheusAuth={"bearerTokenSecret": {"name": "prom", "key": "token"},
-                                              "caSecret": {"name": "prom-ca", "key": "ca.crt"}})
+    auth = owner(
+        mode="keda",
+        prometheusAuth={
+            "bearerTokenSecret": {"name": "prom", "key": "token"},
+            "caSecret": {"name": "prom-ca", "key": "ca.crt"},
+        },
+    )
     trigger = build_scaled_object(auth)["spec"]["triggers"][0]
     assert trigger["authenticationRef"] == {"name": "resnet"}
     assert trigger["metadata"]["authModes"] == "bearer"
@@ -158,11 +213,14 @@ def test_autoscaler_keda_auth_refers_to_a_trigger_authentication() -> None:
     ]
 
 
-@pytest.mark.parametrize(("mode", "kind", "absent"), [
-    ("builtin", None, {"HorizontalPodAutoscaler", "ScaledObject"}),
-    ("hpa", "HorizontalPodAutoscaler", {"ScaledObject"}),
-    ("keda", "ScaledObject", {"HorizontalPodAutoscaler"}),
-])
+@pytest.mark.parametrize(
+    ("mode", "kind", "absent"),
+    [
+        ("builtin", None, {"HorizontalPodAutoscaler", "ScaledObject"}),
+        ("hpa", "HorizontalPodAutoscaler", {"ScaledObject"}),
+        ("keda", "ScaledObject", {"HorizontalPodAutoscaler"}),
+    ],
+)
 def test_autoscaler_build_all_emits_by_mode(mode: str, kind: str | None, absent: set[str]) -> None:
     kinds = [o["kind"] for o in build_all(owner(mode=mode))]
     if kind:

@@ -72,8 +72,7 @@ def scale_events(cluster: Cluster) -> list[dict]:
     posted = []
     for request in list(cluster.emulator):
         event = request.data if request.url.path.endswith("/events") else None
-        if request.method == "POST" and isinstance(event, dict) and event.get("reason") in (
-                "ScaledUp", "ScaledDown"):
+        if request.method == "POST" and isinstance(event, dict) and event.get("reason") in ("ScaledUp", "ScaledDown"):
             posted.append(event)
     return posted
 
@@ -124,6 +123,7 @@ class Load:
         body = {"data": [0.1] * 64}
         deadline = time.monotonic() + self.max_seconds
         async with httpx.AsyncClient(timeout=10) as client:
+
             async def worker(i: int) -> None:
                 url = f"http://{self.addresses[i % len(self.addresses)]}/infer"
                 while not self._stop.is_set() and time.monotonic() < deadline:
@@ -146,15 +146,18 @@ class Load:
         self._thread.join(15)
 
 
-def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster, operator,
-                                                     record_property) -> None:
+def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster, operator, record_property) -> None:
     target_ms = 20.0
     interval = 1
     window = 10
     stabilization = 8
     autoscaling = {
-        "minReplicas": 1, "maxReplicas": 3, "metric": "latencyP95Ms", "target": target_ms,
-        "intervalSeconds": interval, "windowSeconds": window,
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "metric": "latencyP95Ms",
+        "target": target_ms,
+        "intervalSeconds": interval,
+        "windowSeconds": window,
         "scaleDownStabilizationSeconds": stabilization,
         # One replica per 5 s normally; a breach beyond 2x target may add one every tick.
         "scaleUp": {"pods": 1, "percent": 1, "periodSeconds": 5},
@@ -162,25 +165,30 @@ def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster
     }
     model = tiny_mlp(tmp_path / "mlp.onnx")
     with running_model_servers(tmp_path, model, NAME, count=2) as servers:
-        targets = [Target(s.address, {"namespace": NAMESPACE, "pod": f"{NAME}-{i}"})
-                   for i, s in enumerate(servers)]
+        targets = [Target(s.address, {"namespace": NAMESPACE, "pod": f"{NAME}-{i}"}) for i, s in enumerate(servers)]
         with running_prometheus(tmp_path, targets) as prom, captured_operator_logs() as logs:
             wait_for(lambda: prom.targets_up() == 2, timeout=20, interval=0.2, message="targets up")
             autoscaling["prometheusUrl"] = prom.url
             assert cluster.apply_cr(service(autoscaling)).status_code in (200, 201)
             # Idle: the loop runs and keeps the one replica.
-            idle = wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=20,
-                            message="first autoscaler decision")
+            idle = wait_for(
+                lambda: autoscaler_status(cluster).get("reason"), timeout=20, message="first autoscaler decision"
+            )
             assert "holding 1" in idle
             assert replicas_of(cluster) == 1
 
             with ReplicaRecorder(cluster) as recorder:
                 load = Load([s.address for s in servers], concurrency=12, max_seconds=60).start()
                 try:
-                    wait_for(lambda: (replicas_of(cluster) or 0) > 1, timeout=30, interval=0.02,
-                             message="scale-up under load")
-                    wait_for(lambda: replicas_of(cluster) == 3, timeout=30, interval=0.05,
-                             message="scale-up to maxReplicas")
+                    wait_for(
+                        lambda: (replicas_of(cluster) or 0) > 1,
+                        timeout=30,
+                        interval=0.02,
+                        message="scale-up under load",
+                    )
+                    wait_for(
+                        lambda: replicas_of(cluster) == 3, timeout=30, interval=0.05, message="scale-up to maxReplicas"
+                    )
                     at_max = logs.count(DECISION)
                     # Keep the breach going for a few more decisions: it must stay at max.
                     wait_for(lambda: logs.count(DECISION) >= at_max + 4, timeout=20, message="decisions at max")
@@ -188,8 +196,12 @@ def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster
                 finally:
                     load.stop()
                 load_stopped = time.time()
-                wait_for(lambda: replicas_of(cluster) == 1, timeout=60, interval=0.05,
-                         message="scale-down after the load stopped")
+                wait_for(
+                    lambda: replicas_of(cluster) == 1,
+                    timeout=60,
+                    interval=0.05,
+                    message="scale-down after the load stopped",
+                )
                 settled = logs.count(DECISION)
                 wait_for(lambda: logs.count(DECISION) >= settled + 4, timeout=20, message="decisions after")
             writes = recorder.writes()
@@ -228,21 +240,33 @@ def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster
     record_property("reaction_seconds", round(reaction, 2))
     record_property("flaps", flaps)
     # The operator runner swaps sys.stdout while it runs; report on the real one (pytest -s).
-    print(f"\nautoscaler reaction: breach visible in Prometheus at +{breach - load.started_at:.2f}s "
-          f"after load start, first scale write {reaction:.2f}s after the breach "
-          f"({writes[0][0] - load.started_at:.2f}s after load start); "
-          f"scale writes {[w[1:] for w in writes]}; scale-down {downs[0][0] - load_stopped:.1f}s "
-          f"after load stop; flaps {flaps}; requests {load.sent}", file=sys.__stdout__)
+    print(
+        f"\nautoscaler reaction: breach visible in Prometheus at +{breach - load.started_at:.2f}s "
+        f"after load start, first scale write {reaction:.2f}s after the breach "
+        f"({writes[0][0] - load.started_at:.2f}s after load start); "
+        f"scale writes {[w[1:] for w in writes]}; scale-down {downs[0][0] - load_stopped:.1f}s "
+        f"after load stop; flaps {flaps}; requests {load.sent}",
+        file=sys.__stdout__,
+    )
 
 
 def test_autoscaler_holds_when_prometheus_is_down(cluster: Cluster, operator) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with captured_operator_logs() as logs:
-        cluster.apply_cr(service({"minReplicas": 1, "maxReplicas": 5, "target": 50,
-                                  "prometheusUrl": dead, "intervalSeconds": 1,
-                                  "scaleDownStabilizationSeconds": 0}, replicas=4))
-        reason = wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=30,
-                          message="autoscaler status")
+        cluster.apply_cr(
+            service(
+                {
+                    "minReplicas": 1,
+                    "maxReplicas": 5,
+                    "target": 50,
+                    "prometheusUrl": dead,
+                    "intervalSeconds": 1,
+                    "scaleDownStabilizationSeconds": 0,
+                },
+                replicas=4,
+            )
+        )
+        reason = wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=30, message="autoscaler status")
         assert reason.startswith("no data (")
         assert "holding 4" in reason
         seen = logs.count(DECISION)
@@ -265,8 +289,17 @@ class FakePrometheus:
                 if self.headers.get("Authorization") != f"Bearer {token}":
                     self.send_error(401)
                     return
-                self.reply(json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-                    {"metric": {}, "value": [time.time(), str(value)]}]}}).encode())
+                self.reply(
+                    json.dumps(
+                        {
+                            "status": "success",
+                            "data": {
+                                "resultType": "vector",
+                                "result": [{"metric": {}, "value": [time.time(), str(value)]}],
+                            },
+                        }
+                    ).encode()
+                )
 
         self._serving = serving(Handler)
 
@@ -281,21 +314,33 @@ class FakePrometheus:
 
 def test_autoscaler_reads_the_bearer_token_from_a_secret(cluster: Cluster, operator) -> None:
     with FakePrometheus(token="s3cret", value=5.0) as prom:  # 5 > 4 * target: scale up
-        cluster.apply_cr(service({
-            "minReplicas": 1, "maxReplicas": 4, "target": 1, "metric": "queueDepth",
-            "prometheusUrl": prom.url, "intervalSeconds": 1,
-            "prometheusAuth": {"bearerTokenSecret": {"name": "prom-token", "key": "token"}},
-        }, replicas=1))
+        cluster.apply_cr(
+            service(
+                {
+                    "minReplicas": 1,
+                    "maxReplicas": 4,
+                    "target": 1,
+                    "metric": "queueDepth",
+                    "prometheusUrl": prom.url,
+                    "intervalSeconds": 1,
+                    "prometheusAuth": {"bearerTokenSecret": {"name": "prom-token", "key": "token"}},
+                },
+                replicas=1,
+            )
+        )
         # Without the Secret the loop cannot ask, so it holds and says why.
-        reason = wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=30,
-                          message="autoscaler status")
+        reason = wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=30, message="autoscaler status")
         assert "secret prom-token not found" in reason
         assert replicas_of(cluster) == 1
-        secret = {"apiVersion": "v1", "kind": "Secret",
-                  "metadata": {"name": "prom-token", "namespace": NAMESPACE},
-                  "data": {"token": base64.b64encode(b"s3cret\n").decode()}}
-        assert cluster.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", secret,
-                               content_type="application/json").status_code in (200, 201)
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "prom-token", "namespace": NAMESPACE},
+            "data": {"token": base64.b64encode(b"s3cret\n").decode()},
+        }
+        assert cluster.request(
+            "POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", secret, content_type="application/json"
+        ).status_code in (200, 201)
         wait_for(lambda: replicas_of(cluster) == 4, timeout=30, message="scale-up to max")
     assert "Bearer s3cret" in prom.auth_headers
     assert None not in prom.auth_headers
@@ -304,8 +349,13 @@ def test_autoscaler_reads_the_bearer_token_from_a_secret(cluster: Cluster, opera
 
 
 def test_autoscaler_modes_switch_between_loop_hpa_and_keda(cluster: Cluster, operator) -> None:
-    base = {"minReplicas": 2, "maxReplicas": 6, "target": 50,
-            "prometheusUrl": f"http://127.0.0.1:{free_port()}", "intervalSeconds": 1}
+    base = {
+        "minReplicas": 2,
+        "maxReplicas": 6,
+        "target": 50,
+        "prometheusUrl": f"http://127.0.0.1:{free_port()}",
+        "intervalSeconds": 1,
+    }
     with captured_operator_logs() as logs:
         cluster.apply_cr(service(base, replicas=2))
         wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=30, message="loop running")
@@ -319,14 +369,13 @@ def test_autoscaler_modes_switch_between_loop_hpa_and_keda(cluster: Cluster, ope
         quiet = logs.count(DECISION)
 
         cluster.patch_cr(NAMESPACE, NAME, {"spec": {"autoscaling": {"mode": "keda"}}})
-        scaled = wait_for(lambda: cluster.get(SCALED_OBJECTS, NAMESPACE, NAME), timeout=30,
-                          message="ScaledObject")
+        scaled = wait_for(lambda: cluster.get(SCALED_OBJECTS, NAMESPACE, NAME), timeout=30, message="ScaledObject")
         wait_for(lambda: cluster.get(HPAS, NAMESPACE, NAME) is None, timeout=30, message="HPA deleted")
-        assert scaled["spec"]["triggers"][0]["metadata"]["query"] == promql.latency_ms(
-            0.95, NAMESPACE, NAME, 60)
+        assert scaled["spec"]["triggers"][0]["metadata"]["query"] == promql.latency_ms(0.95, NAMESPACE, NAME, 60)
         assert logs.count(DECISION) == quiet
 
         cluster.patch_cr(NAMESPACE, NAME, {"spec": {"autoscaling": {"mode": "builtin"}}})
-        wait_for(lambda: cluster.get(SCALED_OBJECTS, NAMESPACE, NAME) is None, timeout=30,
-                 message="ScaledObject deleted")
+        wait_for(
+            lambda: cluster.get(SCALED_OBJECTS, NAMESPACE, NAME) is None, timeout=30, message="ScaledObject deleted"
+        )
         wait_for(lambda: logs.count(DECISION) > quiet, timeout=30, message="loop back on")

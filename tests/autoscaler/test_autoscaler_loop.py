@@ -50,11 +50,9 @@ def scripted(values: dict[str, float]):
 
     def answer(request: httpx.Request) -> httpx.Response:
         query = request.url.params["query"]
-        kind = ("age" if query.startswith("time() -") else
-                "p95" if "histogram_quantile(0.95" in query else "value")
+        kind = "age" if query.startswith("time() -") else "p95" if "histogram_quantile(0.95" in query else "value"
         result = [] if values.get(kind) is None else [{"metric": {}, "value": [1.0, str(values[kind])]}]
-        return httpx.Response(200, json={"status": "success",
-                                         "data": {"resultType": "vector", "result": result}})
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 
     def factory(url: str, **kw) -> PrometheusClient:
         return PrometheusClient(url, transport=httpx.MockTransport(answer), **kw)
@@ -64,11 +62,20 @@ def scripted(values: dict[str, float]):
 
 def create(cluster: Cluster, replicas: int, **autoscaling) -> dict:
     obj = {
-        "apiVersion": "inference.rocm.dev/v1alpha1", "kind": "InferenceService",
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
         "metadata": {"name": "mlp", "namespace": "ml"},
-        "spec": {"replicas": replicas, "model": {"uri": "pvc://models/mlp"},
-                 "autoscaling": {"maxReplicas": 8, "target": 10, "metric": "queueDepth",
-                                 "prometheusUrl": "http://prometheus:9090", **autoscaling}},
+        "spec": {
+            "replicas": replicas,
+            "model": {"uri": "pvc://models/mlp"},
+            "autoscaling": {
+                "maxReplicas": 8,
+                "target": 10,
+                "metric": "queueDepth",
+                "prometheusUrl": "http://prometheus:9090",
+                **autoscaling,
+            },
+        },
     }
     assert cluster.apply_cr(obj).status_code in (200, 201)
     return copy.deepcopy(cluster.get_cr("ml", "mlp"))
@@ -77,9 +84,15 @@ def create(cluster: Cluster, replicas: int, **autoscaling) -> dict:
 async def test_autoscaler_tick_writes_scale_status_and_one_event(cluster: Cluster) -> None:
     body = create(cluster, replicas=2, scaleUp={"pods": 1, "percent": 10, "periodSeconds": 60})
     events: list[tuple[str, str]] = []
-    loop = Autoscaler(make_api(cluster), "ml", "mlp", logging.getLogger("test"),
-                      post_event=lambda r, m: events.append((r, m)), clock=Clock(),
-                      prometheus_factory=scripted({"value": 15.0, "age": 0.4, "p95": 42.0}))
+    loop = Autoscaler(
+        make_api(cluster),
+        "ml",
+        "mlp",
+        logging.getLogger("test"),
+        post_event=lambda r, m: events.append((r, m)),
+        clock=Clock(),
+        prometheus_factory=scripted({"value": 15.0, "age": 0.4, "p95": 42.0}),
+    )
     try:
         delay = await loop.tick(body, parse_spec(body["spec"]))
     finally:
@@ -100,8 +113,12 @@ async def test_autoscaler_tick_writes_scale_status_and_one_event(cluster: Cluste
     assert 0 < delay <= 15
     # …and the operator's own metrics carry the decision for dashboards and alerts.
     labels = {"namespace": "ml", "name": "mlp"}
-    assert metrics.REGISTRY.get_sample_value(
-        "inference_operator_autoscaler_decisions_total", {**labels, "direction": "up"}) >= 1
+    assert (
+        metrics.REGISTRY.get_sample_value(
+            "inference_operator_autoscaler_decisions_total", {**labels, "direction": "up"}
+        )
+        >= 1
+    )
     assert metrics.REGISTRY.get_sample_value("inference_operator_autoscaler_desired_replicas", labels) == 3
 
 
@@ -109,9 +126,15 @@ async def test_autoscaler_tick_trusts_its_own_write_over_a_stale_body(cluster: C
     body = create(cluster, replicas=4, scaleDownStabilizationSeconds=0)
     events: list[tuple[str, str]] = []
     clock = Clock()
-    loop = Autoscaler(make_api(cluster), "ml", "mlp", logging.getLogger("test"),
-                      post_event=lambda r, m: events.append((r, m)), clock=clock,
-                      prometheus_factory=scripted({"value": 0.0, "age": 0.4, "p95": 0.0}))
+    loop = Autoscaler(
+        make_api(cluster),
+        "ml",
+        "mlp",
+        logging.getLogger("test"),
+        post_event=lambda r, m: events.append((r, m)),
+        clock=clock,
+        prometheus_factory=scripted({"value": 0.0, "age": 0.4, "p95": 0.0}),
+    )
     spec = parse_spec(body["spec"])
     try:
         await loop.tick(body, spec)
@@ -134,9 +157,15 @@ async def test_autoscaler_tick_trusts_its_own_write_over_a_stale_body(cluster: C
 
 async def test_autoscaler_tick_holds_on_stale_series(cluster: Cluster) -> None:
     body = create(cluster, replicas=4, scaleDownStabilizationSeconds=0)
-    loop = Autoscaler(make_api(cluster), "ml", "mlp", logging.getLogger("test"),
-                      post_event=lambda r, m: None, clock=Clock(),
-                      prometheus_factory=scripted({"value": 0.0, "age": None, "p95": 0.0}))
+    loop = Autoscaler(
+        make_api(cluster),
+        "ml",
+        "mlp",
+        logging.getLogger("test"),
+        post_event=lambda r, m: None,
+        clock=Clock(),
+        prometheus_factory=scripted({"value": 0.0, "age": None, "p95": 0.0}),
+    )
     try:
         await loop.tick(body, parse_spec(body["spec"]))
     finally:
@@ -158,6 +187,7 @@ def test_autoscaler_observation_from_answers() -> None:
 
 def test_autoscaler_status_patch_sends_only_changes() -> None:
     current = {"metric": "rps", "currentValue": 3.0, "reason": "x"}
-    assert status_patch(current, {"metric": "rps", "currentValue": 4.0, "reason": "x",
-                                  "lastScaleTime": None}) == {"currentValue": 4.0}
+    assert status_patch(current, {"metric": "rps", "currentValue": 4.0, "reason": "x", "lastScaleTime": None}) == {
+        "currentValue": 4.0
+    }
     assert status_patch(current, {"currentValue": None}) == {"currentValue": None}

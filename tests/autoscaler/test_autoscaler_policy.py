@@ -25,8 +25,9 @@ from inference_operator.autoscaler.policy import (
 from inference_operator.models import AutoscalingSpec
 
 TARGET = 100.0
-POLICY = Policy(target=TARGET, min_replicas=1, max_replicas=20, metric="latencyP95Ms",
-                scale_down_stabilization_seconds=300)
+POLICY = Policy(
+    target=TARGET, min_replicas=1, max_replicas=20, metric="latencyP95Ms", scale_down_stabilization_seconds=300
+)
 
 
 @dataclass
@@ -44,8 +45,14 @@ class Run:
         return sum(1 for a, b in itertools.pairwise(signs) if a != b)
 
 
-def replay(series: Callable[[float, int], float | None], policy: Policy = POLICY, start: int = 2,
-           ticks: int = 100, interval: float = 15, history: History | None = None) -> Run:
+def replay(
+    series: Callable[[float, int], float | None],
+    policy: Policy = POLICY,
+    start: int = 2,
+    ticks: int = 100,
+    interval: float = 15,
+    history: History | None = None,
+) -> Run:
     """Run the loop the daemon runs, with `series(t, replicas)` as the metric source."""
     history = history if history is not None else History()
     replicas = start
@@ -78,15 +85,19 @@ SETTLED = History(since=0.0)
 
 # --- the proportional rule and its tolerance ------------------------------------------------
 
-@pytest.mark.parametrize(("value", "current", "expected"), [
-    (200, 2, 4),    # twice the target: twice the replicas
-    (150, 4, 6),    # ceil(4 * 1.5)
-    (101, 4, 4),    # inside the 10% band
-    (109, 10, 10),  # still inside
-    (111, 10, 12),  # ceil(10 * 1.11) = 12 (11.1 rounds up)
-    (91, 10, 10),   # inside the band downwards
-    (50, 4, 2),     # half the target, history settled on 2-or-less
-])
+
+@pytest.mark.parametrize(
+    ("value", "current", "expected"),
+    [
+        (200, 2, 4),  # twice the target: twice the replicas
+        (150, 4, 6),  # ceil(4 * 1.5)
+        (101, 4, 4),  # inside the 10% band
+        (109, 10, 10),  # still inside
+        (111, 10, 12),  # ceil(10 * 1.11) = 12 (11.1 rounds up)
+        (91, 10, 10),  # inside the band downwards
+        (50, 4, 2),  # half the target, history settled on 2-or-less
+    ],
+)
 def test_autoscaler_proportional_rule_with_tolerance(value, current, expected) -> None:
     history = History(since=0.0, recommendations=((990.0, expected),))
     assert decide(obs(value), current, POLICY, history).replicas == expected
@@ -94,12 +105,12 @@ def test_autoscaler_proportional_rule_with_tolerance(value, current, expected) -
 
 def test_autoscaler_exact_multiples_do_not_round_up_from_float_noise() -> None:
     # 3 * (0.7 / 0.1) is 21.000000000000004 in floating point; it must stay 21 replicas.
-    policy = replace(POLICY, target=0.1, max_replicas=100,
-                     scale_up=Rule(pods=100, percent=1000, period_seconds=15))
+    policy = replace(POLICY, target=0.1, max_replicas=100, scale_up=Rule(pods=100, percent=1000, period_seconds=15))
     assert decide(obs(0.7), 3, policy, SETTLED).replicas == 21
 
 
 # --- step, ramp, spike, noise --------------------------------------------------------------
+
 
 def test_autoscaler_step_scales_up_on_the_first_tick_after_the_breach() -> None:
     # Load steps from 2 to 8 "targets" worth at t=300; value = load / replicas.
@@ -154,6 +165,7 @@ def test_autoscaler_large_noise_does_not_flap() -> None:
 
 # --- missing and stale data ----------------------------------------------------------------
 
+
 def test_autoscaler_missing_data_holds_even_for_an_hour() -> None:
     run = replay(lambda t, r: None, start=7, ticks=240)
     assert run.writes == []
@@ -198,6 +210,7 @@ def test_autoscaler_restart_blocks_scale_down_until_window_is_covered() -> None:
 
 # --- bounds -------------------------------------------------------------------------------
 
+
 def test_autoscaler_bounds_clamp_recommendation_and_current() -> None:
     policy = replace(POLICY, min_replicas=2, max_replicas=5)
     assert decide(obs(10_000.0), 4, policy, SETTLED).replicas == 5
@@ -217,6 +230,7 @@ def test_autoscaler_at_max_says_so() -> None:
 
 # --- rate limits and the fast path ---------------------------------------------------------
 
+
 def test_autoscaler_scale_up_rate_limit_per_period() -> None:
     policy = replace(POLICY, scale_up=Rule(pods=2, percent=50, period_seconds=60), fast_factor=None)
     # From 4 at 1.9x target: wants 8; max(4 + 2, ceil(4 * 1.5)) = 6.
@@ -232,15 +246,14 @@ def test_autoscaler_scale_up_rate_limit_per_period() -> None:
 def test_autoscaler_fast_path_counts_the_limit_per_decision() -> None:
     policy = replace(POLICY, scale_up=Rule(pods=2, percent=50, period_seconds=60))
     history = SETTLED.scaled(0, 4, 6, policy.horizon_seconds)
-    slow = decide(obs(190.0, at=15), 6, policy, history)   # 1.9x: not severe
-    fast = decide(obs(300.0, at=15), 6, policy, history)   # 3x: severe
+    slow = decide(obs(190.0, at=15), 6, policy, history)  # 1.9x: not severe
+    fast = decide(obs(300.0, at=15), 6, policy, history)  # 3x: severe
     assert slow.replicas == 6 and not slow.fast
     assert fast.replicas == 9 and fast.fast and "fast path" in fast.reason
 
 
 def test_autoscaler_scale_down_rate_limit() -> None:
-    policy = replace(POLICY, scale_down=Rule(pods=1, percent=25, period_seconds=60),
-                     scale_down_stabilization_seconds=0)
+    policy = replace(POLICY, scale_down=Rule(pods=1, percent=25, period_seconds=60), scale_down_stabilization_seconds=0)
     # From 8 to idle: min(8 - 1, floor(8 * 0.75)) = 6, the larger step.
     assert decide(obs(0.0, at=0), 8, policy, SETTLED).replicas == 6
     history = SETTLED.scaled(0, 8, 6, policy.horizon_seconds)
@@ -250,12 +263,13 @@ def test_autoscaler_scale_down_rate_limit() -> None:
 
 def test_autoscaler_limits_match_hpa_formulas() -> None:
     rule = Rule(pods=4, percent=100, period_seconds=15)
-    assert scale_up_limit(3, History(), rule, 0, fast=False) == 7      # max(3 + 4, 6)
-    assert scale_up_limit(10, History(), rule, 0, fast=False) == 20    # max(14, 20)
-    assert scale_down_limit(10, History(), Rule(4, 50, 15), 0) == 5    # min(6, 5)
+    assert scale_up_limit(3, History(), rule, 0, fast=False) == 7  # max(3 + 4, 6)
+    assert scale_up_limit(10, History(), rule, 0, fast=False) == 20  # max(14, 20)
+    assert scale_down_limit(10, History(), Rule(4, 50, 15), 0) == 5  # min(6, 5)
 
 
 # --- replicas that are still starting --------------------------------------------------------
+
 
 def test_autoscaler_waits_for_starting_replicas_before_adding_more() -> None:
     # 2 of 4 ready at 1.5x: the 2 starting ones are expected to absorb it.
@@ -276,6 +290,7 @@ def test_autoscaler_plain_hpa_mode_ignores_readiness() -> None:
 
 
 # --- the spec is the source of the policy ---------------------------------------------------
+
 
 def test_autoscaler_policy_from_spec_uses_spec_defaults() -> None:
     spec = AutoscalingSpec.model_validate({"maxReplicas": 8, "target": 50, "intervalSeconds": 30})
@@ -315,10 +330,12 @@ values = st.one_of(st.none(), st.just(math.nan), st.just(math.inf), st.floats(mi
 @st.composite
 def histories(draw) -> History:
     since = draw(st.one_of(st.none(), st.floats(min_value=0, max_value=1000)))
-    recs = draw(st.lists(st.tuples(st.floats(min_value=0, max_value=1000), st.integers(1, 50)),
-                         max_size=20))
-    events = draw(st.lists(st.tuples(st.floats(min_value=900, max_value=1000),
-                                     st.integers(1, 50), st.integers(1, 50)), max_size=5))
+    recs = draw(st.lists(st.tuples(st.floats(min_value=0, max_value=1000), st.integers(1, 50)), max_size=20))
+    events = draw(
+        st.lists(
+            st.tuples(st.floats(min_value=900, max_value=1000), st.integers(1, 50), st.integers(1, 50)), max_size=5
+        )
+    )
     history = History(since=since, recommendations=tuple(sorted(recs)))
     for at, before, after in events:
         if before != after:
@@ -327,8 +344,14 @@ def histories(draw) -> History:
 
 
 @settings(max_examples=300, deadline=None)
-@given(value=values, current=st.integers(0, 60), history=histories(),
-       lo=st.integers(1, 10), span=st.integers(0, 30), ready=st.one_of(st.none(), st.integers(0, 60)))
+@given(
+    value=values,
+    current=st.integers(0, 60),
+    history=histories(),
+    lo=st.integers(1, 10),
+    span=st.integers(0, 30),
+    ready=st.one_of(st.none(), st.integers(0, 60)),
+)
 def test_autoscaler_decide_properties(value, current, history, lo, span, ready) -> None:
     policy = replace(POLICY, min_replicas=lo, max_replicas=lo + span)
     decision = decide(Observation(1000.0, value, ready_replicas=ready), current, policy, history)

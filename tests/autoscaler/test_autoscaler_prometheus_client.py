@@ -22,15 +22,18 @@ from tests.http_stub import QuietHandler, serving
 
 
 def vector(*values: str, ts: float = 1700000000.5) -> dict:
-    return {"status": "success", "data": {"resultType": "vector",
-                                          "result": [{"metric": {}, "value": [ts, v]} for v in values]}}
+    return {
+        "status": "success",
+        "data": {"resultType": "vector", "result": [{"metric": {}, "value": [ts, v]} for v in values]},
+    }
 
 
 def test_autoscaler_parse_vector_scalar_empty_and_special_values() -> None:
     assert parse_response(vector("41.5")) == Sample(41.5, 1700000000.5)
     assert parse_response(vector()) is None
-    assert parse_response({"status": "success", "data": {"resultType": "scalar",
-                                                         "result": [1.0, "7"]}}) == Sample(7.0, 1.0)
+    assert parse_response({"status": "success", "data": {"resultType": "scalar", "result": [1.0, "7"]}}) == Sample(
+        7.0, 1.0
+    )
     assert math.isnan(parse_response(vector("NaN")).value)
     assert parse_response(vector("+Inf")).value == math.inf
     # Several series: the largest finite one (errs towards scaling up).
@@ -114,8 +117,7 @@ async def test_autoscaler_client_times_out_against_a_silent_server() -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         port = listener.getsockname()[1]
-        async with PrometheusClient(f"http://127.0.0.1:{port}", timeout=0.2, retries=1,
-                                    backoff=0) as prom:
+        async with PrometheusClient(f"http://127.0.0.1:{port}", timeout=0.2, retries=1, backoff=0) as prom:
             with pytest.raises(PrometheusError, match="unreachable"):
                 await prom.query("up")
 
@@ -127,9 +129,28 @@ def tls_prometheus(tmp_path_factory) -> Iterator[tuple[str, str]]:
         pytest.skip("openssl is needed to make a certificate")
     tmp = tmp_path_factory.mktemp("tls")
     cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
 
     class Handler(QuietHandler):
         def do_GET(self) -> None:

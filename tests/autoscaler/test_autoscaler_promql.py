@@ -35,20 +35,25 @@ def test_autoscaler_every_metric_has_a_query_selecting_the_service(metric: Metri
     assert "[60s]" in query
 
 
-def exposition(model: str, rps: float, latency_bucket: float, queue: float, gpus: list[float],
-               elapsed: float) -> str:
+def exposition(model: str, rps: float, latency_bucket: float, queue: float, gpus: list[float], elapsed: float) -> str:
     """Prometheus text for one pod whose requests all take just under `latency_bucket` seconds."""
     count = rps * elapsed
-    lines = [f'model_server_queue_depth{{model="{model}"}} {queue}',
-             f'model_server_inflight_requests{{model="{model}"}} 0',
-             f'model_server_requests_total{{model="{model}",version="1",code="200"}} {count}']
+    lines = [
+        f'model_server_queue_depth{{model="{model}"}} {queue}',
+        f'model_server_inflight_requests{{model="{model}"}} 0',
+        f'model_server_requests_total{{model="{model}",version="1",code="200"}} {count}',
+    ]
     for le in BUCKETS:
-        lines.append(f'model_server_request_duration_seconds_bucket{{le="{le}",model="{model}",version="1"}} '
-                     f"{count if le >= latency_bucket else 0}")
+        lines.append(
+            f'model_server_request_duration_seconds_bucket{{le="{le}",model="{model}",version="1"}} '
+            f"{count if le >= latency_bucket else 0}"
+        )
     total = count * latency_bucket * 0.9
-    lines += [f'model_server_request_duration_seconds_bucket{{le="+Inf",model="{model}",version="1"}} {count}',
-              f'model_server_request_duration_seconds_count{{model="{model}",version="1"}} {count}',
-              f'model_server_request_duration_seconds_sum{{model="{model}",version="1"}} {total}']
+    lines += [
+        f'model_server_request_duration_seconds_bucket{{le="+Inf",model="{model}",version="1"}} {count}',
+        f'model_server_request_duration_seconds_count{{model="{model}",version="1"}} {count}',
+        f'model_server_request_duration_seconds_sum{{model="{model}",version="1"}} {total}',
+    ]
     lines += [f'model_server_gpu_utilization_percent{{gpu="{i}"}} {u}' for i, u in enumerate(gpus)]
     return "\n".join(lines) + "\n"
 
@@ -59,8 +64,11 @@ PODS = {
     "/pod-a": ("ml", "resnet-a", {"model": "resnet", "rps": 10, "latency_bucket": 0.1, "queue": 2, "gpus": [50]}),
     "/pod-b": ("ml", "resnet-b", {"model": "resnet", "rps": 30, "latency_bucket": 0.05, "queue": 4, "gpus": [60, 80]}),
     # Decoys: the same model in another namespace, another model in the same namespace.
-    "/other-ns": ("other", "resnet-c",
-                  {"model": "resnet", "rps": 500, "latency_bucket": 5.0, "queue": 90, "gpus": [100]}),
+    "/other-ns": (
+        "other",
+        "resnet-c",
+        {"model": "resnet", "rps": 500, "latency_bucket": 5.0, "queue": 90, "gpus": [100]},
+    ),
     "/other-model": ("ml", "bert-a", {"model": "bert", "rps": 500, "latency_bucket": 5.0, "queue": 90, "gpus": [100]}),
     # A service that is up but has served nothing since the exporter started.
     "/idle": ("ml", "idle-a", {"model": "idle", "rps": 0, "latency_bucket": 0.1, "queue": 0, "gpus": []}),
@@ -99,14 +107,19 @@ def prometheus(tmp_path_factory) -> Iterator[tuple[Prometheus, Exporter]]:
     tmp = tmp_path_factory.mktemp("promql")
     with Exporter() as exporter:
         # One exporter plays every pod, so each target gets the distinct `instance` a pod has.
-        targets = [Target(exporter.address, {"namespace": ns, "pod": pod, "instance": pod}, path)
-                   for path, (ns, pod, _) in PODS.items()]
+        targets = [
+            Target(exporter.address, {"namespace": ns, "pod": pod, "instance": pod}, path)
+            for path, (ns, pod, _) in PODS.items()
+        ]
         with running_prometheus(tmp, targets) as prom:
-            wait_for(lambda: prom.targets_up() == len(PODS), timeout=20, interval=0.2,
-                     message="all targets up")
+            wait_for(lambda: prom.targets_up() == len(PODS), timeout=20, interval=0.2, message="all targets up")
             # Let the rate window fill, so rates are no longer extrapolated from a partial window.
-            wait_for(lambda: (prom.value(f"min(count_over_time(model_server_queue_depth[{WINDOW}s]))")
-                              or 0) >= WINDOW, timeout=30, interval=0.5, message="a full window")
+            wait_for(
+                lambda: (prom.value(f"min(count_over_time(model_server_queue_depth[{WINDOW}s]))") or 0) >= WINDOW,
+                timeout=30,
+                interval=0.5,
+                message="a full window",
+            )
             yield prom, exporter
 
 

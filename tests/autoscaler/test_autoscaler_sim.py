@@ -51,8 +51,7 @@ def test_autoscaler_sim_compares_builtin_with_hpa_defaults(sim) -> None:
     by_name = {r.name: r for _, r in results}
     hpa = by_name["HPA defaults (15 s sync)"]
     builtin = by_name["built-in, defaults (15 s)"]
-    assert set(by_name) == {"built-in, defaults (15 s)", "built-in, 5 s interval",
-                            "HPA defaults (15 s sync)"}
+    assert set(by_name) == {"built-in, defaults (15 s)", "built-in, 5 s interval", "HPA defaults (15 s sync)"}
     # What the built-in policy is for: no oscillation, fewer replica-count writes. Cost and
     # SLO-violation seconds trade against each other with the trace and the target, so they
     # are reported, not asserted: the table exists to show that trade.

@@ -15,8 +15,9 @@ from tests.cluster import Cluster
 def helm() -> Any:
     """The Helm engine; its absence skips locally but fails in CI (CI is set there)."""
     if not helm_module.available():
-        message = ("Helm is not installed: pip install --ignore-requires-python 'helm-sdkpy==0.1.32' "
-                   "(scripts/setup.sh does)")
+        message = (
+            "Helm is not installed: pip install --ignore-requires-python 'helm-sdkpy==0.1.32' (scripts/setup.sh does)"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)

@@ -55,18 +55,29 @@ class HelmError(Exception):
 @functools.cache
 def available() -> bool:
     """Whether helm-sdkpy is installed and its shared library loads."""
-    probe = subprocess.run([sys.executable, "-c", "from helm_sdkpy import _ffi; _ffi.get_library()"],
-                           capture_output=True, timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", "from helm_sdkpy import _ffi; _ffi.get_library()"], capture_output=True, timeout=120
+    )
     return probe.returncode == 0
 
 
 def _helm(*args: str) -> dict:
     home = tempfile.mkdtemp(prefix="helm-home-")
-    env = {**os.environ, "HELM_DRIVER": "memory",
-           "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
-           "HELM_DATA_HOME": f"{home}/data"}
-    done = subprocess.run([sys.executable, "-m", "tests.chart.helm_cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=180)
+    env = {
+        **os.environ,
+        "HELM_DRIVER": "memory",
+        "HELM_CACHE_HOME": f"{home}/cache",
+        "HELM_CONFIG_HOME": f"{home}/config",
+        "HELM_DATA_HOME": f"{home}/data",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.chart.helm_cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     if done.returncode != 0:
         raise HelmError(done.stderr.strip()[-4000:])
     return json.loads(done.stdout)
@@ -79,8 +90,13 @@ def values_of(path: pathlib.Path) -> dict:
 def prepare(cluster: Cluster) -> None:
     """Make the emulator able to take a `helm install` of the chart."""
     emulator = cluster.emulator
-    declare(emulator, "apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition",
-            namespaced=False, verbs=ALL_VERBS)
+    declare(
+        emulator,
+        "apiextensions.k8s.io/v1/customresourcedefinitions",
+        "CustomResourceDefinition",
+        namespaced=False,
+        verbs=ALL_VERBS,
+    )
     for key, kind, namespaced in CHART_RESOURCES:
         declare(emulator, key, kind, namespaced=namespaced, verbs=ALL_VERBS)
 
@@ -97,8 +113,13 @@ def lint(chart: pathlib.Path = CHART) -> dict:
     return _helm("lint", str(chart))
 
 
-def install(cluster: Cluster, values: dict | None, namespace: str = RELEASE_NAMESPACE,
-            release: str = RELEASE, chart: pathlib.Path = CHART) -> dict:
+def install(
+    cluster: Cluster,
+    values: dict | None,
+    namespace: str = RELEASE_NAMESPACE,
+    release: str = RELEASE,
+    chart: pathlib.Path = CHART,
+) -> dict:
     """`helm install RELEASE CHART -n NAMESPACE -f values` against the emulated cluster."""
     args = ["install", release, str(chart), "--namespace", namespace, "--kubeconfig", str(cluster.kubeconfig)]
     if values:

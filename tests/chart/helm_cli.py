@@ -41,8 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                 with open(args.values, encoding="utf-8") as stream:
                     values = json.load(stream) or None
             config = helm.Configuration(namespace=args.namespace, kubeconfig=args.kubeconfig)
-            result = asyncio.run(helm.Install(config).run(
-                args.release, args.chart, values=values, wait=False, timeout=60))
+            result = asyncio.run(
+                helm.Install(config).run(args.release, args.chart, values=values, wait=False, timeout=60)
+            )
     except helm.HelmError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -24,13 +24,22 @@ VALIDATOR = jsonschema.Draft7Validator(SCHEMA)
 
 # The model server's metrics (its fixed contract) and the operator's (from its registry).
 MODEL_SERVER_METRICS = {
-    "model_server_request_duration_seconds", "model_server_queue_wait_seconds",
-    "model_server_compute_seconds", "model_server_batch_size", "model_server_requests_total",
-    "model_server_inflight_requests", "model_server_queue_depth",
-    "model_server_gpu_utilization_percent", "model_server_gpu_memory_used_bytes",
+    "model_server_request_duration_seconds",
+    "model_server_queue_wait_seconds",
+    "model_server_compute_seconds",
+    "model_server_batch_size",
+    "model_server_requests_total",
+    "model_server_inflight_requests",
+    "model_server_queue_depth",
+    "model_server_gpu_utilization_percent",
+    "model_server_gpu_memory_used_bytes",
 }
-HISTOGRAMS = {"model_server_request_duration_seconds", "model_server_queue_wait_seconds",
-              "model_server_compute_seconds", "model_server_batch_size"}
+HISTOGRAMS = {
+    "model_server_request_duration_seconds",
+    "model_server_queue_wait_seconds",
+    "model_server_compute_seconds",
+    "model_server_batch_size",
+}
 
 
 def operator_metric_names() -> set[str]:
@@ -52,10 +61,40 @@ def known_series() -> set[str]:
     return series
 
 
-PROMQL_WORDS = {"sum", "by", "rate", "increase", "histogram_quantile", "max", "min", "count", "avg",
-                "and", "or", "on", "without", "absent", "le", "namespace", "model", "version",
-                "handler", "name", "code", "job", "result", "pod", "gpu", "metric", "direction",
-                "humanizeDuration", "humanizePercentage", "labels", "value", "reason"}
+PROMQL_WORDS = {
+    "sum",
+    "by",
+    "rate",
+    "increase",
+    "histogram_quantile",
+    "max",
+    "min",
+    "count",
+    "avg",
+    "and",
+    "or",
+    "on",
+    "without",
+    "absent",
+    "le",
+    "namespace",
+    "model",
+    "version",
+    "handler",
+    "name",
+    "code",
+    "job",
+    "result",
+    "pod",
+    "gpu",
+    "metric",
+    "direction",
+    "humanizeDuration",
+    "humanizePercentage",
+    "labels",
+    "value",
+    "reason",
+}
 
 
 def metric_names(promql: str) -> set[str]:
@@ -117,6 +156,7 @@ def test_schema_rejects_a_typo_anywhere(path: tuple) -> None:
 
 def test_schema_and_values_describe_the_same_keys() -> None:
     """Every key in values.yaml is in the schema and every schema key has a default there."""
+
     def walk(schema: dict, values: dict, path: str) -> None:
         props = schema.get("properties") or {}
         if schema.get("additionalProperties") is False:
@@ -130,14 +170,17 @@ def test_schema_and_values_describe_the_same_keys() -> None:
     walk(SCHEMA, DEFAULTS, "values")
 
 
-@pytest.mark.parametrize("bad", [
-    {"replicaCount": 2, "ha": {"enabled": False}},
-    {"monitoring": {"serviceMonitor": {"enabled": True}}, "service": {"enabled": False}},
-    {"image": {"pullPolicy": "Sometimes"}},
-    {"image": {"digest": "latest"}},
-    {"monitoring": {"prometheusRule": {"latencyFor": "ten minutes"}}},
-    {"watch": {"namespaces": ["Not_A_Namespace"]}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"replicaCount": 2, "ha": {"enabled": False}},
+        {"monitoring": {"serviceMonitor": {"enabled": True}}, "service": {"enabled": False}},
+        {"image": {"pullPolicy": "Sometimes"}},
+        {"image": {"digest": "latest"}},
+        {"monitoring": {"prometheusRule": {"latencyFor": "ten minutes"}}},
+        {"watch": {"namespaces": ["Not_A_Namespace"]}},
+    ],
+)
 def test_schema_rejects_bad_combinations_and_formats(bad: dict) -> None:
     assert list(VALIDATOR.iter_errors(deep_merge(DEFAULTS, bad)))
 
@@ -164,7 +207,7 @@ def test_every_value_is_documented() -> None:
         stack.append((indent, key))
         if "properties" not in schema:
             continue  # inside a free-form structure
-        following = next((line for line in lines[index + 1:] if line.strip()), "")
+        following = next((line for line in lines[index + 1 :] if line.strip()), "")
         is_group = not rest.strip() and len(following) - len(following.lstrip()) > indent
         above = lines[index - 1].strip() if index else ""
         if not is_group and not above.startswith("#"):
@@ -178,7 +221,8 @@ def test_chart_crds_are_the_projects_crds() -> None:
         assert copy_.exists(), f"{path.name} is missing from the chart's crds/"
         assert copy_.read_bytes() == path.read_bytes(), (
             f"charts/rocm-inference-operator/crds/{path.name} differs from crds/{path.name}: "
-            f"cp crds/{path.name} charts/rocm-inference-operator/crds/")
+            f"cp crds/{path.name} charts/rocm-inference-operator/crds/"
+        )
 
 
 def test_chart_ships_the_peering_crds_kopf_looks_for() -> None:
@@ -188,16 +232,22 @@ def test_chart_ships_the_peering_crds_kopf_looks_for() -> None:
         spec = crd["spec"]
         shipped[(spec["group"], spec["names"]["plural"])] = spec["scope"]
         assert crd["metadata"]["name"] == f"{spec['names']['plural']}.{spec['group']}"
-    for selector, scope in [(references.CLUSTER_PEERINGS_K, "Cluster"),
-                            (references.NAMESPACED_PEERINGS_K, "Namespaced")]:
+    for selector, scope in [
+        (references.CLUSTER_PEERINGS_K, "Cluster"),
+        (references.NAMESPACED_PEERINGS_K, "Namespaced"),
+    ]:
         group = selector.group.split("/")[0]
         assert shipped.get((group, selector.plural or selector.any_name)) == scope
 
 
 def test_plain_files_parse() -> None:
-    for path in [h.CHART / "Chart.yaml", h.CHART / "values.yaml",
-                 *(h.CHART / "crds").glob("*.yaml"), *(h.CHART / "files").rglob("*.yaml"),
-                 *(h.CHART / "ci").glob("*.yaml")]:
+    for path in [
+        h.CHART / "Chart.yaml",
+        h.CHART / "values.yaml",
+        *(h.CHART / "crds").glob("*.yaml"),
+        *(h.CHART / "files").rglob("*.yaml"),
+        *(h.CHART / "ci").glob("*.yaml"),
+    ]:
         list(yaml.safe_load_all(path.read_text()))
     for path in (h.CHART / "dashboards").glob("*.json"):
         json.loads(path.read_text())
@@ -214,8 +264,13 @@ def test_dashboard_queries_known_metrics_and_shows_what_operators_need() -> None
     for quantile in ("0.5", "0.95", "0.99"):
         assert f"histogram_quantile({quantile}, " in latency
         assert "model_server_request_duration_seconds_bucket" in latency
-    for series in ("model_server_requests_total", "model_server_queue_depth", "model_server_batch_size_bucket",
-                   "model_server_gpu_utilization_percent", "inference_operator_autoscaler_desired_replicas"):
+    for series in (
+        "model_server_requests_total",
+        "model_server_queue_depth",
+        "model_server_batch_size_bucket",
+        "model_server_gpu_utilization_percent",
+        "inference_operator_autoscaler_desired_replicas",
+    ):
         assert series in used, series
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
@@ -229,14 +284,19 @@ def test_alert_rules_query_known_metrics() -> None:
     assert len(flat) >= 8
     used = set().union(*(metric_names(re.sub(r"\{\{.*?\}\}", "0", e)) for e in flat))
     recorded = set(re.findall(r"record: (\S+?)(?:\{\{.*?\}\}_5m)?\n", text)) | {
-        f"inference:model_server_request_duration_seconds:{p}_5m" for p in ("p50", "p95", "p99")}
+        f"inference:model_server_request_duration_seconds:{p}_5m" for p in ("p50", "p95", "p99")
+    }
     assert used - known_series() - recorded == set()
 
 
 def test_operator_metrics_the_chart_relies_on_exist() -> None:
     names = operator_metric_names()
-    for needed in ("inference_operator_reconciles_total", "inference_operator_reconcile_errors_total",
-                   "inference_operator_reconcile_duration_seconds_bucket",
-                   "inference_operator_autoscaler_decisions_total",
-                   "inference_operator_autoscaler_max_replicas", "inference_operator_build_info"):
+    for needed in (
+        "inference_operator_reconciles_total",
+        "inference_operator_reconcile_errors_total",
+        "inference_operator_reconcile_duration_seconds_bucket",
+        "inference_operator_autoscaler_decisions_total",
+        "inference_operator_autoscaler_max_replicas",
+        "inference_operator_build_info",
+    ):
         assert needed in names, needed

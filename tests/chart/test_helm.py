@@ -83,8 +83,7 @@ def test_default_install(chart_cluster: Cluster) -> None:
     objects = h.installed_objects(chart_cluster)
 
     crds = {o["metadata"]["name"] for o in h.by_kind(objects, "CustomResourceDefinition")}
-    assert crds == {"inferenceservices.inference.rocm.dev", "clusterkopfpeerings.kopf.dev",
-                    "kopfpeerings.kopf.dev"}
+    assert crds == {"inferenceservices.inference.rocm.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
 
     deployment = h.one(objects, "Deployment")
     assert deployment["metadata"]["namespace"] == h.RELEASE_NAMESPACE
@@ -115,8 +114,9 @@ def test_default_install(chart_cluster: Cluster) -> None:
     sa = h.one(objects, "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     binding = h.one(objects, "ClusterRoleBinding")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": h.RELEASE_NAMESPACE}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": h.RELEASE_NAMESPACE}
+    ]
     assert binding["roleRef"]["name"] == h.one(objects, "ClusterRole")["metadata"]["name"]
     assert not h.by_kind(objects, "Role")
 
@@ -145,8 +145,7 @@ def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: 
 
     args = h.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" not in args
-    assert [a for a in args if a.startswith("--namespace=")] == ["--namespace=ml-team-a",
-                                                                 "--namespace=ml-team-b"]
+    assert [a for a in args if a.startswith("--namespace=")] == ["--namespace=ml-team-a", "--namespace=ml-team-b"]
     assert "--peering=inference-operator" in args
     roles = h.by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b"]
@@ -159,8 +158,7 @@ def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: 
     # Only the discovery reads are cluster-wide: no write verb in any ClusterRole.
     (cluster_role,) = h.by_kind(objects, "ClusterRole")
     assert {v for r in cluster_role["rules"] for v in r["verbs"]} == {"list", "watch"}
-    assert {res for r in cluster_role["rules"] for res in r["resources"]} == {
-        "customresourcedefinitions", "namespaces"}
+    assert {res for r in cluster_role["rules"] for res in r["resources"]} == {"customresourcedefinitions", "namespaces"}
 
 
 def test_single_namespace_install_has_no_cluster_scoped_rbac(chart_cluster: Cluster) -> None:
@@ -200,8 +198,7 @@ def test_monitoring_install(chart_cluster: Cluster) -> None:
 
     rule = h.one(objects, "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
-    assert {"InferenceLatencySLOBreach", "InferenceOperatorDown",
-            "InferenceAutoscalerAtMaxReplicas"} <= set(alerts)
+    assert {"InferenceLatencySLOBreach", "InferenceOperatorDown", "InferenceAutoscalerAtMaxReplicas"} <= set(alerts)
     assert "> 0.25" in alerts["InferenceLatencySLOBreach"]["expr"]
     assert all(a["labels"]["team"] == "ml-platform" for a in alerts.values())
     # The operator-down alert watches the scrape job the ServiceMonitor creates (named after
@@ -215,13 +212,18 @@ def test_monitoring_install(chart_cluster: Cluster) -> None:
     assert dashboard["metadata"]["annotations"]["grafana_folder"] == "Inference"
 
 
-@pytest.mark.parametrize("bad, where", [
-    ({"replicaCuont": 3}, "typo at the top level"),
-    ({"image": {"tga": "1.0"}}, "typo in a nested key"),
-    ({"replicaCount": 2, "ha": {"enabled": False}}, "two active operators"),
-    ({"monitoring": {"serviceMonitor": {"enabled": True}}, "metrics": {"enabled": False}},
-     "ServiceMonitor without metrics"),
-])
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"replicaCuont": 3}, "typo at the top level"),
+        ({"image": {"tga": "1.0"}}, "typo in a nested key"),
+        ({"replicaCount": 2, "ha": {"enabled": False}}, "two active operators"),
+        (
+            {"monitoring": {"serviceMonitor": {"enabled": True}}, "metrics": {"enabled": False}},
+            "ServiceMonitor without metrics",
+        ),
+    ],
+)
 def test_install_refuses_invalid_values(chart_cluster: Cluster, bad: dict, where: str) -> None:
     with pytest.raises(h.HelmError, match="values don't meet the specifications of the schema"):
         h.install(chart_cluster, copy.deepcopy(bad))

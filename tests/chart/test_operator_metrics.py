@@ -29,12 +29,15 @@ def test_a_successful_run_is_counted_and_timed() -> None:
     assert value("inference_operator_reconcile_duration_seconds_count", handler="t_success") == 1
 
 
-@pytest.mark.parametrize("exc, result, reason", [
-    (kopf.TemporaryError("API error 409"), "retry", "temporary"),
-    (kopf.PermanentError("spec"), "failed", "permanent"),
-    (RuntimeError("boom"), "error", "runtime_error"),
-    (ApiException(status=503), "error", "api_503"),
-])
+@pytest.mark.parametrize(
+    "exc, result, reason",
+    [
+        (kopf.TemporaryError("API error 409"), "retry", "temporary"),
+        (kopf.PermanentError("spec"), "failed", "permanent"),
+        (RuntimeError("boom"), "error", "runtime_error"),
+        (ApiException(status=503), "error", "api_503"),
+    ],
+)
 def test_errors_are_classified(exc: Exception, result: str, reason: str) -> None:
     handler_name = f"t_{result}_{reason}"
 
@@ -86,8 +89,13 @@ def test_async_handlers_are_instrumented_and_cancellation_is_no_error() -> None:
     asyncio.run(cancel())
     assert value("inference_operator_reconciles_total", handler="t_async", result="success") == 1
     assert value("inference_operator_reconcile_duration_seconds_count", handler="t_async") == 2
-    assert sum(value("inference_operator_reconciles_total", handler="t_async", result=r)
-               for r in ("retry", "failed", "error")) == 0
+    assert (
+        sum(
+            value("inference_operator_reconciles_total", handler="t_async", result=r)
+            for r in ("retry", "failed", "error")
+        )
+        == 0
+    )
 
 
 def test_autoscaler_decisions_and_forgetting_a_service() -> None:
@@ -103,8 +111,12 @@ def test_autoscaler_decisions_and_forgetting_a_service() -> None:
     assert value("inference_operator_autoscaler_metric_value", namespace="ml", name="a", metric="latencyP95Ms") == 80
 
     metrics.forget_service("ml", "a")
-    assert metrics.REGISTRY.get_sample_value("inference_operator_autoscaler_desired_replicas",
-                                             {"namespace": "ml", "name": "a"}) is None
+    assert (
+        metrics.REGISTRY.get_sample_value(
+            "inference_operator_autoscaler_desired_replicas", {"namespace": "ml", "name": "a"}
+        )
+        is None
+    )
     assert value("inference_operator_autoscaler_desired_replicas", namespace="ml", name="b") == 1
 
 

@@ -51,8 +51,12 @@ def test_e2e_script_uses_what_the_chart_and_operator_name() -> None:
 
 def test_e2e_model_is_a_valid_onnx_model(tmp_path) -> None:
     ort = pytest.importorskip("onnxruntime")
-    subprocess.run([sys.executable, str(h.ROOT / "e2e" / "make_model.py"), str(tmp_path)],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, str(h.ROOT / "e2e" / "make_model.py"), str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     session = ort.InferenceSession(str(tmp_path / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     (out,) = session.run(None, {"x": np.ones((2, 4), np.float32)})
     assert out.shape == (2, 3)

@@ -158,8 +158,13 @@ def _drive_reconcile(cluster: Cluster) -> None:
         variants = []
         for mode in AutoscalingMode:
             spec = copy.deepcopy(doc["spec"])
-            spec["autoscaling"] = {**spec.get("autoscaling", {}), "mode": mode.value,
-                                   "minReplicas": 2, "maxReplicas": 4, "target": 50}
+            spec["autoscaling"] = {
+                **spec.get("autoscaling", {}),
+                "mode": mode.value,
+                "minReplicas": 2,
+                "maxReplicas": 4,
+                "target": 50,
+            }
             variants.append(spec)
         plain = copy.deepcopy(doc["spec"])
         plain.pop("autoscaling", None)
@@ -198,7 +203,8 @@ def test_namespaced_role_grants_what_the_code_needs_inside_namespaces() -> None:
     assert granted - needed == set()
     assert not {p for p in granted if p[:2] in cluster_scoped}
     assert rules_permissions(rule_file("discovery")) <= {
-        (g, r, v) for g, r in cluster_scoped for v in ("get", "list", "watch")}
+        (g, r, v) for g, r in cluster_scoped for v in ("get", "list", "watch")
+    }
 
 
 def test_secrets_are_only_read_by_name() -> None:
@@ -210,31 +216,37 @@ def test_secrets_are_only_read_by_name() -> None:
 @pytest.mark.integration
 def test_every_request_the_operator_sends_is_granted(cluster: Cluster, tmp_path: pathlib.Path) -> None:
     """The real operator, cluster-wide with peering, and reconcile() over all examples."""
-    for key, kind, namespaced in [("kopf.dev/v1/clusterkopfpeerings", "ClusterKopfPeering", False),
-                                  ("kopf.dev/v1/kopfpeerings", "KopfPeering", True)]:
-        declare(cluster.emulator, key, kind, namespaced=namespaced,
-                verbs=("list", "watch", "get", "create", "patch"))
-    assert cluster.request("POST", "/apis/kopf.dev/v1/clusterkopfpeerings",
-                           {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                            "metadata": {"name": "rbac-check"}},
-                           content_type="application/json").status_code in (200, 201)
+    for key, kind, namespaced in [
+        ("kopf.dev/v1/clusterkopfpeerings", "ClusterKopfPeering", False),
+        ("kopf.dev/v1/kopfpeerings", "KopfPeering", True),
+    ]:
+        declare(cluster.emulator, key, kind, namespaced=namespaced, verbs=("list", "watch", "get", "create", "patch"))
+    assert cluster.request(
+        "POST",
+        "/apis/kopf.dev/v1/clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "rbac-check"}},
+        content_type="application/json",
+    ).status_code in (200, 201)
     first_request = len(list(cluster.emulator))
 
     _drive_reconcile(cluster)
 
-    args = ["run", "--all-namespaces", "--peering", "rbac-check", "--verbose",
-            "-m", "inference_operator.handlers"]
+    args = ["run", "--all-namespaces", "--peering", "rbac-check", "--verbose", "-m", "inference_operator.handlers"]
     with KopfRunner(args, timeout=60) as runner:
         service = yaml.safe_load(EXAMPLES[0].read_text())
         service["metadata"] = {"name": "watched", "namespace": "ml"}
         service["spec"].pop("autoscaling", None)
         assert cluster.apply_cr(service).status_code in (200, 201)
-        wait_for(lambda: (cluster.get_cr("ml", "watched").get("status") or {}).get("url"),
-                 timeout=45, message="the operator (once it holds the peering) to reconcile")
+        wait_for(
+            lambda: (cluster.get_cr("ml", "watched").get("status") or {}).get("url"),
+            timeout=45,
+            message="the operator (once it holds the peering) to reconcile",
+        )
         # A deleted Deployment is put back (the event handler's read-and-restore path).
         assert cluster.request("DELETE", "/apis/apps/v1/namespaces/ml/deployments/watched").status_code == 200
-        wait_for(lambda: cluster.get("apps/v1/deployments", "ml", "watched"), timeout=30,
-                 message="the Deployment restored")
+        wait_for(
+            lambda: cluster.get("apps/v1/deployments", "ml", "watched"), timeout=30, message="the Deployment restored"
+        )
     assert runner.exception is None, runner.exception
 
     used = observed(list(cluster.emulator)[first_request:])

@@ -30,9 +30,12 @@ def declare_peering(cluster: Cluster, name: str) -> None:
     """kopf's peering resources (as the chart's CRDs define them) and the peering object."""
     declare(cluster.emulator, PEERINGS, "ClusterKopfPeering", namespaced=False, verbs=PEERING_VERBS)
     declare(cluster.emulator, "kopf.dev/v1/kopfpeerings", "KopfPeering", verbs=PEERING_VERBS)
-    response = cluster.request("POST", "/apis/kopf.dev/v1/clusterkopfpeerings",
-                               {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                                "metadata": {"name": name}}, content_type="application/json")
+    response = cluster.request(
+        "POST",
+        "/apis/kopf.dev/v1/clusterkopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}},
+        content_type="application/json",
+    )
     assert response.status_code in (200, 201), response.text
 
 
@@ -53,17 +56,33 @@ class Replica:
     process: subprocess.Popen | None = None
 
     def start(self, cluster: Cluster, peering: str, lifetime: int) -> Replica:
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POD_ID": self.identity,
-               "INFERENCE_OPERATOR_PEERING_LIFETIME": str(lifetime), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "POD_ID": self.identity,
+            "INFERENCE_OPERATOR_PEERING_LIFETIME": str(lifetime),
+            "PYTHONUNBUFFERED": "1",
+        }
         env.pop("KUBERNETES_SERVICE_HOST", None)
         env.pop("INFERENCE_OPERATOR_PEERING_PRIORITY", None)
         self.log = self.log_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "inference_operator", "run", "--all-namespaces",
-             f"--peering={peering}", f"--priority={self.priority}",
-             f"--metrics-port={self.metrics_port}", "--metrics-address=127.0.0.1",
-             f"--liveness=http://127.0.0.1:{free_port()}/healthz", "--verbose"],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "inference_operator",
+                "run",
+                "--all-namespaces",
+                f"--peering={peering}",
+                f"--priority={self.priority}",
+                f"--metrics-port={self.metrics_port}",
+                "--metrics-address=127.0.0.1",
+                f"--liveness=http://127.0.0.1:{free_port()}/healthz",
+                "--verbose",
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         return self
 
@@ -80,8 +99,8 @@ class Replica:
         except httpx.TransportError:
             return -1
         match = re.search(
-            r'^inference_operator_reconciles_total\{handler="reconcile",result="success"\} (\S+)$',
-            text, re.MULTILINE)
+            r'^inference_operator_reconciles_total\{handler="reconcile",result="success"\} (\S+)$', text, re.MULTILINE
+        )
         return float(match.group(1)) if match else 0.0
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:

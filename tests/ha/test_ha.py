@@ -25,8 +25,10 @@ def service(name: str) -> dict:
         "apiVersion": "inference.rocm.dev/v1alpha1",
         "kind": "InferenceService",
         "metadata": {"name": name, "namespace": "ml"},
-        "spec": {"model": {"uri": "pvc://models/resnet50", "format": "onnx"},
-                 "resources": {"gpu": {"count": 1}, "cpu": "2", "memory": "8Gi"}},
+        "spec": {
+            "model": {"uri": "pvc://models/resnet50", "format": "onnx"},
+            "resources": {"gpu": {"count": 1}, "cpu": "2", "memory": "8Gi"},
+        },
     }
 
 
@@ -39,14 +41,22 @@ def replicas(cluster: Cluster, tmp_path: pathlib.Path) -> Iterator[tuple[Replica
     try:
         active.start(cluster, PEERING, LIFETIME)
         # A replica starts paused until it has seen the peering: then it resumes.
-        wait_for(lambda: "replica-a" in peers(cluster, PEERING) and active.reconciles() >= 0
-                 and "Resuming operations after the pause" in active.output(),
-                 timeout=60, message="replica-a's keep-alive, metrics and resumption")
+        wait_for(
+            lambda: (
+                "replica-a" in peers(cluster, PEERING)
+                and active.reconciles() >= 0
+                and "Resuming operations after the pause" in active.output()
+            ),
+            timeout=60,
+            message="replica-a's keep-alive, metrics and resumption",
+        )
         standby.start(cluster, PEERING, LIFETIME)
-        wait_for(lambda: "replica-b" in peers(cluster, PEERING), timeout=60,
-                 message="replica-b's keep-alive")
-        wait_for(lambda: "Pausing the watch-stream for inferenceservices" in standby.output(),
-                 timeout=30, message="replica-b's paused watch")
+        wait_for(lambda: "replica-b" in peers(cluster, PEERING), timeout=60, message="replica-b's keep-alive")
+        wait_for(
+            lambda: "Pausing the watch-stream for inferenceservices" in standby.output(),
+            timeout=30,
+            message="replica-b's paused watch",
+        )
         yield active, standby
     finally:
         active.kill()
@@ -59,8 +69,11 @@ def _only_active_reconciles(cluster: Cluster, active: Replica, standby: Replica)
     wait_for(lambda: active.reconciles() >= 1, timeout=30, message="replica-a's reconcile count")
     # A spec change is handled by the active replica too, still not by the standby.
     assert cluster.patch_cr("ml", "first", {"spec": {"replicas": 2}}).status_code == 200
-    wait_for(lambda: (cluster.get(DEPLOYMENTS, "ml", "first") or {}).get("spec", {}).get("replicas") == 2,
-             timeout=30, message="Deployment first scaled to 2")
+    wait_for(
+        lambda: (cluster.get(DEPLOYMENTS, "ml", "first") or {}).get("spec", {}).get("replicas") == 2,
+        timeout=30,
+        message="Deployment first scaled to 2",
+    )
     wait_for(lambda: active.reconciles() >= 2, timeout=30, message="replica-a's second reconcile")
     assert standby.reconciles() == 0
     assert "reconciled generation" not in standby.output()
@@ -68,27 +81,31 @@ def _only_active_reconciles(cluster: Cluster, active: Replica, standby: Replica)
 
 
 def test_only_the_active_replica_reconciles_and_the_standby_takes_over_on_exit(
-        cluster: Cluster, replicas: tuple[Replica, Replica]) -> None:
+    cluster: Cluster, replicas: tuple[Replica, Replica]
+) -> None:
     active, standby = replicas
     _only_active_reconciles(cluster, active, standby)
 
     stopped = time.monotonic()
     assert active.stop(signal.SIGTERM) == 0, active.output()[-3000:]
     assert cluster.apply_cr(service("second")).status_code in (200, 201)
-    wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "second"), timeout=30,
-             message="Deployment second, created by replica-b")
+    wait_for(
+        lambda: cluster.get(DEPLOYMENTS, "ml", "second"), timeout=30, message="Deployment second, created by replica-b"
+    )
     takeover = time.monotonic() - stopped
     print(f"takeover after a clean exit: {takeover:.1f}s")  # noqa: T201  (shown with -s)
     wait_for(lambda: standby.reconciles() >= 1, timeout=30, message="replica-b's reconcile count")
     assert "Resuming operations after the pause" in standby.output()
     assert "replica-a" not in peers(cluster, PEERING)
-    status = wait_for(lambda: (cluster.get_cr("ml", "second").get("status") or {}).get("url"),
-                      timeout=30, message="status of second")
+    status = wait_for(
+        lambda: (cluster.get_cr("ml", "second").get("status") or {}).get("url"), timeout=30, message="status of second"
+    )
     assert status == "http://second.ml.svc.cluster.local"
 
 
 def test_the_standby_takes_over_when_the_active_replica_is_killed(
-        cluster: Cluster, replicas: tuple[Replica, Replica]) -> None:
+    cluster: Cluster, replicas: tuple[Replica, Replica]
+) -> None:
     active, standby = replicas
     _only_active_reconciles(cluster, active, standby)
 
@@ -96,8 +113,11 @@ def test_the_standby_takes_over_when_the_active_replica_is_killed(
     active.kill()  # SIGKILL: no goodbye in the peering; its keep-alive has to expire
     assert "replica-a" in peers(cluster, PEERING)
     assert cluster.apply_cr(service("second")).status_code in (200, 201)
-    wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "second"), timeout=LIFETIME + 30,
-             message="Deployment second, created by replica-b after replica-a's keep-alive expired")
+    wait_for(
+        lambda: cluster.get(DEPLOYMENTS, "ml", "second"),
+        timeout=LIFETIME + 30,
+        message="Deployment second, created by replica-b after replica-a's keep-alive expired",
+    )
     takeover = time.monotonic() - killed
     print(f"takeover after a kill (keep-alive lifetime {LIFETIME}s): {takeover:.1f}s")  # noqa: T201
     # The Deployment is written before the handler finishes (status, then the count).

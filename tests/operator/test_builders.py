@@ -43,10 +43,12 @@ def test_gpu_count_becomes_limit_request_and_visible_devices(count: int) -> None
 
 
 def test_visible_devices_and_env_can_be_overridden() -> None:
-    d = build_deployment(owner(
-        resources={"gpu": {"count": 2, "visibleDevices": "4,5"}},
-        runtime={"env": [{"name": "HIP_VISIBLE_DEVICES", "value": "1,0"}, {"name": "X", "value": "y"}]},
-    ))
+    d = build_deployment(
+        owner(
+            resources={"gpu": {"count": 2, "visibleDevices": "4,5"}},
+            runtime={"env": [{"name": "HIP_VISIBLE_DEVICES", "value": "1,0"}, {"name": "X", "value": "y"}]},
+        )
+    )
     assert env(d)["ROCR_VISIBLE_DEVICES"] == "4,5"
     assert env(d)["HIP_VISIBLE_DEVICES"] == "1,0"
     assert env(d)["X"] == "y"
@@ -54,8 +56,9 @@ def test_visible_devices_and_env_can_be_overridden() -> None:
 
 
 def test_cpu_only_asks_for_no_gpu() -> None:
-    d = build_deployment(owner(resources={"gpu": {"count": 0}},
-                               runtime={"executionProviders": ["CPUExecutionProvider"]}))
+    d = build_deployment(
+        owner(resources={"gpu": {"count": 0}}, runtime={"executionProviders": ["CPUExecutionProvider"]})
+    )
     assert "amd.com/gpu" not in container(d)["resources"]["limits"]
     assert "ROCR_VISIBLE_DEVICES" not in env(d)
     assert "tolerations" not in pod(d)
@@ -63,9 +66,19 @@ def test_cpu_only_asks_for_no_gpu() -> None:
 
 
 def test_gpu_placement_becomes_required_node_affinity() -> None:
-    d = build_deployment(owner(resources={"gpu": {
-        "count": 8, "productName": "AMD_Instinct_MI300X_OAM", "family": "AI", "vram": "192G",
-        "partition": "cpx_nps4"}}))
+    d = build_deployment(
+        owner(
+            resources={
+                "gpu": {
+                    "count": 8,
+                    "productName": "AMD_Instinct_MI300X_OAM",
+                    "family": "AI",
+                    "vram": "192G",
+                    "partition": "cpx_nps4",
+                }
+            }
+        )
+    )
     terms = pod(d)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     expressions = {e["key"]: e["values"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]}
     assert expressions == {
@@ -93,11 +106,16 @@ def test_shm_probes_and_scrape_annotations() -> None:
 
 
 def test_server_args_follow_the_spec() -> None:
-    d = build_deployment(owner(
-        model={"uri": "pvc://models/llm", "format": "torchscript", "version": "7", "name": "llm"},
-        runtime={"executionProviders": ["ROCMExecutionProvider", "CPUExecutionProvider"],
-                 "batching": {"maxBatchSize": 4, "maxDelayMs": 2.5, "maxQueue": 9}, "args": ["--x"]},
-    ))
+    d = build_deployment(
+        owner(
+            model={"uri": "pvc://models/llm", "format": "torchscript", "version": "7", "name": "llm"},
+            runtime={
+                "executionProviders": ["ROCMExecutionProvider", "CPUExecutionProvider"],
+                "batching": {"maxBatchSize": 4, "maxDelayMs": 2.5, "maxQueue": 9},
+                "args": ["--x"],
+            },
+        )
+    )
     args = container(d)["args"]
     flags = dict(zip(args[1::2], args[2::2], strict=False))
     assert args[0] == "serve"
@@ -137,24 +155,30 @@ def test_oci_model_is_copied_from_its_image() -> None:
     assert init["image"] == "registry.example.com/models/resnet:3"
 
 
-@pytest.mark.parametrize(("spec", "replicas"), [
-    ({"replicas": 3}, 3),
-    ({"replicas": 0}, 0),
-    ({"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 5, "target": 50}}, 2),
-    ({"replicas": 9, "autoscaling": {"minReplicas": 2, "maxReplicas": 5, "target": 50}}, 5),
-    ({"replicas": 9, "autoscaling": {"maxReplicas": 5, "target": 50, "mode": "hpa"}}, None),
-])
+@pytest.mark.parametrize(
+    ("spec", "replicas"),
+    [
+        ({"replicas": 3}, 3),
+        ({"replicas": 0}, 0),
+        ({"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 5, "target": 50}}, 2),
+        ({"replicas": 9, "autoscaling": {"minReplicas": 2, "maxReplicas": 5, "target": 50}}, 5),
+        ({"replicas": 9, "autoscaling": {"maxReplicas": 5, "target": 50, "mode": "hpa"}}, None),
+    ],
+)
 def test_replicas(spec: dict, replicas: int | None) -> None:
     d = build_deployment(owner(**spec))
     assert d["spec"].get("replicas") == replicas
 
 
-@pytest.mark.parametrize(("spec", "has_pdb"), [
-    ({"replicas": 1}, False),
-    ({"replicas": 2}, True),
-    ({"autoscaling": {"minReplicas": 2, "maxReplicas": 4, "target": 5}}, True),
-    ({"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "target": 5}}, False),
-])
+@pytest.mark.parametrize(
+    ("spec", "has_pdb"),
+    [
+        ({"replicas": 1}, False),
+        ({"replicas": 2}, True),
+        ({"autoscaling": {"minReplicas": 2, "maxReplicas": 4, "target": 5}}, True),
+        ({"autoscaling": {"minReplicas": 1, "maxReplicas": 4, "target": 5}}, False),
+    ],
+)
 def test_pdb_only_with_a_replica_to_spare(spec: dict, has_pdb: bool) -> None:
     kinds = [o["kind"] for o in build_all(owner(**spec))]
     assert ("PodDisruptionBudget" in kinds) == has_pdb
@@ -167,10 +191,16 @@ def test_labels_selector_and_owner_reference() -> None:
     labels = d["spec"]["template"]["metadata"]["labels"]
     assert all(labels[k] == v for k, v in d["spec"]["selector"]["matchLabels"].items())
     assert labels["app.kubernetes.io/managed-by"] == "rocm-inference-operator"
-    assert d["metadata"]["ownerReferences"] == [{
-        "apiVersion": "inference.rocm.dev/v1alpha1", "kind": "InferenceService", "name": "resnet",
-        "uid": UID, "controller": True, "blockOwnerDeletion": True,
-    }]
+    assert d["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "inference.rocm.dev/v1alpha1",
+            "kind": "InferenceService",
+            "name": "resnet",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     assert selector_string(o) == ",".join(f"{k}={v}" for k, v in sorted(s["spec"]["selector"].items()))
     assert [p["name"] for p in s["spec"]["ports"]] == ["http", "metrics"]
 
@@ -182,15 +212,29 @@ def test_builders_are_pure() -> None:
 
 SPECS = [
     {},
-    {"replicas": 3, "resources": {"gpu": {"count": 8, "productName": "AMD_Instinct_MI300X_OAM",
-                                          "family": "AI", "vram": "192G", "partition": "spx_nps1"},
-                                  "cpu": 64, "memory": "512Gi", "shmSize": "64Gi"}},
+    {
+        "replicas": 3,
+        "resources": {
+            "gpu": {
+                "count": 8,
+                "productName": "AMD_Instinct_MI300X_OAM",
+                "family": "AI",
+                "vram": "192G",
+                "partition": "spx_nps1",
+            },
+            "cpu": 64,
+            "memory": "512Gi",
+            "shmSize": "64Gi",
+        },
+    },
     {"model": {"uri": "s3://b/m", "format": "torchscript"}, "runtime": {"env": [{"name": "A", "value": "1"}]}},
-    {"model": {"uri": "oci://r.example.com/m:1"}, "resources": {"gpu": {"count": 0}},
-     "runtime": {"executionProviders": ["CPUExecutionProvider"]}},
+    {
+        "model": {"uri": "oci://r.example.com/m:1"},
+        "resources": {"gpu": {"count": 0}},
+        "runtime": {"executionProviders": ["CPUExecutionProvider"]},
+    },
     {"autoscaling": {"mode": "hpa", "minReplicas": 2, "maxReplicas": 6, "target": 40}},
-    {"scheduling": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "high",
-                    "serviceAccountName": "models"}},
+    {"scheduling": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "high", "serviceAccountName": "models"}},
 ]
 
 

@@ -18,8 +18,10 @@ def _resolve(node: dict) -> dict:
     """Follow $ref and unwrap Optional (anyOf [X, null]) in pydantic's JSON schema."""
     while True:
         if "$ref" in node:
-            node = {**MODEL_SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]],
-                    **{k: v for k, v in node.items() if k != "$ref"}}
+            node = {
+                **MODEL_SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]],
+                **{k: v for k, v in node.items() if k != "$ref"},
+            }
         elif "anyOf" in node and any(s.get("type") == "null" for s in node["anyOf"]):
             inner = [s for s in node["anyOf"] if s.get("type") != "null"]
             node = {**inner[0], **{k: v for k, v in node.items() if k not in ("anyOf", "default")}}
@@ -114,8 +116,10 @@ CEL_CASES = [
     ({"resources": {"gpu": {"count": 0, "productName": "X"}}}, "count is 0"),
     ({"resources": {"gpu": {"count": 2, "visibleDevices": "0"}}}, "visibleDevices"),
     ({"runtime": {"port": 9090, "metricsPort": 9090}}, "must differ"),
-    ({"resources": {"gpu": {"count": 0}}, "runtime": {"executionProviders": ["ROCMExecutionProvider"]}},
-     "CPUExecutionProvider"),
+    (
+        {"resources": {"gpu": {"count": 0}}, "runtime": {"executionProviders": ["ROCMExecutionProvider"]}},
+        "CPUExecutionProvider",
+    ),
     ({"scheduling": {"nodeSelector": {"bad key!": "x"}}}, "valid label key"),
 ]
 
@@ -145,25 +149,41 @@ def test_every_cel_rule_has_a_case() -> None:
     assert covered == messages
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    ({"model": {"uri": "ftp://x"}}, "spec.model.uri"),
-    ({"model": {"uri": "pvc://Not_A_Claim/m"}}, "spec.model.uri"),
-    ({"model": {"uri": "pvc://m"}, "scheduling": {"nodeSelector": {"pool": "no spaces"}}},
-     "spec.scheduling.nodeSelector.pool"),
-    ({"model": {"uri": "pvc://m", "format": "tensorflow"}}, "spec.model.format"),
-    ({"model": {"uri": "pvc://m"}, "resources": {"gpu": {"count": 17}}}, "spec.resources.gpu.count"),
-    ({"model": {"uri": "pvc://m"}, "resources": {"memory": "lots"}}, "spec.resources.memory"),
-    ({"model": {"uri": "pvc://m"}, "runtime": {"batching": {"maxBatchSize": 0}}},
-     "spec.runtime.batching.maxBatchSize"),
-    ({"model": {"uri": "pvc://m"}, "autoscaling": {"maxReplicas": 2, "target": 0}}, "spec.autoscaling.target"),
-    ({"model": {"uri": "pvc://m"}, "autoscaling": {"maxReplicas": 2, "target": 5, "metric": "cpu"}},
-     "spec.autoscaling.metric"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"model": {"uri": "ftp://x"}}, "spec.model.uri"),
+        ({"model": {"uri": "pvc://Not_A_Claim/m"}}, "spec.model.uri"),
+        (
+            {"model": {"uri": "pvc://m"}, "scheduling": {"nodeSelector": {"pool": "no spaces"}}},
+            "spec.scheduling.nodeSelector.pool",
+        ),
+        ({"model": {"uri": "pvc://m", "format": "tensorflow"}}, "spec.model.format"),
+        ({"model": {"uri": "pvc://m"}, "resources": {"gpu": {"count": 17}}}, "spec.resources.gpu.count"),
+        ({"model": {"uri": "pvc://m"}, "resources": {"memory": "lots"}}, "spec.resources.memory"),
+        (
+            {"model": {"uri": "pvc://m"}, "runtime": {"batching": {"maxBatchSize": 0}}},
+            "spec.runtime.batching.maxBatchSize",
+        ),
+        ({"model": {"uri": "pvc://m"}, "autoscaling": {"maxReplicas": 2, "target": 0}}, "spec.autoscaling.target"),
+        (
+            {"model": {"uri": "pvc://m"}, "autoscaling": {"maxReplicas": 2, "target": 5, "metric": "cpu"}},
+            "spec.autoscaling.metric",
+        ),
+    ],
+)
 def test_schema_and_model_reject_the_same_field(spec: dict, field: str) -> None:
-    errors = schema_errors({"apiVersion": "inference.rocm.dev/v1alpha1", "kind": "InferenceService",
-                            "metadata": {"name": "x"}, "spec": spec})
-    assert errors and errors[0].startswith(field.removeprefix("") + ":") or any(
-        e.startswith(field) for e in errors), errors
+    errors = schema_errors(
+        {
+            "apiVersion": "inference.rocm.dev/v1alpha1",
+            "kind": "InferenceService",
+            "metadata": {"name": "x"},
+            "spec": spec,
+        }
+    )
+    assert errors and errors[0].startswith(field.removeprefix("") + ":") or any(e.startswith(field) for e in errors), (
+        errors
+    )
     with pytest.raises(SpecError) as err:
         parse_spec(spec)
     assert err.value.field == field

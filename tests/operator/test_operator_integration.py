@@ -18,8 +18,7 @@ PDBS = "policy/v1/poddisruptionbudgets"
 def resnet(**spec_overrides) -> dict:
     spec = {
         "model": {"uri": "pvc://models/resnet50", "format": "onnx", "version": "3"},
-        "resources": {"gpu": {"count": 2, "productName": "AMD_Instinct_MI300X_OAM"}, "cpu": "8",
-                      "memory": "64Gi"},
+        "resources": {"gpu": {"count": 2, "productName": "AMD_Instinct_MI300X_OAM"}, "cpu": "8", "memory": "64Gi"},
     }
     spec.update(spec_overrides)
     return {
@@ -48,14 +47,19 @@ def test_apply_creates_deployment_and_service(cluster: Cluster, operator) -> Non
     assert {"name": "ROCR_VISIBLE_DEVICES", "value": "0,1"} in container["env"]
     assert deployment["metadata"]["ownerReferences"][0]["uid"] == cr["metadata"]["uid"]
     assert [p["name"] for p in service["spec"]["ports"]] == ["http", "metrics"]
-    status = wait_for(lambda: (cluster.get_cr("ml", "resnet").get("status") or {}).get("url")
-                      and cluster.get_cr("ml", "resnet")["status"], message="status.url")
+    status = wait_for(
+        lambda: (
+            (cluster.get_cr("ml", "resnet").get("status") or {}).get("url") and cluster.get_cr("ml", "resnet")["status"]
+        ),
+        message="status.url",
+    )
     assert status["url"] == "http://resnet.ml.svc.cluster.local"
     assert status["observedGeneration"] == 1
     assert condition(cluster.get_cr("ml", "resnet"), "Ready")["status"] == "False"
     # One Normal event per change, on the InferenceService.
-    events = wait_for(lambda: len(cluster.events("ml", "resnet")) >= 2 and cluster.events("ml", "resnet"),
-                      message="events")
+    events = wait_for(
+        lambda: len(cluster.events("ml", "resnet")) >= 2 and cluster.events("ml", "resnet"), message="events"
+    )
     assert sorted((e["type"], e["reason"], e["message"]) for e in events) == [
         ("Normal", "Created", "Deployment resnet created"),
         ("Normal", "Created", "Service resnet created"),
@@ -82,21 +86,35 @@ def test_spec_change_patches_deployment(cluster: Cluster, operator) -> None:
     assert cluster.emulator.writes["deployments:update"] == before + 1
     # Three replicas → a PodDisruptionBudget appears; observedGeneration follows the spec.
     wait_for(lambda: cluster.get(PDBS, "ml", "resnet"), message="PodDisruptionBudget")
-    wait_for(lambda: cluster.get_cr("ml", "resnet")["status"].get("observedGeneration") == 2,
-             message="observedGeneration 2")
+    wait_for(
+        lambda: cluster.get_cr("ml", "resnet")["status"].get("observedGeneration") == 2, message="observedGeneration 2"
+    )
 
 
 def test_deployment_becoming_ready_makes_service_ready(cluster: Cluster, operator) -> None:
     cluster.apply_cr(resnet(replicas=2))
     deployment = wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment")
     # The emulator runs no Deployment controller: play its part, as kubelet and it would.
-    cluster.patch(DEPLOYMENTS, "ml", "resnet", {"status": {
-        "observedGeneration": deployment["metadata"]["generation"],
-        "replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "availableReplicas": 2,
-    }}, subresource="status")
+    cluster.patch(
+        DEPLOYMENTS,
+        "ml",
+        "resnet",
+        {
+            "status": {
+                "observedGeneration": deployment["metadata"]["generation"],
+                "replicas": 2,
+                "readyReplicas": 2,
+                "updatedReplicas": 2,
+                "availableReplicas": 2,
+            }
+        },
+        subresource="status",
+    )
 
-    ready = wait_for(lambda: (c := condition(cluster.get_cr("ml", "resnet"), "Ready"))
-                     and c["status"] == "True" and c, message="Ready=True")
+    ready = wait_for(
+        lambda: (c := condition(cluster.get_cr("ml", "resnet"), "Ready")) and c["status"] == "True" and c,
+        message="Ready=True",
+    )
     assert ready["reason"] == "MinimumReplicasAvailable"
     status = cluster.get_cr("ml", "resnet")["status"]
     assert (status["replicas"], status["readyReplicas"]) == (2, 2)
@@ -111,8 +129,12 @@ def test_resync_of_unchanged_service_writes_nothing(cluster: Cluster, tmp_path) 
     cluster.apply_cr(resnet(replicas=2))
     with KopfRunner(args, timeout=60) as first:
         wait_for(lambda: cluster.get(PDBS, "ml", "resnet"), message="PodDisruptionBudget")
-        wait_for(lambda: (cluster.get_cr("ml", "resnet").get("metadata", {}).get("annotations") or {})
-                 .get("inference.rocm.dev/last-handled-configuration"), message="handled")
+        wait_for(
+            lambda: (cluster.get_cr("ml", "resnet").get("metadata", {}).get("annotations") or {}).get(
+                "inference.rocm.dev/last-handled-configuration"
+            ),
+            message="handled",
+        )
     assert first.exit_code == 0, first.output
     writes_before = dict(cluster.emulator.writes)
 
@@ -120,8 +142,9 @@ def test_resync_of_unchanged_service_writes_nothing(cluster: Cluster, tmp_path) 
     with captured_operator_logs() as logs, KopfRunner(args, timeout=60) as second:
         wait_for(lambda: logs.count("reconciled generation 1: 0 writes"), message="resync")
     assert second.exit_code == 0, second.output
-    new_writes = {k: v - writes_before.get(k, 0) for k, v in cluster.emulator.writes.items()
-                  if v != writes_before.get(k, 0)}
+    new_writes = {
+        k: v - writes_before.get(k, 0) for k, v in cluster.emulator.writes.items() if v != writes_before.get(k, 0)
+    }
     owned = {k: v for k, v in new_writes.items() if not k.startswith(("inferenceservices", "events"))}
     assert owned == {}, f"resync wrote owned objects: {new_writes}"
     assert "status keys changed: none" in second.output
@@ -149,8 +172,10 @@ def test_spec_that_slips_past_schema_is_reported_degraded(cluster: Cluster) -> N
 
 def _degrade_then_fix(cluster: Cluster, logs) -> None:
     cluster.apply_cr(resnet(autoscaling={"minReplicas": 5, "maxReplicas": 2, "target": 50}))
-    degraded = wait_for(lambda: (c := condition(cluster.get_cr("ml", "resnet"), "Degraded"))
-                        and c["status"] == "True" and c, message="Degraded=True")
+    degraded = wait_for(
+        lambda: (c := condition(cluster.get_cr("ml", "resnet"), "Degraded")) and c["status"] == "True" and c,
+        message="Degraded=True",
+    )
     assert degraded["reason"] == "InvalidSpec"
     assert "minReplicas" in degraded["message"]
     assert cluster.get(DEPLOYMENTS, "ml", "resnet") is None
@@ -161,8 +186,9 @@ def _degrade_then_fix(cluster: Cluster, logs) -> None:
     # Fixing the spec clears the condition and creates the workload.
     cluster.patch_cr("ml", "resnet", {"spec": {"autoscaling": {"minReplicas": 1}}})
     wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment after fix")
-    wait_for(lambda: condition(cluster.get_cr("ml", "resnet"), "Degraded")["status"] == "False",
-             message="Degraded=False")
+    wait_for(
+        lambda: condition(cluster.get_cr("ml", "resnet"), "Degraded")["status"] == "False", message="Degraded=False"
+    )
 
 
 def test_deleted_deployment_is_recreated(cluster: Cluster, operator) -> None:
@@ -180,8 +206,7 @@ def test_transient_api_error_is_retried(cluster: Cluster, operator) -> None:
     # the retry must converge without a duplicate or a Degraded condition.
     cluster.emulator["post /api/v1/namespaces/ml/services"][:1] << 500
     cluster.apply_cr(resnet())
-    wait_for(lambda: (cluster.get_cr("ml", "resnet").get("status") or {}).get("url"),
-             message="status after retry")
+    wait_for(lambda: (cluster.get_cr("ml", "resnet").get("status") or {}).get("url"), message="status after retry")
     assert cluster.get(SERVICES, "ml", "resnet") is not None
     assert condition(cluster.get_cr("ml", "resnet"), "Degraded")["status"] == "False"
     assert cluster.emulator.writes["services:create"] == 1

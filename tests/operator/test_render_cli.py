@@ -16,8 +16,14 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 
 def render(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "inference_operator", "render", *args],
-                          capture_output=True, text=True, input=stdin, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "inference_operator", "render", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_two_gpu_example_renders_valid_deployment_and_service() -> None:
@@ -42,14 +48,19 @@ def test_several_files_and_stdin_make_one_stream(tmp_path: pathlib.Path) -> None
     assert names == expected
 
 
-@pytest.mark.parametrize(("document", "message"), [
-    ("apiVersion: inference.rocm.dev/v1alpha1\nkind: InferenceService\nmetadata: {name: x}\n"
-     "spec: {model: {uri: 'pvc://m'}, resources: {gpu: {count: 99}}}",
-     "InferenceService x: spec.resources.gpu.count: Input should be less than or equal to 16"),
-    ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "apiVersion/kind must be"),
-    ("apiVersion: inference.rocm.dev/v1alpha1\nkind: InferenceService\nspec: {}\n", "metadata.name is required"),
-    ("a: [unclosed", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (
+            "apiVersion: inference.rocm.dev/v1alpha1\nkind: InferenceService\nmetadata: {name: x}\n"
+            "spec: {model: {uri: 'pvc://m'}, resources: {gpu: {count: 99}}}",
+            "InferenceService x: spec.resources.gpu.count: Input should be less than or equal to 16",
+        ),
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "apiVersion/kind must be"),
+        ("apiVersion: inference.rocm.dev/v1alpha1\nkind: InferenceService\nspec: {}\n", "metadata.name is required"),
+        ("a: [unclosed", "not valid YAML"),
+    ],
+)
 def test_errors_name_the_problem_and_exit_non_zero(document: str, message: str) -> None:
     result = render("-f", "-", stdin=document)
     assert result.returncode == 2
@@ -71,8 +82,11 @@ def test_examples_are_valid_against_the_crd_schema(path: pathlib.Path) -> None:
 def test_examples_cover_the_promised_shapes() -> None:
     specs = [yaml.safe_load(p.read_text())["spec"] for p in EXAMPLES]
     gpus = [s.get("resources", {}).get("gpu", {}) for s in specs]
-    assert any(g.get("count") == 1 and s["model"].get("format", "onnx") == "onnx"
-               for g, s in zip(gpus, specs, strict=True))
-    assert any(g.get("count") == 8 and g.get("productName") and s["model"]["format"] == "torchscript"
-               for g, s in zip(gpus, specs, strict=True))
+    assert any(
+        g.get("count") == 1 and s["model"].get("format", "onnx") == "onnx" for g, s in zip(gpus, specs, strict=True)
+    )
+    assert any(
+        g.get("count") == 8 and g.get("productName") and s["model"]["format"] == "torchscript"
+        for g, s in zip(gpus, specs, strict=True)
+    )
     assert any(g.get("count") == 0 for g in gpus)

@@ -11,8 +11,13 @@ def deployment(desired=2, ready=0, updated=0, replicas=None, generation=1, obser
     return {
         "metadata": {"generation": generation},
         "spec": {"replicas": desired},
-        "status": {"observedGeneration": observed, "replicas": desired if replicas is None else replicas,
-                   "readyReplicas": ready, "updatedReplicas": updated, "conditions": list(conditions)},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": desired if replicas is None else replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            "conditions": list(conditions),
+        },
     }
 
 
@@ -54,14 +59,30 @@ def test_scaled_to_zero_is_not_ready_but_not_degraded() -> None:
 
 
 def test_deployment_failures_are_degraded() -> None:
-    stuck = deployment(ready=0, conditions=[{"type": "Progressing", "status": "False",
-                                             "reason": "ProgressDeadlineExceeded",
-                                             "message": "ReplicaSet has timed out progressing."}])
+    stuck = deployment(
+        ready=0,
+        conditions=[
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "message": "ReplicaSet has timed out progressing.",
+            }
+        ],
+    )
     c = by_type(compute_status(None, stuck, 1, now=T0))
     assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "ProgressDeadlineExceeded")
 
-    quota = deployment(conditions=[{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
-                                    "message": "exceeded quota: amd.com/gpu"}])
+    quota = deployment(
+        conditions=[
+            {
+                "type": "ReplicaFailure",
+                "status": "True",
+                "reason": "FailedCreate",
+                "message": "exceeded quota: amd.com/gpu",
+            }
+        ]
+    )
     c = by_type(compute_status(None, quota, 1, now=T0))
     assert (c["Degraded"]["reason"], c["Degraded"]["message"]) == ("ReplicaFailure", "exceeded quota: amd.com/gpu")
 
@@ -87,4 +108,6 @@ def test_unchanged_status_needs_no_write() -> None:
     again = compute_status(first, deployment(ready=2, updated=2), 1, now=T1)
     assert status_changes(first, again) == {}
     assert set(status_changes(first, compute_status(first, deployment(ready=1, updated=2), 1, now=T1))) == {
-        "conditions", "readyReplicas"}
+        "conditions",
+        "readyReplicas",
+    }

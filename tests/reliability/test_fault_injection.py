@@ -28,8 +28,7 @@ def service(name: str, gpus: int = 1, replicas: int = 2) -> dict:
         "apiVersion": "inference.rocm.dev/v1alpha1",
         "kind": "InferenceService",
         "metadata": {"name": name, "namespace": "ml"},
-        "spec": {"model": {"uri": f"pvc://models/{name}"}, "replicas": replicas,
-                 "resources": {"gpu": {"count": gpus}}},
+        "spec": {"model": {"uri": f"pvc://models/{name}"}, "replicas": replicas, "resources": {"gpu": {"count": gpus}}},
     }
 
 
@@ -54,9 +53,11 @@ def converged(cluster: Cluster, name: str, gpus: int) -> bool:
 
 def slow(seconds: float):
     """A reaction that answers late, then lets the emulator answer as usual."""
+
     async def answer_late() -> None:
         await asyncio.sleep(seconds)
         raise StopAsyncIteration
+
     return answer_late
 
 
@@ -67,8 +68,12 @@ def test_fault_storm_converges_without_duplicates(cluster: Cluster) -> None:
         (api["post /apis/apps/v1/namespaces/ml/deployments"], 2, 500, "500 on Deployment create"),
         (api["post /api/v1/namespaces/ml/services"], 2, 429, "429 + Retry-After on Service create"),
         (api["patch /apis/apps/v1/namespaces/ml/deployments/svc-0"], 2, 409, "409 on Deployment patch"),
-        (api["patch", "/apis/inference.rocm.dev/v1alpha1/namespaces/ml/inferenceservices/svc-1/status"],
-         2, 500, "500 on status patch"),
+        (
+            api["patch", "/apis/inference.rocm.dev/v1alpha1/namespaces/ml/inferenceservices/svc-1/status"],
+            2,
+            500,
+            "500 on status patch",
+        ),
         (api["get /apis/apps/v1/namespaces/ml/deployments/svc-2"], 3, slow(1.5), "1.5 s slow read"),
         (api["get /apis/apps/v1/deployments", {"watch": "true"}], 3, b"", "dropped watch stream"),
     ]
@@ -80,12 +85,12 @@ def test_fault_storm_converges_without_duplicates(cluster: Cluster) -> None:
     with captured_operator_logs() as logs, KopfRunner(ARGS, timeout=120) as runner:
         for name in NAMES:
             assert cluster.apply_cr(service(name)).status_code in (200, 201)
-        wait_for(lambda: all(converged(cluster, n, 1) for n in NAMES), timeout=60,
-                 message="convergence under faults")
+        wait_for(lambda: all(converged(cluster, n, 1) for n in NAMES), timeout=60, message="convergence under faults")
         for name in NAMES:  # a spec change after the storm is still applied, once
             cluster.patch_cr("ml", name, {"spec": {"resources": {"gpu": {"count": 2}}}})
-        wait_for(lambda: all(converged(cluster, n, 2) for n in NAMES), timeout=60,
-                 message="convergence of the spec change")
+        wait_for(
+            lambda: all(converged(cluster, n, 2) for n in NAMES), timeout=60, message="convergence of the spec change"
+        )
     assert runner.exit_code == 0, runner.output
 
     writes = api.writes
@@ -96,8 +101,11 @@ def test_fault_storm_converges_without_duplicates(cluster: Cluster) -> None:
     # … and every Deployment got exactly one successful GPU change.
     for name in NAMES:
         history = [v for v in api.objects[DEPLOYMENTS, "ml", name].history if v is not None]
-        gpu_counts = [v["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"]
-                      for v in history if "spec" in v]
+        gpu_counts = [
+            v["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"]
+            for v in history
+            if "spec" in v
+        ]
         assert gpu_counts.count("2") >= 1 and gpu_counts[-1] == "2"
     assert logs.count("Handler 'reconcile_service' failed permanently") == 0
     retried = logs.count("failed temporarily") + logs.count("failed with an exception")

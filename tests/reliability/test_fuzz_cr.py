@@ -47,8 +47,12 @@ names = itertools.count()
 
 
 def cr(spec: dict, name: str = "fuzz") -> dict:
-    return {"apiVersion": "inference.rocm.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": name, "namespace": "ml"}, "spec": spec}
+    return {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": spec,
+    }
 
 
 def api_server_problems(obj: dict) -> list[str]:
@@ -136,9 +140,11 @@ def direct_memo(shared_cluster: Cluster) -> Iterator[kopf.Memo]:
     memo = kopf.Memo(api=KubeApi(kubernetes.client.ApiClient(config)))
     # kopf.info()/warn() outside the reactor: give them a queue to post into.
     loop = asyncio.new_event_loop()
-    tokens = [(posting.settings_var, posting.settings_var.set(kopf.OperatorSettings())),
-              (posting.event_queue_loop_var, posting.event_queue_loop_var.set(loop)),
-              (posting.event_queue_var, posting.event_queue_var.set(asyncio.Queue()))]
+    tokens = [
+        (posting.settings_var, posting.settings_var.set(kopf.OperatorSettings())),
+        (posting.event_queue_loop_var, posting.event_queue_loop_var.set(loop)),
+        (posting.event_queue_var, posting.event_queue_var.set(asyncio.Queue())),
+    ]
     yield memo
     for var, token in reversed(tokens):
         var.reset(token)
@@ -146,8 +152,11 @@ def direct_memo(shared_cluster: Cluster) -> Iterator[kopf.Memo]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.one_of(from_schema(SPEC_SCHEMA), st.dictionaries(st.sampled_from(list(SPEC_SCHEMA["properties"])),
-                                                           JUNK, max_size=3)))
+@given(
+    st.one_of(
+        from_schema(SPEC_SCHEMA), st.dictionaries(st.sampled_from(list(SPEC_SCHEMA["properties"])), JUNK, max_size=3)
+    )
+)
 def test_fuzz_handler_only_raises_permanent_errors(shared_cluster: Cluster, direct_memo, spec) -> None:
     name = f"direct-{next(names)}"
     body = cr(spec, name)
@@ -156,11 +165,17 @@ def test_fuzz_handler_only_raises_permanent_errors(shared_cluster: Cluster, dire
     stored = shared_cluster.get_cr("ml", name)
     context = contextvars.copy_context()
     try:
-        context.run(handlers.reconcile_service, body=stored, meta=stored["metadata"], spec=stored["spec"],
-                    memo=direct_memo, logger=logging.getLogger("fuzz"), retry=0)
+        context.run(
+            handlers.reconcile_service,
+            body=stored,
+            meta=stored["metadata"],
+            spec=stored["spec"],
+            memo=direct_memo,
+            logger=logging.getLogger("fuzz"),
+            retry=0,
+        )
     except kopf.PermanentError:
-        degraded = [c for c in shared_cluster.get_cr("ml", name)["status"]["conditions"]
-                    if c["type"] == "Degraded"][0]
+        degraded = [c for c in shared_cluster.get_cr("ml", name)["status"]["conditions"] if c["type"] == "Degraded"][0]
         assert degraded["status"] == "True" and degraded["reason"] in ("InvalidSpec", "ApplyFailed")
         assert degraded["message"].startswith("spec")
     else:
@@ -174,9 +189,13 @@ def test_fuzz_operator_process_survives_generated_services(cluster: Cluster) -> 
     from kopf.testing import KopfRunner
 
     specs: list[dict] = []
-    from_schema_examples = st.one_of(from_schema(SPEC_SCHEMA), st.fixed_dictionaries(
-        {"model": st.fixed_dictionaries({"uri": st.just("pvc://m")})},
-        optional={k: JUNK for k in ("resources", "runtime", "autoscaling", "replicas")}))
+    from_schema_examples = st.one_of(
+        from_schema(SPEC_SCHEMA),
+        st.fixed_dictionaries(
+            {"model": st.fixed_dictionaries({"uri": st.just("pvc://m")})},
+            optional={k: JUNK for k in ("resources", "runtime", "autoscaling", "replicas")},
+        ),
+    )
 
     @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(from_schema_examples)

@@ -33,8 +33,12 @@ def test_fuzz_server_never_answers_5xx_and_keeps_its_schema(tmp_path) -> None:
         for operation in operations:
 
             @given(case=operation.as_strategy())
-            @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=EXAMPLES_PER_OPERATION,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
             def fuzz(case) -> None:
                 # A schema-valid body may still have the wrong shape for this model (the schema
                 # cannot know the model): its 400 is right, so "positive data" is not checked.
@@ -46,5 +50,7 @@ def test_fuzz_server_never_answers_5xx_and_keeps_its_schema(tmp_path) -> None:
 
             fuzz()
     assert not [code for code in statuses if code >= 500], statuses
-    print(f"requests fuzzed: {sum(statuses.values())} over {len(operations)} operations; "
-          f"status codes: {dict(sorted(statuses.items()))}")
+    print(
+        f"requests fuzzed: {sum(statuses.values())} over {len(operations)} operations; "
+        f"status codes: {dict(sorted(statuses.items()))}"
+    )

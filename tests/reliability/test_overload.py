@@ -85,11 +85,33 @@ async def test_overload_burst_is_refused_fast_bounded_and_recovers(tmp_path: pat
     port = free_port()
     env = {**os.environ, "MODEL_SERVER_INTRA_OP_THREADS": "1"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "model_server", "serve", "--model", str(repo), "--model-name", "burst",
-         "--host", "127.0.0.1", "--port", str(port), "--providers", "CPUExecutionProvider",
-         "--max-batch-size", "8", "--max-delay-ms", "2", "--max-queue", str(MAX_QUEUE),
-         "--no-access-log"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            sys.executable,
+            "-m",
+            "model_server",
+            "serve",
+            "--model",
+            str(repo),
+            "--model-name",
+            "burst",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--providers",
+            "CPUExecutionProvider",
+            "--max-batch-size",
+            "8",
+            "--max-delay-ms",
+            "2",
+            "--max-queue",
+            str(MAX_QUEUE),
+            "--no-access-log",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(base_url=base, timeout=5) as client:
@@ -124,10 +146,12 @@ async def test_overload_burst_is_refused_fast_bounded_and_recovers(tmp_path: pat
 
         refused_latency.sort()
         p99 = refused_latency[int(len(refused_latency) * 0.99) - 1] if refused_latency else 0.0
-        print(f"overload: {BURST} requests at concurrency {CONCURRENCY} in {burst_s:.1f} s -> {dict(burst)}; "
-              f"429 p50 {refused_latency[len(refused_latency) // 2] * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms; "
-              f"RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; throughput before/after "
-              f"{200 / baseline_s:.0f}/{200 / recovered_s:.0f} req/s")
+        print(
+            f"overload: {BURST} requests at concurrency {CONCURRENCY} in {burst_s:.1f} s -> {dict(burst)}; "
+            f"429 p50 {refused_latency[len(refused_latency) // 2] * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms; "
+            f"RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; throughput before/after "
+            f"{200 / baseline_s:.0f}/{200 / recovered_s:.0f} req/s"
+        )
     finally:
         server.terminate()
         try:

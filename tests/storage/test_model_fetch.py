@@ -28,8 +28,13 @@ def file_server(tmp_path: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
 
 
 def run_fetch(uri: str, dest: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "model_server.storage", uri, str(dest)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "model_server.storage", uri, str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_http_model_lands_whole(file_server, tmp_path: pathlib.Path) -> None:
@@ -72,7 +77,7 @@ class StandInS3:
             def paginate(self, Bucket: str, Prefix: str):  # noqa: N803 (boto3's names)
                 keys = sorted(k for k in objects if k.startswith(Prefix))
                 for i in range(0, len(keys), 2):
-                    yield {"Contents": [{"Key": k} for k in keys[i:i + 2]]}
+                    yield {"Contents": [{"Key": k} for k in keys[i : i + 2]]}
 
         return Paginator()
 
@@ -81,12 +86,14 @@ class StandInS3:
 
 
 def test_s3_prefix_keeps_the_version_layout(tmp_path: pathlib.Path) -> None:
-    client = StandInS3({
-        "models/resnet/1/model.onnx": b"v1",
-        "models/resnet/2/model.onnx": b"v2",
-        "models/resnet/2/": b"",  # a "directory" marker
-        "models/other/1/model.onnx": b"no",
-    })
+    client = StandInS3(
+        {
+            "models/resnet/1/model.onnx": b"v1",
+            "models/resnet/2/model.onnx": b"v2",
+            "models/resnet/2/": b"",  # a "directory" marker
+            "models/other/1/model.onnx": b"no",
+        }
+    )
     files = fetch_s3("s3://bucket/models/resnet/", tmp_path, client)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in files) == ["1/model.onnx", "2/model.onnx"]
     assert (tmp_path / "2" / "model.onnx").read_bytes() == b"v2"

@@ -30,17 +30,19 @@ def builtin_mode(spec: kopf.Spec, **_: Any) -> bool:
 
 # A failure that escapes the loop restarts the daemon after `backoff` (its history is then
 # empty, so it holds before it scales down again).
-@kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=builtin_mode,
-             cancellation_timeout=10, backoff=RETRY_SECONDS)
-async def autoscaler(stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta,
-                     memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+@kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=builtin_mode, cancellation_timeout=10, backoff=RETRY_SECONDS)
+async def autoscaler(
+    stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
     """Run the loop until kopf stops the daemon; an error in one tick never ends it."""
     loop = Autoscaler(
-        memo.api, meta["namespace"], meta["name"], logger,
+        memo.api,
+        meta["namespace"],
+        meta["name"],
+        logger,
         # kopf.event, not kopf.info: the operator posts only warnings from log lines
         # (settings.posting.level), and kopf.info obeys that level too.
-        post_event=lambda reason, message: kopf.event(body, type="Normal", reason=reason,
-                                                      message=message),
+        post_event=lambda reason, message: kopf.event(body, type="Normal", reason=reason, message=message),
     )
     try:
         while not stopped:

@@ -52,18 +52,17 @@ def queries_for(scaling: AutoscalingSpec, namespace: str, model: str) -> Queries
     )
 
 
-def observation_from(at: float, value: Sample | None, age: Sample | None,
-                     ready_replicas: int | None, error: str | None = None) -> Observation:
+def observation_from(
+    at: float, value: Sample | None, age: Sample | None, ready_replicas: int | None, error: str | None = None
+) -> Observation:
     """Combine the answers of one tick; any doubt about the data becomes "no value"."""
     if error:
         return Observation(at, None, ready_replicas=ready_replicas, note=error)
     if age is None or not math.isfinite(age.value):
-        return Observation(at, None, ready_replicas=ready_replicas,
-                           note="no live series of the service in Prometheus")
+        return Observation(at, None, ready_replicas=ready_replicas, note="no live series of the service in Prometheus")
     if value is None:
         return Observation(at, None, ready_replicas=ready_replicas, note="query returned no series")
-    return Observation(at, value.value, age_seconds=max(age.value, 0.0),
-                       ready_replicas=ready_replicas)
+    return Observation(at, value.value, age_seconds=max(age.value, 0.0), ready_replicas=ready_replicas)
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -72,8 +71,13 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return round(value, digits)
 
 
-def autoscaler_status(metric: Metric, observation: Observation, latency_p95_ms: float | None,
-                      decision: Decision, last_scale_time: str | None) -> dict:
+def autoscaler_status(
+    metric: Metric,
+    observation: Observation,
+    latency_p95_ms: float | None,
+    decision: Decision,
+    last_scale_time: str | None,
+) -> dict:
     """`status.autoscaler`; None values delete their key in a merge patch."""
     return {
         "metric": metric.value,
@@ -94,9 +98,16 @@ def status_patch(current: dict | None, desired: dict) -> dict:
 class Autoscaler:
     """Per-InferenceService state of the built-in loop: history and a Prometheus client."""
 
-    def __init__(self, api: KubeApi, namespace: str, name: str, logger: logging.Logger,
-                 post_event: EventPoster, clock: Callable[[], float] = time.monotonic,
-                 prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient):
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        name: str,
+        logger: logging.Logger,
+        post_event: EventPoster,
+        clock: Callable[[], float] = time.monotonic,
+        prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,
+    ):
         self.api = api
         self.namespace = namespace
         self.name = name
@@ -149,8 +160,9 @@ class Autoscaler:
         self._client_key, self._client_born = key, now
         return self._client
 
-    async def _observe(self, scaling: AutoscalingSpec, model: str,
-                       ready: int | None) -> tuple[Observation, float | None]:
+    async def _observe(
+        self, scaling: AutoscalingSpec, model: str, ready: int | None
+    ) -> tuple[Observation, float | None]:
         q = queries_for(scaling, self.namespace, model)
         at = self.clock()
         try:
@@ -179,8 +191,7 @@ class Autoscaler:
         generation = (body.get("metadata") or {}).get("generation") or 0
         current = self._current_replicas(spec.replicas, generation)
         decision = decide(observation, current, policy, self.history)
-        self.history = self.history.remember(observation.at, decision.recommendation,
-                                             policy.horizon_seconds)
+        self.history = self.history.remember(observation.at, decision.recommendation, policy.horizon_seconds)
 
         previous = status.get("autoscaler") or {}
         last_scale_time = previous.get("lastScaleTime")
@@ -193,9 +204,16 @@ class Autoscaler:
 
         self._log(scaling, observation, p95_ms, current, decision)
         metrics.record_autoscaler_decision(
-            self.namespace, self.name, current=current, desired=decision.replicas,
-            min_replicas=scaling.min_replicas, max_replicas=scaling.max_replicas,
-            metric=scaling.metric.value, value=observation.value, target=scaling.target)
+            self.namespace,
+            self.name,
+            current=current,
+            desired=decision.replicas,
+            min_replicas=scaling.min_replicas,
+            max_replicas=scaling.max_replicas,
+            metric=scaling.metric.value,
+            value=observation.value,
+            target=scaling.target,
+        )
         desired = autoscaler_status(scaling.metric, observation, p95_ms, decision, last_scale_time)
         changes = status_patch(previous, desired)
         if changes:
@@ -219,24 +237,22 @@ class Autoscaler:
         """Write spec.replicas through the scale subresource; the time of the write, or None."""
         running = policy.bounded(current)  # what the Deployment runs (the builder clamps too)
         try:
-            await asyncio.to_thread(self.api.patch, self.ref, {"spec": {"replicas": decision.replicas}},
-                                    "scale")
+            await asyncio.to_thread(self.api.patch, self.ref, {"spec": {"replicas": decision.replicas}}, "scale")
         except ApiException as exc:
-            self.logger.warning("scale to %d not written: API error %s %s", decision.replicas,
-                                exc.status, exc.reason)
+            self.logger.warning("scale to %d not written: API error %s %s", decision.replicas, exc.status, exc.reason)
             return None
         written = now_iso()
         if decision.replicas != running:
-            self.history = self.history.scaled(self.clock(), running, decision.replicas,
-                                               policy.horizon_seconds)
+            self.history = self.history.scaled(self.clock(), running, decision.replicas, policy.horizon_seconds)
             reason = "ScaledUp" if decision.replicas > running else "ScaledDown"
         else:
             reason = "ReplicasBounded"
         self.post_event(reason, f"replicas {current} -> {decision.replicas}: {decision.reason}")
         return written
 
-    def _log(self, scaling: AutoscalingSpec, observation: Observation, p95_ms: float | None,
-             current: int, decision: Decision) -> None:
+    def _log(
+        self, scaling: AutoscalingSpec, observation: Observation, p95_ms: float | None, current: int, decision: Decision
+    ) -> None:
         has_data = observation.value is not None
         log = self.logger.info
         if not has_data and self._had_data:
@@ -245,10 +261,17 @@ class Autoscaler:
         log(
             "autoscaler decision: replicas %d -> %d (recommendation %d) metric=%s value=%s "
             "target=%s p95_ms=%s ready=%s data_age_s=%s fast=%s | %s",
-            current, decision.replicas, decision.recommendation, scaling.metric.value,
-            _fmt(observation.value), _fmt(scaling.target), _fmt(p95_ms),
-            observation.ready_replicas, _fmt(observation.age_seconds if has_data else None),
-            decision.fast, decision.reason,
+            current,
+            decision.replicas,
+            decision.recommendation,
+            scaling.metric.value,
+            _fmt(observation.value),
+            _fmt(scaling.target),
+            _fmt(p95_ms),
+            observation.ready_replicas,
+            _fmt(observation.age_seconds if has_data else None),
+            decision.fast,
+            decision.reason,
         )
 
 

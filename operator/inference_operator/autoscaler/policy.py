@@ -72,8 +72,7 @@ class Policy:
             tolerance=spec.tolerance,
             scale_down_stabilization_seconds=spec.scale_down_stabilization_seconds,
             scale_up=Rule(spec.scale_up.pods, spec.scale_up.percent, spec.scale_up.period_seconds),
-            scale_down=Rule(spec.scale_down.pods, spec.scale_down.percent,
-                            spec.scale_down.period_seconds),
+            scale_down=Rule(spec.scale_down.pods, spec.scale_down.percent, spec.scale_down.period_seconds),
             # A sample older than three decisions (or a minute) no longer describes the service.
             stale_after_seconds=max(60.0, 3.0 * spec.interval_seconds),
             scale_down_exponent=0.5 if spec.metric in LATENCY_METRICS else 1.0,
@@ -85,8 +84,7 @@ class Policy:
     @property
     def horizon_seconds(self) -> float:
         """How much history `decide` can look at; older entries can be dropped."""
-        return max(self.scale_down_stabilization_seconds, self.scale_up.period_seconds,
-                   self.scale_down.period_seconds)
+        return max(self.scale_down_stabilization_seconds, self.scale_up.period_seconds, self.scale_down.period_seconds)
 
 
 @dataclass(frozen=True)
@@ -124,8 +122,11 @@ class History:
 
     def remember(self, at: float, recommendation: int, horizon: float) -> History:
         recs = tuple(r for r in self.recommendations if r[0] > at - horizon)
-        return History(self.since if self.since is not None else at, (*recs, (at, recommendation)),
-                       tuple(e for e in self.events if e.at > at - horizon))
+        return History(
+            self.since if self.since is not None else at,
+            (*recs, (at, recommendation)),
+            tuple(e for e in self.events if e.at > at - horizon),
+        )
 
     def scaled(self, at: float, before: int, after: int, horizon: float) -> History:
         events = tuple(e for e in self.events if e.at > at - horizon)
@@ -184,27 +185,28 @@ def recommend(value: float, current: int, ready: int | None, policy: Policy) -> 
         if wanted <= current and starting:
             return current, f"above target, waiting for {starting} starting replica(s)"
         return policy.bounded(max(wanted, current)), "above target"
-    wanted = math.ceil(basis * ratio ** policy.scale_down_exponent + starting - _EPSILON)
+    wanted = math.ceil(basis * ratio**policy.scale_down_exponent + starting - _EPSILON)
     return policy.bounded(wanted), "below target"
 
 
-def decide(observation: Observation, current_replicas: int, policy: Policy,
-           history: History) -> Decision:
+def decide(observation: Observation, current_replicas: int, policy: Policy, history: History) -> Decision:
     """The replica count to write now; equal to the (bounded) current count means no change."""
     now = observation.at
     current = policy.bounded(current_replicas)
     bounds = ""
     if current != current_replicas:
-        bounds = (f"; spec.replicas {current_replicas} brought into "
-                  f"[{policy.min_replicas}, {policy.max_replicas}]")
+        bounds = f"; spec.replicas {current_replicas} brought into [{policy.min_replicas}, {policy.max_replicas}]"
     value = observation.value
     if value is None or not math.isfinite(value):
         note = observation.note or ("no samples" if value is None else f"value {value}")
         return Decision(current, f"no data ({note}): holding {current}{bounds}", current)
     if observation.age_seconds > policy.stale_after_seconds:
-        return Decision(current, f"stale data ({observation.age_seconds:.0f}s old, limit "
-                                 f"{policy.stale_after_seconds:.0f}s): holding {current}{bounds}",
-                        current)
+        return Decision(
+            current,
+            f"stale data ({observation.age_seconds:.0f}s old, limit "
+            f"{policy.stale_after_seconds:.0f}s): holding {current}{bounds}",
+            current,
+        )
 
     seen = f"{policy.metric}={_fmt(value)} target={_fmt(policy.target)}"
     recommendation, why = recommend(value, current, observation.ready_replicas, policy)
@@ -224,15 +226,16 @@ def decide(observation: Observation, current_replicas: int, policy: Policy,
         limit = scale_up_limit(current, history, policy.scale_up, now, fast)
         if result > limit:
             rule = policy.scale_up
-            limited = (f", limited by scaleUp ({rule.pods} pods or {rule.percent}% per "
-                       f"{rule.period_seconds:g}s{', counted per decision' if fast else ''})")
+            limited = (
+                f", limited by scaleUp ({rule.pods} pods or {rule.percent}% per "
+                f"{rule.period_seconds:g}s{', counted per decision' if fast else ''})"
+            )
             result = limit
     elif result < current:
         limit = scale_down_limit(current, history, policy.scale_down, now)
         if result < limit:
             rule = policy.scale_down
-            limited = (f", limited by scaleDown ({rule.pods} pods or {rule.percent}% per "
-                       f"{rule.period_seconds:g}s)")
+            limited = f", limited by scaleDown ({rule.pods} pods or {rule.percent}% per {rule.period_seconds:g}s)"
             result = limit
     result = policy.bounded(result)
 
@@ -242,8 +245,10 @@ def decide(observation: Observation, current_replicas: int, policy: Policy,
     elif result < current:
         reason = f"{seen}: {why}, scale down {current} -> {result} (wants {recommendation}{limited})"
     elif recommendation < current:
-        reason = (f"{seen}: {why}, wants {recommendation}; holding {current} "
-                  f"(scale-down stabilization: highest in the last {window:g}s is {ceiling})")
+        reason = (
+            f"{seen}: {why}, wants {recommendation}; holding {current} "
+            f"(scale-down stabilization: highest in the last {window:g}s is {ceiling})"
+        )
     elif recommendation == current and why == "above target" and current == policy.max_replicas:
         reason = f"{seen}: above target, already at maxReplicas {current}"
     else:

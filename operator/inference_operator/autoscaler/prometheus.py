@@ -57,9 +57,17 @@ def parse_response(payload: dict) -> Sample | None:
 class PrometheusClient:
     """Instant queries against one Prometheus; close with `aclose()` (or `async with`)."""
 
-    def __init__(self, url: str, *, token: str | None = None, ca_pem: str | None = None,
-                 timeout: float = 5.0, retries: int = 2, backoff: float = 0.25,
-                 transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        ca_pem: str | None = None,
+        timeout: float = 5.0,
+        retries: int = 2,
+        backoff: float = 0.25,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -69,8 +77,9 @@ class PrometheusClient:
         self.url = url.rstrip("/")
         self._retries = retries
         self._backoff = backoff
-        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, verify=verify,
-                                       timeout=httpx.Timeout(timeout), transport=transport)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, verify=verify, timeout=httpx.Timeout(timeout), transport=transport
+        )
 
     async def __aenter__(self) -> Self:
         return self

@@ -51,17 +51,28 @@ def server_args(owner: Owner) -> list[str]:
     runtime, batching = spec.runtime, spec.runtime.batching
     args = [
         "serve",
-        "--model", MODEL_DIR,
-        "--model-name", owner.model_name,
-        "--format", spec.model.format.value,
-        "--port", str(runtime.port),
-        "--metrics-port", str(runtime.metrics_port),
-        "--providers", ",".join(p.value for p in runtime.execution_providers),
-        "--max-batch-size", str(batching.max_batch_size),
-        "--max-delay-ms", _number(batching.max_delay_ms),
-        "--max-queue", str(batching.max_queue),
-        "--shutdown-delay", str(SHUTDOWN_DELAY_SECONDS),
-        "--drain-timeout", str(DRAIN_TIMEOUT_SECONDS),
+        "--model",
+        MODEL_DIR,
+        "--model-name",
+        owner.model_name,
+        "--format",
+        spec.model.format.value,
+        "--port",
+        str(runtime.port),
+        "--metrics-port",
+        str(runtime.metrics_port),
+        "--providers",
+        ",".join(p.value for p in runtime.execution_providers),
+        "--max-batch-size",
+        str(batching.max_batch_size),
+        "--max-delay-ms",
+        _number(batching.max_delay_ms),
+        "--max-queue",
+        str(batching.max_queue),
+        "--shutdown-delay",
+        str(SHUTDOWN_DELAY_SECONDS),
+        "--drain-timeout",
+        str(DRAIN_TIMEOUT_SECONDS),
     ]
     if spec.model.version:
         args += ["--model-version", spec.model.version]
@@ -153,9 +164,7 @@ def _affinity(spec: InferenceServiceSpec) -> dict | None:
         return None
     return {
         "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": expressions}]
-            }
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
         }
     }
 

@@ -81,8 +81,7 @@ def metric_spec(owner: Owner) -> dict:
 def build_hpa(owner: Owner) -> dict:
     scaling = owner.spec.autoscaling
     assert scaling is not None
-    query = promql.metric_query(scaling.metric, owner.namespace, owner.model_name,
-                                scaling.window_seconds)
+    query = promql.metric_query(scaling.metric, owner.namespace, owner.model_name, scaling.window_seconds)
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",

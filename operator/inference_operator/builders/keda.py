@@ -25,14 +25,12 @@ def build_scaled_object(owner: Owner) -> dict:
     assert scaling is not None
     metadata = {
         "serverAddress": scaling.prometheus_url,
-        "query": promql.metric_query(scaling.metric, owner.namespace, owner.model_name,
-                                     scaling.window_seconds),
+        "query": promql.metric_query(scaling.metric, owner.namespace, owner.model_name, scaling.window_seconds),
         "threshold": _threshold(scaling.target),
         # An empty answer means the pods are not scraped: an error, not a reason to scale down.
         "ignoreNullValues": "false",
     }
-    trigger: dict = {"type": "prometheus", "name": scaling.metric.value, "metricType": "Value",
-                     "metadata": metadata}
+    trigger: dict = {"type": "prometheus", "name": scaling.metric.value, "metricType": "Value", "metadata": metadata}
     auth = scaling.prometheus_auth
     if auth and (auth.bearer_token_secret or auth.ca_secret):
         if auth.bearer_token_secret:
@@ -66,8 +64,9 @@ def build_trigger_authentication(owner: Owner) -> dict | None:
         return None
     refs = []
     if auth.bearer_token_secret:
-        refs.append({"parameter": "bearerToken", "name": auth.bearer_token_secret.name,
-                     "key": auth.bearer_token_secret.key})
+        refs.append(
+            {"parameter": "bearerToken", "name": auth.bearer_token_secret.name, "key": auth.bearer_token_secret.key}
+        )
     if auth.ca_secret:
         refs.append({"parameter": "ca", "name": auth.ca_secret.name, "key": auth.ca_secret.key})
     return {

@@ -19,8 +19,9 @@ router = APIRouter(tags=["simple"])
 
 class SimpleRequest(BaseModel):
     # minItems documents what decode_simple_rows enforces (with a 400 naming the problem).
-    data: list[Any] = Field(json_schema_extra={"minItems": 1},
-                            description="One row as a flat list of numbers, or a list of rows.")
+    data: list[Any] = Field(
+        json_schema_extra={"minItems": 1}, description="One row as a flat list of numbers, or a list of rows."
+    )
     model_version: str | int | None = "latest"
 
 

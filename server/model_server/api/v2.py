@@ -139,8 +139,7 @@ async def model_infer(name: str, request: Request, state: State) -> Response:
     return await _infer(state, request, name, None)
 
 
-@router.post("/models/{name}/versions/{version}/infer", responses=INFER_ERRORS,
-             openapi_extra=_INFER_DOC)
+@router.post("/models/{name}/versions/{version}/infer", responses=INFER_ERRORS, openapi_extra=_INFER_DOC)
 async def version_infer(name: str, version: str, request: Request, state: State) -> Response:
     return await _infer(state, request, name, version)
 
