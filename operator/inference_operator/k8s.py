@@ -15,19 +15,10 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-FIELD_MANAGER = "rocm-inference-operator"
+from .builders.common import MANAGER
+from .kinds import PLURALS
 
-# apiVersion/kind → plural, for every kind the operator reads or writes.
-PLURALS = {
-    ("apps/v1", "Deployment"): "deployments",
-    ("v1", "Service"): "services",
-    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
-    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
-    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
-    ("keda.sh/v1alpha1", "TriggerAuthentication"): "triggerauthentications",
-    ("v1", "Secret"): "secrets",
-    ("inference.rocm.dev/v1alpha1", "InferenceService"): "inferenceservices",
-}
+FIELD_MANAGER = MANAGER
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..kinds import OWNED_KINDS
 from ..models import AutoscalingMode
 from .common import Owner, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
@@ -9,17 +10,6 @@ from .hpa import build_hpa
 from .keda import build_scaled_object, build_trigger_authentication
 from .pdb import build_pdb, needs_pdb
 from .service import build_service
-
-# Kinds the operator owns, in the order they are applied. Each object of a kind is named after
-# its InferenceService, so one that is no longer wanted is found (and deleted) by name.
-OWNED_KINDS = [
-    ("apps/v1", "Deployment"),
-    ("v1", "Service"),
-    ("policy/v1", "PodDisruptionBudget"),
-    ("autoscaling/v2", "HorizontalPodAutoscaler"),
-    ("keda.sh/v1alpha1", "ScaledObject"),
-    ("keda.sh/v1alpha1", "TriggerAuthentication"),
-]
 
 
 def build_all(owner: Owner) -> list[dict]:

@@ -1,0 +1,55 @@
+"""Every kind of object the operator reads or writes, in one table.
+
+Paths (plural names), the set of owned kinds and the order they are applied in, which kinds
+come from an optional add-on, and the chart's RBAC rules are all derived from this table, so a
+new kind is added here once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .models import API_VERSION, KIND, PLURAL
+
+
+@dataclass(frozen=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+    # Owned kinds are created, applied and deleted by reconcile, one object per InferenceService,
+    # named after it; the rest are only read.
+    owned: bool = False
+    # The add-on that serves this API when it is not built into Kubernetes; a cluster without
+    # it answers 404, which is a condition to report, not an error to retry.
+    addon: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.api_version, self.kind
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+
+# Owned kinds in the order they are applied (a TriggerAuthentication before the ScaledObject
+# that names it).
+KINDS: tuple[Kind, ...] = (
+    Kind("apps/v1", "Deployment", "deployments", owned=True),
+    Kind("v1", "Service", "services", owned=True),
+    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", owned=True),
+    Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", owned=True),
+    Kind("keda.sh/v1alpha1", "TriggerAuthentication", "triggerauthentications", owned=True, addon="KEDA"),
+    Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", owned=True, addon="KEDA"),
+    Kind("v1", "Secret", "secrets"),
+    Kind(API_VERSION, KIND, PLURAL),
+)
+
+BY_KEY: dict[tuple[str, str], Kind] = {k.key: k for k in KINDS}
+OWNED_KINDS: list[tuple[str, str]] = [k.key for k in KINDS if k.owned]
+PLURALS: dict[tuple[str, str], str] = {k.key: k.plural for k in KINDS}
+
+
+def kind_of(api_version: str, kind: str) -> Kind:
+    return BY_KEY[api_version, kind]
