@@ -47,6 +47,23 @@ def test_autoscaler_parse_errors() -> None:
         parse_response({"status": "success", "data": {"resultType": "matrix", "result": []}})
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"resultType": "scalar", "result": None},
+        {"resultType": "scalar", "result": [1.0]},
+        {"resultType": "scalar", "result": [1.0, "not a number"]},
+        {"resultType": "vector", "result": [{"metric": {}}]},
+        {"resultType": "vector", "result": [{"value": None}]},
+        {"resultType": "vector", "result": 7},
+    ],
+)
+def test_autoscaler_parse_malformed_answer_is_a_prometheus_error(data: dict) -> None:
+    # The loop turns PrometheusError into an observation with an error; anything else would escape it.
+    with pytest.raises(PrometheusError, match="malformed"):
+        parse_response({"status": "success", "data": data})
+
+
 class Script:
     """A fake Prometheus that answers from a list of (status, body) and records requests."""
 

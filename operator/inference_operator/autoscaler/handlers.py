@@ -9,7 +9,6 @@ empty and the policy holds rather than scaling down until it has seen a full win
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import kopf
@@ -23,7 +22,7 @@ RETRY_SECONDS = 15
 
 
 def builtin_mode(spec: kopf.Spec, **_: Any) -> bool:
-    scaling = spec.get("autoscaling")
+    scaling = spec.get("autoscaling") or {}
     builtin = AutoscalingMode.BUILTIN.value
     return bool(scaling) and scaling.get("mode", builtin) == builtin
 
@@ -32,7 +31,7 @@ def builtin_mode(spec: kopf.Spec, **_: Any) -> bool:
 # empty, so it holds before it scales down again).
 @kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=builtin_mode, cancellation_timeout=10, backoff=RETRY_SECONDS)
 async def autoscaler(
-    stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     """Run the loop until kopf stops the daemon; an error in one tick never ends it."""
     loop = Autoscaler(

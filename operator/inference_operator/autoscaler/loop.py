@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -103,7 +104,7 @@ class Autoscaler:
         api: KubeApi,
         namespace: str,
         name: str,
-        logger: logging.Logger,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
         post_event: EventPoster,
         clock: Callable[[], float] = time.monotonic,
         prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,

@@ -11,7 +11,7 @@ import asyncio
 import math
 import ssl
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import httpx
 
@@ -36,18 +36,16 @@ def parse_response(payload: dict) -> Sample | None:
     """
     if payload.get("status") != "success":
         raise PrometheusError(f"{payload.get('errorType', 'error')}: {payload.get('error', payload)}")
-    data = payload.get("data") or {}
+    data: dict[str, Any] = payload.get("data") or {}
     kind, result = data.get("resultType"), data.get("result")
-    if kind == "scalar":
-        points = [result]
-    elif kind == "vector":
-        points = [item["value"] for item in result or []]
-    else:
+    if kind not in ("scalar", "vector"):
         raise PrometheusError(f"unexpected result type {kind!r}")
-    samples = []
-    for timestamp, text in points:
-        value = float(text)  # Prometheus spells NaN/+Inf the way float() reads them
-        samples.append(Sample(value, float(timestamp)))
+    try:
+        points: list[Any] = [result] if kind == "scalar" else [item["value"] for item in result or []]
+        # Prometheus spells NaN/+Inf the way float() reads them.
+        samples = [Sample(float(text), float(timestamp)) for timestamp, text in points]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise PrometheusError(f"malformed {kind} result {result!r}: {exc}") from None
     if not samples:
         return None
     finite = [s for s in samples if not math.isnan(s.value)]

@@ -122,6 +122,7 @@ def _model_storage(spec: InferenceServiceSpec, image: str) -> tuple[list[dict], 
         return [volume], []
     volume = {"name": MODEL_VOLUME, "emptyDir": {}}
     mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR}
+    init: dict[str, object]
     if scheme == "oci":
         # A "modelcar" image: the model lives under /models of the image named by the URI.
         init = {

@@ -11,7 +11,7 @@ replicas alone). Tolerance and the fast scale-up path have no HPA equivalent.
 from __future__ import annotations
 
 from ..autoscaler import promql
-from ..models import AutoscalingSpec, Metric
+from ..models import AutoscalingSpec, Metric, ScalingRule
 from .common import Owner, object_meta
 
 PROMQL_ANNOTATION = "inference.rocm.dev/promql"
@@ -40,7 +40,7 @@ def quantity(value: float) -> str:
 def behavior(scaling: AutoscalingSpec) -> dict:
     """HPA `behavior` from the spec's rate rules and scale-down stabilization."""
 
-    def rules(rule, stabilization: int) -> dict:
+    def rules(rule: ScalingRule, stabilization: int) -> dict:
         return {
             "stabilizationWindowSeconds": stabilization,
             "selectPolicy": "Max",
