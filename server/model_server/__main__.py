@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+if TYPE_CHECKING:
+    from .settings import ServerSettings
 
-def _flag(parser: argparse.ArgumentParser, name: str, *, env: bool = False, **kwargs) -> None:
+
+def _flag(parser: argparse.ArgumentParser, name: str, *, env: bool = False, **kwargs: Any) -> None:
     """Add `--name`; for `serve`, the help names the matching env var too."""
     if env:
         var = "MODEL_SERVER_" + kwargs.get("dest", name.replace("-", "_")).upper()
@@ -99,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def settings_from_args(args: argparse.Namespace):
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """Flags given on the command line override env; the rest comes from env."""
     from .settings import ServerSettings
 

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class QuantizationReport:
         )
 
 
-def _session(path: Path):
+def _session(path: Path) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -121,9 +121,11 @@ def quantize_model(
         if calibration is None:
             raise ValueError("static quantization needs calibration data (--calibration)")
 
+        batches = _batches(calibration, 16)
+
         class Reader(CalibrationDataReader):
             def __init__(self) -> None:
-                self._it = _batches(calibration, 16)
+                self._it = batches
 
             def get_next(self) -> dict[str, np.ndarray] | None:
                 return next(self._it, None)

@@ -222,7 +222,7 @@ def decode_json_tensor(name: str, datatype: str, shape: Sequence[int], data: Any
     return arr.reshape(shape)
 
 
-def decode_binary_tensor(name: str, datatype: str, shape: Sequence[int], buf: bytes) -> np.ndarray:
+def decode_binary_tensor(name: str, datatype: str, shape: Sequence[int], buf: bytes | memoryview) -> np.ndarray:
     """A tensor sent with the binary-data extension -> numpy array (copy, writable)."""
     shape = check_shape(name, shape)
     if datatype not in V2_DATATYPES:

@@ -32,6 +32,7 @@ from .batching import DynamicBatcher
 from .errors import ModelLoadError, ModelNotFound, ModelNotReady
 from .metrics import ServerMetrics
 from .settings import MODEL_SUFFIXES, ServerSettings, resolve_buckets, resolve_instances
+from .tensors import TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +159,11 @@ class ServedVersion:
             backend.close()
 
     @property
-    def inputs(self):
+    def inputs(self) -> list[TensorSpec]:
         return self.backend.inputs
 
     @property
-    def outputs(self):
+    def outputs(self) -> list[TensorSpec]:
         return self.backend.outputs
 
 

@@ -3,6 +3,7 @@ parsing that turns schema errors into 4xx messages, and the inference call."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -123,5 +124,5 @@ def dumps(payload: Any) -> bytes:
     return orjson.dumps(payload, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_response(payload: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(dumps(payload), status_code=status, headers=headers, media_type="application/json")

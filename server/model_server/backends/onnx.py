@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class OnnxBackend(Backend):
         self.spinning = spinning
         self.device_id = device_id
         self.providers: list[str] = []
-        self._session = None
+        self._session: Any = None  # onnxruntime.InferenceSession (untyped)
         self._output_names: list[str] = []
         self._binding_device: str | None = None
 
@@ -171,7 +171,7 @@ class OnnxBackend(Backend):
         self._session = None
 
 
-def _spec(node) -> TensorSpec:
+def _spec(node: Any) -> TensorSpec:
     shape = None if node.shape is None else tuple(normalize_dim(d) for d in node.shape)
     return TensorSpec(node.name, ORT_TO_V2.get(node.type, node.type), shape)
 
