@@ -1,17 +1,19 @@
-"""The InferenceService spec as pydantic models.
+"""The InferenceService spec (and status) as pydantic models: the one source of the schema.
 
-These models mirror the CRD's openAPIV3Schema field for field (a test keeps the two in step)
-and are the single place where defaults live in Python: builders never invent a default of
+The CRD in crds/ is generated from these models by `inference_operator.crd`: field types,
+defaults, bounds, patterns, descriptions and the CEL rules (`x-kubernetes-validations`, declared
+next to the model they check with `cel(...)`) all live here. Builders never invent a default of
 their own, they read it from here.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "inference.rocm.dev"
@@ -38,6 +40,23 @@ LABEL_KEY_PATTERN = (
 )
 
 
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
+    """A CEL rule for the API server, as the `json_schema_extra` of a model or field.
+
+    The API server also evaluates each rule against every `default:` in the schema as written and
+    on objects that lack optional fields: guard every field a rule reads with `has()`.
+    """
+    entry: dict[str, Any] = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return {"x-kubernetes-validations": [entry]}
+
+
+def cel_rules(*rules: dict[str, Any]) -> dict[str, Any]:
+    """Several `cel(...)` rules on one node."""
+    return {"x-kubernetes-validations": [r for rule in rules for r in rule["x-kubernetes-validations"]]}
+
+
 class _Spec(BaseModel):
     """Base for spec models: camelCase on the wire, unknown fields are an error."""
 
@@ -49,9 +68,6 @@ class _Spec(BaseModel):
     )
 
 
-Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
-
-
 def _quantity(value: object) -> object:
     """Accept YAML numbers for quantities (`cpu: 8`) and keep them as strings, as the API does."""
     if isinstance(value, bool):
@@ -59,6 +75,21 @@ def _quantity(value: object) -> object:
     if isinstance(value, int | float):
         return str(value)
     return value
+
+
+# int-or-string on the wire (`cpu: 8` or `cpu: 500m`), a string in Python.
+Quantity = Annotated[
+    str,
+    Field(pattern=QUANTITY_PATTERN),
+    BeforeValidator(_quantity),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
+]
 
 
 class ModelFormat(StrEnum):
@@ -90,10 +121,22 @@ class AutoscalingMode(StrEnum):
 class ModelSpec(_Spec):
     """Where the model lives and how to load it."""
 
-    uri: Annotated[str, Field(pattern=MODEL_URI_PATTERN)]
+    uri: str = Field(
+        pattern=MODEL_URI_PATTERN,
+        max_length=2048,
+        description="pvc://CLAIM/PATH mounts a claim read-only; s3://, http(s):// and oci:// are fetched by an "
+        "init container.",
+    )
     format: ModelFormat = ModelFormat.ONNX
-    version: str | None = None
-    name: Annotated[str | None, Field(pattern=r"^[a-zA-Z0-9_.-]+$", max_length=63)] = None
+    version: str | None = Field(
+        None, max_length=63, description="Model version to serve; the highest version found when unset."
+    )
+    name: str | None = Field(
+        None,
+        pattern=r"^[a-zA-Z0-9_.-]+$",
+        max_length=63,
+        description="Model name in the inference API and metrics; defaults to the InferenceService's name.",
+    )
 
     @property
     def scheme(self) -> str:
@@ -107,7 +150,7 @@ class BatchingSpec(_Spec):
 
 
 class EnvVar(_Spec):
-    name: Annotated[str, Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)
     value: str = ""
 
 
@@ -118,17 +161,34 @@ def _default_providers() -> list[ExecutionProvider]:
 class RuntimeSpec(_Spec):
     """The model-server container: image, providers, batching and probes."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
+            "runtime.port and runtime.metricsPort must differ",
+        )
+    )
+
     image: Annotated[str, Field(pattern=IMAGE_PATTERN, max_length=512)] = DEFAULT_IMAGE
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    execution_providers: Annotated[list[ExecutionProvider], Field(min_length=1)] = Field(
-        default_factory=_default_providers
+    execution_providers: list[ExecutionProvider] = Field(
+        default_factory=_default_providers,
+        min_length=1,
+        max_length=4,
+        description="ONNX Runtime execution providers in order of preference; unavailable ones are skipped at "
+        "load time.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
     port: Annotated[int, Field(ge=1, le=65535)] = 8080
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9090
-    startup_timeout_seconds: Annotated[int, Field(ge=10, le=7200)] = 600
-    env: list[EnvVar] = Field(default_factory=list)
-    args: list[str] = Field(default_factory=list)
+    startup_timeout_seconds: int = Field(
+        600,
+        ge=10,
+        le=7200,
+        description="How long a replica may take to load and warm up its model before it is restarted.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    args: list[str] = Field(default_factory=list, max_length=64, description="Extra arguments for the model server.")
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> RuntimeSpec:
@@ -140,12 +200,51 @@ class RuntimeSpec(_Spec):
 class GpuSpec(_Spec):
     """AMD GPUs per replica, and which nodes may host them (AMD GPU labeller labels)."""
 
-    count: Annotated[int, Field(ge=0, le=16)] = 1
-    product_name: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = None
-    family: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9_.-]+$")] = None
-    vram: Annotated[str | None, Field(pattern=r"^[0-9]+[GM]$")] = None
-    partition: Annotated[str | None, Field(pattern=r"^[a-z]+_[a-z0-9]+$")] = None
-    visible_devices: Annotated[str | None, Field(pattern=r"^[0-9]+(,[0-9]+)*$")] = None
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.count) || self.count > 0"
+                " || !(has(self.productName) || has(self.family) || has(self.vram) || has(self.partition))",
+                "GPU placement fields are set but resources.gpu.count is 0",
+            ),
+            cel(
+                "!has(self.visibleDevices) || !has(self.count) || size(self.visibleDevices.split(',')) == self.count",
+                "resources.gpu.visibleDevices must list exactly resources.gpu.count devices",
+            ),
+        )
+    )
+
+    count: int = Field(1, ge=0, le=16, description="amd.com/gpu per replica (0 runs on CPU).")
+    product_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        max_length=63,
+        description="Required value of the node label amd.com/gpu.product-name, e.g. AMD_Instinct_MI300X_OAM.",
+    )
+    family: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        max_length=63,
+        description="Required value of the node label amd.com/gpu.family, e.g. AI.",
+    )
+    vram: str | None = Field(
+        None,
+        pattern=r"^[0-9]+[GM]$",
+        max_length=16,
+        description="Required value of the node label amd.com/gpu.vram, e.g. 192G.",
+    )
+    partition: str | None = Field(
+        None,
+        pattern=r"^[a-z]+_[a-z0-9]+$",
+        max_length=32,
+        description="Required value of the node label amd.com/compute-memory-partition, e.g. cpx_nps4.",
+    )
+    visible_devices: str | None = Field(
+        None,
+        pattern=r"^[0-9]+(,[0-9]+)*$",
+        max_length=64,
+        description="Overrides ROCR_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES (default 0..count-1).",
+    )
 
     @model_validator(mode="after")
     def _placement_needs_gpus(self) -> GpuSpec:
@@ -163,12 +262,7 @@ class ResourcesSpec(_Spec):
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     cpu: Quantity = "4"
     memory: Quantity = "16Gi"
-    shm_size: Quantity = "8Gi"
-
-    @field_validator("cpu", "memory", "shm_size", mode="before")
-    @classmethod
-    def _coerce_quantity(cls, value: object) -> object:
-        return _quantity(value)
+    shm_size: Quantity = Field("8Gi", description="Size of the memory-backed /dev/shm.")
 
 
 class ScalingRule(_Spec):
@@ -192,15 +286,30 @@ class PrometheusAuth(_Spec):
 class AutoscalingSpec(_Spec):
     """Latency-SLO autoscaling; absent means a fixed `spec.replicas`."""
 
-    mode: AutoscalingMode = AutoscalingMode.BUILTIN
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
+            ".minReplicas",
+        )
+    )
+
+    mode: AutoscalingMode = Field(
+        AutoscalingMode.BUILTIN,
+        description="builtin runs the operator's own loop; hpa and keda emit an HPA or a KEDA ScaledObject instead.",
+    )
     min_replicas: Annotated[int, Field(ge=1)] = 1
     max_replicas: Annotated[int, Field(ge=1, le=1000)]
     metric: Metric = Metric.LATENCY_P95_MS
-    target: Annotated[float, Field(gt=0)]
+    target: float = Field(
+        gt=0,
+        description="Target value of the metric per replica (ms for latency, requests for queueDepth, req/s for "
+        "rps, percent for gpuUtilization).",
+    )
     prometheus_url: Annotated[str, Field(pattern=r"^https?://.+")] = DEFAULT_PROMETHEUS_URL
     prometheus_auth: PrometheusAuth | None = None
     interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
-    window_seconds: Annotated[int, Field(ge=10, le=3600)] = 60
+    window_seconds: int = Field(60, ge=10, le=3600, description="Range of the PromQL rate() window.")
     tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.1
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
     scale_up: ScalingRule = Field(default_factory=ScalingRule)
@@ -217,7 +326,14 @@ LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
 
 
 class SchedulingSpec(_Spec):
-    node_selector: dict[str, LabelValue] = Field(default_factory=dict)
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=32,
+        json_schema_extra=cel(
+            "self.all(k, k.matches('" + LABEL_KEY_PATTERN.replace("\\", "\\\\") + "'))",
+            "scheduling.nodeSelector keys must be valid label keys",
+        ),
+    )
     priority_class_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] = None
     service_account_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] = None
 
@@ -233,11 +349,29 @@ class SchedulingSpec(_Spec):
 class InferenceServiceSpec(_Spec):
     """`spec` of an InferenceService."""
 
-    replicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "!has(self.resources) || !has(self.resources.gpu) || !has(self.resources.gpu.count)"
+            " || self.resources.gpu.count > 0"
+            " || !has(self.runtime) || !has(self.runtime.executionProviders)"
+            " || 'CPUExecutionProvider' in self.runtime.executionProviders",
+            "runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0",
+            ".runtime.executionProviders",
+        )
+    )
+
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Desired replicas; written by the autoscaler (scale subresource) when spec.autoscaling is set.",
+    )
     model: ModelSpec
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    autoscaling: AutoscalingSpec | None = None
+    autoscaling: AutoscalingSpec | None = Field(
+        None, description="Latency-SLO autoscaling; without it the service keeps spec.replicas."
+    )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
 
     @model_validator(mode="after")
@@ -250,6 +384,48 @@ class InferenceServiceSpec(_Spec):
         ):
             raise ValueError("runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0")
         return self
+
+
+Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
+
+
+class _Status(BaseModel):
+    """Base for status models: what the operator writes, camelCase on the wire."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class Condition(_Status):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = None
+    message: str | None = None
+    last_transition_time: datetime | None = None
+    observed_generation: Int64 | None = None
+
+
+class AutoscalerStatus(_Status):
+    metric: str | None = None
+    current_value: float | None = None
+    latency_p95_ms: float | None = None
+    desired_replicas: int | None = None
+    last_scale_time: datetime | None = None
+    reason: str | None = None
+
+
+class InferenceServiceStatus(_Status):
+    """`status` of an InferenceService (schema only: status.py writes it as plain mappings)."""
+
+    observed_generation: Int64 | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    selector: str | None = Field(None, description="Label selector of the pods, for the scale subresource.")
+    url: str | None = None
+    conditions: list[Condition] | None = Field(
+        None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
+    autoscaler: AutoscalerStatus | None = None
 
 
 class SpecError(ValueError):

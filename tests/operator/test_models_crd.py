@@ -1,76 +1,91 @@
-"""The CRD schema and the pydantic spec model must describe the same thing, with equal defaults."""
+"""The CRD is generated from the pydantic models: fresh on disk, a valid CRD, equal defaults, documented."""
 
 from __future__ import annotations
 
 import copy
+import pathlib
+import re
 
+import kubernetes_validate
 import pytest
 
-from inference_operator.models import InferenceServiceSpec, SpecError, parse_spec
-from tests.crd import apply_defaults, crd, crd_schema, schema_errors
+from inference_operator import crd as crdgen
+from inference_operator.models import SpecError, parse_spec
+from tests.crd import ROOT, apply_defaults, crd, crd_schema, schema_errors
+
+K8S_VERSION = "1.33"
 
 SPEC_SCHEMA = crd_schema()["properties"]["spec"]
-MODEL_SCHEMA = InferenceServiceSpec.model_json_schema(by_alias=True, mode="validation")
-CONSTRAINTS = ("minimum", "maximum", "pattern", "enum", "minItems", "maxItems", "maxLength", "minLength")
 
 
-def _resolve(node: dict) -> dict:
-    """Follow $ref and unwrap Optional (anyOf [X, null]) in pydantic's JSON schema."""
-    while True:
-        if "$ref" in node:
-            node = {
-                **MODEL_SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[1]],
-                **{k: v for k, v in node.items() if k != "$ref"},
-            }
-        elif "anyOf" in node and any(s.get("type") == "null" for s in node["anyOf"]):
-            inner = [s for s in node["anyOf"] if s.get("type") != "null"]
-            node = {**inner[0], **{k: v for k, v in node.items() if k not in ("anyOf", "default")}}
-        elif "allOf" in node and len(node["allOf"]) == 1:
-            node = {**node["allOf"][0], **{k: v for k, v in node.items() if k != "allOf"}}
-        else:
-            return node
+def test_generated_crd_files_are_fresh() -> None:
+    """crds/ and the chart's copy are exactly what the models generate (regenerate, compare)."""
+    stale = crdgen.stale_files(ROOT)
+    assert stale == [], f"stale: {[str(p.relative_to(ROOT)) for p in stale]}; run python -m inference_operator.crd"
 
 
-def _walk(crd_node: dict, model_node: dict, path: str, found: list[str]) -> None:
-    model_node = _resolve(model_node)
-    if "items" in crd_node:
-        assert crd_node.get("minItems") == model_node.get("minItems"), f"{path}: minItems"
-        _walk(crd_node["items"], model_node.get("items", {}), path + "[]", found)
-        return
-    if isinstance(crd_node.get("additionalProperties"), dict):
-        _walk(crd_node["additionalProperties"], model_node.get("additionalProperties", {}), path + "{}", found)
-        return
-    crd_props = crd_node.get("properties") or {}
-    model_props = model_node.get("properties") or {}
-    if crd_props or model_props:
-        assert set(crd_props) == set(model_props), (
-            f"{path}: only in CRD {sorted(set(crd_props) - set(model_props))}, "
-            f"only in model {sorted(set(model_props) - set(crd_props))}"
-        )
-        assert set(crd_node.get("required", [])) == set(model_node.get("required", [])), path
-        for name in crd_props:
-            _walk(crd_props[name], model_props[name], f"{path}.{name}", found)
-        return
-    found.append(path)
-    model_leaf = _resolve(model_node)
-    for key in CONSTRAINTS:
-        crd_value = crd_node.get(key)
-        model_value = model_leaf.get(key)
-        if key == "enum" and model_value is None and "items" in model_leaf:
-            model_value = _resolve(model_leaf["items"]).get("enum")
-        if key == "minimum" and crd_node.get("exclusiveMinimum"):
-            model_value = model_leaf.get("exclusiveMinimum")
-        if key == "maximum" and crd_node.get("exclusiveMaximum"):
-            model_value = model_leaf.get("exclusiveMaximum")
-        if key in ("maxItems", "maxLength") and model_value is None:
-            continue  # API-server cost bounds for CEL; the model has no such limits to mirror
-        assert crd_value == model_value, f"{path}: {key} CRD={crd_value!r} model={model_value!r}"
+def test_check_mode_names_a_stale_file(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert crdgen.main(["--root", str(tmp_path)]) == 0
+    assert crdgen.main(["--check", "--root", str(tmp_path)]) == 0
+    target = tmp_path / crdgen.OUTPUTS[1]
+    target.write_text(target.read_text().replace("maximum: 16", "maximum: 17"))
+    assert crdgen.main(["--check", "--root", str(tmp_path)]) == 1
+    assert str(target) in capsys.readouterr().err
 
 
-def test_every_field_and_constraint_agrees() -> None:
-    leaves: list[str] = []
-    _walk(SPEC_SCHEMA, MODEL_SCHEMA, "spec", leaves)
+def test_crd_is_a_valid_custom_resource_definition() -> None:
+    kubernetes_validate.validate(crd(), K8S_VERSION, strict=True)
+
+
+def test_every_spec_field_has_a_constraint_or_default_from_the_model() -> None:
+    """The generator kept what pydantic knows: every leaf is typed, and the leaves with a
+    default in the model carry the same default in the CRD."""
+    leaves = _leaves(SPEC_SCHEMA, "spec")
     assert len(leaves) > 40  # the walk reached the leaves, it did not stop at the top
+    untyped = [path for path, node in leaves if "type" not in node and "x-kubernetes-int-or-string" not in node]
+    assert untyped == []
+    defaults = parse_spec(WITH_AUTOSCALING).model_dump(by_alias=True, mode="json")
+    checked = 0
+    for path, node in leaves:
+        value = defaults
+        for part in path.split(".")[1:]:
+            value = value.get(part) if isinstance(value, dict) else None
+        if "default" in node:
+            assert node["default"] == value, path
+            checked += 1
+    assert checked > 30
+
+
+def _leaves(node: dict, path: str) -> list[tuple[str, dict]]:
+    props = node.get("properties")
+    if not props:
+        return [(path, node)]
+    return [leaf for name, sub in props.items() for leaf in _leaves(sub, f"{path}.{name}")]
+
+
+def _readme_spec_fields() -> set[str]:
+    """Field paths named in the README's spec table: `a.b` / `c` means a.b and a.c."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| field | default | meaning |") :].split("\n\n", 1)[0]
+    fields: set[str] = set()
+    for row in table.splitlines()[2:]:
+        names = re.findall(r"`([A-Za-z.*]+)`", row.split("|")[1])
+        parent = names[0].rsplit(".", 1)[0] if "." in names[0] else ""
+        fields |= {name if "." in name or not parent else f"{parent}.{name}" for name in names}
+    return fields
+
+
+def test_readme_spec_table_matches_the_schema() -> None:
+    """Every row names real fields, and every field is in a row (itself, a parent or `x.*`)."""
+    documented = _readme_spec_fields()
+    paths = {path.removeprefix("spec.") for path, _ in _leaves(SPEC_SCHEMA, "spec")}
+    prefixes = {p.rsplit(".", i)[0] for p in paths for i in range(p.count(".") + 1)}
+    unknown = {f for f in documented if f.removesuffix(".*") not in prefixes}
+    assert unknown == set(), f"README names fields the CRD does not have: {sorted(unknown)}"
+    covered = {
+        p for p in paths if any(p == f or p.startswith(f.removesuffix("*").rstrip(".") + ".") for f in documented)
+    }
+    assert paths - covered == set(), f"spec fields missing from the README table: {sorted(paths - covered)}"
 
 
 MINIMAL = {"model": {"uri": "pvc://models/m"}}

@@ -1,0 +1,246 @@
+"""The InferenceService CustomResourceDefinition, generated from the pydantic models.
+
+    python -m inference_operator.crd            # rewrite crds/ and the chart's crds/ copy
+    python -m inference_operator.crd --check    # exit 1 naming each stale file (CI runs this as a test)
+
+models.py is the one source of the schema; the two YAML files are build output, never edited by
+hand. To add a spec field: declare it on the right model in models.py with its type, default and
+bounds (`Field(ge=..., le=..., pattern=..., max_length=..., description=...)`; the description
+becomes `kubectl explain` text), put any cross-field check next to it as a CEL rule with
+`cel(...)` in that model's `model_config` `json_schema_extra` (guard every field the rule reads
+with `has()`, the API server evaluates rules against defaults and partial objects) and, when it
+must also hold in Python, as a model validator with the same message; then run
+`python -m inference_operator.crd`, add the field to the README's spec table, and commit the
+regenerated files with the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import pathlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import pydantic_core
+import yaml
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
+
+from .models import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, InferenceServiceSpec, InferenceServiceStatus
+
+NAME = f"{PLURAL}.{GROUP}"
+FILE_NAME = f"{NAME}.yaml"
+# Where the generated CRD lives, relative to the repository root: the project's and the chart's.
+OUTPUTS = (pathlib.Path("crds") / FILE_NAME, pathlib.Path("charts/rocm-inference-operator/crds") / FILE_NAME)
+HEADER = "# Generated from operator/inference_operator/models.py by `python -m inference_operator.crd`; do not edit.\n"
+DESCRIPTION = "An InferenceService serves one model on AMD GPUs, autoscaled on latency."
+
+PRINTER_COLUMNS: list[dict[str, str]] = [
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
+    {
+        "name": "GPUs",
+        "type": "integer",
+        "description": "AMD GPUs per replica",
+        "jsonPath": ".spec.resources.gpu.count",
+    },
+    {
+        "name": "Latency",
+        "type": "number",
+        "description": "p95 request latency in milliseconds, as last observed by the autoscaler",
+        "jsonPath": ".status.autoscaler.latencyP95Ms",
+    },
+    {"name": "URL", "type": "string", "jsonPath": ".status.url"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+# Key order in the output, so that a node reads type first and its children last.
+_KEY_ORDER = [
+    "type",
+    "x-kubernetes-int-or-string",
+    "anyOf",
+    "description",
+    "format",
+    "enum",
+    "required",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "maxProperties",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "default",
+    "x-kubernetes-validations",
+    "items",
+    "additionalProperties",
+    "properties",
+]
+# What pydantic writes that a structural schema has no place for.
+_DROPPED = {"title", "$defs"}
+
+
+class _CrdJsonSchema(GenerateJsonSchema):
+    """pydantic's JSON schema, plus the defaults of `default_factory` fields (`{}` for a model:
+    the API server then fills the nested defaults itself)."""
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        factory = schema.get("default_factory")
+        if factory is None or schema.get("default_factory_takes_data"):
+            return super().default_schema(schema)
+        json_schema = self.generate_inner(schema["schema"])
+        value = factory()  # type: ignore[call-arg]
+        default = {} if isinstance(value, BaseModel) else pydantic_core.to_jsonable_python(value)
+        return {**json_schema, "default": default}
+
+
+def _json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema(by_alias=True, mode="validation", schema_generator=_CrdJsonSchema)
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """One pydantic JSON-schema node as an OpenAPI v3 structural-schema node: references
+    inlined, Optional unwrapped, draft-2020 exclusive bounds in OpenAPI's boolean form."""
+    node = dict(node)
+    while True:
+        if "$ref" in node:
+            # A model's docstring is for developers; only a field's description reaches users.
+            target = {k: v for k, v in defs[node.pop("$ref").rsplit("/", 1)[1]].items() if k != "description"}
+            node = {**target, **node}
+        elif "anyOf" in node and any(s.get("type") == "null" for s in node["anyOf"]):
+            inner = [s for s in node.pop("anyOf") if s.get("type") != "null"]
+            if node.get("default", ...) is None:
+                del node["default"]
+            node = {**inner[0], **node} if len(inner) == 1 else {**node, "anyOf": inner}
+        elif "allOf" in node and len(node["allOf"]) == 1:
+            node = {**node.pop("allOf")[0], **node}
+        else:
+            break
+    if node.get("additionalProperties") is False:
+        del node["additionalProperties"]  # unknown fields are pruned (and refused by strict validation)
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), int | float) and not isinstance(node[bound], bool):
+            node[plain], node[bound] = node[bound], True
+    if "properties" in node:
+        node["properties"] = {name: _structural(sub, defs) for name, sub in node["properties"].items()}
+    if isinstance(node.get("items"), dict):
+        node["items"] = _structural(node["items"], defs)
+    if isinstance(node.get("additionalProperties"), dict):
+        node["additionalProperties"] = _structural(node["additionalProperties"], defs)
+    unknown = set(node) - set(_KEY_ORDER) - _DROPPED
+    if unknown:
+        raise ValueError(f"no place in a structural schema for {sorted(unknown)}: {node}")
+    return {key: node[key] for key in _KEY_ORDER if key in node}
+
+
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    schema = _json_schema(model)
+    schema.pop("description", None)
+    return _structural(schema, schema.get("$defs", {}))
+
+
+def open_api_schema() -> dict[str, Any]:
+    """The openAPIV3Schema of the served version."""
+    return {
+        "type": "object",
+        "description": DESCRIPTION,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": _schema_of(InferenceServiceSpec),
+            "status": _schema_of(InferenceServiceStatus),
+        },
+    }
+
+
+@functools.cache
+def _definition() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": NAME,
+            "labels": {
+                "app.kubernetes.io/name": "rocm-inference-operator",
+                "app.kubernetes.io/part-of": "rocm-inference-operator",
+            },
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": [SHORT_NAME],
+                "categories": ["all", "inference"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": open_api_schema()},
+                }
+            ],
+        },
+    }
+
+
+def definition() -> dict[str, Any]:
+    """The CustomResourceDefinition as a mapping (a fresh copy each call)."""
+    return copy.deepcopy(_definition())
+
+
+def render() -> str:
+    """The CRD file's text, byte for byte."""
+    return HEADER + yaml.safe_dump(definition(), sort_keys=False, width=10_000, allow_unicode=True)
+
+
+def stale_files(root: pathlib.Path) -> list[pathlib.Path]:
+    """The generated files under `root` whose content differs from what the models give."""
+    text = render()
+    return [root / out for out in OUTPUTS if not (root / out).is_file() or (root / out).read_text() != text]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference_operator.crd", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report stale files (exit 1), write nothing")
+    parser.add_argument("--root", type=pathlib.Path, default=pathlib.Path.cwd(), help="repository root")
+    args = parser.parse_args(argv)
+    stale = stale_files(args.root)
+    if args.check:
+        for path in stale:
+            print(f"{path} is stale: run python -m inference_operator.crd", file=sys.stderr)
+        return 1 if stale else 0
+    text = render()
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
