@@ -22,10 +22,9 @@ import onnx
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from testsupport.cluster import running_cluster, wait_for
 
-from tests.cluster import running_cluster, wait_for  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 EXAMPLE = ROOT / "examples" / "resnet-2gpu.yaml"
 DEPLOYMENTS = "apps/v1/deployments"

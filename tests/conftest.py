@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from kopf.testing import KopfRunner
 
-from tests.cluster import Cluster, running_cluster
+from testsupport.cluster import Cluster, running_cluster
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.crd import ROOT
+from testsupport.crd import ROOT
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.crd import ROOT
+from testsupport.crd import ROOT
 
 BLOCK = "import sys; sys.modules.update(kopf=None, kubernetes=None); "
 

@@ -30,8 +30,8 @@ from tests.autoscaler.conftest import (
     running_prometheus,
     tiny_mlp,
 )
-from tests.cluster import Cluster, captured_operator_logs, wait_for
 from tests.http_stub import QuietHandler, serving
+from testsupport.cluster import Cluster, captured_operator_logs, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

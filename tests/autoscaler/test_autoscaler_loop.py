@@ -24,7 +24,7 @@ from inference_operator.autoscaler.loop import (
 from inference_operator.autoscaler.prometheus import PrometheusClient, Sample
 from inference_operator.k8s import KubeApi
 from inference_operator.models import parse_spec
-from tests.cluster import Cluster, running_cluster
+from testsupport.cluster import Cluster, running_cluster
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 from inference_operator.autoscaler import promql
 from inference_operator.models import Metric
 from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
-from tests.cluster import wait_for
 from tests.http_stub import QuietHandler, serving
+from testsupport.cluster import wait_for
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 WINDOW = 5

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.chart import helm as helm_module
-from tests.cluster import Cluster
+from testsupport.cluster import Cluster
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 Helm is the Helm v4 engine (helm.sh/helm/v4) inside the `helm-sdkpy` wheel, a Go shared library
 called through cffi (tests/chart/helm_cli.py): real `helm lint` and real `helm install`, here
-into the emulated cluster of tests/cluster.py. That library has no `helm template`; an install
+into the emulated cluster of testsupport/cluster.py. That library has no `helm template`; an install
 into the emulator renders the same manifests and also runs CRD installation and release handling.
 Release records are kept in memory (HELM_DRIVER=memory): Helm writes its release Secret as
 protobuf, which the emulator does not parse.
@@ -21,8 +21,8 @@ import tempfile
 import kmock
 import yaml
 
-from tests.cluster import Cluster
-from tests.emulator import declare
+from testsupport.cluster import Cluster
+from testsupport.emulator import declare
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rocm-inference-operator"

@@ -18,8 +18,8 @@ import yaml
 
 from inference_operator.models import parse_spec
 from tests.chart import helm as h
-from tests.cluster import Cluster
-from tests.crd import schema_errors
+from testsupport.cluster import Cluster
+from testsupport.crd import schema_errors
 
 KUBERNETES_VERSIONS = ("1.33", kubernetes_validate.latest_version())
 BUILTIN_GROUPS = {"v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}

@@ -37,9 +37,9 @@ from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import AutoscalingMode, parse_spec
 from inference_operator.reconcile import reconcile
 from tests.chart import helm as h
-from tests.cluster import Cluster, wait_for
-from tests.crd import crd
-from tests.emulator import declare
+from testsupport.cluster import Cluster, wait_for
+from testsupport.crd import crd
+from testsupport.emulator import declare
 
 RBAC = h.CHART / "files" / "rbac"
 EXAMPLES = sorted((h.ROOT / "examples").glob("*.yaml"))

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.cluster import Cluster
-from tests.emulator import declare
+from testsupport.cluster import Cluster
+from testsupport.emulator import declare
 
 PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 PEERING_VERBS = ("list", "watch", "get", "create", "patch")

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster import Cluster, wait_for
 from tests.ha.operators import Replica, declare_peering, peers
+from testsupport.cluster import Cluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 
 from inference_operator import crd as crdgen
 from inference_operator.models import SpecError, parse_spec
-from tests.crd import ROOT, apply_defaults, crd, crd_schema, schema_errors
+from testsupport.crd import ROOT, apply_defaults, crd, crd_schema, schema_errors
 
 K8S_VERSION = "1.33"
 

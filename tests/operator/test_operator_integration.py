@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.cluster import Cluster, captured_operator_logs, wait_for
+from testsupport.cluster import Cluster, captured_operator_logs, wait_for
 
 pytestmark = pytest.mark.integration
 

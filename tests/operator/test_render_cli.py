@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.crd import ROOT, schema_errors
+from testsupport.crd import ROOT, schema_errors
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 

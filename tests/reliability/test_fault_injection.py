@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from kopf.testing import KopfRunner
 
-from tests.cluster import Cluster, captured_operator_logs, wait_for
+from testsupport.cluster import Cluster, captured_operator_logs, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -28,9 +28,9 @@ from inference_operator import handlers
 from inference_operator.builders import Owner, build_all
 from inference_operator.k8s import KubeApi
 from inference_operator.models import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, SpecError, parse_spec
-from tests.cluster import Cluster, captured_operator_logs, running_cluster, wait_for
-from tests.crd import apply_defaults, crd_schema, schema_errors
 from tests.strategies import JUNK, from_schema, leaf_paths
+from testsupport.cluster import Cluster, captured_operator_logs, running_cluster, wait_for
+from testsupport.crd import apply_defaults, crd_schema, schema_errors
 
 SPEC_SCHEMA = crd_schema()["properties"]["spec"]
 CEL_MESSAGES = [

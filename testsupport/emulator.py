@@ -27,7 +27,7 @@ import attrs
 import kmock
 from kmock._internal import dicts
 
-from tests.crd import schema_errors
+from testsupport.crd import schema_errors
 
 CR_RESOURCE = "inference.rocm.dev/v1alpha1/inferenceservices"
 

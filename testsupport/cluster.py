@@ -16,7 +16,7 @@ import httpx
 import kmock
 import yaml
 
-from tests.emulator import CR_RESOURCE, ClusterEmulator
+from testsupport.emulator import CR_RESOURCE, ClusterEmulator
 
 
 @dataclass
