@@ -1,4 +1,9 @@
-"""The CRD as test data: its path, the document, and its openAPIV3Schema for jsonschema."""
+"""The CRD as test data: its path, the document as shipped, and its openAPIV3Schema for jsonschema.
+
+`schema_errors` checks the OpenAPI schema only (as written, no defaulting); the API server's whole
+verdict (unknown fields, defaults, schema, CEL rules) is `validate_custom_resource`, from the
+operator package, re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,10 @@ import pathlib
 
 import jsonschema
 import yaml
+
+from inference_operator.validation import apply_defaults, validate_custom_resource
+
+__all__ = ["CRD_PATH", "ROOT", "apply_defaults", "crd", "crd_schema", "schema_errors", "validate_custom_resource"]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CRD_PATH = ROOT / "crds" / "inferenceservices.inference.rocm.dev.yaml"
@@ -29,24 +38,3 @@ def schema_errors(obj: dict) -> list[str]:
         f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
         for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
     ]
-
-
-def apply_defaults(schema: dict, value):
-    """Structural defaulting as an API server does it: fill `default`s of absent properties,
-    then recurse into objects and array items (defaults of `{}` get their own defaults)."""
-    if isinstance(value, dict):
-        props = schema.get("properties") or {}
-        result = dict(value)
-        for name, sub in props.items():
-            if name not in result and "default" in sub:
-                result[name] = sub["default"]
-            if name in result:
-                result[name] = apply_defaults(sub, result[name])
-        if isinstance(schema.get("additionalProperties"), dict):
-            extra = schema["additionalProperties"]
-            for name in set(result) - set(props):
-                result[name] = apply_defaults(extra, result[name])
-        return result
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        return [apply_defaults(schema["items"], item) for item in value]
-    return value

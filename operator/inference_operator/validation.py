@@ -1,0 +1,218 @@
+"""An InferenceService checked the way the API server checks it, with no cluster.
+
+The API server prunes (or, with strict field validation as kubectl asks for, refuses) unknown
+fields, fills the schema's defaults, validates the OpenAPI schema and then evaluates the CEL rules
+(`x-kubernetes-validations`) on the defaulted object. `validate_custom_resource` does the same
+against the CRD generated from models.py, so `render`, the tests and the emulated API server give
+the verdict a real one would. CEL runs on cel-python, with the few functions of the Kubernetes CEL
+libraries the rules use (a rule calling another one fails loudly, never silently passes).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import celpy
+import jsonschema
+from celpy import celtypes
+
+from .crd import open_api_schema
+
+# What the API server checks of metadata itself (ObjectMeta), for the fields a manifest sets.
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+METADATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "generateName": {"type": "string"},
+        "namespace": {"type": "string"},
+        "uid": {"type": "string"},
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+        "generation": {"type": "integer"},
+        "resourceVersion": {"type": "string"},
+        "finalizers": {"type": "array", "items": {"type": "string"}},
+    },
+}
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _split(text: celtypes.StringType, separator: celtypes.StringType) -> celtypes.ListType:
+    """Kubernetes' strings library: `'a,b'.split(',')`."""
+    return celtypes.ListType([celtypes.StringType(part) for part in str(text).split(str(separator))])
+
+
+# Functions of the Kubernetes CEL libraries (beyond standard CEL) that the CRD's rules call.
+KUBERNETES_FUNCTIONS: dict[str, Callable[..., Any]] = {"split": _split}
+_ENVIRONMENT = celpy.Environment()
+
+
+@functools.cache
+def compile_rule(rule: str) -> celpy.Runner:
+    """The rule parsed and ready to run; raises celpy.CELParseError on a syntax error."""
+    return _ENVIRONMENT.program(_ENVIRONMENT.compile(rule), functions=KUBERNETES_FUNCTIONS)
+
+
+def to_cel(value: Any, schema: dict[str, Any]) -> Any:
+    """A JSON value as CEL sees it under `schema`: `type: number` is a double even when written `5`."""
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    if isinstance(value, dict):
+        return celtypes.MapType({celtypes.StringType(k): to_cel(v, _child(schema, k)) for k, v in value.items()})
+    if isinstance(value, list):
+        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        return celtypes.ListType([to_cel(v, items or {}) for v in value])
+    if isinstance(value, int) and schema.get("type") == "number":
+        return celtypes.DoubleType(float(value))
+    if isinstance(value, int):
+        return celtypes.IntType(value)
+    if isinstance(value, float):
+        return celtypes.DoubleType(value)
+    if isinstance(value, str):
+        return celtypes.StringType(value)
+    return value
+
+
+def _child(schema: dict[str, Any], key: str) -> dict[str, Any]:
+    props = schema.get("properties") or {}
+    if key in props:
+        return props[key]
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, dict) else {}
+
+
+def evaluate_rule(rule: dict[str, Any], value: Any, schema: dict[str, Any]) -> str | None:
+    """None when the rule holds for `value` (the node `schema` describes); else why not."""
+    try:
+        result = compile_rule(rule["rule"]).evaluate({"self": to_cel(value, schema)})
+    except (celpy.CELEvalError, celpy.CELParseError) as exc:
+        return f"rule {rule['rule']!r} cannot be evaluated: {exc.args[0] if exc.args else exc}"
+    if isinstance(result, celpy.CELEvalError):
+        return f"rule {rule['rule']!r} cannot be evaluated: {result.args[0] if result.args else result}"
+    if result is not True and result != celtypes.BoolType(True):
+        return str(rule.get("message") or f"failed rule: {rule['rule']}")
+    return None
+
+
+def _join(path: str, part: str) -> str:
+    return f"{path}.{part}" if path else part
+
+
+def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
+    """Every CEL rule of `schema` and its descendants, run on each node present in `value`."""
+    errors: list[str] = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        problem = evaluate_rule(rule, value, schema)
+        if problem:
+            where = path + str(rule.get("fieldPath", "")) if rule.get("fieldPath") else path
+            errors.append(f"{where or '<root>'}: {problem}")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            child = _child(schema, key)
+            if child:
+                errors += cel_errors(child, item, _join(path, key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            errors += cel_errors(schema["items"], item, f"{path}[{index}]")
+    return errors
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Structural defaulting as the API server does it: fill the `default` of absent properties,
+    then recurse into objects and array items (a default of `{}` gets its own defaults)."""
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        result = dict(value)
+        for name, sub in props.items():
+            if name not in result and "default" in sub:
+                result[name] = sub["default"]
+            if name in result:
+                result[name] = apply_defaults(sub, result[name])
+        if isinstance(schema.get("additionalProperties"), dict):
+            extra = schema["additionalProperties"]
+            for name in set(result) - set(props):
+                result[name] = apply_defaults(extra, result[name])
+        return result
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def unknown_fields(schema: dict[str, Any], value: Any, path: str = "") -> Iterator[str]:
+    """Fields the schema does not declare (the API server drops them; strict validation refuses)."""
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            if props is not None and key in props:
+                yield from unknown_fields(props[key], item, _join(path, str(key)))
+            elif isinstance(extra, dict):
+                yield from unknown_fields(extra, item, _join(path, str(key)))
+            elif props:  # an object with declared fields and no others allowed
+                yield _join(path, str(key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(value):
+            yield from unknown_fields(schema["items"], item, f"{path}[{index}]")
+
+
+@functools.cache
+def _validator() -> jsonschema.Draft4Validator:
+    # OpenAPI v3.0's exclusiveMinimum/Maximum are draft-04 booleans.
+    schema = open_api_schema()
+    schema["properties"]["metadata"] = METADATA_SCHEMA
+    return jsonschema.Draft4Validator(schema)
+
+
+def schema_errors(obj: Any) -> list[str]:
+    """OpenAPI schema violations of a (defaulted) object, each naming the field."""
+    found = sorted(_validator().iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}" for e in found]
+
+
+def default_custom_resource(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object as the API server stores it: schema defaults filled (input left unchanged)."""
+    result: dict[str, Any] = apply_defaults(open_api_schema(), obj)
+    return result
+
+
+def validate_custom_resource(obj: Any) -> list[str]:
+    """The API server's verdict on an InferenceService (create or update); empty when accepted.
+
+    Each message starts with the field it is about (`spec.runtime.port: ...`). Order of checks
+    as on the API server: unknown fields (strict field validation, as kubectl sends), then the
+    OpenAPI schema on the defaulted object, then the CEL rules when the schema holds. For an
+    emulated API server: call it on every create/update/patch result of an InferenceService and
+    refuse the write with 422 when the list is not empty; store `default_custom_resource(obj)`.
+    """
+    if not isinstance(obj, dict):
+        return [f"<root>: expected a mapping, got {type(obj).__name__}"]
+    schema = open_api_schema()
+    errors = [
+        f"{path}: unknown field" + _hint(path)
+        for path in unknown_fields(schema, obj)
+        if path.split(".")[0] != "status"  # status is the operator's, pruned not refused
+    ]
+    defaulted = default_custom_resource(obj)
+    errors += schema_errors(defaulted)
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        if metadata is None:
+            errors.append("metadata.name: a name is required")
+    elif not metadata.get("name") and not metadata.get("generateName"):
+        errors.append("metadata.name: a name is required")
+    elif isinstance(name := metadata.get("name"), str) and not (DNS_SUBDOMAIN.match(name) and len(name) <= 253):
+        errors.append("metadata.name: must be a lowercase RFC 1123 subdomain")
+    if not errors:
+        errors += cel_errors(schema, defaulted)
+    return errors
+
+
+def _hint(path: str) -> str:
+    leaf = path.rsplit(".", 1)[-1]
+    if "_" in leaf:
+        head, *rest = leaf.split("_")
+        return f" (fields are camelCase: {head + ''.join(p.title() for p in rest)})"
+    return ""

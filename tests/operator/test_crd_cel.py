@@ -1,0 +1,142 @@
+"""Every CEL rule of the shipped CRD, compiled and run as the API server runs it.
+
+A real API server evaluates each `x-kubernetes-validations` rule against every `default:` in the
+schema as written (before nested defaults apply) when the CRD is installed, and on objects that
+lack optional fields; a rule reading an absent field makes the whole CRD invalid (`no such key`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from inference_operator.validation import apply_defaults, cel_errors, compile_rule, evaluate_rule
+from testsupport.crd import ROOT, crd_schema
+
+SCHEMA = crd_schema()
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def _nodes(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for name, child in (node.get("properties") or {}).items():
+        yield from _nodes(child, f"{path}.{name}" if path else name)
+    if isinstance(node.get("items"), dict):
+        yield from _nodes(node["items"], path + "[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _nodes(node["additionalProperties"], path + "{}")
+
+
+RULES = [(path, node, rule) for path, node in _nodes(SCHEMA) for rule in node.get("x-kubernetes-validations", [])]
+DEFAULTS = [(path, node) for path, node in _nodes(SCHEMA) if "default" in node]
+
+
+def _full_spec() -> dict[str, Any]:
+    """A spec with every optional field set, valid, defaults filled."""
+    spec = {
+        "model": {"uri": "pvc://models/resnet", "version": "3", "name": "resnet"},
+        "resources": {
+            "gpu": {"count": 2, "productName": "AMD_Instinct_MI300X", "family": "AI", "vram": "192G"}
+            | {"partition": "spx_nps1", "visibleDevices": "0,1"},
+        },
+        "runtime": {"env": [{"name": "A", "value": "b"}], "args": ["--log-level=info"]},
+        "autoscaling": {
+            "maxReplicas": 4,
+            "target": 50,
+            "prometheusAuth": {"bearerTokenSecret": {"name": "s", "key": "k"}},
+        },
+        "scheduling": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "high"},
+    }
+    return apply_defaults(SCHEMA["properties"]["spec"], spec)
+
+
+def _cr(spec: dict[str, Any], name: str = "resnet") -> dict[str, Any]:
+    return {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": spec,
+    }
+
+
+def _value_at(obj: Any, path: str) -> Any:
+    for part in path.split(".") if path else []:
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def test_there_are_rules_and_defaults_to_check() -> None:
+    assert len(RULES) >= 6
+    assert len([d for d in DEFAULTS if d[1]["default"] == {}]) >= 5
+
+
+@pytest.mark.parametrize(("path", "rule"), [(p, r) for p, _, r in RULES], ids=[p or "<root>" for p, _, _ in RULES])
+def test_every_rule_compiles(path: str, rule: dict[str, Any]) -> None:
+    compile_rule(rule["rule"])
+    assert rule.get("message"), f"{path}: a rule needs a message naming the field"
+
+
+@pytest.mark.parametrize(("path", "node"), DEFAULTS, ids=[p for p, _ in DEFAULTS])
+def test_rules_hold_on_every_default_as_written(path: str, node: dict[str, Any]) -> None:
+    """What the API server does when the CRD is installed: the default, before nested defaults."""
+    assert cel_errors(node, copy.deepcopy(node["default"]), path) == []
+
+
+def _partials(node: dict[str, Any], full: Any) -> Iterator[Any]:
+    """`{}`, each single field of a full value alone, and the full value less each field."""
+    yield {}
+    if isinstance(full, dict):
+        for key in full:
+            yield {key: full[key]}
+            yield {k: v for k, v in full.items() if k != key}
+
+
+@pytest.mark.parametrize(("path", "node", "rule"), RULES, ids=[p or "<root>" for p, _, _ in RULES])
+def test_rules_are_safe_on_partial_objects(path: str, node: dict[str, Any], rule: dict[str, Any]) -> None:
+    full = _value_at(_cr(_full_spec()), path)
+    assert full is not None, f"the full object has no {path}"
+    for partial in _partials(node, full):
+        problem = evaluate_rule(rule, partial, node)
+        assert problem is None or "cannot be evaluated" not in problem, f"{path} on {partial}: {problem}"
+
+
+@pytest.mark.parametrize("document", [_cr(_full_spec()), *[yaml.safe_load(p.read_text()) for p in EXAMPLES]])
+def test_rules_hold_on_full_objects(document: dict[str, Any]) -> None:
+    assert cel_errors(SCHEMA, apply_defaults(SCHEMA, document)) == []
+
+
+VIOLATIONS = [
+    ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "spec.autoscaling.minReplicas", "<="),
+    ({"resources": {"gpu": {"count": 0, "productName": "X"}}}, "spec.resources.gpu", "count is 0"),
+    ({"resources": {"gpu": {"count": 2, "visibleDevices": "0"}}}, "spec.resources.gpu", "visibleDevices"),
+    ({"runtime": {"port": 9090, "metricsPort": 9090}}, "spec.runtime", "must differ"),
+    (
+        {"resources": {"gpu": {"count": 0}}, "runtime": {"executionProviders": ["ROCMExecutionProvider"]}},
+        "spec.runtime.executionProviders",
+        "CPUExecutionProvider",
+    ),
+    ({"scheduling": {"nodeSelector": {"bad key!": "x"}}}, "spec.scheduling.nodeSelector", "valid label key"),
+]
+
+
+@pytest.mark.parametrize(("patch", "field", "message"), VIOLATIONS)
+def test_rules_refuse_what_they_should_and_name_the_field(patch: dict, field: str, message: str) -> None:
+    spec = {"model": {"uri": "pvc://models/m"}, **patch}
+    errors = cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec)))
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(field + ":") and message in errors[0], errors
+
+
+def test_every_rule_has_a_violation_case() -> None:
+    """Each rule is seen refusing something (so none is vacuous)."""
+    refused: set[str] = set()
+    for patch, _, _ in VIOLATIONS:
+        spec = {"model": {"uri": "pvc://models/m"}, **patch}
+        refused |= {e.split(": ", 1)[1] for e in cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec)))}
+    assert {r["message"] for _, _, r in RULES} <= refused
