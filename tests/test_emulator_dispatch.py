@@ -9,7 +9,7 @@ import httpx
 import kmock
 import pytest
 
-from tests.cluster import Cluster, running_cluster
+from testsupport.cluster import Cluster, running_cluster
 
 PODS = "/api/v1/namespaces/ml/pods"
 
