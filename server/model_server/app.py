@@ -21,7 +21,7 @@ from .api.common import BODY_MODELS, AppState, json_response
 from .errors import ServerError
 from .gpu import GpuReader, detect_gpu_reader
 from .metrics import ServerMetrics
-from .middleware import BodySizeLimit
+from .middleware import BodySizeLimit, ContainErrors, internal_error_response
 from .settings import ServerSettings
 from .versions import BackendFactory, ModelRepository
 
@@ -64,6 +64,7 @@ def create_app(
     app.include_router(simple.router)
     app.include_router(v2.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ContainErrors)
     _install_error_handlers(app)
     _document_bodies(app)
     return app
@@ -109,6 +110,5 @@ def _install_error_handlers(app: FastAPI) -> None:
         return json_response({"error": str(exc.detail)}, status=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, exc: Exception) -> Response:
-        log.error("unhandled error: %s", exc, exc_info=exc)
-        return json_response({"error": f"internal error: {type(exc).__name__}: {exc}"}, status=500)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return internal_error_response(request.scope, exc)

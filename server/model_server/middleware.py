@@ -1,11 +1,57 @@
-"""Request body limit as plain ASGI middleware (no per-request task overhead)."""
+"""Request body limit and error containment as plain ASGI middleware (no
+per-request task overhead)."""
 
 from __future__ import annotations
+
+import logging
+import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .api.common import json_response
 from .errors import PayloadTooLarge
+
+log = logging.getLogger(__name__)
+
+
+def internal_error_response(scope: Scope, exc: BaseException):
+    """A 500 that names nothing internal: the detail goes to the log under an id
+    the client can quote."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error(
+        "unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id, exc_info=exc
+    )
+    return json_response(
+        {"error": f"internal error (request id {request_id}); the server log has the details"},
+        status=500,
+        headers={"X-Request-Id": request_id},
+    )
+
+
+class ContainErrors:
+    """Turn an unexpected exception into that 500 here, so it is not re-raised to
+    the server, which would log it again and drop the keep-alive connection."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:  # too late for a status: let the server close the connection
+                raise
+            await internal_error_response(scope, exc)(scope, receive, send)
 
 
 class BodySizeLimit:

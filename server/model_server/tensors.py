@@ -174,8 +174,8 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
     if dtype.kind in _INT_KINDS:
         if kind == "f" and not (np.all(np.isfinite(raw)) and np.all(raw == np.round(raw))):
             raise _first_bad_element(label, data, datatype, noun)
-        info = np.iinfo(dtype)
-        if raw.size and (raw.min() < info.min or raw.max() > info.max):
+        if raw.size and not _ints_in_range(raw, dtype):
+            info = np.iinfo(dtype)
             raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
         if kind == "f":
             # numpy turns ints beyond int64 into float64 and loses digits: convert
@@ -184,17 +184,50 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
                 return np.array(data, dtype=dtype)
             except OverflowError:
                 raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}") from None
-    elif dtype.kind == "f" and dtype != raw.dtype and raw.size:
-        finfo = np.finfo(dtype)
-        peak = np.max(np.abs(raw[np.isfinite(raw)])) if np.any(np.isfinite(raw)) else 0.0
-        if peak > finfo.max:
-            raise InvalidInput(f"{label}: values exceed the range of {datatype}")
+    elif dtype.kind == "f" and dtype != raw.dtype and raw.size and not _floats_in_range(raw, dtype):
+        raise InvalidInput(f"{label}: values exceed the range of {datatype}")
     return raw.astype(dtype, copy=False)
 
 
+def _ints_in_range(raw: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every (integral) value fits the integer `dtype`. Floats compare
+    against max + 1: the float nearest to 2**64 - 1 is 2**64 itself."""
+    info = np.iinfo(dtype)
+    low, high = raw.min(), raw.max()
+    if raw.dtype.kind == "f":
+        return bool(low >= info.min and high < float(info.max) + 1)
+    return bool(low >= info.min and high <= info.max)
+
+
+def _floats_in_range(raw: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every finite value stays finite in the float `dtype` (no 1e39 -> inf).
+    Infinite inputs cannot come from JSON, which has no literal for them."""
+    limit = float(np.finfo(dtype).max)
+    with np.errstate(invalid="ignore"):
+        low, high = np.nanmin(raw), np.nanmax(raw)
+    if np.isinf(low) or np.isinf(high):  # only the finite values count
+        finite = raw[np.isfinite(raw)]
+        if not finite.size:
+            return True
+        low, high = finite.min(), finite.max()
+    return bool(-limit <= low and high <= limit)
+
+
+#: Bound on the product of a shape's non-zero dimensions: what numpy can address
+#: at 8 bytes per element. An empty tensor may name any such shape, a larger one is
+#: refused before numpy is asked (it would raise "Maximum allowed dimension exceeded").
+MAX_ELEMENTS = np.iinfo(np.intp).max // 8
+
+
 def check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    """Non-negative integer dimensions whose non-zero product numpy can address."""
     if any((not isinstance(d, int)) or isinstance(d, bool) or d < 0 for d in shape):
         raise InvalidInput(f"input '{name}': shape {list(shape)} must be non-negative integers")
+    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} is too large: its non-zero dimensions "
+            f"multiply to more than {MAX_ELEMENTS} elements"
+        )
     return tuple(shape)
 
 
@@ -300,9 +333,19 @@ def decode_simple_rows(data: Any, spec: TensorSpec) -> np.ndarray:
 
 
 def _cast_simple(rows: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """Rows (decoded as FP64) -> the input's dtype, refusing what would not survive
+    the cast: non-integers for integer inputs and values outside the dtype's range."""
     dtype = spec.dtype
-    if dtype.kind in _INT_KINDS and not np.all(rows == np.round(rows)):
-        raise InvalidInput(f"model input '{spec.name}' is {spec.datatype}; 'data' has non-integers")
+    if dtype.kind in _INT_KINDS:
+        if not np.all(rows == np.round(rows)):
+            raise InvalidInput(f"model input '{spec.name}' is {spec.datatype}; 'data' has non-integers")
+        if rows.size and not _ints_in_range(rows, dtype):
+            info = np.iinfo(dtype)
+            raise InvalidInput(
+                f"model input '{spec.name}' is {spec.datatype}: 'data' values must lie in [{info.min}, {info.max}]"
+            )
+    elif dtype.kind == "f" and dtype != rows.dtype and rows.size and not _floats_in_range(rows, dtype):
+        raise InvalidInput(f"model input '{spec.name}': 'data' values exceed the range of {spec.datatype}")
     return np.ascontiguousarray(rows.astype(dtype, copy=False))
 
 

@@ -1,0 +1,150 @@
+"""Hostile input to the model server: huge shapes, values out of range, NaN literals,
+wrong content types and unexpected failures all get a 4xx (or a 500 that tells nothing)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+
+import httpx
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from model_server.backends.onnx import OnnxBackend
+
+from .helpers import affine_model, make_settings, running_server, save_model
+
+X_OK = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}
+SECRET = "/var/secret/path-of-the-runtime"
+
+
+class Exploding(OnnxBackend):
+    """Raises an unexpected error (with internal detail) when x[0, 0] == 666."""
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if inputs["x"].size and inputs["x"].flat[0] == 666:
+            raise RuntimeError(f"kernel failed reading {SECRET}")
+        return super().infer(inputs)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    path = affine_model(
+        tmp_path_factory.mktemp("hostile") / "repo" / "1" / "model.onnx",
+        np.ones((4, 3), np.float32),
+        np.zeros(3, np.float32),
+    )
+    settings = make_settings(path.parent.parent, max_delay_ms=0)
+    factory = lambda p, s, v, i: Exploding(p, providers=s.providers, intra_op_threads=1)  # noqa: E731
+    with running_server(settings, backend_factory=factory) as running:
+        yield running
+
+
+def binary_request(shape: list[int], blob: bytes, datatype: str = "FP32") -> tuple[bytes, dict[str, str]]:
+    header = json.dumps(
+        {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": len(blob)}}]}
+    ).encode()
+    return header + blob, {"Inference-Header-Content-Length": str(len(header)), "content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    "shape", [[0, 2**63], [2**64, 0], [0, 2**62, 4], [2**40, 2**40, 0], [0, 2**31, 2**31, 4], [2**70, 4]]
+)
+def test_huge_shape_dimensions_are_a_400_naming_the_shape(server, shape):
+    with httpx.Client(base_url=server.url) as client:
+        as_json = client.post("/v2/models/tiny/infer", json={"inputs": [{**X_OK, "shape": shape, "data": []}]})
+        content, headers = binary_request(shape, b"")
+        as_binary = client.post("/v2/models/tiny/infer", content=content, headers=headers)
+    for r in (as_json, as_binary):
+        assert r.status_code == 400, r.text
+        assert "shape" in r.json()["error"] and "internal" not in r.json()["error"]
+
+
+def test_unexpected_failure_is_a_500_that_leaks_nothing(server, caplog):
+    with caplog.at_level(logging.ERROR, logger="model_server"):
+        with httpx.Client(base_url=server.url) as client:
+            r = client.post("/v2/models/tiny/infer", json={"inputs": [{**X_OK, "data": [666, 0, 0, 0]}]})
+            ok = client.post("/v2/models/tiny/infer", json={"inputs": [X_OK]})
+    assert r.status_code == 500
+    error = r.json()["error"]
+    assert SECRET not in r.text and "RuntimeError" not in r.text
+    request_id = r.headers["x-request-id"]
+    assert request_id in error
+    # ... and the log line the id points to has the detail.
+    assert any(
+        request_id in rec.getMessage() and SECRET in str(rec.exc_info[1]) for rec in caplog.records if rec.exc_info
+    )
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        ([1e39, 0, 0, 0], "exceed the range of FP32"),
+        ([-3.5e38, 0, 0, 0], "exceed the range of FP32"),
+        ([[1, 2, 3, 4], [0, 1e300, 0, 0]], "exceed the range of FP32"),
+    ],
+)
+def test_simple_api_refuses_values_out_of_the_input_range(server, data, fragment):
+    r = httpx.post(f"{server.url}/infer", json={"data": data})
+    assert r.status_code == 400, r.text
+    assert fragment in r.json()["error"]
+
+
+def test_simple_api_refuses_integers_out_of_an_integer_input_range(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["a"], ["b"])],
+        "ident",
+        [helper.make_tensor_value_info("a", TensorProto.INT8, ["N", 2])],
+        [helper.make_tensor_value_info("b", TensorProto.INT8, ["N", 2])],
+    )
+    path = save_model(graph, tmp_path / "int8.onnx")
+    with running_server(make_settings(path, model_name="i8")) as running:
+        big = httpx.post(f"{running.url}/infer", json={"data": [300, 1]})
+        fine = httpx.post(f"{running.url}/infer", json={"data": [-128, 127]})
+    assert big.status_code == 400 and "[-128, 127]" in big.json()["error"], big.text
+    assert fine.status_code == 200 and fine.json()["result"] == [-128, 127]
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "nan", "inf"])
+@pytest.mark.parametrize("path", ["/infer", "/v2/models/tiny/infer"])
+def test_nan_and_infinity_literals_are_not_json(server, literal, path):
+    if path == "/infer":
+        body = f'{{"data": [{literal}, 0, 0, 0]}}'
+    else:
+        body = f'{{"inputs": [{{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [{literal}, 0, 0, 0]}}]}}'
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "not valid JSON" in r.json()["error"]
+
+
+@pytest.mark.parametrize("path", ["/infer", "/v2/models/tiny/infer"])
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "image/png", "multipart/form-data; boundary=x"]
+)
+def test_non_json_content_types_are_415(server, path, content_type):
+    body = {"data": [1, 2, 3, 4]} if path == "/infer" else {"inputs": [X_OK]}
+    r = httpx.post(server.url + path, content=json.dumps(body), headers={"content-type": content_type})
+    assert r.status_code == 415, r.text
+    assert "application/json" in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "application/json", "application/json; charset=utf-8", "Application/JSON"]
+)
+def test_json_content_types_and_none_are_accepted(server, content_type):
+    headers = {} if content_type is None else {"content-type": content_type}
+    simple = httpx.post(f"{server.url}/infer", content=json.dumps({"data": [1, 2, 3, 4]}), headers=headers)
+    v2 = httpx.post(f"{server.url}/v2/models/tiny/infer", content=json.dumps({"inputs": [X_OK]}), headers=headers)
+    assert simple.status_code == 200 and simple.json()["result"] == [10.0, 10.0, 10.0], simple.text
+    assert v2.status_code == 200, v2.text
+
+
+def test_binary_extension_may_be_sent_as_octet_stream(server):
+    content, headers = binary_request([1, 4], np.arange(4, dtype="<f4").tobytes())
+    headers["content-type"] = "application/octet-stream"
+    r = httpx.post(f"{server.url}/v2/models/tiny/infer", content=content, headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == [6.0, 6.0, 6.0]
