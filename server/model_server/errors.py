@@ -27,6 +27,12 @@ class PayloadTooLarge(ServerError):
     status = 413
 
 
+class UnsupportedMediaType(ServerError):
+    """A body that says it is not JSON (text/plain, a form, ...)."""
+
+    status = 415
+
+
 class ModelNotFound(ServerError):
     status = 404
 

@@ -13,7 +13,7 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from ..errors import InvalidInput, ServerError, UnprocessableInput
+from ..errors import InvalidInput, ServerError, UnprocessableInput, UnsupportedMediaType
 from ..metrics import ServerMetrics
 from ..settings import ServerSettings
 from ..tensors import validate_inputs
@@ -48,12 +48,43 @@ async def get_state(request: Request) -> AppState:
 State = Annotated[AppState, Depends(get_state)]
 
 
-def parse_body(model: type[ModelT], body: bytes | str) -> ModelT:
-    """JSON -> request model in one pass (pydantic's parser), 400/422 on failure."""
+#: Media types the JSON bodies may be sent as; a missing Content-Type counts as JSON.
+JSON_MEDIA_TYPE = "application/json"
+BINARY_MEDIA_TYPE = "application/octet-stream"
+
+
+def check_content_type(content_type: str | None, *, binary: bool = False) -> None:
+    """415 unless the body is declared JSON (`application/json`, `application/*+json`)
+    or not declared at all; `binary` also admits the binary tensor extension's type."""
+    if not content_type:
+        return
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media == JSON_MEDIA_TYPE or (media.startswith("application/") and media.endswith("+json")):
+        return
+    if binary and media == BINARY_MEDIA_TYPE:
+        return
+    allowed = f"{JSON_MEDIA_TYPE} or {BINARY_MEDIA_TYPE}" if binary else JSON_MEDIA_TYPE
+    raise UnsupportedMediaType(f"Content-Type '{media}' is not supported here: send {allowed}")
+
+
+def parse_body(model: type[ModelT], body: bytes | bytearray | memoryview | str) -> ModelT:
+    """JSON -> request model, 400/422 on failure. Strict JSON (orjson): NaN and
+    Infinity literals, and numbers that overflow a double, are refused."""
     try:
-        return model.model_validate_json(body)
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON{_nan_hint(body)}: {exc}") from None
+    try:
+        return model.model_validate(document)
     except ValidationError as exc:
         raise describe_validation_error(exc) from None
+
+
+def _nan_hint(body: bytes | bytearray | memoryview | str) -> str:
+    raw = body.encode() if isinstance(body, str) else bytes(body[: 1 << 20])
+    if any(word in raw for word in (b"NaN", b"Infinity", b"nan", b"inf")):
+        return " (NaN and Infinity are not JSON numbers; send them with the binary tensor extension)"
+    return ""
 
 
 def describe_validation_error(exc: ValidationError) -> ServerError:
@@ -89,7 +120,8 @@ class ErrorBody(BaseModel):
 _ERROR_MEANING = {
     400: "Bad input: wrong shape, datatype or value; the message names it.",
     404: "No such model or version.",
-    413: "The body is larger than --max-body-bytes.",
+    413: "The body is larger than --max-body-bytes, or would need more memory to parse than the parse budget.",
+    415: "The Content-Type is not JSON (nor, for v2, application/octet-stream).",
     422: "The body is not a request of this endpoint's schema.",
     429: "The queue is full; retry after Retry-After seconds.",
     503: "Not ready (loading, or shutting down).",
@@ -101,7 +133,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": _ERROR_MEANING[code]} for code in codes}
 
 
-INFER_ERRORS = error_responses(400, 404, 413, 422, 429, 503)
+INFER_ERRORS = error_responses(400, 404, 413, 415, 422, 429, 503)
 
 
 def documented_body(model: type[ModelT]) -> dict[str, Any]:

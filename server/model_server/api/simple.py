@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from ..errors import InvalidInput
 from ..tensors import decode_simple_rows
-from .common import INFER_ERRORS, State, documented_body, json_response, parse_body, submit
+from .common import INFER_ERRORS, State, check_content_type, documented_body, json_response, parse_body, submit
 
 router = APIRouter(tags=["simple"])
 
@@ -41,6 +41,7 @@ async def infer(request: Request, state: State) -> Response:
     """Rows in, first output's rows out (a flat row in gives one row out)."""
     started = time.perf_counter()
     with state.metrics.track(state.settings.name) as tracker:
+        check_content_type(request.headers.get("content-type"))
         body = parse_body(SimpleRequest, await request.body())
         version = None if body.model_version is None else str(body.model_version)
         served = state.repository.resolve(version)

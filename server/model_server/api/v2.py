@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from starlette.responses import Response
 
 from .. import __version__
@@ -20,7 +20,17 @@ from ..tensors import (
     encode_json_tensor,
 )
 from ..versions import ServedVersion, version_key
-from .common import INFER_ERRORS, State, documented_body, dumps, error_responses, json_response, parse_body, submit
+from .common import (
+    INFER_ERRORS,
+    State,
+    check_content_type,
+    documented_body,
+    dumps,
+    error_responses,
+    json_response,
+    parse_body,
+    submit,
+)
 
 router = APIRouter(prefix="/v2", tags=["v2"])
 
@@ -34,6 +44,15 @@ class TensorInput(BaseModel):
     datatype: str
     parameters: dict[str, Any] | None = None
     data: Any = None
+
+    @field_validator("shape", mode="before")
+    @classmethod
+    def _wide_integers(cls, value: Any) -> Any:
+        """The JSON parser gives integers beyond 64 bits as floats: turn the integral
+        ones back into ints, so the shape check refuses them by name (400)."""
+        if isinstance(value, list):
+            return [int(d) if isinstance(d, float) and d.is_integer() and abs(d) >= 2**63 else d for d in value]
+        return value
 
 
 class RequestedOutput(BaseModel):
@@ -185,6 +204,7 @@ def decode_inputs(req: InferenceRequest, binary: bytes) -> dict[str, np.ndarray]
 async def _infer(state: State, request: Request, name: str, version: str | None) -> Response:
     with state.metrics.track(state.settings.name) as tracker:
         _check_name(state, name)
+        check_content_type(request.headers.get("content-type"), binary=True)
         header, binary = split_body(await request.body(), request.headers.get(HEADER_LENGTH))
         req = parse_body(InferenceRequest, header)
         arrays = decode_inputs(req, binary)
