@@ -15,14 +15,16 @@ from kubernetes.client.exceptions import ApiException
 
 from . import metrics, peering
 from . import status as st
+from .autoscaler import credentials
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, Owner
 from .k8s import KubeApi, Ref, load_api_client
 from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
 from .reconcile import ForeignObjectError, reconcile
 
-# Problems that only a change of the InferenceService can clear: Deployment events keep them.
-SPEC_PROBLEMS = ("InvalidSpec", "ResourceConflict", "ApplyFailed")
+# Problems a Deployment event cannot clear (a spec change, or for a refused credential the next
+# re-check, can): Deployment events keep them.
+SPEC_PROBLEMS = ("InvalidSpec", "ResourceConflict", "ApplyFailed", *credentials.REFUSALS)
 
 
 @kopf.on.startup()
@@ -117,7 +119,7 @@ def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kop
     for change in result.writes:
         _normal_event(body, change.action.value, change.describe())
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parsed)
-    new_status = st.compute_status(body.get("status"), result.deployment, generation) | {
+    new_status = st.compute_status(body.get("status"), result.deployment, generation, result.problem) | {
         "observedGeneration": generation,
         "url": service_url(owner),
         "selector": selector_string(owner),
@@ -130,6 +132,10 @@ def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kop
         ", ".join(c.describe() for c in result.writes) or "none",
         ", ".join(sorted(changed)) or "none",
     )
+    if result.problem is not None:
+        # Fixed outside the spec (e.g. by labelling a Secret): look again after a while.
+        kopf.warn(body, reason=result.problem.reason, message=result.problem.message)
+        raise kopf.TemporaryError(result.problem.message, delay=credentials.RECHECK_SECONDS)
 
 
 def _give_up(

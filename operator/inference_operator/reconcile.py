@@ -12,10 +12,13 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from .autoscaler.credentials import CredentialPolicy, keda_refusal
 from .builders import OWNED_KINDS, Owner, build_all
 from .builders.common import SPEC_HASH_ANNOTATION
+from .builders.keda import KEDA_API_VERSION
 from .k8s import KubeApi, Ref
 from .models import InferenceServiceSpec
+from .status import Problem
 
 
 class Action(enum.StrEnum):
@@ -39,6 +42,8 @@ class Change:
 class Result:
     changes: list[Change] = field(default_factory=list)
     deployment: dict | None = None
+    # Something left out on purpose (a refused Prometheus credential): reported, then retried.
+    problem: Problem | None = None
 
     @property
     def writes(self) -> list[Change]:
@@ -91,10 +96,22 @@ def keep_foreign_replicas(desired: dict, live: dict) -> dict:
     return {**desired, "spec": {**desired["spec"], "replicas": replicas}}
 
 
-def reconcile(api: KubeApi, name: str, namespace: str, uid: str, spec: InferenceServiceSpec) -> Result:
+def reconcile(
+    api: KubeApi,
+    name: str,
+    namespace: str,
+    uid: str,
+    spec: InferenceServiceSpec,
+    policy: CredentialPolicy | None = None,
+) -> Result:
     owner = Owner(name=name, namespace=namespace, uid=uid, spec=spec)
     result = Result()
     wanted = build_all(owner)
+    policy = policy if policy is not None else CredentialPolicy.from_env()
+    refusal = keda_refusal(spec.autoscaling, policy, lambda secret: api.get(Ref("v1", "Secret", namespace, secret)))
+    if refusal is not None:  # KEDA would send the Secret: emit none of its objects
+        wanted = [o for o in wanted if o["apiVersion"] != KEDA_API_VERSION]
+        result.problem = Problem(refusal.reason, refusal.message)
     for obj in wanted:
         action, live = apply_object(api, obj, uid)
         result.changes.append(Change(action, obj["kind"], name))

@@ -22,7 +22,7 @@ from typing import Self
 import httpx
 import pytest
 
-from inference_operator.autoscaler import promql
+from inference_operator.autoscaler import credentials, promql
 from tests.autoscaler.conftest import (
     Target,
     free_port,
@@ -312,7 +312,11 @@ class FakePrometheus:
         self._serving.__exit__(*exc)
 
 
-def test_autoscaler_reads_the_bearer_token_from_a_secret(cluster: Cluster, operator) -> None:
+def test_autoscaler_reads_the_bearer_token_from_a_secret(
+    cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake Prometheus speaks plain http on loopback: the operator must be told that is fine.
+    monkeypatch.setenv(credentials.ENV_ALLOW_HTTP, "true")
     with FakePrometheus(token="s3cret", value=5.0) as prom:  # 5 > 4 * target: scale up
         cluster.apply_cr(
             service(
@@ -335,7 +339,7 @@ def test_autoscaler_reads_the_bearer_token_from_a_secret(cluster: Cluster, opera
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": "prom-token", "namespace": NAMESPACE},
+            "metadata": {"name": "prom-token", "namespace": NAMESPACE, "labels": {credentials.SECRET_LABEL: "true"}},
             "data": {"token": base64.b64encode(b"s3cret\n").decode()},
         }
         assert cluster.request(

@@ -228,3 +228,68 @@ def test_install_refuses_invalid_values(chart_cluster: Cluster, bad: dict, where
     with pytest.raises(h.HelmError, match="values don't meet the specifications of the schema"):
         h.install(chart_cluster, copy.deepcopy(bad))
     assert not h.by_kind(h.installed_objects(chart_cluster), "Deployment"), where
+
+
+def _secret_grants(objects: list[dict]) -> dict[tuple[str, str | None], set[str]]:
+    """(kind, namespace) of every role that grants something on Secrets → the verbs."""
+    found: dict[tuple[str, str | None], set[str]] = {}
+    for obj in h.by_kind(objects, "ClusterRole") + h.by_kind(objects, "Role"):
+        for rule in obj["rules"]:
+            if "" in rule["apiGroups"] and "secrets" in rule["resources"]:
+                found.setdefault((obj["kind"], obj["metadata"].get("namespace")), set()).update(rule["verbs"])
+    return found
+
+
+def _operator_env(objects: list[dict]) -> dict[str, str]:
+    container = h.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+@pytest.mark.parametrize(
+    ("values", "grants", "env"),
+    [
+        ({}, {("ClusterRole", None): {"get"}}, {"AUTH": "true", "ALLOW_HTTP": "false", "ALLOWED_URLS": ""}),
+        (
+            {
+                "prometheus": {
+                    "allowedUrls": ["https://prometheus.monitoring:9090", "https://thanos/tenant-a"],
+                    "credentials": {"enabled": False},
+                }
+            },
+            {},
+            {"AUTH": "false", "ALLOWED_URLS": "https://prometheus.monitoring:9090,https://thanos/tenant-a"},
+        ),
+        (
+            {"prometheus": {"credentials": {"secretNamespaces": ["ml-team-a"], "allowHttp": True}}},
+            {("Role", "ml-team-a"): {"get"}},
+            {"AUTH": "true", "ALLOW_HTTP": "true"},
+        ),
+        (
+            {
+                "watch": {"allNamespaces": False, "namespaces": ["ml-team-a", "ml-team-b"]},
+                "prometheus": {"credentials": {"secretNamespaces": ["ml-team-b"]}},
+            },
+            {("Role", "ml-team-b"): {"get"}},
+            {"AUTH": "true"},
+        ),
+    ],
+    ids=["default", "disabled-with-allow-list", "one-namespace", "namespaced-install"],
+)
+def test_prometheus_credentials_values_set_rbac_and_operator_env(
+    chart_cluster: Cluster, values: dict, grants: dict, env: dict
+) -> None:
+    """Secrets are readable only where credentials are on; the operator is told the same rules."""
+    h.install(chart_cluster, values)
+    objects = h.installed_objects(chart_cluster)
+    for obj in objects:
+        validate(obj)
+    assert _secret_grants(objects) == grants
+    operator_env = _operator_env(objects)
+    for key, value in env.items():
+        assert operator_env[f"INFERENCE_OPERATOR_PROMETHEUS_{key}"] == value
+
+
+def test_operator_container_has_a_cpu_limit(chart_cluster: Cluster) -> None:
+    h.install(chart_cluster, {})
+    container = h.one(h.installed_objects(chart_cluster), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["cpu"] == "1"

@@ -74,11 +74,12 @@ def rule_file(name: str) -> list[dict]:
 
 
 def cluster_wide_grant() -> set[Permission]:
-    return rules_permissions(rule_file("operator") + rule_file("discovery") + rule_file("peering-cluster"))
+    files = ("operator", "discovery", "peering-cluster", "secrets")
+    return rules_permissions([rule for name in files for rule in rule_file(name)])
 
 
 def namespaced_grant() -> set[Permission]:
-    return rules_permissions(rule_file("operator") + rule_file("peering-namespaced"))
+    return rules_permissions(rule_file("operator") + rule_file("peering-namespaced") + rule_file("secrets"))
 
 
 def _registry_permissions() -> set[Permission]:
@@ -210,6 +211,9 @@ def test_namespaced_role_grants_what_the_code_needs_inside_namespaces() -> None:
 def test_secrets_are_only_read_by_name() -> None:
     for grant in (cluster_wide_grant(), namespaced_grant()):
         assert {v for g, r, v in grant if (g, r) == ("", "secrets")} == {"get"}
+    # Secrets have a rule file of their own, granted only where Prometheus credentials are on.
+    assert rules_permissions(rule_file("secrets")) == {("", "secrets", "get")}
+    assert not {p for p in rules_permissions(rule_file("operator")) if p[1] == "secrets"}
 
 
 @pytest.mark.slow

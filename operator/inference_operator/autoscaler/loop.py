@@ -29,12 +29,15 @@ from ..models import (
     Metric,
     SecretKeyRef,
 )
-from ..status import now_iso
+from ..status import now_iso, set_condition
 from . import promql
+from .credentials import CredentialPolicy, CredentialsRefused, check_secret, check_url
 from .policy import Decision, History, Observation, Policy, decide
 from .prometheus import PrometheusClient, PrometheusError, Sample
 
 SECRET_TTL_SECONDS = 300
+# The condition telling whether the built-in loop can query its metric, like an HPA's.
+SCALING_ACTIVE = "ScalingActive"
 EventPoster = Callable[[str, str], None]
 
 
@@ -90,6 +93,26 @@ def autoscaler_status(
     }
 
 
+def scaling_active(
+    conditions: list[dict], observation: Observation, refusal: CredentialsRefused | None, generation: int | None
+) -> list[dict] | None:
+    """The conditions with `ScalingActive` brought up to date; None when it already says so.
+
+    A refused Prometheus credential is reported here with its reason: the loop holds the
+    replica count, and the message says which rule to satisfy.
+    """
+    if refusal is not None:
+        active, reason, message = False, refusal.reason, refusal.message
+    elif observation.value is not None:
+        active, reason, message = True, "MetricAvailable", "the metric is queried from Prometheus"
+    else:
+        active, reason, message = False, "MetricUnavailable", observation.note or "no value"
+    current = next((c for c in conditions if c.get("type") == SCALING_ACTIVE), None)
+    if current is not None and (current.get("status"), current.get("reason")) == (str(active), reason):
+        return None
+    return set_condition(conditions, SCALING_ACTIVE, active, reason, message, now_iso(), generation)
+
+
 def status_patch(current: dict | None, desired: dict) -> dict:
     """Keys of `desired` that differ from `current` (absent and None are the same)."""
     current = current or {}
@@ -108,6 +131,7 @@ class Autoscaler:
         post_event: EventPoster,
         clock: Callable[[], float] = time.monotonic,
         prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,
+        policy: CredentialPolicy | None = None,
     ):
         self.api = api
         self.namespace = namespace
@@ -116,6 +140,7 @@ class Autoscaler:
         self.post_event = post_event
         self.clock = clock
         self.prometheus_factory = prometheus_factory
+        self.policy = policy if policy is not None else CredentialPolicy.from_env()
         self.history = History()
         self._client: PrometheusClient | None = None
         self._client_key: tuple | None = None
@@ -138,6 +163,7 @@ class Autoscaler:
         secret = self.api.get(Ref("v1", "Secret", self.namespace, ref.name))
         if secret is None:
             raise PrometheusError(f"secret {ref.name} not found")
+        check_secret(secret, ref)
         data = (secret.get("data") or {}).get(ref.key)
         if data is None:
             raise PrometheusError(f"secret {ref.name} has no key {ref.key}")
@@ -151,6 +177,7 @@ class Autoscaler:
         fresh = not auth or now - self._client_born < SECRET_TTL_SECONDS
         if self._client is not None and key == self._client_key and fresh:
             return self._client
+        check_url(scaling, self.policy)
         token = ca_pem = None
         if auth and auth.bearer_token_secret:
             token = (await asyncio.to_thread(self._secret_value, auth.bearer_token_secret)).strip()
@@ -163,7 +190,7 @@ class Autoscaler:
 
     async def _observe(
         self, scaling: AutoscalingSpec, model: str, ready: int | None
-    ) -> tuple[Observation, float | None]:
+    ) -> tuple[Observation, float | None, CredentialsRefused | None]:
         q = queries_for(scaling, self.namespace, model)
         at = self.clock()
         try:
@@ -172,13 +199,16 @@ class Autoscaler:
             if scaling.metric != Metric.LATENCY_P95_MS:
                 wanted.append(q.latency_p95)
             answers = await _query_all(client, wanted)
+        except CredentialsRefused as exc:
+            await self.aclose()
+            return observation_from(at, None, None, ready, error=f"{exc.reason}: {exc.message}"), None, exc
         except (PrometheusError, ApiException, ValueError, UnicodeDecodeError) as exc:
-            return observation_from(at, None, None, ready, error=str(exc) or type(exc).__name__), None
+            return observation_from(at, None, None, ready, error=str(exc) or type(exc).__name__), None, None
         value, age = answers[0], answers[1]
         p95 = answers[2] if len(answers) > 2 else value
         observation = observation_from(at, value, age, ready)
         p95_ms = p95.value if p95 is not None and observation.value is not None else None
-        return observation, p95_ms
+        return observation, p95_ms, None
 
     async def tick(self, body: dict, spec: InferenceServiceSpec) -> float:
         """Observe, decide and act once; returns the seconds until the next tick is due."""
@@ -188,7 +218,7 @@ class Autoscaler:
         policy = Policy.from_spec(scaling)
         status = body.get("status") or {}
         ready = status.get("readyReplicas")
-        observation, p95_ms = await self._observe(scaling, spec.model.name or self.name, ready)
+        observation, p95_ms, refusal = await self._observe(scaling, spec.model.name or self.name, ready)
         generation = (body.get("metadata") or {}).get("generation") or 0
         current = self._current_replicas(spec.replicas, generation)
         decision = decide(observation, current, policy, self.history)
@@ -217,9 +247,13 @@ class Autoscaler:
         )
         desired = autoscaler_status(scaling.metric, observation, p95_ms, decision, last_scale_time)
         changes = status_patch(previous, desired)
-        if changes:
+        patch: dict = {"autoscaler": changes} if changes else {}
+        conditions = scaling_active(status.get("conditions") or [], observation, refusal, generation or None)
+        if conditions is not None:
+            patch["conditions"] = conditions
+        if patch:
             try:
-                await asyncio.to_thread(self.api.patch_status, self.ref, {"autoscaler": changes})
+                await asyncio.to_thread(self.api.patch_status, self.ref, patch)
             except ApiException as exc:
                 if exc.status != 404:
                     self.logger.warning("autoscaler status not written: API error %s", exc.status)

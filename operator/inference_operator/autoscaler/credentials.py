@@ -1,0 +1,174 @@
+"""Who may make the operator send a Prometheus credential, and where to.
+
+`autoscaling.prometheusAuth` names Secrets in the InferenceService's namespace, and the
+operator reads them with its own service account. Without rules, anyone who may write an
+InferenceService could name any Secret of the namespace and a `prometheusUrl` of their own,
+and receive that Secret as a bearer token. So a credential is used only when all of these hold:
+
+- the operator allows Prometheus credentials at all (`INFERENCE_OPERATOR_PROMETHEUS_AUTH`,
+  chart `prometheusAuth.enabled`; when off the chart grants no access to Secrets);
+- the Secret opts in: it carries the label `inference.rocm.dev/prometheus-credentials: "true"`,
+  which only someone who may write Secrets can set;
+- the URL is https, unless the operator allows plain http (`..._PROMETHEUS_ALLOW_HTTP`);
+- the URL is on the operator's allow-list when one is set (`..._PROMETHEUS_ALLOWED_URLS`, a
+  comma-separated list of URL prefixes; with a list, every query, with or without a
+  credential, must match it).
+
+Kubernetes RBAC cannot restrict `get` by label, so the label is checked after the read; a
+Secret without it is neither sent nor kept. The same rules decide whether the operator emits a
+KEDA TriggerAuthentication, since KEDA would send the Secret to the same URL.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..models import AutoscalingMode, AutoscalingSpec, SecretKeyRef
+
+SECRET_LABEL = "inference.rocm.dev/prometheus-credentials"
+ENV_ENABLED = "INFERENCE_OPERATOR_PROMETHEUS_AUTH"
+ENV_ALLOW_HTTP = "INFERENCE_OPERATOR_PROMETHEUS_ALLOW_HTTP"
+ENV_ALLOWED_URLS = "INFERENCE_OPERATOR_PROMETHEUS_ALLOWED_URLS"
+
+# Reasons, as they appear in status conditions.
+DISABLED = "PrometheusCredentialsDisabled"
+SECRET_NOT_LABELLED = "PrometheusSecretNotLabelled"
+INSECURE_URL = "PrometheusCredentialsOverHttp"
+URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"
+
+
+class CredentialsRefused(Exception):
+    """The spec asks for something the rules above forbid; `reason` is a CamelCase word."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _truthy(text: str | None, default: bool) -> bool:
+    if text is None or not text.strip():
+        return default
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class CredentialPolicy:
+    enabled: bool = True
+    allow_http: bool = False
+    allowed_urls: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CredentialPolicy:
+        env = os.environ if env is None else env
+        urls = tuple(u.strip() for u in env.get(ENV_ALLOWED_URLS, "").replace("\n", ",").split(",") if u.strip())
+        for url in urls:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.username is not None:
+                raise ValueError(f"{ENV_ALLOWED_URLS}: {url!r} is not an http(s) URL without user info")
+        return cls(
+            enabled=_truthy(env.get(ENV_ENABLED), True),
+            allow_http=_truthy(env.get(ENV_ALLOW_HTTP), False),
+            allowed_urls=urls,
+        )
+
+
+def _origin_and_path(url: str) -> tuple[str, str | None, int | None, str]:
+    parts = urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower() or None, port, parts.path.rstrip("/")
+
+
+def url_allowed(url: str, allowed: tuple[str, ...]) -> bool:
+    """Same scheme, host and port as an entry, and a path under the entry's on a `/` boundary."""
+    if not allowed:
+        return True
+    if urlsplit(url).username is not None:
+        return False  # `https://allowed@elsewhere` names elsewhere
+    scheme, host, port, path = _origin_and_path(url)
+    for entry in allowed:
+        e_scheme, e_host, e_port, e_path = _origin_and_path(entry)
+        if (scheme, host, port) == (e_scheme, e_host, e_port) and (path == e_path or path.startswith(e_path + "/")):
+            return True
+    return False
+
+
+def check_url(scaling: AutoscalingSpec, policy: CredentialPolicy) -> None:
+    """Refuse a URL off the allow-list, or one that would carry a credential in the clear."""
+    url = scaling.prometheus_url
+    if not url_allowed(url, policy.allowed_urls):
+        raise CredentialsRefused(
+            URL_NOT_ALLOWED, f"prometheusUrl {url} is not among the operator's allowed Prometheus URLs"
+        )
+    auth = scaling.prometheus_auth
+    if not auth or not (auth.bearer_token_secret or auth.ca_secret):
+        return
+    if not policy.enabled:
+        raise CredentialsRefused(DISABLED, "this operator is not configured to use Prometheus credentials")
+    if auth.bearer_token_secret and urlsplit(url).scheme != "https" and not policy.allow_http:
+        raise CredentialsRefused(
+            INSECURE_URL, f"a bearer token is only sent over https; prometheusUrl is {urlsplit(url).scheme}://"
+        )
+
+
+def check_secret(secret: dict, ref: SecretKeyRef) -> None:
+    """Refuse a Secret that has not opted in with the label."""
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    if labels.get(SECRET_LABEL) != "true":
+        raise CredentialsRefused(
+            SECRET_NOT_LABELLED, f'secret {ref.name} is not labelled {SECRET_LABEL}: "true"; it is not used'
+        )
+
+
+def secret_refs(scaling: AutoscalingSpec) -> list[SecretKeyRef]:
+    auth = scaling.prometheus_auth
+    if not auth:
+        return []
+    return [ref for ref in (auth.bearer_token_secret, auth.ca_secret) if ref is not None]
+
+
+def check(
+    scaling: AutoscalingSpec, policy: CredentialPolicy, read_secret: Callable[[str], dict | None]
+) -> dict[str, dict]:
+    """Every rule for one spec; the Secrets it names (by name) when all pass.
+
+    `read_secret(name)` returns the Secret or None when it does not exist; a missing Secret is
+    not a refusal (it may yet be created), so it is simply absent from the answer.
+    """
+    check_url(scaling, policy)
+    secrets: dict[str, dict] = {}
+    for ref in secret_refs(scaling):
+        secret = read_secret(ref.name)
+        if secret is None:
+            continue
+        check_secret(secret, ref)
+        secrets[ref.name] = secret
+    return secrets
+
+
+# How often the operator looks again at a refused KEDA credential: labelling the Secret is
+# not a change of the InferenceService, so no event would tell it.
+RECHECK_SECONDS = 60
+SECRET_NOT_FOUND = "PrometheusSecretNotFound"
+REFUSALS = (DISABLED, SECRET_NOT_LABELLED, INSECURE_URL, URL_NOT_ALLOWED, SECRET_NOT_FOUND)
+
+
+def keda_refusal(
+    scaling: AutoscalingSpec | None, policy: CredentialPolicy, read_secret: Callable[[str], dict | None]
+) -> CredentialsRefused | None:
+    """Why the KEDA objects must not be emitted, or None. KEDA reads the Secret itself and
+    sends it to the same URL, so a Secret that does not exist yet is refused too: it could
+    appear later without the label."""
+    if scaling is None or scaling.mode != AutoscalingMode.KEDA:
+        return None
+    try:
+        found = check(scaling, policy, read_secret)
+    except CredentialsRefused as exc:
+        return exc
+    for ref in secret_refs(scaling):
+        if ref.name not in found:
+            return CredentialsRefused(SECRET_NOT_FOUND, f"secret {ref.name} not found")
+    return None

@@ -1,0 +1,221 @@
+"""Prometheus credentials: a Secret is only sent when it opted in, over https, to an allowed URL.
+
+The built-in loop is driven one tick at a time against the emulated API server, with a
+recording transport standing in for Prometheus, so what would have left the operator (and
+with which Authorization header) is seen exactly. KEDA objects go through `reconcile()`.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import pathlib
+from collections.abc import Iterator
+
+import httpx
+import kubernetes
+import pytest
+
+from inference_operator.autoscaler import credentials as cr
+from inference_operator.autoscaler.loop import SCALING_ACTIVE, Autoscaler
+from inference_operator.autoscaler.prometheus import PrometheusClient
+from inference_operator.k8s import KubeApi
+from inference_operator.models import parse_spec
+from inference_operator.reconcile import reconcile
+from tests.cluster import Cluster, running_cluster
+
+NS, NAME = "ml", "mlp"
+HTTPS = "https://prometheus.monitoring:9090"
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
+    with running_cluster(tmp_path) as cluster:
+        yield cluster
+
+
+def api_of(cluster: Cluster) -> KubeApi:
+    return KubeApi(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+
+
+def add_secret(cluster: Cluster, name: str, value: bytes, labelled: bool) -> None:
+    labels = {cr.SECRET_LABEL: "true"} if labelled else {}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "data": {"token": base64.b64encode(value).decode()},
+    }
+    response = cluster.request("POST", f"/api/v1/namespaces/{NS}/secrets", secret, content_type="application/json")
+    assert response.status_code in (200, 201), response.text
+
+
+def add_service(cluster: Cluster, url: str, mode: str = "builtin") -> dict:
+    obj = {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "model": {"uri": "pvc://models/mlp"},
+            "autoscaling": {
+                "mode": mode,
+                "maxReplicas": 8,
+                "target": 10,
+                "metric": "queueDepth",
+                "prometheusUrl": url,
+                "prometheusAuth": {"bearerTokenSecret": {"name": "db-admin", "key": "token"}},
+            },
+        },
+    }
+    response = cluster.apply_cr(obj)
+    assert response.status_code in (200, 201), response.text
+    got = cluster.get_cr(NS, NAME)
+    assert got is not None
+    return got
+
+
+class Recorder:
+    """A Prometheus that answers 15 to every query and remembers each request's headers."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+
+    def factory(self, url: str, **kw) -> PrometheusClient:
+        def answer(request: httpx.Request) -> httpx.Response:
+            self.requests.append(request)
+            result = [{"metric": {}, "value": [1.0, "0.5" if "time() -" in request.url.params["query"] else "15"]}]
+            return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+
+        return PrometheusClient(url, transport=httpx.MockTransport(answer), **kw)
+
+    @property
+    def tokens(self) -> set[str | None]:
+        return {r.headers.get("Authorization") for r in self.requests}
+
+
+async def one_tick(cluster: Cluster, body: dict, policy: cr.CredentialPolicy) -> Recorder:
+    recorder = Recorder()
+    loop = Autoscaler(
+        api_of(cluster),
+        NS,
+        NAME,
+        logging.getLogger("test"),
+        post_event=lambda r, m: None,
+        prometheus_factory=recorder.factory,
+        policy=policy,
+    )
+    try:
+        await loop.tick(body, parse_spec(body["spec"]))
+    finally:
+        await loop.aclose()
+    return recorder
+
+
+def scaling_active(cluster: Cluster) -> dict:
+    status = (cluster.get_cr(NS, NAME) or {}).get("status") or {}
+    return next(c for c in status.get("conditions") or [] if c["type"] == SCALING_ACTIVE)
+
+
+@pytest.mark.parametrize(
+    ("url", "labelled", "policy", "reason"),
+    [
+        # The attack: any Secret of the namespace, to a URL of the author's choosing, in clear.
+        ("http://attacker.example:8080", False, cr.CredentialPolicy(), cr.INSECURE_URL),
+        ("http://attacker.example:8080", False, cr.CredentialPolicy(allow_http=True), cr.SECRET_NOT_LABELLED),
+        (HTTPS, False, cr.CredentialPolicy(), cr.SECRET_NOT_LABELLED),
+        ("http://prometheus.monitoring:9090", True, cr.CredentialPolicy(), cr.INSECURE_URL),
+        ("https://attacker.example", True, cr.CredentialPolicy(allowed_urls=(HTTPS,)), cr.URL_NOT_ALLOWED),
+        (HTTPS, True, cr.CredentialPolicy(enabled=False), cr.DISABLED),
+    ],
+)
+async def test_a_refused_credential_is_never_sent_and_the_reason_is_in_status(
+    cluster: Cluster, url: str, labelled: bool, policy: cr.CredentialPolicy, reason: str
+) -> None:
+    add_secret(cluster, "db-admin", b"hunter2", labelled)
+    body = add_service(cluster, url)
+    recorder = await one_tick(cluster, body, policy)
+    assert not any("hunter2" in (t or "") for t in recorder.tokens)
+    assert recorder.requests == []  # nothing asked at all: no data, the count holds
+    obj = cluster.get_cr(NS, NAME)
+    assert obj is not None and obj["spec"]["replicas"] == 2
+    condition = scaling_active(cluster)
+    assert (condition["status"], condition["reason"]) == ("False", reason)
+    assert obj["status"]["autoscaler"]["reason"].startswith(f"no data ({reason}")
+
+
+async def test_an_opted_in_secret_goes_to_an_allowed_https_url(cluster: Cluster) -> None:
+    add_secret(cluster, "db-admin", b"s3cret\n", labelled=True)
+    body = add_service(cluster, HTTPS + "/prom")
+    recorder = await one_tick(cluster, body, cr.CredentialPolicy(allowed_urls=(HTTPS,)))
+    assert recorder.requests and recorder.tokens == {"Bearer s3cret"}
+    assert str(recorder.requests[0].url).startswith(HTTPS + "/prom/api/v1/query")
+    condition = scaling_active(cluster)
+    assert (condition["status"], condition["reason"]) == ("True", "MetricAvailable")
+    obj = cluster.get_cr(NS, NAME)
+    assert obj is not None and obj["spec"]["replicas"] == 3  # ceil(2 * 15 / 10)
+
+
+async def test_plain_http_is_allowed_only_when_the_operator_says_so(cluster: Cluster) -> None:
+    add_secret(cluster, "db-admin", b"s3cret", labelled=True)
+    body = add_service(cluster, "http://prometheus.monitoring:9090")
+    recorder = await one_tick(cluster, body, cr.CredentialPolicy(allow_http=True))
+    assert recorder.tokens == {"Bearer s3cret"}
+
+
+def test_keda_objects_are_left_out_while_the_credential_is_refused(cluster: Cluster) -> None:
+    body = add_service(cluster, "http://attacker.example:8080", mode="keda")
+    spec = parse_spec(body["spec"])
+    api = api_of(cluster)
+    uid = body["metadata"]["uid"]
+
+    missing = reconcile(api, NAME, NS, uid, spec, cr.CredentialPolicy(allow_http=True))
+    assert missing.problem is not None and missing.problem.reason == cr.SECRET_NOT_FOUND
+    add_secret(cluster, "db-admin", b"hunter2", labelled=False)
+    result = reconcile(api, NAME, NS, uid, spec, cr.CredentialPolicy(allow_http=True))
+    assert result.problem is not None and result.problem.reason == cr.SECRET_NOT_LABELLED
+    assert {c.kind for c in result.changes} == {"Deployment", "Service"}  # the service itself runs on
+    assert cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME) is None
+    assert cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME) is None
+
+    cluster.patch("v1/secrets", NS, "db-admin", {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
+    still = reconcile(api, NAME, NS, uid, spec, cr.CredentialPolicy())
+    assert still.problem is not None and still.problem.reason == cr.INSECURE_URL  # a token in clear
+    allowed = reconcile(api, NAME, NS, uid, spec, cr.CredentialPolicy(allow_http=True))
+    assert allowed.problem is None
+    auth = cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME)
+    assert auth is not None and auth["spec"]["secretTargetRef"][0]["name"] == "db-admin"
+    assert cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME) is not None
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("https://prometheus.monitoring:9090", True),
+        ("https://PROMETHEUS.monitoring:9090/", True),
+        ("https://prometheus.monitoring:9090/api/prom", True),
+        ("https://prometheus.monitoring", False),  # another port
+        ("http://prometheus.monitoring:9090", False),  # another scheme
+        ("https://prometheus.monitoring.attacker.example:9090", False),
+        ("https://prometheus.monitoring:9090@attacker.example", False),
+        ("https://thanos:443/tenant-a/x", True),
+        ("https://thanos/tenant-ab", False),  # a prefix on a `/` boundary only
+    ],
+)
+def test_allow_list_matches_origin_and_path_boundary(url: str, allowed: bool) -> None:
+    entries = ("https://prometheus.monitoring:9090", "https://thanos/tenant-a")
+    assert cr.url_allowed(url, entries) is allowed
+
+
+def test_policy_from_the_operator_environment() -> None:
+    assert cr.CredentialPolicy.from_env({}) == cr.CredentialPolicy(enabled=True, allow_http=False, allowed_urls=())
+    policy = cr.CredentialPolicy.from_env(
+        {
+            cr.ENV_ENABLED: "false",
+            cr.ENV_ALLOW_HTTP: "true",
+            cr.ENV_ALLOWED_URLS: "https://a:9090, https://b/x\nhttp://c",
+        }
+    )
+    assert policy == cr.CredentialPolicy(False, True, ("https://a:9090", "https://b/x", "http://c"))
+    with pytest.raises(ValueError, match="user info"):
+        cr.CredentialPolicy.from_env({cr.ENV_ALLOWED_URLS: "https://u:p@a"})
