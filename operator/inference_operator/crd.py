@@ -30,7 +30,16 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from .models import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, InferenceServiceSpec, InferenceServiceStatus
+from .models import (
+    GROUP,
+    KIND,
+    PLURAL,
+    RESOURCE_VALIDATIONS,
+    SHORT_NAME,
+    VERSION,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+)
 
 NAME = f"{PLURAL}.{GROUP}"
 FILE_NAME = f"{NAME}.yaml"
@@ -154,6 +163,7 @@ def open_api_schema() -> dict[str, Any]:
         "type": "object",
         "description": DESCRIPTION,
         "required": ["spec"],
+        **RESOURCE_VALIDATIONS,
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

@@ -34,6 +34,13 @@ IMAGE_PATTERN = r"^\S+$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Label keys and values, as the API server checks them (pods would be refused otherwise).
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# An InferenceService's name is its Service's, Deployment's and its label values: a DNS-1035 label.
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX_LENGTH = 63
+NAME_MESSAGE = (
+    f"metadata.name must be a DNS-1035 label of at most {NAME_MAX_LENGTH} characters: lowercase letters, "
+    "digits and '-', starting with a letter and ending with a letter or digit (it names the Service)"
+)
 LABEL_KEY_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
@@ -55,6 +62,14 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any
 def cel_rules(*rules: dict[str, Any]) -> dict[str, Any]:
     """Several `cel(...)` rules on one node."""
     return {"x-kubernetes-validations": [r for rule in rules for r in rule["x-kubernetes-validations"]]}
+
+
+# Rules on the whole object (the CRD's root); at the root, CEL sees metadata.name and generateName.
+RESOURCE_VALIDATIONS = cel(
+    f"!has(self.metadata) || !has(self.metadata.name) || size(self.metadata.name) <= {NAME_MAX_LENGTH}"
+    f" && self.metadata.name.matches('{NAME_PATTERN}')",
+    NAME_MESSAGE,
+)
 
 
 class _Spec(BaseModel):
@@ -435,6 +450,12 @@ class SpecError(ValueError):
         super().__init__(f"{field}: {message}" if field else message)
         self.field = field
         self.message = message
+
+
+def check_name(name: str) -> None:
+    """Raise SpecError unless `name` can name the Service and label the pods (as the CRD's rule)."""
+    if len(name) > NAME_MAX_LENGTH or not re.match(NAME_PATTERN, name):
+        raise SpecError("metadata.name", f"{name!r}: {NAME_MESSAGE.removeprefix('metadata.name ')}")
 
 
 def parse_spec(spec: dict) -> InferenceServiceSpec:

@@ -108,7 +108,8 @@ def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
         problem = evaluate_rule(rule, value, schema)
         if problem:
             where = path + str(rule.get("fieldPath", "")) if rule.get("fieldPath") else path
-            errors.append(f"{where or '<root>'}: {problem}")
+            # A rule on the root names its field in its message (metadata.name ...).
+            errors.append(f"{where.lstrip('.')}: {problem}" if where else problem)
     if isinstance(value, dict):
         for key, item in value.items():
             child = _child(schema, key)

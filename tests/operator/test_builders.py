@@ -7,7 +7,7 @@ import pytest
 
 from inference_operator.builders import Owner, build_all, build_deployment, build_service
 from inference_operator.builders.common import selector_string
-from inference_operator.models import parse_spec
+from inference_operator.models import SpecError, parse_spec
 
 UID = "7f1c3f9e-0000-4000-8000-000000000001"
 
@@ -257,3 +257,10 @@ def test_an_autoscaler_owned_replica_count_is_sent_back_unchanged() -> None:
     assert keep_foreign_replicas(fixed, live)["spec"]["replicas"] == 2
     service = build_service(owner())
     assert keep_foreign_replicas(service, live) is service
+
+
+@pytest.mark.parametrize("name", ["1model", "a.b", "x" * 64])
+def test_no_objects_for_a_name_a_service_cannot_take(name: str) -> None:
+    with pytest.raises(SpecError) as err:
+        Owner(name=name, namespace="ml", uid=UID, spec=parse_spec({"model": {"uri": "pvc://models/m"}}))
+    assert err.value.field == "metadata.name"

@@ -133,10 +133,24 @@ def test_rules_refuse_what_they_should_and_name_the_field(patch: dict, field: st
     assert errors[0].startswith(field + ":") and message in errors[0], errors
 
 
+BAD_NAMES = ["a.b", "1model", "x" * 64, "Resnet", "-a", "a-", "a_b"]
+GOOD_NAMES = ["a", "x" * 63, "resnet-50", "r2"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES + GOOD_NAMES)
+def test_names_a_service_cannot_take_are_refused(name: str) -> None:
+    """`1model`, `a.b` or 64 characters are valid object names, but a Service refuses them."""
+    errors = cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr({"model": {"uri": "pvc://m/x"}}, name=name)))
+    if name in BAD_NAMES:
+        assert len(errors) == 1 and errors[0].startswith("metadata.name must be a DNS-1035 label"), errors
+    else:
+        assert errors == []
+
+
 def test_every_rule_has_a_violation_case() -> None:
     """Each rule is seen refusing something (so none is vacuous)."""
-    refused: set[str] = set()
+    refused = set(cel_errors(SCHEMA, _cr({"model": {"uri": "pvc://m"}}, name="1model")))
     for patch, _, _ in VIOLATIONS:
         spec = {"model": {"uri": "pvc://models/m"}, **patch}
         refused |= {e.split(": ", 1)[1] for e in cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec)))}
-    assert {r["message"] for _, _, r in RULES} <= refused
+    assert {r["message"] for _, _, r in RULES} <= refused | {e.split(": ", 1)[-1] for e in refused}

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 
 from inference_operator import crd as crdgen
-from inference_operator.models import SpecError, parse_spec
+from inference_operator.models import NAME_MESSAGE, SpecError, check_name, parse_spec
 from testsupport.crd import ROOT, apply_defaults, crd, crd_schema, schema_errors
 
 K8S_VERSION = "1.33"
@@ -159,9 +159,22 @@ def _cel_rules(node: dict) -> list[dict]:
 
 
 def test_every_cel_rule_has_a_case() -> None:
-    messages = [r["message"] for r in _cel_rules(crd_schema())]
+    messages = [r["message"] for r in _cel_rules(crd_schema()["properties"]["spec"])]
     covered = [m for m in messages if any(case_msg in m for _, case_msg in CEL_CASES)]
     assert covered == messages
+
+
+@pytest.mark.parametrize(("name", "valid"), [("1model", False), ("a.b", False), ("x" * 64, False), ("r-2", True)])
+def test_model_enforces_the_name_rule(name: str, valid: bool) -> None:
+    """The CRD's root rule on metadata.name, in Python (render, objects created before the rule)."""
+    root_rules = [r["message"] for r in crd_schema()["x-kubernetes-validations"]]
+    assert root_rules == [NAME_MESSAGE]
+    if valid:
+        check_name(name)
+        return
+    with pytest.raises(SpecError) as err:
+        check_name(name)
+    assert err.value.field == "metadata.name" and "DNS-1035 label" in err.value.message
 
 
 @pytest.mark.parametrize(

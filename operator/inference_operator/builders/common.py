@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models import API_VERSION, KIND, InferenceServiceSpec
+from ..models import API_VERSION, KIND, InferenceServiceSpec, check_name
 
 MANAGER = "rocm-inference-operator"
 COMPONENT = "predictor"
@@ -20,6 +20,9 @@ class Owner:
     namespace: str
     uid: str
     spec: InferenceServiceSpec
+
+    def __post_init__(self) -> None:
+        check_name(self.name)  # every object is named after it: refuse a name a Service cannot take
 
     @property
     def model_name(self) -> str:
