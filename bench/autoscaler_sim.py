@@ -36,10 +36,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-try:
-    import inference_operator  # noqa: F401
-except ModuleNotFoundError:  # run from a checkout without installing the package
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "operator"))
 from inference_operator.autoscaler.policy import History, Observation, Policy, decide
 from inference_operator.models import AutoscalingSpec
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,8 +35,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.server.helpers import mlp_model  # noqa: E402  (the same MLP the tests build)
+from testsupport.onnx_models import mlp_model
+from testsupport.processes import free_port, running, serve_command
 
 DEFAULT_SIZES = [1024, 4096, 4096, 4096, 16]
 CONCURRENCY = [1, 16, 64]
@@ -214,40 +213,6 @@ def _summary(label: str, throughput: float, p50: float, p99: float, n: int, erro
     return row
 
 
-# --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout}s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _median(rows: list[dict], label: str) -> dict:
     """Median of each figure over the rounds (robust to a noisy neighbour)."""
     pick = {k: float(np.median([r[k] for r in rows])) for k in ("throughput", "p50_ms", "p99_ms")}
@@ -289,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
     batches = sorted({1, 8, args.max_batch_size, 64})
     rounds: dict[str, dict[str, list[dict]]] = {"a": {}, "b": {}, "c": {}}
     body = json.dumps({"data": np.random.default_rng(2).standard_normal(sizes[0]).round(4).tolist()}).encode()
-    procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
         model = mlp_model(Path(tmp) / "mlp.onnx", sizes)
         print(
@@ -302,17 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         ports = {"b": free_port(), "c": free_port()}
         commands = {
-            "b": [
-                sys.executable,
-                "-m",
-                "model_server",
-                "serve",
-                "--model",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(ports["b"]),
+            "b": serve_command(
+                model,
+                ports["b"],
                 "--format",
                 "onnx",
                 "--providers",
@@ -330,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.batch_workers),
                 "--log-level",
                 "warning",
-            ],
+            ),
             "c": [
                 sys.executable,
                 __file__,
@@ -342,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             ],
         }
         labels = {"b": "(b) model_server", "c": "(c) naive FastAPI"}
-        try:
+        with contextlib.ExitStack() as servers:
             for key, cmd in commands.items():
-                procs.append(subprocess.Popen(cmd))
-                wait_ready(f"http://127.0.0.1:{ports[key]}/health/ready", procs[-1])
+                ready = f"http://127.0.0.1:{ports[key]}/health/ready"
+                servers.enter_context(running(cmd, ready_url=ready, timeout=120, stop_timeout=30))
             for r in range(args.rounds):
                 load = os.getloadavg()[0]
                 busy = "  (the machine is busy: expect noise)" if load > (os.cpu_count() or 1) else ""
@@ -365,9 +321,6 @@ def main(argv: list[str] | None = None) -> int:
                             loadgen,
                         )
                         rounds[key].setdefault(f"c={c}", []).append(row)
-        finally:
-            for proc in procs:
-                stop(proc)
 
     print(f"\nmedians over {args.rounds} rounds:")
     by = {

@@ -8,21 +8,18 @@ starting the container and reporting it ready.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
-import socket
-import subprocess
 import sys
 import tempfile
 
 import httpx
 import numpy as np
-import onnx
 import yaml
-from onnx import TensorProto, helper, numpy_helper
 
 from testsupport.cluster import running_cluster, wait_for
+from testsupport.onnx_models import affine_model
+from testsupport.processes import free_port, running
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -32,29 +29,6 @@ DEPLOYMENTS = "apps/v1/deployments"
 
 def say(text: str) -> None:
     print(f"\n==> {text}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tiny_model(directory: pathlib.Path, version: str) -> np.ndarray:
-    """A 4→3 linear+ReLU ONNX model in DIR/<version>/model.onnx; returns its weights."""
-    rng = np.random.default_rng(0)
-    weights = rng.standard_normal((4, 3)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["input", "w"], ["mm"]), helper.make_node("Relu", ["mm"], ["output"])],
-        "tiny",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 3])],
-        [numpy_helper.from_array(weights, "w")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    (directory / version).mkdir(parents=True)
-    onnx.save(model, directory / version / "model.onnx")
-    return weights
 
 
 def print_table(cr: dict) -> None:
@@ -79,20 +53,6 @@ def print_table(cr: dict) -> None:
         print("".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
-@contextlib.contextmanager
-def process(args: list[str], env: dict, log: pathlib.Path):
-    with log.open("w") as out:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = pathlib.Path(tmp_name)
@@ -100,8 +60,11 @@ def main() -> int:
             env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
             env.pop("KUBERNETES_SERVICE_HOST", None)
             say(f"Emulated Kubernetes API on {cluster.url}; starting the operator")
-            with process(
-                [sys.executable, "-m", "inference_operator", "run", "--all-namespaces"], env, tmp / "operator.log"
+            with running(
+                [sys.executable, "-m", "inference_operator", "run", "--all-namespaces"],
+                env=env,
+                log=tmp / "operator.log",
+                stop_timeout=20,
             ):
                 return run_demo(cluster, env, tmp)
 
@@ -133,16 +96,23 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
 
     say("Playing the kubelet: starting the model server with the Deployment's own arguments (CPU)")
     models = tmp / "models"
-    weights = tiny_model(models, cr["spec"]["model"].get("version", "1"))
+    rng = np.random.default_rng(0)
+    weights, bias = rng.standard_normal((4, 3)).astype(np.float32), np.zeros(3, np.float32)
+    affine_model(models / cr["spec"]["model"].get("version", "1") / "model.onnx", weights, bias)
     port, metrics_port = free_port(), free_port()
     args = list(container["args"])
     args[args.index("--model") + 1] = str(models)
     args[args.index("--port") + 1] = str(port)
     args[args.index("--metrics-port") + 1] = str(metrics_port)
     server_env = {**env, **{e["name"]: e["value"] for e in container["env"]}}
-    with process([sys.executable, "-m", "model_server", *args, "--host", "127.0.0.1"], server_env, tmp / "server.log"):
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _ok(base + "/health/ready"), timeout=60, message="the model server to be ready")
+    base = f"http://127.0.0.1:{port}"
+    with running(
+        [sys.executable, "-m", "model_server", *args, "--host", "127.0.0.1"],
+        env=server_env,
+        log=tmp / "server.log",
+        ready_url=base + "/health/ready",
+        stop_timeout=20,
+    ):
         cluster.patch(
             DEPLOYMENTS,
             namespace,
@@ -166,7 +136,7 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
         say(f"POST /infer {row}")
         answer = httpx.post(base + "/infer", json={"data": row}, timeout=10).json()
         print(answer)
-        expected = np.maximum(np.array(row, dtype=np.float32) @ weights, 0)
+        expected = np.array(row, dtype=np.float32) @ weights + bias
         got = np.array(answer["result"], dtype=np.float32).reshape(-1)
         print("matches numpy:", bool(np.allclose(got, expected, atol=1e-5)))
 
@@ -174,7 +144,7 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
         v2 = httpx.post(
             f"{base}/v2/models/{name}/infer",
             timeout=10,
-            json={"inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32", "data": row + row}]},
+            json={"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": row + row}]},
         ).json()
         print(v2)
 
@@ -184,13 +154,6 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
             if line.startswith(("model_server_requests_total", "model_server_request_duration_seconds_count")):
                 print(line)
         return 0 if np.allclose(got, expected, atol=1e-5) else 1
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _ready(cr: dict | None) -> bool:

@@ -9,10 +9,7 @@ import contextlib
 import os
 import pathlib
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,15 +19,11 @@ import pytest
 import yaml
 
 from tests.operator.conftest import cluster, operator  # noqa: F401  (fixtures)
+from testsupport.onnx_models import save_model
+from testsupport.processes import free_port, running, serve_command, wait_http
 
 PROMETHEUS = "prometheus"
 SCRAPE_INTERVAL_SECONDS = 1
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def prometheus_binary() -> str:
@@ -118,55 +111,23 @@ def running_prometheus(tmp_path: pathlib.Path, targets: list[Target]) -> Iterato
     config.write_text(yaml.safe_dump(prometheus_config(targets)))
     port = free_port()
     log = home / "prometheus.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={home / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-                "--storage.tsdb.retention.time=1h",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=home,
-        )
-    prom = Prometheus(url=f"http://127.0.0.1:{port}", process=process, log=log)
-    try:
-        _wait_http(f"{prom.url}/-/ready", process, log, timeout=30)
-        yield prom
-    finally:
-        _stop(process)
-
-
-def _wait_http(url: str, process: subprocess.Popen, log: pathlib.Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"{url}: process exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"{url} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={home / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+        "--storage.tsdb.retention.time=1h",
+    ]
+    with running(command, log=log, cwd=home, ready_url=f"{url}/-/ready", timeout=30) as process:
+        yield Prometheus(url=url, process=process, log=log)
 
 
 def tiny_mlp(path: pathlib.Path, width: int = 2048, depth: int = 10, inputs: int = 64) -> pathlib.Path:
     """An ONNX MLP that is slow on purpose (~7 ms a row on one CPU thread) but small on disk:
     all hidden layers share one weight matrix."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -188,11 +149,7 @@ def tiny_mlp(path: pathlib.Path, width: int = 2048, depth: int = 10, inputs: int
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
         [numpy_helper.from_array(w_in, "w_in"), numpy_helper.from_array(w, "w")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return save_model(graph, path)
 
 
 @dataclass
@@ -211,47 +168,15 @@ def running_model_servers(
     tmp_path: pathlib.Path, model: pathlib.Path, name: str, count: int
 ) -> Iterator[list[ModelServer]]:
     """`count` real model-server processes on loopback, one request at a time each."""
-    servers = []
-    try:
-        for i in range(count):
+    flags = ["--model-name", name, "--max-batch-size", "1", "--max-delay-ms", "0", "--max-queue", "256"]
+    flags += ["--intra-op-threads", "1", "--providers", "CPUExecutionProvider", "--no-watch", "--log-level", "warning"]
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for i in range(count):  # all start at once, then each is waited for
             port = free_port()
             log = tmp_path / f"model-server-{i}.log"
-            with log.open("wb") as out:
-                process = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "model_server",
-                        "serve",
-                        "--model",
-                        str(model),
-                        "--model-name",
-                        name,
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--max-batch-size",
-                        "1",
-                        "--max-delay-ms",
-                        "0",
-                        "--max-queue",
-                        "256",
-                        "--intra-op-threads",
-                        "1",
-                        "--providers",
-                        "CPUExecutionProvider",
-                        "--no-watch",
-                        "--log-level",
-                        "warning",
-                    ],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
+            process = stack.enter_context(running(serve_command(model, port, *flags), log=log))
             servers.append(ModelServer(port, process, log))
         for server in servers:
-            _wait_http(f"http://{server.address}/health/ready", server.process, server.log, timeout=60)
+            wait_http(f"http://{server.address}/health/ready", server.process, timeout=60, log=server.log)
         yield servers
-    finally:
-        for server in servers:
-            _stop(server.process)

@@ -25,13 +25,13 @@ import pytest
 from inference_operator.autoscaler import credentials, promql
 from tests.autoscaler.conftest import (
     Target,
-    free_port,
     running_model_servers,
     running_prometheus,
     tiny_mlp,
 )
 from tests.http_stub import QuietHandler, serving
 from testsupport.cluster import Cluster, captured_operator_logs, wait_for
+from testsupport.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -6,7 +6,6 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -15,15 +14,10 @@ import httpx
 
 from testsupport.cluster import Cluster
 from testsupport.emulator import declare
+from testsupport.processes import free_port
 
 PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 PEERING_VERBS = ("list", "watch", "get", "create", "patch")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def declare_peering(cluster: Cluster, name: str) -> None:

@@ -15,7 +15,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.server.helpers import affine_model, make_settings, running_server
+from tests.server.helpers import make_settings, running_server
+from testsupport.onnx_models import affine_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 EXAMPLES_PER_OPERATION = 50

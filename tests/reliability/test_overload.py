@@ -12,16 +12,14 @@ import asyncio
 import collections
 import os
 import pathlib
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import numpy as np
 import pytest
 
-from tests.server.helpers import mlp_model
+from testsupport.onnx_models import mlp_model
+from testsupport.processes import free_port, running, serve_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -29,12 +27,6 @@ WIDTH = 256
 BURST = 1500
 CONCURRENCY = 300
 MAX_QUEUE = 16
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rss_bytes(pid: int) -> int:
@@ -84,47 +76,24 @@ async def test_overload_burst_is_refused_fast_bounded_and_recovers(tmp_path: pat
     mlp_model(repo / "1" / "model.onnx", [WIDTH, 1024, 1024, WIDTH])
     port = free_port()
     env = {**os.environ, "MODEL_SERVER_INTRA_OP_THREADS": "1"}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "model_server",
-            "serve",
-            "--model",
-            str(repo),
-            "--model-name",
-            "burst",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--providers",
-            "CPUExecutionProvider",
-            "--max-batch-size",
-            "8",
-            "--max-delay-ms",
-            "2",
-            "--max-queue",
-            str(MAX_QUEUE),
-            "--no-access-log",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    command = serve_command(
+        repo,
+        port,
+        "--model-name",
+        "burst",
+        "--providers",
+        "CPUExecutionProvider",
+        "--max-batch-size",
+        "8",
+        "--max-delay-ms",
+        "2",
+        "--max-queue",
+        str(MAX_QUEUE),
+        "--no-access-log",
     )
     base = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient(base_url=base, timeout=5) as client:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if (await client.get("/health/ready")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "server never became ready"
-                await asyncio.sleep(0.1)
-
+    log = tmp_path / "server.log"
+    with running(command, env=env, log=log, ready_url=base + "/health/ready", stop_timeout=30) as server:
         baseline, _, baseline_s = await fire(base, 200, 8)
         assert baseline == {200: 200}
         rss_before = rss_bytes(server.pid)
@@ -152,11 +121,4 @@ async def test_overload_burst_is_refused_fast_bounded_and_recovers(tmp_path: pat
             f"RSS {rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB; throughput before/after "
             f"{200 / baseline_s:.0f}/{200 / recovered_s:.0f} req/s"
         )
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-    assert server.returncode == 0, server.stderr.read().decode()[-2000:]
+    assert server.returncode == 0, log.read_text()[-2000:]

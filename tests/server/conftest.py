@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .helpers import affine_model
+from testsupport.onnx_models import affine_model
 
 
 @pytest.fixture

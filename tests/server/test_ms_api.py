@@ -11,8 +11,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from model_server.gpu import GpuSample
+from testsupport.onnx_models import affine_model, int_model, save_model
 
-from .helpers import affine_model, int_model, make_settings, running_server, save_model
+from .helpers import make_settings, running_server
 
 RNG = np.random.default_rng(7)
 W1, B1 = RNG.standard_normal((4, 3)).astype(np.float32), RNG.standard_normal(3).astype(np.float32)

@@ -13,10 +13,10 @@ from model_server.backends.base import example_inputs
 from model_server.backends.onnx import OnnxBackend, fallback_message, select_providers
 from model_server.errors import BackendInputError, ModelLoadError
 from model_server.tensors import TensorSpec
+from testsupport.onnx_models import affine_model, int_model
 
-from .helpers import affine_model, int_model, make_settings
+from .helpers import make_settings
 
-# torch 2.13 deprecates torch.jit; serving TorchScript files is still supported.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch\\.jit:DeprecationWarning")
 
 

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .helpers import affine_model, make_settings, running_server
+from testsupport.onnx_models import affine_model
+
+from .helpers import make_settings, running_server
 
 JSON = st.recursive(
     st.none()

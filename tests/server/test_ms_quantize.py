@@ -8,10 +8,8 @@ import pytest
 
 from model_server.__main__ import main
 from model_server.quantize import compare_models, quantize_and_check
+from testsupport.onnx_models import mlp_model
 
-from .helpers import mlp_model
-
-#: Stated tolerance: relative L2 error of all outputs vs. the FP32 model.
 TOLERANCE = 0.05
 
 

@@ -6,21 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from .helpers import scale_model
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from testsupport.onnx_models import scale_model
+from testsupport.processes import free_port, serve_command
 
 
 async def poll(client: httpx.AsyncClient, url: str, predicate, timeout: float = 30.0):
@@ -55,17 +48,9 @@ async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
         "MODEL_SERVER_INTRA_OP_THREADS": "1",
         "MODEL_SERVER_SHUTDOWN_DELAY_S": "0.5",
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "model_server",
-        "serve",
-        "--model",
-        str(repo),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
+    cmd = serve_command(
+        repo,
+        port,
         "--metrics-port",
         str(metrics_port),
         "--format",
@@ -80,7 +65,7 @@ async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
         "--drain-timeout",
         "20",
         "--no-watch",
-    ]
+    )
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:

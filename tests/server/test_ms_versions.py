@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry
 from model_server.errors import ModelNotFound, ModelNotReady
 from model_server.metrics import ServerMetrics
 from model_server.versions import ModelRepository, discover, select_versions, version_key
+from testsupport.onnx_models import scale_model
 
-from .helpers import make_settings, running_server, scale_model
+from .helpers import make_settings, running_server
 
 
 def test_discover_layouts(tmp_path):

@@ -1,0 +1,104 @@
+"""Real processes on loopback: a free port, start a command, wait until it answers, stop it.
+
+The tests, the benchmarks and the demo run the model server, the operator and Prometheus as
+real processes; they all start, wait and stop them the same way, here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_command(model: pathlib.Path, port: int, *flags: str, host: str = "127.0.0.1") -> list[str]:
+    """`python -m model_server serve` for `model` on `host:port`, with further `flags`."""
+    return [
+        sys.executable,
+        "-m",
+        "model_server",
+        "serve",
+        "--model",
+        str(model),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *flags,
+    ]
+
+
+def _tail(log: pathlib.Path | None) -> str:
+    return f":\n{log.read_text(errors='replace')[-3000:]}" if log is not None and log.exists() else ""
+
+
+def wait_http(
+    url: str,
+    process: subprocess.Popen | None = None,
+    *,
+    timeout: float = 60,
+    log: pathlib.Path | None = None,
+) -> None:
+    """Poll `url` until it answers 200; fail at once if `process` exits first (with its log)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited with {process.returncode}{_tail(log)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout}s{_tail(log)}")
+
+
+def stop(process: subprocess.Popen, timeout: float = 10, sig: int = signal.SIGTERM) -> int:
+    """Send `sig` (SIGTERM: a graceful stop), kill after `timeout`; the exit code."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait(10)
+
+
+@contextlib.contextmanager
+def running(
+    args: Sequence[str],
+    *,
+    log: pathlib.Path | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: pathlib.Path | None = None,
+    ready_url: str | None = None,
+    timeout: float = 60,
+    stop_timeout: float = 10,
+) -> Iterator[subprocess.Popen]:
+    """Run `args` (output to `log`, else inherited), wait for `ready_url`, stop on the way out.
+
+    After the block, the process has exited and `returncode` says how.
+    """
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(log.open("wb")) if log is not None else None
+        process = subprocess.Popen(
+            list(args), env=None if env is None else dict(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            if ready_url is not None:
+                wait_http(ready_url, process, timeout=timeout, log=log)
+            yield process
+        finally:
+            stop(process, stop_timeout)
