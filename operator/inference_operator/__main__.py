@@ -15,6 +15,7 @@ import yaml
 
 from .builders import Owner, build_all
 from .models import API_VERSION, KIND, SpecError, parse_spec
+from .validation import validate_custom_resource
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
@@ -23,8 +24,12 @@ class RenderError(Exception):
     """A document that is not a renderable InferenceService; the message names where."""
 
 
-def render_documents(documents: Iterable[dict | None], source: str = "<stdin>") -> list[dict]:
-    """Every object the operator would create for the InferenceServices among `documents`."""
+def render_documents(documents: Iterable[object], source: str = "<stdin>") -> list[dict]:
+    """Every object the operator would create for the InferenceServices among `documents`.
+
+    Each document first gets the API server's verdict (schema, defaults and CEL rules of the
+    CRD): what `kubectl apply` would refuse, render refuses, naming the field.
+    """
     objects: list[dict] = []
     for index, doc in enumerate(documents, start=1):
         if doc is None:
@@ -36,21 +41,24 @@ def render_documents(documents: Iterable[dict | None], source: str = "<stdin>") 
             raise RenderError(
                 f"{where}: apiVersion/kind must be {API_VERSION}/{KIND}, got {doc.get('apiVersion')}/{doc.get('kind')}"
             )
-        meta = doc.get("metadata") or {}
-        name = meta.get("name")
-        if not name:
-            raise RenderError(f"{where}: metadata.name is required")
-        where = f"{source}: InferenceService {name}"
+        meta = doc.get("metadata")
+        if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:
+            where = f"{source}: InferenceService {meta['name']}"
+        if errors := validate_custom_resource(doc):
+            raise RenderError("\n".join(f"{where}: {error}" for error in errors))
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(meta, dict) or not isinstance(name, str) or not name:
+            raise RenderError(f"{where}: metadata.name is required (render does not generate names)")
         try:
             spec = parse_spec(doc.get("spec") or {})
+            owner = Owner(
+                name=name,
+                namespace=meta.get("namespace", "default"),
+                uid=meta.get("uid", PLACEHOLDER_UID),
+                spec=spec,
+            )
         except SpecError as exc:
             raise RenderError(f"{where}: {exc}") from exc
-        owner = Owner(
-            name=name,
-            namespace=meta.get("namespace", "default"),
-            uid=meta.get("uid", PLACEHOLDER_UID),
-            spec=spec,
-        )
         objects.extend(build_all(owner))
     return objects
 
@@ -67,6 +75,8 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
                 documents = list(yaml.safe_load_all(stream))
             except yaml.YAMLError as exc:
                 raise RenderError(f"{path}: not valid YAML: {exc}") from exc
+            except RecursionError as exc:
+                raise RenderError(f"{path}: not valid YAML: nested too deeply") from exc
         objects.extend(render_documents(documents, source=path))
     yaml.safe_dump_all(objects, out, sort_keys=False)
     return 0
@@ -129,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _render(args, sys.stdout)
         except RenderError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            for line in str(exc).splitlines():
+                print(f"error: {line}", file=sys.stderr)
             return 2
     return _run(args)
 

@@ -29,7 +29,10 @@ DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring:9090"
 
 # A non-negative Kubernetes quantity: decimal or binary SI suffix, or an exponent.
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
-MODEL_URI_PATTERN = r"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/\S*)?|(s3|https?|oci)://\S+)$"
+# A path segment that is not `.` or `..` (RE2, as the API server's patterns: no lookahead).
+PATH_SEGMENT = r"([^/.\s][^/\s]*|\.[^/.\s][^/\s]*|\.\.[^/\s]+)"
+# pvc://CLAIM/PATH becomes a volume subPath, which the API server refuses with `..` in it.
+MODEL_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{PATH_SEGMENT})*/?|(s3|https?|oci)://\S+)$"
 IMAGE_PATTERN = r"^\S+$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Label keys and values, as the API server checks them (pods would be refused otherwise).

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import celpy
@@ -37,6 +37,9 @@ METADATA_SCHEMA: dict[str, Any] = {
         "finalizers": {"type": "array", "items": {"type": "string"}},
     },
 }
+# Deeper than any InferenceService (or its managedFields) goes; deeper input is refused early.
+MAX_DEPTH = 64
+MAX_MESSAGE = 300
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -170,7 +173,32 @@ def _validator() -> jsonschema.Draft4Validator:
 def schema_errors(obj: Any) -> list[str]:
     """OpenAPI schema violations of a (defaulted) object, each naming the field."""
     found = sorted(_validator().iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
-    return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}" for e in found]
+    return [f"{_path(e.absolute_path) or '<root>'}: {_shorten(e.message)}" for e in found]
+
+
+def _path(parts: Iterable[Any]) -> str:
+    text = ""
+    for part in parts:
+        text = f"{text}[{part}]" if isinstance(part, int) else _join(text, str(part))
+    return text
+
+
+def _shorten(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
+
+
+def too_deep(obj: Any, limit: int = MAX_DEPTH) -> str | None:
+    """The path of the first value nested deeper than `limit`, or None (iterative: no recursion)."""
+    stack: list[tuple[Any, str, int]] = [(obj, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > limit:
+            return path or "<root>"
+        if isinstance(value, dict):
+            stack += [(v, _join(path, str(k)), depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+    return None
 
 
 def default_custom_resource(obj: dict[str, Any]) -> dict[str, Any]:
@@ -190,6 +218,8 @@ def validate_custom_resource(obj: Any) -> list[str]:
     """
     if not isinstance(obj, dict):
         return [f"<root>: expected a mapping, got {type(obj).__name__}"]
+    if deep := too_deep(obj):
+        return [f"{deep}: nested deeper than {MAX_DEPTH} levels"]
     schema = open_api_schema()
     errors = [
         f"{path}: unknown field" + _hint(path)

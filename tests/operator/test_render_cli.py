@@ -54,10 +54,13 @@ def test_several_files_and_stdin_make_one_stream(tmp_path: pathlib.Path) -> None
         (
             "apiVersion: inference.rocm.dev/v1alpha1\nkind: InferenceService\nmetadata: {name: x}\n"
             "spec: {model: {uri: 'pvc://m'}, resources: {gpu: {count: 99}}}",
-            "InferenceService x: spec.resources.gpu.count: Input should be less than or equal to 16",
+            "InferenceService x: spec.resources.gpu.count: 99 is greater than the maximum of 16",
         ),
         ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "apiVersion/kind must be"),
-        ("apiVersion: inference.rocm.dev/v1alpha1\nkind: InferenceService\nspec: {}\n", "metadata.name is required"),
+        (
+            "apiVersion: inference.rocm.dev/v1alpha1\nkind: InferenceService\nspec: {}\n",
+            "metadata.name: a name is required",
+        ),
         ("a: [unclosed", "not valid YAML"),
     ],
 )
@@ -66,6 +69,46 @@ def test_errors_name_the_problem_and_exit_non_zero(document: str, message: str) 
     assert result.returncode == 2
     assert message in result.stderr
     assert result.stdout == ""
+
+
+HEAD = "apiVersion: inference.rocm.dev/v1alpha1\nkind: InferenceService\n"
+NAMED = HEAD + "metadata: {name: x}\n"
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (NAMED + "spec: {replicas: true, model: {uri: 'pvc://m'}}", "spec.replicas: True is not of type 'integer'"),
+        (NAMED + "spec: {replicas: '3', model: {uri: 'pvc://m'}}", "spec.replicas: '3' is not of type 'integer'"),
+        (
+            NAMED + "spec: {model: {uri: 'pvc://m'}, resources: {gpu: {count: '2'}}}",
+            "spec.resources.gpu.count: '2' is not of type 'integer'",
+        ),
+        (
+            NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {batching: {max_batch_size: 4}}}",
+            "spec.runtime.batching.max_batch_size: unknown field (fields are camelCase: maxBatchSize)",
+        ),
+        (NAMED + "spec: {model: {uri: 'pvc://models/../../etc'}}", "spec.model.uri: 'pvc://models/../../etc' does not"),
+        (HEAD + "metadata: hello\nspec: {model: {uri: 'pvc://m'}}", "metadata: 'hello' is not of type 'object'"),
+        (HEAD + "metadata: [1]\nspec: {model: {uri: 'pvc://m'}}", "metadata: [1] is not of type 'object'"),
+        (NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {args: " + "[" * 100 + "]" * 100 + "}}", "nested deeper"),
+        (NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {args: " + "[" * 2000 + "]" * 2000 + "}}", "nested too"),
+        (NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {port: 9090}}", "runtime.port and runtime.metricsPort must"),
+        (HEAD + "metadata: {name: 1model}\nspec: {model: {uri: 'pvc://m'}}", "metadata.name must be a DNS-1035 label"),
+        (HEAD + "metadata: {name: a.b}\nspec: {model: {uri: 'pvc://m'}}", "metadata.name must be a DNS-1035 label"),
+        (HEAD + f"metadata: {{name: {'x' * 64}}}\nspec: {{model: {{uri: 'pvc://m'}}}}", "at most 63 characters"),
+        (NAMED + "spec: {model: {uri: 'pvc://m'}}\nsurprise: 1", "surprise: unknown field"),
+        (NAMED + "spec: hello", "spec: 'hello' is not of type 'object'"),
+    ],
+    ids=lambda v: v if len(v) < 60 and "\n" not in v else None,
+)
+def test_render_gives_the_api_servers_verdict(document: str, message: str) -> None:
+    """What the API server would refuse, render refuses: exit 2, the field named, no traceback."""
+    result = render("-f", "-", stdin=document)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert len(result.stderr) < 2000
 
 
 def test_missing_file_is_a_clear_error(tmp_path: pathlib.Path) -> None:
