@@ -354,6 +354,11 @@ class SchedulingSpec(_Spec):
     )
     priority_class_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] = None
     service_account_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] = None
+    automount_service_account_token: bool = Field(
+        False,
+        description="Mount the service account's API token in the model-server pods; off, since the server "
+        "needs no Kubernetes API.",
+    )
 
     @field_validator("node_selector")
     @classmethod

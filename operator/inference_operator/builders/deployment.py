@@ -138,7 +138,7 @@ def _model_storage(spec: InferenceServiceSpec, image: str) -> tuple[list[dict], 
         }
     init |= {
         "volumeMounts": [mount],
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
         "securityContext": _container_security(),
         "env": [e for e in _env(spec) if not e["name"].endswith("VISIBLE_DEVICES")],
     }
@@ -223,6 +223,7 @@ def build_deployment(owner: Owner) -> dict:
         "volumes": volumes,
         "securityContext": pod_security,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": spec.scheduling.automount_service_account_token,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     if init_containers:

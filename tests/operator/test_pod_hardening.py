@@ -1,0 +1,47 @@
+"""Model-server pods carry no API token unless asked, and no container runs without a CPU limit."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+
+from inference_operator.builders import Owner, build_deployment
+from inference_operator.models import parse_spec
+from testsupport.crd import validate_custom_resource
+
+UID = "7f1c3f9e-0000-4000-8000-000000000001"
+
+
+def deployment(**spec) -> dict:
+    spec.setdefault("model", {"uri": "s3://models/resnet50/"})
+    obj = build_deployment(Owner(name="resnet", namespace="ml", uid=UID, spec=parse_spec(spec)))
+    kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+    return obj
+
+
+def test_service_account_token_is_not_mounted_by_default() -> None:
+    pod = deployment()["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_the_spec_can_ask_for_the_token() -> None:
+    pod = deployment(scheduling={"automountServiceAccountToken": True})["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+
+
+@pytest.mark.parametrize("uri", ["s3://models/resnet50/", "https://h/m/model.onnx", "oci://ghcr.io/m/resnet:1"])
+def test_init_containers_have_cpu_and_memory_limits(uri: str) -> None:
+    pod = deployment(model={"uri": uri})["spec"]["template"]["spec"]
+    assert pod["initContainers"]
+    for init in pod["initContainers"]:
+        assert {"cpu", "memory"} <= set(init["resources"]["limits"]), init["name"]
+
+
+def test_the_crd_knows_the_field_and_defaults_it_off() -> None:
+    service = {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "resnet", "namespace": "ml"},
+        "spec": {"model": {"uri": "pvc://models/resnet50"}, "scheduling": {"automountServiceAccountToken": True}},
+    }
+    assert validate_custom_resource(service) == []
