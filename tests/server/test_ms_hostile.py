@@ -13,8 +13,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from model_server.backends.onnx import OnnxBackend
+from testsupport.onnx_models import affine_model, save_model
 
-from .helpers import affine_model, make_settings, running_server, save_model
+from .helpers import make_settings, running_server
 
 X_OK = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}
 SECRET = "/var/secret/path-of-the-runtime"
