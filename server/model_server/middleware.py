@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .api.common import json_response
@@ -14,7 +15,7 @@ from .errors import PayloadTooLarge
 log = logging.getLogger(__name__)
 
 
-def internal_error_response(scope: Scope, exc: BaseException):
+def internal_error_response(scope: Scope, exc: BaseException) -> Response:
     """A 500 that names nothing internal: the detail goes to the log under an id
     the client can quote."""
     request_id = uuid.uuid4().hex[:16]
