@@ -1,14 +1,18 @@
 """Server configuration, read from CLI flags and `MODEL_SERVER_*` env vars.
 
 The operator may pass settings either way, so both end up in one validated
-object; explicitly given flags win over env values.
+object; explicitly given flags win over env values. The `serve` flags are derived
+from the fields here (`add_arguments`), so a setting is declared once: its type,
+bounds and help live on the field, and pydantic alone validates what was given.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -25,32 +29,43 @@ DEFAULT_PROVIDERS = (
 MODEL_SUFFIXES = frozenset({".onnx", ".pt", ".pth", ".torchscript", ".pt2"})
 
 ModelFormat = Literal["auto", "onnx", "torchscript", "export"]
+ENV_PREFIX = "MODEL_SERVER_"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """Field metadata: the setting's `serve` flag, where it is not the field name in kebab case."""
+
+    name: str
 
 
 class ServerSettings(BaseSettings):
     """Everything `serve` needs; field names map to `--kebab-case` flags."""
 
-    model_config = SettingsConfigDict(env_prefix="MODEL_SERVER_", extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", populate_by_name=True)
 
-    model: Path = Field(description="Model file or model repository directory.")
+    model: Path = Field(description="model file or repository directory (DIR/<version>/model.onnx)")
     model_name: str | None = Field(
         default=None,
         validation_alias=AliasChoices("model_name", "MODEL_SERVER_MODEL_NAME", "MODEL_NAME"),
-        description="Name in the API and the `model` metric label; default: model stem.",
+        description="name in the API and the `model` metric label (default: the model's stem); also env MODEL_NAME",
     )
     model_version: str | None = Field(default=None, description="serve only this version of the repository (pinned)")
     format: ModelFormat = "auto"
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="extra port for /metrics")
 
-    providers: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_PROVIDERS))
+    providers: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_PROVIDERS),
+        description="comma-separated ONNX Runtime execution providers, in preference order",
+    )
     intra_op_threads: int = Field(default=0, ge=0, description="0 = runtime default")
     inter_op_threads: int = Field(default=0, ge=0, description="0 = runtime default")
     io_binding: Literal["auto", "on", "off"] = "auto"
     profiling: bool = False
     profile_dir: Path = Path("/tmp/model-server-profiles")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="torch device")
 
     max_batch_size: int = Field(default=16, ge=1, le=4096)
     max_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
@@ -68,13 +83,17 @@ class ServerSettings(BaseSettings):
     )
     warmup: bool = True
 
-    watch: bool = True
+    watch: bool = Field(default=True, description="hot-reload new versions")
     watch_polling: bool = False
     watch_debounce_ms: int = Field(default=500, ge=10)
     max_versions: int = Field(default=2, ge=0, description="highest N versions served; 0 = all")
 
-    drain_timeout_s: float = Field(default=30.0, ge=0)
-    shutdown_delay_s: float = Field(default=0.0, ge=0, description="stay up unready after SIGTERM")
+    drain_timeout_s: Annotated[float, Flag("drain-timeout")] = Field(
+        default=30.0, ge=0, description="seconds to finish accepted requests after SIGTERM"
+    )
+    shutdown_delay_s: Annotated[float, Flag("shutdown-delay")] = Field(
+        default=0.0, ge=0, description="seconds to stay up, unready, after SIGTERM"
+    )
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = False
@@ -118,6 +137,35 @@ class ServerSettings(BaseSettings):
     @property
     def max_delay_s(self) -> float:
         return self.max_delay_ms / 1000.0
+
+
+def flag_name(field: str) -> str:
+    """The `serve` flag (without dashes) of a settings field."""
+    info = ServerSettings.model_fields[field]
+    return next((m.name for m in info.metadata if isinstance(m, Flag)), field.replace("_", "-"))
+
+
+def _metavar(annotation: object) -> str | None:
+    if get_origin(annotation) is Literal:
+        return "{" + ",".join(str(a) for a in get_args(annotation)) + "}"
+    if annotation in (int, float, int | None, float | None):
+        return "N"
+    if annotation is Path:
+        return "PATH"
+    return None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of ServerSettings. Values stay strings: pydantic validates them the
+    same way as env values, so a bad flag and a bad env var get the same message."""
+    for field, info in ServerSettings.model_fields.items():
+        help_text = f"{info.description or ''} [env {ENV_PREFIX}{field.upper()}]".strip()
+        kwargs: dict[str, Any] = {"dest": field, "help": help_text}
+        if info.annotation is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif metavar := _metavar(info.annotation):
+            kwargs["metavar"] = metavar
+        parser.add_argument(f"--{flag_name(field)}", **kwargs)
 
 
 VISIBLE_DEVICE_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")

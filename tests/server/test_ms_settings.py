@@ -11,14 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from model_server.__main__ import build_parser, main, settings_from_args
 from model_server.gpu import GpuCollector, GpuSample, parse_rocm_smi_json
 from model_server.metrics import ServerMetrics
-from model_server.settings import ServerSettings, default_model_name
-
-# Exactly what the operator's Deployment builder passes.
-OPERATOR_ARGS = (
-    "serve --model /mnt/models --model-name resnet --format onnx --port 8080 --metrics-port 9090 "
-    "--providers MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider "
-    "--max-batch-size 16 --max-delay-ms 5 --max-queue 256 --model-version 3"
-).split()
+from model_server.settings import ServerSettings, default_model_name, flag_name
 
 
 @pytest.fixture(autouse=True)
@@ -28,19 +21,6 @@ def clean_env(monkeypatch):
     for key in list(os.environ):
         if key.startswith("MODEL_SERVER_") or key == "MODEL_NAME":
             monkeypatch.delenv(key)
-
-
-def test_operator_command_line_parses():
-    settings = settings_from_args(build_parser().parse_args(OPERATOR_ARGS))
-    assert settings.model == Path("/mnt/models") and settings.name == "resnet"
-    assert settings.model_version == "3"
-    assert settings.format == "onnx" and settings.port == 8080 and settings.metrics_port == 9090
-    assert settings.providers == [
-        "MIGraphXExecutionProvider",
-        "ROCMExecutionProvider",
-        "CPUExecutionProvider",
-    ]
-    assert (settings.max_batch_size, settings.max_delay_s, settings.max_queue) == (16, 0.005, 256)
 
 
 def test_same_settings_from_env(monkeypatch):
@@ -86,6 +66,20 @@ def test_invalid_settings_exit_2_with_the_field_named(monkeypatch, capsys):
     monkeypatch.delenv("MODEL_SERVER_MAX_BATCH_SIZE")
     assert main(["serve"]) == 2
     assert "model" in capsys.readouterr().err
+    # A flag named apart from its field is named as the user wrote it.
+    assert main(["serve", "--model", "m.onnx", "--drain-timeout", "-1"]) == 2
+    assert "--drain-timeout or MODEL_SERVER_DRAIN_TIMEOUT_S" in capsys.readouterr().err
+
+
+def test_every_setting_is_a_serve_flag_and_every_flag_a_setting():
+    argv = ["serve"]
+    for field, info in ServerSettings.model_fields.items():
+        argv += [f"--{flag_name(field)}"] + ([] if info.annotation is bool else ["1"])
+    given = set(vars(build_parser().parse_args(argv))) - {"command"}
+    assert given == set(ServerSettings.model_fields)
+    args = build_parser().parse_args(["serve", "--model", "m", "--shutdown-delay", "2.5", "--no-warmup"])
+    settings = settings_from_args(args)
+    assert (settings.shutdown_delay_s, settings.warmup) == (2.5, False)
 
 
 def test_rocm_smi_json_parsing():

@@ -1,0 +1,117 @@
+"""The operator's model-server command line, read by the model server's own parser.
+
+The Deployment builder (operator) writes `serve` flags and the server's settings model reads
+them; the two programs never import each other, so this test is where they are held to one
+contract: every flag the builder writes must parse, land in the setting it means, and carry
+the spec's value, for every example and for generated specs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, reject, settings
+
+from inference_operator.builders import Owner
+from inference_operator.builders.deployment import (
+    DRAIN_TIMEOUT_SECONDS,
+    MODEL_DIR,
+    SHUTDOWN_DELAY_SECONDS,
+    server_args,
+)
+from inference_operator.models import SpecError, parse_spec
+from model_server.__main__ import build_parser, settings_from_args
+from model_server.settings import ServerSettings, flag_name
+from tests.strategies import from_schema
+from testsupport.crd import ROOT, apply_defaults, crd_schema
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+SPEC_SCHEMA = crd_schema()["properties"]["spec"]
+
+
+@pytest.fixture(autouse=True)
+def no_server_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the command line may decide here, not MODEL_SERVER_* variables of the test run."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("MODEL_SERVER_") or key == "MODEL_NAME":
+            monkeypatch.delenv(key)
+
+
+def intended(owner: Owner) -> dict[str, object]:
+    """The setting each part of the spec is meant to become in the server, by field name."""
+    spec = owner.spec
+    runtime, batching = spec.runtime, spec.runtime.batching
+    values: dict[str, object] = {
+        "model": Path(MODEL_DIR),
+        "model_name": owner.model_name,
+        "format": spec.model.format.value,
+        "port": runtime.port,
+        "metrics_port": runtime.metrics_port,
+        "providers": [p.value for p in runtime.execution_providers],
+        "max_batch_size": batching.max_batch_size,
+        "max_delay_ms": batching.max_delay_ms,
+        "max_queue": batching.max_queue,
+        "shutdown_delay_s": SHUTDOWN_DELAY_SECONDS,
+        "drain_timeout_s": DRAIN_TIMEOUT_SECONDS,
+    }
+    if spec.model.version:
+        values["model_version"] = spec.model.version
+    return values
+
+
+def parse(args: list[str]) -> argparse.Namespace:
+    try:
+        return build_parser().parse_args(args)
+    except SystemExit:
+        pytest.fail(f"the model server refuses the operator's command line: {args}")
+
+
+def assert_server_reads_what_the_operator_means(owner: Owner) -> ServerSettings:
+    args = server_args(owner)
+    parsed = parse(args)
+    expected = intended(owner)
+    given_fields = {field for field in vars(parsed) if field != "command"}
+    extra = {flag_name(f) for f in given_fields - set(expected)} | {flag_name(f) for f in set(expected) - given_fields}
+    assert given_fields == set(expected), f"flags read as another setting, or missing: {sorted(extra)}"
+    server = settings_from_args(parsed)
+    for field, value in expected.items():
+        assert getattr(server, field) == value, f"--{flag_name(field)}: {getattr(server, field)!r} != {value!r}"
+    return server
+
+
+def owner_for(spec: dict, name: str = "svc") -> Owner:
+    return Owner(name=name, namespace="ml", uid="u-1", spec=parse_spec(apply_defaults(SPEC_SCHEMA, spec)))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_command_line_parses_to_the_intended_settings(path: Path) -> None:
+    cr = yaml.safe_load(path.read_text())
+    assert_server_reads_what_the_operator_means(owner_for(cr["spec"], cr["metadata"]["name"]))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(from_schema(SPEC_SCHEMA))
+def test_generated_specs_command_line_parses_to_the_intended_settings(spec: dict) -> None:
+    spec.setdefault("runtime", {})["args"] = []  # the user's own extra flags are tested below
+    try:
+        owner = owner_for(spec)
+    except SpecError:
+        reject()  # refused by a CEL rule: never reaches the builder
+    assert_server_reads_what_the_operator_means(owner)
+
+
+def test_the_users_extra_args_reach_the_server_after_the_operators() -> None:
+    spec = yaml.safe_load((ROOT / "examples" / "resnet-2gpu.yaml").read_text())["spec"]
+    spec["runtime"]["args"] = ["--batch-workers", "2", "--no-warmup", "--max-queue", "7"]
+    server = settings_from_args(parse(server_args(owner_for(spec))))
+    assert (server.batch_workers, server.warmup, server.max_queue) == (2, False, 7)
+
+
+def test_a_flag_the_server_does_not_know_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--model", "m.onnx", "--max-batch", "4"])
