@@ -145,6 +145,11 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         node["items"] = _structural(node["items"], defs)
     if isinstance(node.get("additionalProperties"), dict):
         node["additionalProperties"] = _structural(node["additionalProperties"], defs)
+    if "x-kubernetes-validations" in node:
+        order = ("rule", "message", "messageExpression", "fieldPath", "reason")
+        node["x-kubernetes-validations"] = [
+            {k: r[k] for k in order if k in r} for r in node["x-kubernetes-validations"]
+        ]
     unknown = set(node) - set(_KEY_ORDER) - _DROPPED
     if unknown:
         raise ValueError(f"no place in a structural schema for {sorted(unknown)}: {node}")

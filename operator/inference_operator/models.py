@@ -37,6 +37,49 @@ IMAGE_PATTERN = r"^\S+$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Label keys and values, as the API server checks them (pods would be refused otherwise).
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Model names and versions reach the server's command line and URL paths: no leading '-' or '.',
+# no '=', '/' or spaces, so a value can never be read as a flag or a path.
+SAFE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# Flags of `model_server serve` the operator sets itself (builders/deployment.server_args) or that
+# must keep their default for probes and the Service (--host): runtime.args may not set them,
+# nor any prefix of them (argparse accepts an unambiguous prefix: `--po 1` is `--port 1`).
+OPERATOR_FLAGS = (
+    "--model",
+    "--model-name",
+    "--model-version",
+    "--format",
+    "--host",
+    "--port",
+    "--metrics-port",
+    "--providers",
+    "--max-batch-size",
+    "--max-delay-ms",
+    "--max-queue",
+    "--shutdown-delay",
+    "--drain-timeout",
+)
+# Environment the operator sets, or that would override what it sets: GPU selection (HIP also
+# honours CUDA_VISIBLE_DEVICES and GPU_DEVICE_ORDINAL) and the server's env form of its flags.
+OPERATOR_ENV = (
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "MODEL_NAME",
+    "MODEL_SERVER_MODEL",
+    "MODEL_SERVER_MODEL_NAME",
+    "MODEL_SERVER_MODEL_VERSION",
+    "MODEL_SERVER_FORMAT",
+    "MODEL_SERVER_HOST",
+    "MODEL_SERVER_PORT",
+    "MODEL_SERVER_METRICS_PORT",
+    "MODEL_SERVER_PROVIDERS",
+    "MODEL_SERVER_MAX_BATCH_SIZE",
+    "MODEL_SERVER_MAX_DELAY_MS",
+    "MODEL_SERVER_MAX_QUEUE",
+    "MODEL_SERVER_SHUTDOWN_DELAY_S",
+    "MODEL_SERVER_DRAIN_TIMEOUT_S",
+)
 # An InferenceService's name is its Service's, Deployment's and its label values: a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 63
@@ -147,11 +190,15 @@ class ModelSpec(_Spec):
     )
     format: ModelFormat = ModelFormat.ONNX
     version: str | None = Field(
-        None, max_length=63, description="Model version to serve; the highest version found when unset."
+        None,
+        pattern=SAFE_NAME_PATTERN,
+        max_length=63,
+        description="Model version to serve (a directory of the model repository); the highest version found "
+        "when unset.",
     )
     name: str | None = Field(
         None,
-        pattern=r"^[a-zA-Z0-9_.-]+$",
+        pattern=SAFE_NAME_PATTERN,
         max_length=63,
         description="Model name in the inference API and metrics; defaults to the InferenceService's name.",
     )
@@ -170,6 +217,18 @@ class BatchingSpec(_Spec):
 class EnvVar(_Spec):
     name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)
     value: str = ""
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+_ARGS_MESSAGE = "runtime.args must not set the flags the operator sets (use the spec's fields): " + ", ".join(
+    OPERATOR_FLAGS
+)
+_ENV_MESSAGE = "runtime.env must not set the variables the operator sets (GPUs: resources.gpu.visibleDevices): " + (
+    ", ".join(OPERATOR_ENV)
+)
 
 
 def _default_providers() -> list[ExecutionProvider]:
@@ -205,13 +264,38 @@ class RuntimeSpec(_Spec):
         le=7200,
         description="How long a replica may take to load and warm up its model before it is restarted.",
     )
-    env: list[EnvVar] = Field(default_factory=list, max_length=64)
-    args: list[str] = Field(default_factory=list, max_length=64, description="Extra arguments for the model server.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment of the model server; the variables the operator sets are refused.",
+        json_schema_extra=cel(f"self.all(e, !has(e.name) || !(e.name in {_cel_list(OPERATOR_ENV)}))", _ENV_MESSAGE),
+    )
+    args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra flags of the model server; the flags the operator sets (and their prefixes) are refused.",
+        json_schema_extra=cel(
+            f"self.all(a, !a.startsWith('--')"
+            f" || !{_cel_list(OPERATOR_FLAGS)}.exists(f, f.startsWith(a.split('=')[0])))",
+            _ARGS_MESSAGE,
+        ),
+    )
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> RuntimeSpec:
         if self.port == self.metrics_port:
             raise ValueError("runtime.port and runtime.metricsPort must differ")
+        return self
+
+    @model_validator(mode="after")
+    def _no_operator_flags_or_env(self) -> RuntimeSpec:
+        for arg in self.args:
+            flag = arg.split("=", 1)[0]
+            if flag.startswith("--") and any(f.startswith(flag) for f in OPERATOR_FLAGS):
+                raise ValueError(f"{arg!r}: {_ARGS_MESSAGE}")
+        for var in self.env:
+            if var.name in OPERATOR_ENV:
+                raise ValueError(f"{var.name!r}: {_ENV_MESSAGE}")
         return self
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from inference_operator.builders import Owner, build_all, build_deployment, build_service
 from inference_operator.builders.common import selector_string
-from inference_operator.models import SpecError, parse_spec
+from inference_operator.builders.deployment import server_args
+from inference_operator.models import OPERATOR_ENV, OPERATOR_FLAGS, SpecError, parse_spec
 
 UID = "7f1c3f9e-0000-4000-8000-000000000001"
 
@@ -42,17 +43,20 @@ def test_gpu_count_becomes_limit_request_and_visible_devices(count: int) -> None
     assert pod(d)["securityContext"]["supplementalGroups"] == [44, 109]
 
 
-def test_visible_devices_and_env_can_be_overridden() -> None:
+def test_visible_devices_set_both_variables_and_env_adds_its_own() -> None:
     d = build_deployment(
-        owner(
-            resources={"gpu": {"count": 2, "visibleDevices": "4,5"}},
-            runtime={"env": [{"name": "HIP_VISIBLE_DEVICES", "value": "1,0"}, {"name": "X", "value": "y"}]},
-        )
+        owner(resources={"gpu": {"count": 2, "visibleDevices": "4,5"}}, runtime={"env": [{"name": "X", "value": "y"}]})
     )
-    assert env(d)["ROCR_VISIBLE_DEVICES"] == "4,5"
-    assert env(d)["HIP_VISIBLE_DEVICES"] == "1,0"
+    assert env(d)["ROCR_VISIBLE_DEVICES"] == env(d)["HIP_VISIBLE_DEVICES"] == "4,5"
     assert env(d)["X"] == "y"
-    assert [e["name"] for e in container(d)["env"]].count("HIP_VISIBLE_DEVICES") == 1
+
+
+@pytest.mark.parametrize("name", ["HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "MODEL_SERVER_PORT"])
+def test_env_the_operator_sets_is_refused_not_half_overridden(name: str) -> None:
+    """ROCR_VISIBLE_DEVICES=3 from runtime.env once left HIP_VISIBLE_DEVICES=0,1: now InvalidSpec."""
+    with pytest.raises(SpecError) as err:
+        owner(resources={"gpu": {"count": 2}}, runtime={"env": [{"name": name, "value": "3"}]})
+    assert err.value.field == "spec.runtime" and name in err.value.message
 
 
 def test_cpu_only_asks_for_no_gpu() -> None:
@@ -264,3 +268,30 @@ def test_no_objects_for_a_name_a_service_cannot_take(name: str) -> None:
     with pytest.raises(SpecError) as err:
         Owner(name=name, namespace="ml", uid=UID, spec=parse_spec({"model": {"uri": "pvc://models/m"}}))
     assert err.value.field == "metadata.name"
+
+
+def test_every_flag_and_variable_the_builder_sets_is_protected() -> None:
+    """runtime.args/env may not override what the operator sets: the lists cover the builder."""
+    spec = {
+        "model": {"uri": "pvc://models/m", "version": "3", "name": "m"},
+        "resources": {"gpu": {"count": 2}},
+        "autoscaling": {"maxReplicas": 2, "target": 50},
+    }
+    owner = Owner(name="resnet", namespace="ml", uid=UID, spec=parse_spec(spec))
+    flags = {arg.split("=")[0] for arg in server_args(owner) if arg.startswith("--")}
+    assert flags and flags <= set(OPERATOR_FLAGS), flags - set(OPERATOR_FLAGS)
+    container = build_deployment(owner)["spec"]["template"]["spec"]["containers"][0]
+    names = {var["name"] for var in container["env"]}
+    assert names and names <= set(OPERATOR_ENV), names - set(OPERATOR_ENV)
+
+
+def test_protected_flags_are_the_servers_and_so_are_their_env_names() -> None:
+    from model_server.__main__ import build_parser
+
+    parser = build_parser()
+    serve = next(a for a in parser._subparsers._group_actions if a.choices).choices["serve"]  # type: ignore[union-attr]
+    options = {opt: action for action in serve._actions for opt in action.option_strings}
+    assert set(OPERATOR_FLAGS) <= set(options)
+    for flag in OPERATOR_FLAGS:
+        env = f"MODEL_SERVER_{options[flag].dest.upper()}"
+        assert env in OPERATOR_ENV and env in (options[flag].help or ""), flag

@@ -122,7 +122,19 @@ VIOLATIONS = [
         "CPUExecutionProvider",
     ),
     ({"scheduling": {"nodeSelector": {"bad key!": "x"}}}, "spec.scheduling.nodeSelector", "valid label key"),
+    ({"runtime": {"args": ["--log-level=info", "--port=1"]}}, "spec.runtime.args", "must not set the flags"),
+    ({"runtime": {"args": ["--po", "1"]}}, "spec.runtime.args", "must not set the flags"),
+    ({"runtime": {"args": ["--host=127.0.0.1"]}}, "spec.runtime.args", "must not set the flags"),
+    ({"runtime": {"args": ["--"]}}, "spec.runtime.args", "must not set the flags"),
+    ({"runtime": {"env": [{"name": "ROCR_VISIBLE_DEVICES", "value": "3"}]}}, "spec.runtime.env", "must not set the"),
+    ({"runtime": {"env": [{"name": "MODEL_SERVER_HOST", "value": "::1"}]}}, "spec.runtime.env", "must not set the"),
 ]
+
+
+@pytest.mark.parametrize("args", [["--intra-op-threads=4"], ["--io-binding", "on"], ["--profiling"], ["value"]])
+def test_other_server_flags_are_allowed(args: list[str]) -> None:
+    spec = {"model": {"uri": "pvc://models/m"}, "runtime": {"args": args, "env": [{"name": "OMP_NUM_THREADS"}]}}
+    assert cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec))) == []
 
 
 @pytest.mark.parametrize(("patch", "field", "message"), VIOLATIONS)

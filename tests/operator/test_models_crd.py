@@ -136,6 +136,8 @@ CEL_CASES = [
         "CPUExecutionProvider",
     ),
     ({"scheduling": {"nodeSelector": {"bad key!": "x"}}}, "valid label key"),
+    ({"runtime": {"args": ["--metrics-p=1"]}}, "runtime.args must not set the flags the operator sets"),
+    ({"runtime": {"env": [{"name": "HIP_VISIBLE_DEVICES"}]}}, "runtime.env must not set the variables"),
 ]
 
 
@@ -181,6 +183,11 @@ def test_model_enforces_the_name_rule(name: str, valid: bool) -> None:
     ("spec", "field"),
     [
         ({"model": {"uri": "ftp://x"}}, "spec.model.uri"),
+        ({"model": {"uri": "pvc://models/../../etc"}}, "spec.model.uri"),
+        ({"model": {"uri": "pvc://m", "name": "-x"}}, "spec.model.name"),
+        ({"model": {"uri": "pvc://m", "name": "a=b"}}, "spec.model.name"),
+        ({"model": {"uri": "pvc://m", "version": "--host=0.0.0.0"}}, "spec.model.version"),
+        ({"model": {"uri": "pvc://m", "version": "../1"}}, "spec.model.version"),
         ({"model": {"uri": "pvc://Not_A_Claim/m"}}, "spec.model.uri"),
         (
             {"model": {"uri": "pvc://m"}, "scheduling": {"nodeSelector": {"pool": "no spaces"}}},
