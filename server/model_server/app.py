@@ -20,10 +20,11 @@ from .api import health, simple, v2
 from .api.common import BODY_MODELS, AppState, json_response
 from .errors import ServerError
 from .gpu import GpuReader, detect_gpu_reader
+from .lifecycle import Shutdown
 from .metrics import ServerMetrics
 from .middleware import BodySizeLimit, ContainErrors, internal_error_response
+from .repository import BackendFactory, ModelRepository
 from .settings import ServerSettings
-from .versions import BackendFactory, ModelRepository
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +35,17 @@ def create_app(
     registry: CollectorRegistry | None = None,
     gpu_reader: GpuReader | None | Literal["auto"] = "auto",
     backend_factory: BackendFactory | None = None,
+    shutdown: Shutdown | None = None,
 ) -> FastAPI:
-    """Build the app; models load in the background once the app starts."""
+    """Build the app; models load in the background once the app starts. `shutdown` is
+    the process edge's handle on SIGTERM (runner.py); without one, only the lifespan ends it."""
     if gpu_reader == "auto":
         gpu_reader = detect_gpu_reader()
     metrics = ServerMetrics(registry if registry is not None else REGISTRY, gpu_reader=gpu_reader)
     metrics.declare_model(settings.name)
     repository = ModelRepository(settings, metrics, backend_factory=backend_factory)
-    state = AppState(settings=settings, metrics=metrics, repository=repository)
+    shutdown = shutdown or Shutdown(settings.drain_timeout_s)
+    state = AppState(settings=settings, metrics=metrics, repository=repository, shutdown=shutdown)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,9 +53,8 @@ def create_app(
         watcher = asyncio.get_running_loop().create_task(_flush_when_stopping(state))
         yield
         watcher.cancel()
-        state.draining = state.stopping = True
-        remaining = getattr(app.state, "drain_budget", None)
-        await repository.stop(settings.drain_timeout_s if remaining is None else remaining())
+        shutdown.stop()
+        await repository.stop(shutdown.drain_budget())
 
     app = FastAPI(
         title="model-server",
@@ -89,9 +92,8 @@ def _document_bodies(app: FastAPI) -> None:
 
 
 async def _flush_when_stopping(state: AppState) -> None:
-    """Once shutdown begins no request will come to fill a batch: stop waiting."""
-    while not state.stopping:
-        await asyncio.sleep(0.05)
+    """Once the listener closes no request will come to fill a batch: stop waiting."""
+    await state.shutdown.wait_stopping()
     state.repository.flush()
 
 

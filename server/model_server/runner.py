@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 from types import FrameType
 
 import uvicorn
 from prometheus_client import REGISTRY, start_http_server
 
-from .api.common import AppState
 from .app import create_app
+from .lifecycle import Shutdown
 from .settings import ServerSettings
 
 log = logging.getLogger("model_server")
@@ -26,15 +25,15 @@ log = logging.getLogger("model_server")
 class GracefulServer(uvicorn.Server):
     """uvicorn.Server that marks the app unready before it starts shutting down."""
 
-    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+    def __init__(self, config: uvicorn.Config, settings: ServerSettings, shutdown: Shutdown) -> None:
         super().__init__(config)
-        self.app_state = state
+        self.settings = settings
+        self.lifecycle = shutdown
         self._delay: threading.Timer | None = None
-        self._drain_started: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.app_state.draining = True
-        delay = self.app_state.settings.shutdown_delay_s
+        self.lifecycle.drain()
+        delay = self.settings.shutdown_delay_s
         if delay > 0 and self._delay is None and not self.should_exit:
             log.info("signal %d: not ready; stopping in %.1fs", sig, delay)
             self._delay = threading.Timer(delay, self._begin_shutdown, args=(sig, frame))
@@ -44,20 +43,12 @@ class GracefulServer(uvicorn.Server):
         self._begin_shutdown(sig, frame)
 
     def _begin_shutdown(self, sig: int, frame: FrameType | None) -> None:
-        # Runs in a signal handler (or the delay timer's thread): only set flags
-        # here; the app's own task sees `stopping` and flushes the queues.
+        # Runs in a signal handler (or the delay timer's thread): Shutdown.stop hands
+        # the event to the app's loop, whose task then flushes the queues.
         super().handle_exit(sig, frame)
-        if self._drain_started is None:
-            self._drain_started = time.monotonic()
-            self.app_state.stopping = True
-            log.info("signal %d: draining (timeout %.1fs)", sig, self.app_state.settings.drain_timeout_s)
-
-    def drain_budget(self) -> float:
-        """What is left of the drain timeout for the queues after connections closed."""
-        total = self.app_state.settings.drain_timeout_s
-        if self._drain_started is None:
-            return total
-        return max(0.5, total - (time.monotonic() - self._drain_started))
+        if not self.lifecycle.stopping:
+            log.info("signal %d: draining (timeout %.1fs)", sig, self.settings.drain_timeout_s)
+            self.lifecycle.stop()
 
 
 def configure_logging(level: str) -> None:
@@ -70,8 +61,8 @@ def configure_logging(level: str) -> None:
 def serve(settings: ServerSettings) -> int:
     """Run until SIGTERM/SIGINT; 0 after a graceful stop."""
     configure_logging(settings.log_level)
-    app = create_app(settings, registry=REGISTRY)
-    state: AppState = app.state.server
+    shutdown = Shutdown(settings.drain_timeout_s)
+    app = create_app(settings, registry=REGISTRY, shutdown=shutdown)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr=settings.host, registry=REGISTRY)
         log.info("metrics on :%d/metrics", settings.metrics_port)
@@ -84,8 +75,7 @@ def serve(settings: ServerSettings) -> int:
         timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
         lifespan="on",
     )
-    server = GracefulServer(config, state)
-    app.state.drain_budget = server.drain_budget
+    server = GracefulServer(config, settings, shutdown)
     # uvicorn re-raises the caught signal after a graceful stop; a no-op handler
     # underneath turns that into a normal return, so the exit code is 0.
     for sig in (signal.SIGTERM, signal.SIGINT):

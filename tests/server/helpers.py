@@ -46,6 +46,13 @@ class RunningServer:
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         return self.registry.get_sample_value(name, labels or {})
 
+    def wait_scanned(self, timeout: float = 30) -> None:
+        """Until the repository's first scan has finished (the server runs in another thread)."""
+        deadline = time.monotonic() + timeout
+        while not self.state.repository.scanned:
+            assert time.monotonic() < deadline, "the first model scan did not finish"
+            time.sleep(0.01)
+
 
 @contextlib.contextmanager
 def running_server(settings: ServerSettings, *, wait_ready: bool = True, **app_kwargs) -> Iterator[RunningServer]:

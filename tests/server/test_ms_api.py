@@ -288,7 +288,7 @@ async def test_model_fault_broken_file_keeps_server_live_but_not_ready(tmp_path)
     (tmp_path / "repo" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "1" / "model.onnx").write_bytes(b"\x00garbage")
     with running_server(make_settings(tmp_path / "repo"), wait_ready=False) as running:
-        await running.state.repository.wait_loaded()
+        running.wait_scanned()
         async with httpx.AsyncClient(base_url=running.url) as client:
             live = await client.get("/health/live")
             ready = await client.get("/health/ready")
@@ -304,7 +304,7 @@ async def test_model_fault_broken_file_keeps_server_live_but_not_ready(tmp_path)
 
 async def test_model_fault_missing_model_explains_the_expected_layout(tmp_path):
     with running_server(make_settings(tmp_path / "absent"), wait_ready=False) as running:
-        await running.state.repository.wait_loaded()
+        running.wait_scanned()
         ready = httpx.get(f"{running.url}/health/ready")
     assert ready.status_code == 503
     assert "no model found" in ready.json()["reason"] and "<version>/model.onnx" in ready.json()["reason"]

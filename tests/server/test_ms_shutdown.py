@@ -7,11 +7,13 @@ import asyncio
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import httpx
 import pytest
 
+from model_server.lifecycle import Shutdown
 from testsupport.onnx_models import scale_model
 from testsupport.processes import free_port, serve_command
 
@@ -95,3 +97,32 @@ async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
     assert "MIGraphXExecutionProvider (unavailable) -> ROCMExecutionProvider (unavailable)" in log
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{base}/health/live", timeout=2)
+
+
+async def test_shutdown_stop_from_another_thread_wakes_the_app_at_once():
+    shutdown = Shutdown(drain_timeout_s=30)
+    waiter = asyncio.ensure_future(shutdown.wait_stopping())
+    await asyncio.sleep(0.01)
+    assert not waiter.done() and not shutdown.draining
+    threading.Timer(0.05, shutdown.stop).start()  # as the shutdown-delay timer does
+    await asyncio.wait_for(waiter, timeout=2)
+    assert shutdown.draining and shutdown.stopping
+
+
+async def test_shutdown_stopped_before_anyone_waits_is_not_missed():
+    shutdown = Shutdown(drain_timeout_s=30)
+    shutdown.stop()
+    await asyncio.wait_for(shutdown.wait_stopping(), timeout=1)
+
+
+def test_shutdown_drain_budget_counts_from_the_listener_closing():
+    now = [100.0]
+    shutdown = Shutdown(drain_timeout_s=20, clock=lambda: now[0])
+    shutdown.drain()
+    now[0] += 7  # the shutdown delay does not use up the drain budget
+    assert shutdown.draining and not shutdown.stopping and shutdown.drain_budget() == 20
+    shutdown.stop()
+    now[0] += 12
+    assert shutdown.drain_budget() == 8
+    now[0] += 60
+    assert shutdown.drain_budget() == 0.5  # the queues always get a moment

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from model_server.discovery import discover, select_versions, version_key
 from model_server.errors import ModelNotFound, ModelNotReady
 from model_server.metrics import ServerMetrics
-from model_server.versions import ModelRepository, discover, select_versions, version_key
+from model_server.repository import ModelRepository
 from testsupport.onnx_models import scale_model
 
 from .helpers import make_settings, running_server
@@ -213,7 +214,7 @@ async def test_pinned_version_serves_only_that_version(tmp_path):
 
     missing = repository(tmp_path / "repo", model_version="9")
     await missing.sync()
-    missing._synced_once = True
+    missing._scanned.set()
     assert "version 9 (--model-version) not found" in missing.not_ready_reason()
 
 

@@ -14,10 +14,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from ..errors import InvalidInput, ServerError, UnprocessableInput, UnsupportedMediaType
+from ..lifecycle import Shutdown
 from ..metrics import ServerMetrics
+from ..repository import ModelRepository, ServedVersion
 from ..settings import ServerSettings
 from ..tensors import validate_inputs
-from ..versions import ModelRepository, ServedVersion
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 _MAX_ERRORS = 3
@@ -30,8 +31,12 @@ class AppState:
     settings: ServerSettings
     metrics: ServerMetrics
     repository: ModelRepository
-    draining: bool = False  # readiness is false (SIGTERM received)
-    stopping: bool = False  # the listener is closing: run queued requests now
+    shutdown: Shutdown
+
+    @property
+    def draining(self) -> bool:
+        """Readiness is false (SIGTERM received)."""
+        return self.shutdown.draining
 
     def readiness(self) -> tuple[bool, str | None]:
         if self.draining:

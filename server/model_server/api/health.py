@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from ..versions import version_key
+from ..discovery import version_key
 from .common import State, error_responses, json_response
 
 router = APIRouter(tags=["health"])

@@ -12,14 +12,15 @@ from pydantic import BaseModel, Field, field_validator
 from starlette.responses import Response
 
 from .. import __version__
+from ..discovery import version_key
 from ..errors import InvalidInput, ModelNotFound, ServerError
+from ..repository import ServedVersion
 from ..tensors import (
     decode_binary_tensor,
     decode_json_tensor,
     encode_binary_tensor,
     encode_json_tensor,
 )
-from ..versions import ServedVersion, version_key
 from .common import (
     INFER_ERRORS,
     State,

@@ -1,8 +1,5 @@
-"""Model repository: versions on disk, the versions being served, hot reload.
-
-Layout: `DIR/<version>/model.onnx` (or `model.pt` / `model.pt2`); a bare model
-file, or a directory holding the model file directly, is version `1`.
-`latest` is the highest version (numeric versions compare as numbers).
+"""Model repository: the versions being served, kept in line with what is on
+disk (discovery.py), with hot reload.
 
 Loading and warmup happen in a thread, off the request path; the map of served
 versions is replaced in one assignment, so a request sees either the old or the
@@ -17,126 +14,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
 
-from .backends import MODEL_FILES, Backend, create_backend
+from .backends import Backend, create_backend
 from .backends.torch import SIGNATURE_FILE
 from .batching import DynamicBatcher
-from .errors import ModelLoadError, ModelNotFound, ModelNotReady
+from .discovery import Fingerprint, VersionSource, discover, latest_version, select_versions, version_key
+from .errors import ModelNotFound, ModelNotReady
+from .loading import BackendFactory, in_daemon_thread, load_instances
 from .metrics import ServerMetrics
-from .settings import MODEL_SUFFIXES, ServerSettings, resolve_buckets, resolve_instances
+from .settings import ServerSettings
 from .tensors import TensorSpec
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-Fingerprint = tuple[tuple[str, int, int], ...]
-#: (model file, settings, version, device index) -> an unloaded backend.
-BackendFactory = Callable[[Path, ServerSettings, str, int], Backend]
-
-
-# --------------------------------------------------------------------------- discovery
-
-
-@dataclass(frozen=True, slots=True)
-class VersionSource:
-    """A version on disk: its model file and a fingerprint of its files, so a
-    rewritten version is noticed and a half-copied one retried."""
-
-    version: str
-    path: Path
-    fingerprint: Fingerprint
-
-
-def version_key(version: str) -> tuple[int, int, str]:
-    """Numbers sort numerically and above nothing; other names sort after numbers."""
-    return (0, int(version), "") if version.isdigit() else (1, 0, version)
-
-
-def latest_version(versions: Any) -> str:
-    return max(versions, key=version_key)
-
-
-def find_model_file(directory: Path, fmt: str) -> Path | None:
-    """`model.<ext>` for the format, else the directory's only model-looking file."""
-    names = MODEL_FILES.get(fmt) or tuple(n for names in MODEL_FILES.values() for n in names)
-    for name in names:
-        candidate = directory / name
-        if candidate.is_file():
-            return candidate
-    try:
-        found = [
-            p for p in directory.iterdir() if p.is_file() and p.suffix in MODEL_SUFFIXES and not p.name.startswith(".")
-        ]
-    except OSError:
-        return None
-    return found[0] if len(found) == 1 else None
-
-
-def fingerprint(paths: list[Path]) -> Fingerprint:
-    result = []
-    for path in sorted(paths):
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        result.append((path.name, stat.st_size, stat.st_mtime_ns))
-    return tuple(result)
-
-
-def _version_files(directory: Path) -> list[Path]:
-    try:
-        return [p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")]
-    except OSError:
-        return []
-
-
-def discover(root: Path, fmt: str, flat_version: str = "1") -> dict[str, VersionSource]:
-    """Versions found under `root` (a file, a version-per-subdirectory directory,
-    or a directory holding one model, which is `flat_version`). Hidden entries
-    (temp copies) are ignored."""
-    if root.is_file():
-        files = [root]
-        signature = root.parent / SIGNATURE_FILE
-        if signature.is_file():
-            files.append(signature)
-        return {flat_version: VersionSource(flat_version, root, fingerprint(files))}
-    if not root.is_dir():
-        return {}
-    versions: dict[str, VersionSource] = {}
-    try:
-        children = sorted(root.iterdir())
-    except OSError:
-        return {}
-    for child in children:
-        if child.name.startswith(".") or not child.is_dir():
-            continue
-        model_file = find_model_file(child, fmt)
-        if model_file is not None:
-            versions[child.name] = VersionSource(child.name, model_file, fingerprint(_version_files(child)))
-    if not versions:
-        model_file = find_model_file(root, fmt)
-        if model_file is not None:
-            versions[flat_version] = VersionSource(flat_version, model_file, fingerprint(_version_files(root)))
-    return versions
-
-
-def select_versions(available: Mapping[str, VersionSource], max_versions: int) -> dict[str, VersionSource]:
-    """The `max_versions` highest versions (all when 0)."""
-    ordered = sorted(available, key=version_key, reverse=True)
-    if max_versions:
-        ordered = ordered[:max_versions]
-    return {v: available[v] for v in ordered}
-
-
-# --------------------------------------------------------------------------- serving
 
 
 @dataclass(eq=False)
@@ -173,49 +67,6 @@ class LoadFailure:
     reason: str
 
 
-async def in_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
-    """Run `fn` in a daemon thread: unlike `asyncio.to_thread`, a model that is
-    still compiling when SIGTERM arrives does not hold the process open."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: Any, exc: BaseException | None) -> None:
-        if future.done():
-            return
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-
-    def target() -> None:
-        try:
-            result, exc = fn(*args), None
-        except BaseException as error:  # handed to the awaiting coroutine
-            result, exc = None, error
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
-            loop.call_soon_threadsafe(settle, result, exc)
-
-    threading.Thread(target=target, name="model-load", daemon=True).start()
-    return await future
-
-
-def _load_and_warm(backend: Backend, settings: ServerSettings) -> list[int] | None:
-    """Runs in a worker thread: a slow load (MIGraphX compiles) must not block
-    requests. Returns the batch buckets, which are also the warmup sizes."""
-    try:
-        backend.load()
-        buckets = resolve_buckets(settings.batch_buckets, settings.max_batch_size, backend.prefers_static_shapes)
-        if settings.warmup:
-            backend.warmup(buckets or sorted({1, settings.max_batch_size}))
-        return buckets
-    except ModelLoadError:
-        backend.close()
-        raise
-    except Exception as exc:
-        backend.close()
-        raise ModelLoadError(f"{type(exc).__name__}: {exc}") from exc
-
-
 class ModelRepository:
     """Keeps the served versions in line with what is on disk."""
 
@@ -235,7 +86,7 @@ class ModelRepository:
         self._available: dict[str, VersionSource] = {}
         self._failed: dict[str, LoadFailure] = {}
         self._loading: set[str] = set()
-        self._synced_once = False
+        self._scanned = asyncio.Event()  # the first scan has finished (loaded or failed)
         self._sync_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -247,10 +98,19 @@ class ModelRepository:
         """Begin loading in the background: liveness answers while a large model loads."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="model-repository")
 
+    @property
+    def scanned(self) -> bool:
+        """The first scan has finished (loaded or failed)."""
+        return self._scanned.is_set()
+
     async def wait_loaded(self) -> None:
-        """Until the first scan has finished (loaded or failed)."""
-        while not self._synced_once and not self._stop.is_set():
-            await asyncio.sleep(0.02)
+        """Until the first scan has finished (loaded or failed), or the repository stops."""
+        waits = [asyncio.ensure_future(event.wait()) for event in (self._scanned, self._stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def stop(self, drain_timeout: float) -> None:
         """Stop watching, drain every queue (bounded), release the runtimes."""
@@ -278,7 +138,7 @@ class ModelRepository:
         except Exception:
             log.exception("initial model scan failed")
         finally:
-            self._synced_once = True
+            self._scanned.set()
         if self.settings.watch:
             await self._watch()
 
@@ -366,7 +226,7 @@ class ModelRepository:
         self._loading.add(version)
         started = time.perf_counter()
         try:
-            backends, buckets = await in_daemon_thread(self._load_instances, source)
+            backends, buckets = await in_daemon_thread(load_instances, self._factory, settings, source)
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             self._failed[version] = LoadFailure(source.fingerprint, reason)
@@ -400,25 +260,6 @@ class ModelRepository:
         )
         if old is not None:
             self._retire(old)
-
-    def _load_instances(self, source: VersionSource) -> tuple[list[Backend], list[int] | None]:
-        """In a worker thread: the first instance decides (by its device) how many
-        more to load, one per visible GPU unless `--instances` says otherwise."""
-        settings, version = self.settings, source.version
-        first = self._factory(source.path, settings, version, 0)
-        buckets = _load_and_warm(first, settings)
-        count = resolve_instances(settings.instances, on_gpu=first.device != "cpu", env=os.environ)
-        backends = [first]
-        try:
-            for index in range(1, count):
-                backend = self._factory(source.path, settings, version, index)
-                _load_and_warm(backend, settings)
-                backends.append(backend)
-        except Exception:
-            for backend in backends:
-                backend.close()
-            raise
-        return backends, buckets
 
     def _install(self, served: dict[str, ServedVersion]) -> None:
         """The atomic swap: one assignment of an immutable map."""
@@ -479,7 +320,7 @@ class ModelRepository:
     def not_ready_reason(self) -> str | None:
         if self._served:
             return None
-        if not self._synced_once or self._loading:
+        if not self.scanned or self._loading:
             return f"loading model from {self.root}"
         if self._failed:
             return "; ".join(f"version {v} failed to load: {f.reason}" for v, f in self._failed.items())
