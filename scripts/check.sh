@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The quality gates, run by scripts/test.sh before the tests (and by hand: `bash scripts/check.sh`):
+# lint, format, types and import contracts. Each names what is wrong; the first failure stops CI.
+# Uses the project's .venv (scripts/setup.sh installs the `dev` extra into it), or $VENV.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="${VENV:-.venv}/bin"
+# Run against this checkout's sources, whatever the venv's editable install points at.
+export PYTHONPATH="$PWD/operator:$PWD/server:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+step() { echo "==> $*" >&2; }
+step "ruff check";          "$bin/ruff" check --no-cache .
+step "ruff format --check"; "$bin/ruff" format --check --no-cache .
+step "mypy";                "$bin/mypy"
+step "import contracts";    "$bin/lint-imports" --no-cache
+echo "gates passed" >&2
