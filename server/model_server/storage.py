@@ -1,134 +1,512 @@
 """Fetch a model into a local directory: the job of the pod's `model-fetch` init container.
 
     python -m model_server.storage https://host/models/resnet/model.onnx /mnt/models
-    python -m model_server.storage s3://bucket/models/resnet/ /mnt/models
+    python -m model_server.storage s3://bucket/models/resnet /mnt/models
+    python -m model_server.storage hf://meta-llama/Llama-3.1-8B-Instruct@main /mnt/models
 
 An HTTP(S) URI names one model file, saved under its own name (the server treats a lone model
-file as version 1). An S3 URI names a prefix whose objects are copied with their relative
-paths, so a repository laid out as `<version>/model.onnx` arrives as such. Files are written
-to a temporary name and renamed, so the server never sees half a model. S3 needs `boto3`
-(installed in the server image); credentials and endpoint come from the usual AWS_* variables.
+file as version 1). An S3 URI names one object, or a "directory" (with or without the trailing
+`/`; `models/resnet` never matches `models/resnet-private/`) whose objects are copied with their
+relative paths, so a repository laid out as `<version>/model.onnx` arrives as such. An
+`hf://ORG/NAME[@REVISION]` URI is a Hugging Face Hub model repository at a branch, tag or commit
+(default `main`), copied whole with `huggingface_hub`. Files are written to a temporary name and
+renamed, so the server never sees half a model.
+
+Hostile or broken sources are refused, never followed:
+- every written path stays inside the destination (no absolute, `.` or `..` parts);
+- HTTP redirects only to https on the same host (or http to https); other hosts only when
+  listed (`--allow-redirect-host`); never from https down to http;
+- a size cap on the whole fetch and an overall deadline, however slowly the bytes trickle;
+- `text/html` answers and files that start like an HTML page are not models;
+- `--sha256` (one file) or `<file>.sha256` objects beside S3 files (hex digest, sha256sum
+  format accepted) are checked before the rename.
+
+Options (each also an environment variable, which the operator's init container can set):
+
+    --sha256 HEX                  MODEL_FETCH_SHA256            expected digest of the one file
+    --max-bytes N[Ki|Mi|Gi|Ti]    MODEL_FETCH_MAX_BYTES         default 200Gi
+    --deadline SECONDS            MODEL_FETCH_DEADLINE_SECONDS  default 3600
+    --allow-redirect-host HOST    MODEL_FETCH_REDIRECT_HOSTS    comma-separated
+
+Credentials: S3 from the usual AWS_* variables (needs `boto3`, the `s3` extra); the Hub from
+HF_TOKEN (a token for private or gated repositories) and HF_ENDPOINT (a mirror's URL, default
+https://huggingface.co). A Hub fetch into a directory that already holds the same revision (a
+PVC shared by replicas) downloads only what is missing.
+
+Exit codes: 0 fetched; 1 the source failed (HTTP error, unreachable, no such object or repo);
+2 bad arguments or URI; 3 refused as unsafe (a path leaving the destination, a redirect not
+allowed); 4 not a model (HTML); 5 over the size cap; 6 past the deadline; 7 checksum mismatch;
+8 local I/O error (disk full, read-only destination).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
+import hashlib
 import logging
 import os
+import re
+import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
+from types import FrameType
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import httpx
 
 log = logging.getLogger("model_server.storage")
 CHUNK = 1 << 20
+MAX_REDIRECTS = 5
+DEFAULT_MAX_BYTES = 200 << 30
+DEFAULT_DEADLINE_SECONDS = 3600.0
+# Bytes of a file's start looked at for an HTML page saved under a model's name.
+SNIFF_BYTES = 512
+HTML_STARTS = (b"<!doctype html", b"<html", b"<head", b"<body", b"<?xml")
+TEXT_NAMES = (".html", ".htm", ".xml")  # files that may be markup (never model weights)
+HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+HF_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    SOURCE = 1
+    USAGE = 2
+    UNSAFE = 3
+    NOT_A_MODEL = 4
+    TOO_LARGE = 5
+    DEADLINE = 6
+    CHECKSUM = 7
+    LOCAL_IO = 8
 
 
 class FetchError(Exception):
     """The model could not be fetched; the message says what and from where."""
 
+    code = ExitCode.SOURCE
+
+
+class UsageError(FetchError):
+    code = ExitCode.USAGE
+
+
+class UnsafeError(FetchError):
+    code = ExitCode.UNSAFE
+
+
+class NotAModelError(FetchError):
+    code = ExitCode.NOT_A_MODEL
+
+
+class TooLargeError(FetchError):
+    code = ExitCode.TOO_LARGE
+
+
+class DeadlineError(FetchError):
+    code = ExitCode.DEADLINE
+
+
+class ChecksumError(FetchError):
+    code = ExitCode.CHECKSUM
+
+
+@dataclasses.dataclass
+class Limits:
+    """What one fetch may cost, and what it must match; shared by every file it writes."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    deadline_seconds: float = DEFAULT_DEADLINE_SECONDS
+    sha256: str | None = None
+    redirect_hosts: frozenset[str] = frozenset()
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    written: int = 0
+
+    def remaining(self) -> float:
+        left = self.deadline_seconds - (time.monotonic() - self.started)
+        if left <= 0:
+            raise DeadlineError(f"not done within the deadline of {self.deadline_seconds:g} s")
+        return left
+
+    def count(self, size: int) -> None:
+        self.written += size
+        if self.written > self.max_bytes:
+            raise TooLargeError(f"more than the size cap of {self.max_bytes} bytes")
+
+    def expect(self, total: int, what: str) -> None:
+        if self.written + total > self.max_bytes:
+            raise TooLargeError(f"{what} is {total} bytes, over the size cap of {self.max_bytes} bytes")
+
 
 class S3Client(Protocol):
     def get_paginator(self, operation: str) -> Any: ...
 
-    def download_file(self, bucket: str, key: str, filename: str) -> None: ...
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]: ...  # noqa: N803 (boto3's names)
 
 
-def _atomic_target(dest: Path) -> tuple[int, str]:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    return tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+def safe_relative(path: str, what: str) -> PurePosixPath:
+    """A relative path with real names only: no absolute part, no `.`/`..`, no empty part."""
+    parts = path.split("/")
+    if not path or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+        raise UnsafeError(f"refusing {what} {path!r}: it would leave the model directory")
+    return PurePosixPath(*parts)
 
 
-def fetch_http(uri: str, dest_dir: Path, client: httpx.Client | None = None) -> list[Path]:
+def contained(dest: Path, relative: PurePosixPath, what: str) -> Path:
+    """dest/relative, refused unless it stays inside dest (symbolic links resolved)."""
+    target = dest.joinpath(*relative.parts)
+    root = dest.resolve()
+    if not target.resolve().is_relative_to(root) or target.resolve() == root:
+        raise UnsafeError(f"refusing {what} {relative.as_posix()!r}: it would leave the model directory")
+    return target
+
+
+def looks_like_html(head: bytes) -> bool:
+    return head.lstrip().lower().startswith(HTML_STARTS)
+
+
+def _parse_digest(text: str, what: str) -> str:
+    digest = text.strip().split()[0].lower() if text.strip() else ""
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise UsageError(f"{what}: {text.strip()[:80]!r} is not a sha256 hex digest")
+    return digest
+
+
+def write_file(target: Path, chunks: Iterable[bytes], limits: Limits, sha256: str | None = None) -> Path:
+    """Stream `chunks` to a temporary file beside `target`, check it, then rename it into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    digest = hashlib.sha256()
+    head = b""
+    sniff = not target.name.lower().endswith(TEXT_NAMES)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                limits.remaining()
+                limits.count(len(chunk))
+                if sniff and len(head) < SNIFF_BYTES:
+                    head += chunk[: SNIFF_BYTES - len(head)]
+                    if looks_like_html(head):
+                        raise NotAModelError(f"{target.name}: the source sent an HTML page, not a model")
+                digest.update(chunk)
+                out.write(chunk)
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise ChecksumError(f"{target.name}: sha256 is {digest.hexdigest()}, expected {sha256}")
+        os.replace(part, target)
+    finally:
+        if os.path.exists(part):
+            os.unlink(part)
+    return target
+
+
+# --- http(s) -----------------------------------------------------------------------------
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def check_redirect(first: str, current: str, location: str, limits: Limits) -> str:
+    """The next URL of a redirect, or UnsafeError: no downgrade to http, no other host unless allowed."""
+    target = urljoin(current, location)
+    scheme, host, port = _origin(target)
+    first_scheme, first_host, first_port = _origin(first)
+    if scheme not in ("http", "https"):
+        raise UnsafeError(f"refusing a redirect to {scheme}:// ({target})")
+    if scheme == "http" and (first_scheme == "https" or _origin(current)[0] == "https"):
+        raise UnsafeError(f"refusing a redirect from https to plain http ({target})")
+    same_host = host == first_host and (port == first_port or (first_scheme, scheme) == ("http", "https"))
+    if not same_host:
+        if host not in limits.redirect_hosts:
+            raise UnsafeError(f"refusing a redirect to another host {host!r} (allow it with --allow-redirect-host)")
+        if scheme != "https":
+            raise UnsafeError(f"refusing a plain http redirect to another host ({target})")
+    return target
+
+
+def _file_name(uri: str) -> str:
     path = urlsplit(uri).path
     name = PurePosixPath(path).name
-    if not name or path.endswith("/"):
-        raise FetchError(f"{uri}: an http(s) model URI must name a file, e.g. .../model.onnx")
-    target = dest_dir / name
-    fd, part = _atomic_target(target)
+    if not name or path.endswith("/") or name in (".", "..") or ".." in path.split("/"):
+        raise UsageError(f"{uri}: an http(s) model URI must name a file, e.g. .../model.onnx")
+    return name
+
+
+def _timeout(limits: Limits) -> httpx.Timeout:
+    left = limits.remaining()
+    return httpx.Timeout(min(30.0, left), read=min(60.0, left))
+
+
+def fetch_http(
+    uri: str, dest_dir: Path, client: httpx.Client | None = None, limits: Limits | None = None
+) -> list[Path]:
+    limits = limits or Limits()
+    target = contained(dest_dir, safe_relative(_file_name(uri), "file name"), "file name")
     own_client = client is None
-    client = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30, read=300))
+    client = client or httpx.Client(follow_redirects=False)
+    url = uri
     try:
-        with os.fdopen(fd, "wb") as out, client.stream("GET", uri) as response:
-            if response.status_code != 200:
-                raise FetchError(f"{uri}: HTTP {response.status_code}")
-            for chunk in response.iter_bytes(CHUNK):
-                out.write(chunk)
-        os.replace(part, target)
+        for _ in range(MAX_REDIRECTS + 1):
+            with client.stream("GET", url, timeout=_timeout(limits)) as response:
+                if response.is_redirect:
+                    url = check_redirect(uri, url, response.headers.get("location", ""), limits)
+                    continue
+                if response.status_code != 200:
+                    raise FetchError(f"{url}: HTTP {response.status_code}")
+                content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+                if content_type in ("text/html", "application/xhtml+xml"):
+                    raise NotAModelError(f"{url}: the server sent {content_type}, not a model")
+                length = response.headers.get("content-length", "")
+                if length.isdigit():
+                    limits.expect(int(length), url)
+                # iter_bytes() without a size hands over whatever arrived, so the deadline is
+                # checked even when the bytes trickle in one at a time.
+                return [write_file(target, response.iter_bytes(), limits, limits.sha256)]
+        raise FetchError(f"{uri}: more than {MAX_REDIRECTS} redirects")
+    except httpx.TimeoutException as exc:
+        limits.remaining()  # past the deadline: say so rather than "timed out"
+        raise FetchError(f"{url}: timed out ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:
-        raise FetchError(f"{uri}: {exc}") from exc
+        raise FetchError(f"{url}: {type(exc).__name__}: {exc}") from exc
     finally:
         if own_client:
             client.close()
-        if os.path.exists(part):
-            os.unlink(part)
-    return [target]
 
 
-def _s3_keys(client: S3Client, bucket: str, prefix: str) -> Iterator[str]:
+# --- s3 ------------------------------------------------------------------------------------
+
+
+def _s3_objects(client: S3Client, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             if not item["Key"].endswith("/"):
-                yield item["Key"]
+                yield item["Key"], int(item.get("Size", 0))
 
 
-def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None) -> list[Path]:
+def _s3_client() -> S3Client:
+    try:
+        import boto3
+    except ImportError as exc:
+        raise FetchError("s3:// models need boto3 in the image (pip install boto3)") from exc
+    return boto3.client("s3")
+
+
+def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: Limits | None = None) -> list[Path]:
+    limits = limits or Limits()
     parts = urlsplit(uri)
-    bucket, prefix = parts.netloc, parts.path.lstrip("/")
-    if client is None:
-        try:
-            import boto3
-        except ImportError as exc:
-            raise FetchError("s3:// models need boto3 in the image (pip install boto3)") from exc
-        client = boto3.client("s3")
-    base = prefix if prefix.endswith("/") or not prefix else prefix.rsplit("/", 1)[0] + "/"
-    fetched = []
-    for key in _s3_keys(client, bucket, prefix):
-        relative = PurePosixPath(key[len(base) :] if key.startswith(base) else PurePosixPath(key).name)
-        if ".." in relative.parts:
-            raise FetchError(f"{uri}: refusing key {key!r}, it leaves the model directory")
-        target = dest_dir.joinpath(*relative.parts)
-        fd, part = _atomic_target(target)
-        os.close(fd)
-        try:
-            client.download_file(bucket, key, part)
-            os.replace(part, target)
-        finally:
-            if os.path.exists(part):
-                os.unlink(part)
-        fetched.append(target)
-    if not fetched:
+    bucket, path = parts.netloc, parts.path.lstrip("/")
+    if not bucket:
+        raise UsageError(f"{uri}: no bucket")
+    if path and (".." in path.split("/") or "." in path.split("/")):
+        raise UsageError(f"{uri}: `.` and `..` are not allowed in an S3 key")
+    client = client or _s3_client()
+    directory = path.rstrip("/")
+    listed = list(_s3_objects(client, bucket, directory))
+    exact = [(k, s) for k, s in listed if k == directory]
+    if exact and not path.endswith("/"):
+        objects = [(key, size, safe_relative(PurePosixPath(key).name, "S3 key")) for key, size in exact]
+    else:
+        base = directory + "/" if directory else ""
+        objects = [(k, s, safe_relative(k[len(base) :], "S3 key")) for k, s in listed if k.startswith(base)]
+    if not objects:
         raise FetchError(f"{uri}: no objects under this prefix")
+    sidecars = {rel.as_posix(): key for key, _, rel in objects if rel.name.endswith(".sha256")}
+    files = [(key, size, rel) for key, size, rel in objects if rel.as_posix() not in sidecars]
+    if limits.sha256 and len(files) != 1:
+        raise UsageError(f"{uri}: --sha256 names one file, this prefix has {len(files)}; use <file>.sha256 objects")
+    limits.expect(sum(size for _, size, _ in files), uri)
+    targets = [(key, rel, contained(dest_dir, rel, "S3 key")) for key, _, rel in files]  # all, before any write
+    fetched = []
+    for key, rel, target in targets:
+        expected = limits.sha256
+        if (sidecar := sidecars.get(rel.as_posix() + ".sha256")) is not None:
+            expected = _parse_digest(_s3_read(client, bucket, sidecar, limits), f"s3://{bucket}/{sidecar}")
+        fetched.append(write_file(target, _s3_chunks(client, bucket, key), limits, expected))
     return fetched
 
 
-def fetch(uri: str, dest_dir: Path) -> list[Path]:
+def _s3_read(client: S3Client, bucket: str, key: str, limits: Limits) -> str:
+    data = b"".join(_s3_chunks(client, bucket, key))
+    limits.count(len(data))
+    return data[:4096].decode("utf-8", "replace")
+
+
+def _s3_chunks(client: S3Client, bucket: str, key: str) -> Iterator[bytes]:
+    try:
+        response = client.get_object(Bucket=bucket, Key=key)
+    except Exception as exc:  # botocore's ClientError and friends, without importing botocore
+        raise FetchError(f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}") from exc
+    content_type = str(response.get("ContentType") or "").split(";")[0].strip().lower()
+    if content_type == "text/html" and not key.lower().endswith(TEXT_NAMES):
+        raise NotAModelError(f"s3://{bucket}/{key}: stored as {content_type}, not a model")
+    yield from response["Body"].iter_chunks(CHUNK)
+
+
+# --- Hugging Face Hub -------------------------------------------------------------------------
+
+
+def parse_hf(uri: str) -> tuple[str, str]:
+    """(repo id, revision) of hf://ORG/NAME[@REVISION]."""
+    rest = uri[len("hf://") :]
+    repo, _, revision = rest.partition("@")
+    repo = repo.rstrip("/")
+    revision = revision or "main"
+    if not HF_REPO.match(repo) or ".." in repo:
+        raise UsageError(f"{uri}: expected hf://ORG/NAME[@REVISION]")
+    if not HF_REVISION.match(revision) or ".." in revision.split("/"):
+        raise UsageError(f"{uri}: {revision!r} is not a branch, tag or commit")
+    return repo, revision
+
+
+def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Path]:
+    """The repository's files at one commit, listed and checked first (paths, total size)."""
+    limits = limits or Limits()
+    repo, revision = parse_hf(uri)
+    if limits.sha256:
+        raise UsageError(f"{uri}: --sha256 names one file; the Hub checks its own files")
+    # huggingface_hub reads these when imported. Its own state goes beside the model, since the
+    # init container's root filesystem is read-only; no telemetry, no progress bars in the log.
+    os.environ.setdefault("HF_HOME", str(dest_dir / ".cache" / "hf-home"))
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        import huggingface_hub
+        from huggingface_hub import errors as hf_errors
+    except ImportError as exc:
+        raise FetchError("hf:// models need huggingface_hub in the image (pip install huggingface_hub)") from exc
+    token = os.environ.get("HF_TOKEN") or None
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    api = huggingface_hub.HfApi(endpoint=endpoint, token=token)
+    try:
+        commit = api.repo_info(repo, revision=revision).sha
+        if not commit:
+            raise FetchError(f"{uri}: the Hub named no commit for {revision!r}")
+        tree = [
+            f
+            for f in api.list_repo_tree(repo, revision=commit, recursive=True)
+            if isinstance(f, huggingface_hub.hf_api.RepoFile)
+        ]
+        relatives = [safe_relative(f.path, "repository file") for f in tree]
+        for rel in relatives:
+            contained(dest_dir, rel, "repository file")
+        limits.expect(sum(f.size or 0 for f in tree), uri)
+        limits.remaining()
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        huggingface_hub.snapshot_download(
+            repo, revision=commit, local_dir=dest_dir, endpoint=endpoint, token=token, max_workers=4
+        )
+    except (hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError, hf_errors.GatedRepoError) as exc:
+        raise FetchError(f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    except (hf_errors.HfHubHTTPError, hf_errors.LocalEntryNotFoundError) as exc:
+        raise FetchError(f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    return [contained(dest_dir, rel, "repository file") for rel in relatives]
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def fetch(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Path]:
+    limits = limits or Limits()
     scheme = urlsplit(uri).scheme
     if scheme in ("http", "https"):
-        return fetch_http(uri, dest_dir)
+        return fetch_http(uri, dest_dir, limits=limits)
     if scheme == "s3":
-        return fetch_s3(uri, dest_dir)
-    raise FetchError(f"{uri}: unsupported scheme {scheme!r} (http, https, s3)")
+        return fetch_s3(uri, dest_dir, limits=limits)
+    if scheme == "hf":
+        return fetch_hf(uri, dest_dir, limits=limits)
+    raise UsageError(f"{uri}: unsupported scheme {scheme!r} (http, https, s3, hf)")
+
+
+SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
+SIZE_UNITS["ti"] = 1 << 40
+
+
+def parse_size(text: str) -> int:
+    """A byte count: 5000000, 500Mi, 200Gi, 1T."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]i?)?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 500Mi or 200Gi")
+    return int(match[1]) * SIZE_UNITS[(match[2] or "").lower()]
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _sha256(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", text.strip()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a sha256 hex digest")
+    return text.strip().lower()
+
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ
+    p = argparse.ArgumentParser(
+        prog="python -m model_server.storage",
+        description=(__doc__ or "").split("\n")[0],
+        epilog="exit codes: 0 ok, 1 source failed, 2 usage, 3 unsafe, 4 not a model, 5 too large, "
+        "6 deadline, 7 checksum, 8 local I/O",
+    )
+    p.add_argument("uri")
+    p.add_argument("dest", type=Path)
+    p.add_argument("--sha256", type=_sha256, default=env.get("MODEL_FETCH_SHA256") or None)
+    p.add_argument("--max-bytes", type=parse_size, default=env.get("MODEL_FETCH_MAX_BYTES") or DEFAULT_MAX_BYTES)
+    p.add_argument(
+        "--deadline",
+        type=_positive_seconds,
+        default=env.get("MODEL_FETCH_DEADLINE_SECONDS") or DEFAULT_DEADLINE_SECONDS,
+        help="seconds for the whole fetch",
+    )
+    hosts = [h.strip().lower() for h in env.get("MODEL_FETCH_REDIRECT_HOSTS", "").split(",") if h.strip()]
+    p.add_argument("--allow-redirect-host", action="append", default=hosts, metavar="HOST")
+    return p
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise DeadlineError("not done within the deadline")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model_server.storage", description=__doc__.split("\n")[0])
-    parser.add_argument("uri")
-    parser.add_argument("dest", type=Path)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)  # exits 2 on bad arguments, like a UsageError
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for chatty in ("httpx", "httpx2", "huggingface_hub"):  # one line per request otherwise
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    limits = Limits(
+        max_bytes=args.max_bytes,
+        deadline_seconds=args.deadline,
+        sha256=args.sha256,
+        redirect_hosts=frozenset(h.lower() for h in args.allow_redirect_host),
+    )
+    # A backstop for reads that block inside a library: the alarm interrupts them.
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, args.deadline + 1)
     try:
-        files = fetch(args.uri, args.dest)
+        files = fetch(args.uri, args.dest, limits)
     except FetchError as exc:
-        log.error("fetch failed: %s", exc)
-        return 1
+        log.error("fetch failed (exit %d, %s): %s", exc.code, exc.code.name.lower(), exc)
+        if isinstance(exc, DeadlineError):
+            logging.shutdown()
+            os._exit(exc.code)  # download threads of a library may still be blocked: do not wait
+        return exc.code
+    except OSError as exc:
+        log.error("fetch failed (exit %d, local_io): %s: %s", ExitCode.LOCAL_IO, type(exc).__name__, exc)
+        return ExitCode.LOCAL_IO
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
     total = sum(f.stat().st_size for f in files)
     log.info("fetched %d file(s), %d bytes, from %s into %s", len(files), total, args.uri, args.dest)
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

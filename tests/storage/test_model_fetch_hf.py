@@ -1,0 +1,165 @@
+"""hf://ORG/NAME[@REVISION] through huggingface_hub, against a stand-in of the Hub's HTTP API.
+
+The stand-in answers the calls huggingface_hub makes for a plain (non-Xet) repository: the
+revision's commit, the recursive file tree, and HEAD/GET of each file under /resolve/. Not
+covered offline: Xet-stored files (huggingface_hub then talks to a separate CAS service) and
+the real Hub's redirects of large files to its CDN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from model_server.storage import ExitCode, UsageError, parse_hf
+from tests.http_stub import QuietHandler, serving
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+FILES = {
+    "config.json": b'{"model_type": "llama"}',
+    "model.safetensors": bytes(range(256)) * 40,
+    "tokenizer/tokenizer.json": b"{}",
+}
+
+pytest.importorskip("huggingface_hub")
+
+
+@dataclass
+class Hub:
+    url: str
+    files: dict[str, bytes]
+    requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+
+    def resolves(self, method: str) -> list[str]:
+        return [path for m, path, _ in self.requests if m == method and "/resolve/" in path]
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    state = Hub("", dict(FILES))
+
+    class Handler(QuietHandler):
+        def do_HEAD(self) -> None:
+            self.answer(body=False)
+
+        def do_GET(self) -> None:
+            self.answer(body=True)
+
+        def answer(self, body: bool) -> None:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            state.requests.append((self.command, path, self.headers.get("Authorization")))
+            if path.startswith("/api/models/org/tiny/revision/"):
+                info = {"id": "org/tiny", "sha": COMMIT, "siblings": [{"rfilename": f} for f in state.files]}
+                return self.reply(json.dumps(info).encode())
+            if path == f"/api/models/org/tiny/tree/{COMMIT}":
+                tree = [
+                    {"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data), "path": name}
+                    for name, data in state.files.items()
+                ]
+                return self.reply(json.dumps(tree).encode())
+            prefix = f"/org/tiny/resolve/{COMMIT}/"
+            if path.startswith(prefix) and path[len(prefix) :] in state.files:
+                data = state.files[path[len(prefix) :]]
+                self.send_response(200)
+                self.send_header("X-Repo-Commit", COMMIT)
+                self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Type", "application/octet-stream")
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+                return
+            self.reply(b'{"error": "Repository not found"}', status=404)
+
+    with serving(Handler) as server:
+        state.url = f"http://127.0.0.1:{server.server_address[1]}"
+        yield state
+
+
+def run_fetch(hub: Hub, uri: str, dest: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_test_token", "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-m", "model_server.storage", uri, str(dest), *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+
+
+def model_files(dest: pathlib.Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(dest).as_posix(): p.read_bytes()
+        for p in dest.rglob("*")
+        if p.is_file() and ".cache" not in p.relative_to(dest).parts
+    }
+
+
+def test_hf_repo_lands_whole_with_the_token_and_is_not_fetched_twice(hub: Hub, tmp_path: pathlib.Path) -> None:
+    dest = tmp_path / "models"
+    result = run_fetch(hub, "hf://org/tiny@main", dest)
+    assert result.returncode == 0, result.stderr
+    assert model_files(dest) == FILES
+    assert "/api/models/org/tiny/revision/main" in [p for _, p, _ in hub.requests]
+    assert {auth for _, path, auth in hub.requests if path.startswith(("/api/models", "/org/"))} == {
+        "Bearer hf_test_token"
+    }
+    assert sorted(hub.resolves("GET")) == sorted(f"/org/tiny/resolve/{COMMIT}/{name}" for name in FILES)
+
+    # A second replica on the same volume: the files are there, nothing is downloaded again.
+    hub.requests.clear()
+    again = run_fetch(hub, "hf://org/tiny@main", dest)
+    assert again.returncode == 0, again.stderr
+    assert hub.resolves("GET") == []
+    assert model_files(dest) == FILES
+
+
+def test_hf_revision_is_asked_for(hub: Hub, tmp_path: pathlib.Path) -> None:
+    result = run_fetch(hub, "hf://org/tiny@v1.0", tmp_path / "models")
+    assert result.returncode == 0, result.stderr
+    assert "/api/models/org/tiny/revision/v1.0" in [p for _, p, _ in hub.requests]
+
+
+@pytest.mark.parametrize("name", ["../escape.bin", "/etc/cron.d/x", "a/../../x"])
+def test_hf_paths_leaving_the_destination_download_nothing(hub: Hub, tmp_path: pathlib.Path, name: str) -> None:
+    hub.files[name] = b"owned"
+    result = run_fetch(hub, "hf://org/tiny", tmp_path / "models")
+    assert result.returncode == ExitCode.UNSAFE, result.stderr
+    assert hub.resolves("GET") == [] and hub.resolves("HEAD") == []
+    assert not (tmp_path / "escape.bin").exists()
+
+
+def test_hf_size_cap_is_checked_before_downloading(hub: Hub, tmp_path: pathlib.Path) -> None:
+    result = run_fetch(hub, "hf://org/tiny", tmp_path / "models", "--max-bytes", "5000")
+    assert result.returncode == ExitCode.TOO_LARGE, result.stderr
+    assert "size cap" in result.stderr
+    assert hub.resolves("GET") == []
+
+
+def test_hf_unknown_repo_is_a_source_error(hub: Hub, tmp_path: pathlib.Path) -> None:
+    result = run_fetch(hub, "hf://org/missing", tmp_path / "models")
+    assert result.returncode == ExitCode.SOURCE, result.stderr
+    assert "hf://org/missing" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("uri", ["hf://justaname", "hf://org/name/extra", "hf://org/name@../x", "hf://../x", "hf://"])
+def test_hf_bad_uris_are_usage_errors(uri: str) -> None:
+    with pytest.raises(UsageError):
+        parse_hf(uri)
+
+
+def test_hf_uri_parts() -> None:
+    assert parse_hf("hf://meta-llama/Llama-3.1-8B-Instruct") == ("meta-llama/Llama-3.1-8B-Instruct", "main")
+    assert parse_hf("hf://org/name@refs/pr/1") == ("org/name", "refs/pr/1")
+    assert parse_hf(f"hf://org/name@{COMMIT}") == ("org/name", COMMIT)
