@@ -17,14 +17,13 @@ import httpx
 import numpy as np
 import yaml
 
-from testsupport.cluster import running_cluster, wait_for
+from testsupport.cluster import DEPLOYMENTS, condition, running_cluster, wait_for
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 EXAMPLE = ROOT / "examples" / "resnet-2gpu.yaml"
-DEPLOYMENTS = "apps/v1/deployments"
 
 
 def say(text: str) -> None:
@@ -34,7 +33,7 @@ def say(text: str) -> None:
 def print_table(cr: dict) -> None:
     """`kubectl get ris` from the CRD's printer columns."""
     status = cr.get("status") or {}
-    ready = next((c["status"] for c in status.get("conditions", []) if c["type"] == "Ready"), "")
+    ready = (condition(cr, "Ready") or {}).get("status", "")
     gpus = cr["spec"].get("resources", {}).get("gpu", {}).get("count", "")
     latency = (status.get("autoscaler") or {}).get("latencyP95Ms", "")
     rows = [
@@ -113,22 +112,12 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
         ready_url=base + "/health/ready",
         stop_timeout=20,
     ):
-        cluster.patch(
-            DEPLOYMENTS,
-            namespace,
-            name,
-            {
-                "status": {
-                    "observedGeneration": deployment["metadata"]["generation"],
-                    "replicas": 1,
-                    "readyReplicas": 1,
-                    "updatedReplicas": 1,
-                    "availableReplicas": 1,
-                }
-            },
-            subresource="status",
+        cluster.complete_rollout(namespace, name, replicas=1)
+        wait_for(
+            lambda: (condition(cluster.get_cr(namespace, name), "Ready") or {}).get("status") == "True",
+            timeout=30,
+            message="Ready=True",
         )
-        wait_for(lambda: _ready(cluster.get_cr(namespace, name)), timeout=30, message="Ready=True")
         say("kubectl get ris -n ml")
         print_table(cluster.get_cr(namespace, name))
 
@@ -154,11 +143,6 @@ def run_demo(cluster, env: dict, tmp: pathlib.Path) -> int:
             if line.startswith(("model_server_requests_total", "model_server_request_duration_seconds_count")):
                 print(line)
         return 0 if np.allclose(got, expected, atol=1e-5) else 1
-
-
-def _ready(cr: dict | None) -> bool:
-    conditions = ((cr or {}).get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 if __name__ == "__main__":

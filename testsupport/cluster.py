@@ -18,6 +18,8 @@ import yaml
 
 from testsupport.emulator import CR_RESOURCE, ClusterEmulator
 
+DEPLOYMENTS = "apps/v1/deployments"
+
 
 @dataclass
 class Cluster:
@@ -48,6 +50,21 @@ class Cluster:
         path = f"{prefix}/{group_version}/namespaces/{namespace}/{plural}/{name}"
         return self.request("PATCH", path + (f"/{subresource}" if subresource else ""), patch)
 
+    def complete_rollout(self, namespace: str, name: str, replicas: int) -> httpx.Response:
+        """Play the Deployment controller and the kubelet, which the emulator lacks: the current
+        generation of Deployment `name` is rolled out and `replicas` pods are ready."""
+        deployment = self.get(DEPLOYMENTS, namespace, name)
+        assert deployment is not None, f"no Deployment {namespace}/{name}"
+        counts = ("replicas", "readyReplicas", "updatedReplicas", "availableReplicas")
+        status = {"observedGeneration": deployment["metadata"]["generation"], **dict.fromkeys(counts, replicas)}
+        status["conditions"] = [
+            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+        ]
+        response = self.patch(DEPLOYMENTS, namespace, name, {"status": status}, subresource="status")
+        response.raise_for_status()
+        return response
+
     def patch_cr(self, namespace: str, name: str, patch: dict) -> httpx.Response:
         return self.patch(CR_RESOURCE, namespace, name, patch)
 
@@ -70,6 +87,14 @@ class Cluster:
                 if involving is None or event.get("involvedObject", {}).get("name") == involving:
                     found.append(event)
         return found
+
+
+def condition(obj: dict | None, type_: str) -> dict | None:
+    """The condition of `type_` in an object's status, if it has one."""
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return c
+    return None
 
 
 def wait_for(

@@ -6,11 +6,10 @@ import time
 
 import pytest
 
-from testsupport.cluster import Cluster, captured_operator_logs, wait_for
+from testsupport.cluster import DEPLOYMENTS, Cluster, captured_operator_logs, condition, wait_for
 
 pytestmark = pytest.mark.integration
 
-DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
 PDBS = "policy/v1/poddisruptionbudgets"
 
@@ -27,13 +26,6 @@ def resnet(**spec_overrides) -> dict:
         "metadata": {"name": "resnet", "namespace": "ml"},
         "spec": spec,
     }
-
-
-def condition(obj: dict | None, type_: str) -> dict | None:
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c["type"] == type_:
-            return c
-    return None
 
 
 def test_apply_creates_deployment_and_service(cluster: Cluster, operator) -> None:
@@ -93,23 +85,8 @@ def test_spec_change_patches_deployment(cluster: Cluster, operator) -> None:
 
 def test_deployment_becoming_ready_makes_service_ready(cluster: Cluster, operator) -> None:
     cluster.apply_cr(resnet(replicas=2))
-    deployment = wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment")
-    # The emulator runs no Deployment controller: play its part, as kubelet and it would.
-    cluster.patch(
-        DEPLOYMENTS,
-        "ml",
-        "resnet",
-        {
-            "status": {
-                "observedGeneration": deployment["metadata"]["generation"],
-                "replicas": 2,
-                "readyReplicas": 2,
-                "updatedReplicas": 2,
-                "availableReplicas": 2,
-            }
-        },
-        subresource="status",
-    )
+    wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment")
+    cluster.complete_rollout("ml", "resnet", replicas=2)
 
     ready = wait_for(
         lambda: (c := condition(cluster.get_cr("ml", "resnet"), "Ready")) and c["status"] == "True" and c,
