@@ -179,8 +179,19 @@ class AutoscalingMode(StrEnum):
     KEDA = "keda"
 
 
+SHA256_MESSAGE = "model.sha256 applies to http(s):// model URIs, which name one file"
+
+
 class ModelSpec(_Spec):
     """Where the model lives and how to load it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "!has(self.sha256) || (has(self.uri) && self.uri.startsWith('http'))",
+            SHA256_MESSAGE,
+            ".sha256",
+        )
+    )
 
     uri: str = Field(
         pattern=MODEL_URI_PATTERN,
@@ -202,6 +213,19 @@ class ModelSpec(_Spec):
         max_length=63,
         description="Model name in the inference API and metrics; defaults to the InferenceService's name.",
     )
+
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 (hex) of the file an http(s):// URI names; the init container refuses any other "
+        "content before the server sees it.",
+    )
+
+    @model_validator(mode="after")
+    def _sha256_for_one_file(self) -> ModelSpec:
+        if self.sha256 is not None and not self.uri.startswith("http"):
+            raise ValueError(SHA256_MESSAGE)
+        return self
 
     @property
     def scheme(self) -> str:

@@ -69,7 +69,7 @@ def _readme_spec_fields() -> set[str]:
     table = text[text.index("| field | default | meaning |") :].split("\n\n", 1)[0]
     fields: set[str] = set()
     for row in table.splitlines()[2:]:
-        names = re.findall(r"`([A-Za-z.*]+)`", row.split("|")[1])
+        names = re.findall(r"`([A-Za-z0-9.*]+)`", row.split("|")[1])
         parent = names[0].rsplit(".", 1)[0] if "." in names[0] else ""
         fields |= {name if "." in name or not parent else f"{parent}.{name}" for name in names}
     return fields
@@ -138,6 +138,7 @@ CEL_CASES = [
     ({"scheduling": {"nodeSelector": {"bad key!": "x"}}}, "valid label key"),
     ({"runtime": {"args": ["--metrics-p=1"]}}, "runtime.args must not set the flags the operator sets"),
     ({"runtime": {"env": [{"name": "HIP_VISIBLE_DEVICES"}]}}, "runtime.env must not set the variables"),
+    ({"model": {"uri": "s3://b/m/", "sha256": "ab" * 32}}, "model.sha256 applies to http(s)"),
 ]
 
 

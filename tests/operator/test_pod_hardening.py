@@ -6,7 +6,7 @@ import kubernetes_validate
 import pytest
 
 from inference_operator.builders import Owner, build_deployment
-from inference_operator.models import parse_spec
+from inference_operator.models import SpecError, parse_spec
 from testsupport.crd import validate_custom_resource
 
 UID = "7f1c3f9e-0000-4000-8000-000000000001"
@@ -45,3 +45,24 @@ def test_the_crd_knows_the_field_and_defaults_it_off() -> None:
         "spec": {"model": {"uri": "pvc://models/resnet50"}, "scheduling": {"automountServiceAccountToken": True}},
     }
     assert validate_custom_resource(service) == []
+
+
+def test_model_sha256_reaches_the_fetcher_and_only_for_one_file() -> None:
+    digest = "ab" * 32
+    pod = deployment(model={"uri": "https://h/m/model.onnx", "sha256": digest})["spec"]["template"]["spec"]
+    command = pod["initContainers"][0]["command"]
+    assert command[-2:] == ["--sha256", digest]
+    assert command[:3] == ["python", "-m", "model_server.storage"]
+    # An S3 prefix may hold many files: refused by the schema (CEL) and by the model alike.
+    service = {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "resnet", "namespace": "ml"},
+        "spec": {"model": {"uri": "s3://models/resnet50/", "sha256": digest}},
+    }
+    errors = validate_custom_resource(service)
+    assert errors and "model.sha256 applies to http(s)" in errors[0]
+    with pytest.raises(SpecError, match="model.sha256 applies"):
+        parse_spec(service["spec"])
+    with pytest.raises(SpecError):
+        parse_spec({"model": {"uri": "https://h/m/model.onnx", "sha256": "not-hex"}})

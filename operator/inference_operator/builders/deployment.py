@@ -131,11 +131,10 @@ def _model_storage(spec: InferenceServiceSpec, image: str) -> tuple[list[dict], 
             "command": ["sh", "-c", f"cp -R /models/. {MODEL_DIR}/"],
         }
     else:
-        init = {
-            "name": "model-fetch",
-            "image": image,
-            "command": ["python", "-m", "model_server.storage", uri, MODEL_DIR],
-        }
+        command = ["python", "-m", "model_server.storage", uri, MODEL_DIR]
+        if spec.model.sha256:  # checked before the file is renamed into place
+            command += ["--sha256", spec.model.sha256]
+        init = {"name": "model-fetch", "image": image, "command": command}
     init |= {
         "volumeMounts": [mount],
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
