@@ -7,11 +7,12 @@ models.py is the one source of the schema; the two YAML files are build output, 
 hand. To add a spec field: declare it on the right model in models.py with its type, default and
 bounds (`Field(ge=..., le=..., pattern=..., max_length=..., description=...)`; the description
 becomes `kubectl explain` text), put any cross-field check next to it as a CEL rule with
-`cel(...)` in that model's `model_config` `json_schema_extra` (guard every field the rule reads
-with `has()`, the API server evaluates rules against defaults and partial objects) and, when it
-must also hold in Python, as a model validator with the same message; then run
-`python -m inference_operator.crd`, add the field to the README's spec table, and commit the
-regenerated files with the model.
+`cel(...)` in that model's `model_config` `json_schema_extra` (or the field's own
+`json_schema_extra`), guarding every field the rule reads with `has()`: the API server evaluates
+rules against defaults and partial objects, and the model runs the same rules itself (no Python
+copy of a rule). Then run `python -m inference_operator.crd`, add the field to the README's spec
+table, and commit the regenerated files with the model; tests/operator/test_crd_cel.py runs every
+rule on the defaults, on partial and on full objects.
 """
 
 from __future__ import annotations

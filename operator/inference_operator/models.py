@@ -8,13 +8,16 @@ their own, they read it from here.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
+
+from .cel_rules import evaluate_rule
 
 GROUP = "inference.rocm.dev"
 VERSION = "v1alpha1"
@@ -89,7 +92,7 @@ NAME_MESSAGE = (
 )
 LABEL_KEY_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+    r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$"
 )
 
 
@@ -119,7 +122,8 @@ RESOURCE_VALIDATIONS = cel(
 
 
 class _Spec(BaseModel):
-    """Base for spec models: camelCase on the wire, unknown fields are an error."""
+    """Base for spec models: camelCase on the wire, unknown fields are an error, and the CEL rules
+    declared on a model or its fields hold (run here as the API server runs them, not rewritten)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -127,6 +131,33 @@ class _Spec(BaseModel):
         extra="forbid",
         frozen=True,
     )
+
+    @model_validator(mode="after")
+    def _cel_rules_hold(self) -> Self:
+        rules = _declared_rules(type(self))
+        if rules:
+            data = self.model_dump(by_alias=True, mode="json", exclude_none=True)
+            for key, rule in rules:
+                if key is None or key in data:
+                    if problem := evaluate_rule(rule, data if key is None else data[key]):
+                        raise ValueError(problem)
+        return self
+
+
+@functools.cache
+def _declared_rules(model: type[BaseModel]) -> list[tuple[str | None, dict[str, Any]]]:
+    """(None for the model or a field's alias, rule) for every `cel(...)` on `model`."""
+
+    def rules(extra: object) -> list[dict[str, Any]]:
+        found = extra.get("x-kubernetes-validations") if isinstance(extra, dict) else None
+        return [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+
+    declared: list[tuple[str | None, dict[str, Any]]] = [
+        (None, r) for r in rules(model.model_config.get("json_schema_extra"))
+    ]
+    for name, field in model.model_fields.items():
+        declared += [(field.alias or name, r) for r in rules(field.json_schema_extra)]
+    return declared
 
 
 def _quantity(value: object) -> object:
@@ -247,6 +278,22 @@ def _cel_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 
+def _prefixes_pattern(words: tuple[str, ...]) -> str:
+    """An RE2 pattern for every prefix of every word (the empty one too): one regex per argument
+    is far cheaper for a CEL evaluator than a loop over the words."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        assert re.fullmatch(r"[a-z0-9-]+", word), word  # nothing to escape, in RE2 or in a CEL string
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+
+    def optional(node: dict[str, Any]) -> str:
+        return "(?:" + "|".join(char + optional(sub) for char, sub in node.items()) + ")?" if node else ""
+
+    return optional(trie)
+
+
 _ARGS_MESSAGE = "runtime.args must not set the flags the operator sets (use the spec's fields): " + ", ".join(
     OPERATOR_FLAGS
 )
@@ -299,28 +346,12 @@ class RuntimeSpec(_Spec):
         max_length=64,
         description="Extra flags of the model server; the flags the operator sets (and their prefixes) are refused.",
         json_schema_extra=cel(
-            f"self.all(a, !a.startsWith('--')"
-            f" || !{_cel_list(OPERATOR_FLAGS)}.exists(f, f.startsWith(a.split('=')[0])))",
+            "self.all(a, !a.matches('^--"
+            + _prefixes_pattern(tuple(f.removeprefix("--") for f in OPERATOR_FLAGS))
+            + "(=|$)'))",
             _ARGS_MESSAGE,
         ),
     )
-
-    @model_validator(mode="after")
-    def _distinct_ports(self) -> RuntimeSpec:
-        if self.port == self.metrics_port:
-            raise ValueError("runtime.port and runtime.metricsPort must differ")
-        return self
-
-    @model_validator(mode="after")
-    def _no_operator_flags_or_env(self) -> RuntimeSpec:
-        for arg in self.args:
-            flag = arg.split("=", 1)[0]
-            if flag.startswith("--") and any(f.startswith(flag) for f in OPERATOR_FLAGS):
-                raise ValueError(f"{arg!r}: {_ARGS_MESSAGE}")
-        for var in self.env:
-            if var.name in OPERATOR_ENV:
-                raise ValueError(f"{var.name!r}: {_ENV_MESSAGE}")
-        return self
 
 
 class GpuSpec(_Spec):
@@ -371,17 +402,6 @@ class GpuSpec(_Spec):
         max_length=64,
         description="Overrides ROCR_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES (default 0..count-1).",
     )
-
-    @model_validator(mode="after")
-    def _placement_needs_gpus(self) -> GpuSpec:
-        placed = [f for f in ("product_name", "family", "vram", "partition") if getattr(self, f)]
-        if self.count == 0 and placed:
-            names = ", ".join(to_camel(f) for f in placed)
-            raise ValueError(f"resources.gpu.{names} set but resources.gpu.count is 0")
-        if self.visible_devices is not None:
-            if len(self.visible_devices.split(",")) != self.count:
-                raise ValueError("resources.gpu.visibleDevices must list exactly resources.gpu.count devices")
-        return self
 
 
 class ResourcesSpec(_Spec):
@@ -441,12 +461,6 @@ class AutoscalingSpec(_Spec):
     scale_up: ScalingRule = Field(default_factory=ScalingRule)
     scale_down: ScalingRule = Field(default_factory=ScalingRule)
 
-    @model_validator(mode="after")
-    def _bounds(self) -> AutoscalingSpec:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("autoscaling.minReplicas must be <= autoscaling.maxReplicas")
-        return self
-
 
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
 
@@ -456,7 +470,7 @@ class SchedulingSpec(_Spec):
         default_factory=dict,
         max_length=32,
         json_schema_extra=cel(
-            "self.all(k, k.matches('" + LABEL_KEY_PATTERN.replace("\\", "\\\\") + "'))",
+            "self.all(k, size(k) <= 317 && k.matches('" + LABEL_KEY_PATTERN.replace("\\", "\\\\") + "'))",
             "scheduling.nodeSelector keys must be valid label keys",
         ),
     )
@@ -467,14 +481,6 @@ class SchedulingSpec(_Spec):
         description="Mount the service account's API token in the model-server pods; off, since the server "
         "needs no Kubernetes API.",
     )
-
-    @field_validator("node_selector")
-    @classmethod
-    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not re.match(LABEL_KEY_PATTERN, key) or len(key.rsplit("/", 1)[-1]) > 63:
-                raise ValueError(f"scheduling.nodeSelector key {key!r} is not a valid label key")
-        return value
 
 
 class InferenceServiceSpec(_Spec):
@@ -504,17 +510,6 @@ class InferenceServiceSpec(_Spec):
         None, description="Latency-SLO autoscaling; without it the service keeps spec.replicas."
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
-
-    @model_validator(mode="after")
-    def _gpu_providers(self) -> InferenceServiceSpec:
-        gpu_only = set(self.runtime.execution_providers) - {ExecutionProvider.CPU}
-        if (
-            self.resources.gpu.count == 0
-            and gpu_only
-            and ExecutionProvider.CPU not in (self.runtime.execution_providers)
-        ):
-            raise ValueError("runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0")
-        return self
 
 
 Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]

@@ -4,22 +4,31 @@ The API server prunes (or, with strict field validation as kubectl asks for, ref
 fields, fills the schema's defaults, validates the OpenAPI schema and then evaluates the CEL rules
 (`x-kubernetes-validations`) on the defaulted object. `validate_custom_resource` does the same
 against the CRD generated from models.py, so `render`, the tests and the emulated API server give
-the verdict a real one would. CEL runs on cel-python, with the few functions of the Kubernetes CEL
-libraries the rules use (a rule calling another one fails loudly, never silently passes).
+the verdict a real one would (CEL through cel.py).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-import celpy
 import jsonschema
-from celpy import celtypes
 
+from .cel_rules import child, compile_rule, evaluate_rule, to_cel
 from .crd import open_api_schema
+
+__all__ = [
+    "apply_defaults",
+    "cel_errors",
+    "compile_rule",
+    "default_custom_resource",
+    "evaluate_rule",
+    "schema_errors",
+    "to_cel",
+    "validate_custom_resource",
+]
 
 # What the API server checks of metadata itself (ObjectMeta), for the fields a manifest sets.
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
@@ -43,63 +52,6 @@ MAX_MESSAGE = 300
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def _split(text: celtypes.StringType, separator: celtypes.StringType) -> celtypes.ListType:
-    """Kubernetes' strings library: `'a,b'.split(',')`."""
-    return celtypes.ListType([celtypes.StringType(part) for part in str(text).split(str(separator))])
-
-
-# Functions of the Kubernetes CEL libraries (beyond standard CEL) that the CRD's rules call.
-KUBERNETES_FUNCTIONS: dict[str, Callable[..., Any]] = {"split": _split}
-_ENVIRONMENT = celpy.Environment()
-
-
-@functools.cache
-def compile_rule(rule: str) -> celpy.Runner:
-    """The rule parsed and ready to run; raises celpy.CELParseError on a syntax error."""
-    return _ENVIRONMENT.program(_ENVIRONMENT.compile(rule), functions=KUBERNETES_FUNCTIONS)
-
-
-def to_cel(value: Any, schema: dict[str, Any]) -> Any:
-    """A JSON value as CEL sees it under `schema`: `type: number` is a double even when written `5`."""
-    if isinstance(value, bool):
-        return celtypes.BoolType(value)
-    if isinstance(value, dict):
-        return celtypes.MapType({celtypes.StringType(k): to_cel(v, _child(schema, k)) for k, v in value.items()})
-    if isinstance(value, list):
-        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
-        return celtypes.ListType([to_cel(v, items or {}) for v in value])
-    if isinstance(value, int) and schema.get("type") == "number":
-        return celtypes.DoubleType(float(value))
-    if isinstance(value, int):
-        return celtypes.IntType(value)
-    if isinstance(value, float):
-        return celtypes.DoubleType(value)
-    if isinstance(value, str):
-        return celtypes.StringType(value)
-    return value
-
-
-def _child(schema: dict[str, Any], key: str) -> dict[str, Any]:
-    props = schema.get("properties") or {}
-    if key in props:
-        return props[key]
-    extra = schema.get("additionalProperties")
-    return extra if isinstance(extra, dict) else {}
-
-
-def evaluate_rule(rule: dict[str, Any], value: Any, schema: dict[str, Any]) -> str | None:
-    """None when the rule holds for `value` (the node `schema` describes); else why not."""
-    try:
-        result = compile_rule(rule["rule"]).evaluate({"self": to_cel(value, schema)})
-    except (celpy.CELEvalError, celpy.CELParseError) as exc:
-        return f"rule {rule['rule']!r} cannot be evaluated: {exc.args[0] if exc.args else exc}"
-    if isinstance(result, celpy.CELEvalError):
-        return f"rule {rule['rule']!r} cannot be evaluated: {result.args[0] if result.args else result}"
-    if result is not True and result != celtypes.BoolType(True):
-        return str(rule.get("message") or f"failed rule: {rule['rule']}")
-    return None
-
-
 def _join(path: str, part: str) -> str:
     return f"{path}.{part}" if path else part
 
@@ -115,9 +67,9 @@ def cel_errors(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
             errors.append(f"{where.lstrip('.')}: {problem}" if where else problem)
     if isinstance(value, dict):
         for key, item in value.items():
-            child = _child(schema, key)
-            if child:
-                errors += cel_errors(child, item, _join(path, key))
+            sub = child(schema, key)
+            if sub:
+                errors += cel_errors(sub, item, _join(path, key))
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for index, item in enumerate(value):
             errors += cel_errors(schema["items"], item, f"{path}[{index}]")
