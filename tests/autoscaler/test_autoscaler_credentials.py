@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import pathlib
-from collections.abc import Iterator
 
 import httpx
 import kubernetes
@@ -22,16 +20,10 @@ from inference_operator.autoscaler.prometheus import PrometheusClient
 from inference_operator.k8s import KubeApi
 from inference_operator.models import parse_spec
 from inference_operator.reconcile import reconcile
-from tests.cluster import Cluster, running_cluster
+from testsupport.cluster import Cluster, condition, wait_for
 
 NS, NAME = "ml", "mlp"
 HTTPS = "https://prometheus.monitoring:9090"
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as cluster:
-        yield cluster
 
 
 def api_of(cluster: Cluster) -> KubeApi:
@@ -219,3 +211,33 @@ def test_policy_from_the_operator_environment() -> None:
     assert policy == cr.CredentialPolicy(False, True, ("https://a:9090", "https://b/x", "http://c"))
     with pytest.raises(ValueError, match="user info"):
         cr.CredentialPolicy.from_env({cr.ENV_ALLOWED_URLS: "https://u:p@a"})
+
+
+def test_operator_reports_a_refused_keda_credential_and_looks_again(
+    cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Deployment runs; the KEDA objects wait, Degraded says why, and labelling the Secret
+    (no change to the InferenceService) is noticed at the next re-check."""
+    monkeypatch.setattr(cr, "RECHECK_SECONDS", 1)
+    add_secret(cluster, "db-admin", b"hunter2", labelled=False)
+    add_service(cluster, "https://prometheus.monitoring:9090", mode="keda")
+    degraded = wait_for(
+        lambda: (c := condition(cluster.get_cr(NS, NAME), "Degraded")) and c["status"] == "True" and c,
+        timeout=30,
+        message="Degraded condition",
+    )
+    assert degraded["reason"] == cr.SECRET_NOT_LABELLED and "db-admin" in degraded["message"]
+    assert cluster.get("apps/v1/deployments", NS, NAME) is not None
+    assert cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME) is None
+    assert cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME) is None
+
+    cluster.patch("v1/secrets", NS, "db-admin", {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
+    wait_for(
+        lambda: cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME), timeout=30, message="ScaledObject emitted"
+    )
+    assert cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME) is not None
+    wait_for(
+        lambda: (condition(cluster.get_cr(NS, NAME), "Degraded") or {}).get("status") == "False",
+        timeout=30,
+        message="Degraded cleared",
+    )
