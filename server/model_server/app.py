@@ -18,6 +18,7 @@ from starlette.responses import Response
 from . import __version__
 from .api import health, simple, v2
 from .api.common import BODY_MODELS, AppState, json_response
+from .bodies import BodyDecoder
 from .errors import ServerError
 from .gpu import GpuReader, detect_gpu_reader
 from .lifecycle import Shutdown
@@ -45,7 +46,8 @@ def create_app(
     metrics.declare_model(settings.name)
     repository = ModelRepository(settings, metrics, backend_factory=backend_factory)
     shutdown = shutdown or Shutdown(settings.drain_timeout_s)
-    state = AppState(settings=settings, metrics=metrics, repository=repository, shutdown=shutdown)
+    bodies = BodyDecoder(parse_bytes=settings.parse_memory_bytes, max_body_bytes=settings.max_body_bytes)
+    state = AppState(settings=settings, metrics=metrics, repository=repository, shutdown=shutdown, bodies=bodies)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -55,6 +57,7 @@ def create_app(
         watcher.cancel()
         shutdown.stop()
         await repository.stop(shutdown.drain_budget())
+        bodies.close()
 
     app = FastAPI(
         title="model-server",

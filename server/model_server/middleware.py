@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -49,6 +50,8 @@ class ContainErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # nobody to answer (a slow body cut off by the server, or a client gone)
         except Exception as exc:
             if started:  # too late for a status: let the server close the connection
                 raise

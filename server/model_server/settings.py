@@ -9,7 +9,8 @@ bounds and help live on the field, and pydantic alone validates what was given.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -94,7 +95,21 @@ class ServerSettings(BaseSettings):
     shutdown_delay_s: Annotated[float, Flag("shutdown-delay")] = Field(
         default=0.0, ge=0, description="seconds to stay up, unready, after SIGTERM"
     )
-    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(
+        default=0, ge=0, description="413 above this; 0 = the parse budget / 10, at most 64 MiB"
+    )
+    memory_limit_bytes: int = Field(default=0, ge=0, description="the pod's memory; 0 = the cgroup limit (or RAM)")
+    parse_memory_bytes: int = Field(
+        default=0, ge=0, description="memory for parsing large bodies at once; 0 = 2/5 of the memory limit"
+    )
+    header_timeout_s: Annotated[float, Flag("header-timeout")] = Field(
+        default=10.0, gt=0, description="seconds for a request's headers to arrive"
+    )
+    body_timeout_s: Annotated[float, Flag("body-timeout")] = Field(
+        default=60.0, gt=0, description="seconds for a request's body to arrive"
+    )
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, description="431 above this")
+    max_connections: int = Field(default=1024, ge=1, description="connections beyond this are closed at once")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = False
 
@@ -126,6 +141,17 @@ class ServerSettings(BaseSettings):
     def _default_name(self) -> ServerSettings:
         if not self.model_name:
             self.model_name = default_model_name(self.model)
+        return self
+
+    @model_validator(mode="after")
+    def _size_from_memory(self) -> ServerSettings:
+        """Body and parse limits that fit the pod: see `bodies.estimate_parse_bytes`."""
+        if not self.memory_limit_bytes:
+            self.memory_limit_bytes = detect_memory_limit()
+        if not self.parse_memory_bytes:
+            self.parse_memory_bytes = max(16 << 20, self.memory_limit_bytes * 2 // 5)
+        if not self.max_body_bytes:
+            self.max_body_bytes = max(1024, min(64 << 20, self.parse_memory_bytes // 10))
         return self
 
     @property
@@ -166,6 +192,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif metavar := _metavar(info.annotation):
             kwargs["metavar"] = metavar
         parser.add_argument(f"--{flag_name(field)}", **kwargs)
+
+
+CGROUP_MEMORY_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def detect_memory_limit(files: Sequence[str] = CGROUP_MEMORY_FILES) -> int:
+    """The container's memory limit (cgroup v2, then v1), else the machine's RAM."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for name in files:
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < ram:
+            return int(text)
+    return ram
 
 
 VISIBLE_DEVICE_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")

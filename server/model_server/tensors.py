@@ -146,6 +146,43 @@ def _first_bad_element(label: str, data: Any, datatype: str, noun: str) -> Inval
     return InvalidInput(f"{label}: data is not a well-formed {datatype} array")
 
 
+#: Elements per numpy conversion of a large JSON list: each call holds the GIL for
+#: tens of milliseconds at most, so the event loop keeps its turn while a big body
+#: is decoded in a worker thread.
+CONVERT_CHUNK = 1 << 18
+
+
+def as_array(data: Any) -> np.ndarray:
+    """`np.asarray(data)`, converting a long list a slice of rows at a time into
+    one preallocated array (no second copy to join the slices)."""
+    if isinstance(data, np.ndarray):
+        return data
+    if not isinstance(data, list) or len(data) < 2:
+        return np.asarray(data)
+    row = data[0]
+    per_row = 1
+    while isinstance(row, list) and row:
+        per_row *= len(row)
+        row = row[0]
+    step = max(1, CONVERT_CHUNK // per_row)
+    if step >= len(data):
+        return np.asarray(data)
+    try:
+        first = np.asarray(data[:step])
+        if first.dtype.kind not in "biuf":
+            return np.asarray(data)
+        out = np.empty((len(data), *first.shape[1:]), dtype=first.dtype)
+        out[:step] = first
+        for start in range(step, len(data), step):
+            part = np.asarray(data[start : start + step])
+            if part.dtype != out.dtype or part.shape[1:] != out.shape[1:]:
+                return np.asarray(data)  # mixed types or ragged: the whole list decides
+            out[start : start + step] = part
+        return out
+    except (ValueError, TypeError):
+        return np.asarray(data)
+
+
 def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -> np.ndarray:
     """Nested JSON lists -> array of `datatype`, rejecting strings, bools-as-numbers,
     ragged lists, non-integers for integer types and out-of-range values."""
@@ -156,7 +193,7 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
     else:
         noun = "a number"
     try:
-        raw = np.asarray(data)
+        raw = as_array(data)
     except (ValueError, TypeError):
         raise InvalidInput(f"{label}: data is ragged (nested lists of different lengths)") from None
     kind = raw.dtype.kind
@@ -292,9 +329,18 @@ def decode_simple_rows(data: Any, spec: TensorSpec) -> np.ndarray:
     A flat list is ONE row (reshaped to the input shape without its batch
     dimension); a list of flat lists, or fully nested rows, is several rows.
     """
+    return shape_simple_rows(simple_array(data), spec)
+
+
+def simple_array(data: Any) -> np.ndarray:
+    """The simple API's `data` as FP64, before the model is known."""
     if not isinstance(data, list) or not data:
         raise InvalidInput("'data' must be a non-empty list of numbers (or a list of rows)")
-    arr = _to_numeric("data", data, "FP64", label="'data'")
+    return _to_numeric("data", data, "FP64", label="'data'")
+
+
+def shape_simple_rows(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """`simple_array`'s result -> a batch for `spec` (see `decode_simple_rows`)."""
     if spec.datatype not in ("FP16", "FP32", "FP64") and spec.dtype.kind not in _INT_KINDS + "b":
         raise InvalidInput(f"model input '{spec.name}' has datatype {spec.datatype}; use the v2 API")
     if spec.shape is None:

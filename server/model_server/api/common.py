@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
+from ..bodies import BodyDecoder
 from ..errors import InvalidInput, ServerError, UnprocessableInput, UnsupportedMediaType
 from ..lifecycle import Shutdown
 from ..metrics import ServerMetrics
@@ -32,6 +33,7 @@ class AppState:
     metrics: ServerMetrics
     repository: ModelRepository
     shutdown: Shutdown
+    bodies: BodyDecoder
 
     @property
     def draining(self) -> bool:

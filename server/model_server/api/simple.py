@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from ..errors import InvalidInput
-from ..tensors import decode_simple_rows
+from ..tensors import shape_simple_rows, simple_array
 from .common import INFER_ERRORS, State, check_content_type, documented_body, json_response, parse_body, submit
 
 router = APIRouter(tags=["simple"])
@@ -31,6 +32,15 @@ class SimpleResponse(BaseModel):
     model_version: str
 
 
+def decode_simple(body: bytes | bytearray) -> tuple[SimpleRequest, np.ndarray]:
+    """The request and its `data` as FP64 (the model's dtype is applied later);
+    the JSON lists are dropped as soon as the array exists."""
+    request = parse_body(SimpleRequest, body)
+    data = simple_array(request.data)
+    request.data = []
+    return request, data
+
+
 @router.post(
     "/infer",
     response_model=SimpleResponse,
@@ -42,7 +52,7 @@ async def infer(request: Request, state: State) -> Response:
     started = time.perf_counter()
     with state.metrics.track(state.settings.name) as tracker:
         check_content_type(request.headers.get("content-type"))
-        body = parse_body(SimpleRequest, await request.body())
+        body, data = await state.bodies.decode(request, decode_simple)
         version = None if body.model_version is None else str(body.model_version)
         served = state.repository.resolve(version)
         tracker.version = served.version
@@ -52,11 +62,10 @@ async def infer(request: Request, state: State) -> Response:
                 f"/v2/models/{state.settings.name}/infer"
             )
         spec = served.inputs[0]
-        single_row = not isinstance(body.data[0], list) if body.data else False
-        rows = decode_simple_rows(body.data, spec)
+        rows = shape_simple_rows(data, spec)
         outputs = await submit(served, {spec.name: rows})
         first = next(iter(outputs.values()))
-        single = single_row and rows.shape[0] == 1 and first.ndim >= 2
+        single = data.ndim == 1 and rows.shape[0] == 1 and first.ndim >= 2
         result = first[0] if single else first
         return json_response(
             {

@@ -164,10 +164,19 @@ async def version_infer(name: str, version: str, request: Request, state: State)
     return await _infer(state, request, name, version)
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+def decode_request(
+    body: bytes | bytearray, header_length: str | None
+) -> tuple[InferenceRequest, dict[str, np.ndarray]]:
+    """A whole request body -> the request (without its JSON tensor data) and its arrays."""
+    header, binary = split_body(memoryview(body), header_length)
+    req = parse_body(InferenceRequest, header)
+    return req, decode_inputs(req, binary)
+
+
+def split_body(body: memoryview, header_length: str | None) -> tuple[memoryview, memoryview]:
     """JSON header and binary tail of a binary-extension request."""
     if header_length is None:
-        return body, b""
+        return body, body[:0]
     try:
         length = int(header_length)
     except ValueError:
@@ -177,7 +186,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return body[:length], body[length:]
 
 
-def decode_inputs(req: InferenceRequest, binary: bytes) -> dict[str, np.ndarray]:
+def decode_inputs(req: InferenceRequest, binary: bytes | memoryview) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     offset = 0
     view = memoryview(binary)
@@ -197,6 +206,7 @@ def decode_inputs(req: InferenceRequest, binary: bytes) -> dict[str, np.ndarray]
             offset += size
         else:
             arrays[tensor.name] = decode_json_tensor(tensor.name, tensor.datatype, tensor.shape, tensor.data)
+            tensor.data = None  # the JSON lists take several times the array's memory
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
     return arrays
@@ -206,9 +216,8 @@ async def _infer(state: State, request: Request, name: str, version: str | None)
     with state.metrics.track(state.settings.name) as tracker:
         _check_name(state, name)
         check_content_type(request.headers.get("content-type"), binary=True)
-        header, binary = split_body(await request.body(), request.headers.get(HEADER_LENGTH))
-        req = parse_body(InferenceRequest, header)
-        arrays = decode_inputs(req, binary)
+        header_length = request.headers.get(HEADER_LENGTH)
+        req, arrays = await state.bodies.decode(request, lambda body: decode_request(body, header_length))
         served = state.repository.resolve(version)
         tracker.version = served.version
         wanted = req.outputs

@@ -1,0 +1,279 @@
+"""Large bodies: parse memory bounded by a budget sized from the pod's memory, and
+the event loop free while a large body is decoded (a real server process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from model_server.bodies import Busy, MemoryBudget, estimate_parse_bytes
+from model_server.settings import ServerSettings, detect_memory_limit
+from testsupport.onnx_models import affine_model
+from testsupport.processes import free_port, running, serve_command
+
+MiB = 1 << 20
+WIDTH = 1024  # model input width: the answer (one value per row) is tiny next to the body
+
+
+def v2_body(item: bytes, size: int) -> bytes:
+    """A v2 request of about `size` bytes whose data repeats `item` (`b"1,"`)."""
+    count = size // len(item)
+    count -= count % WIDTH
+    data = (item * count)[:-1]
+    head = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[%d,%d],"data":[' % (count // WIDTH, WIDTH)
+    return head + data + b"]}]}"
+
+
+def nested_body(item: bytes, size: int) -> bytes:
+    """A v2 request of about `size` bytes with nested rows of WIDTH values."""
+    row = b"[" + b",".join([item] * WIDTH) + b"]"
+    rows = max(1, size // (len(row) + 1))
+    data = b",".join([row] * rows)
+    return b'{"inputs":[{"name":"x","datatype":"FP32","shape":[%d,%d],"data":[%s]}]}' % (rows, WIDTH, data)
+
+
+def lists_body(size: int) -> bytes:
+    """A valid request carrying `size` bytes of empty lists in its parameters."""
+    count = size // 3
+    lists = b"[]," * (count - 1) + b"[]"
+    return b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,%d],"data":[%s],"parameters":{"p":[%s]}}]}' % (
+        WIDTH,
+        b",".join([b"1"] * WIDTH),
+        lists,
+    )
+
+
+def http_post(path: str, body: bytes) -> bytes:
+    return (
+        b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        % (path.encode(), len(body))
+    ) + body
+
+
+def memory(pid: int, key: str) -> int:
+    """VmRSS (resident now) or VmHWM (peak resident) of a process, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {key} for {pid}")
+
+
+class ServerProcess:
+    def __init__(self, url: str, process: subprocess.Popen) -> None:
+        self.url = url
+        self.process = process
+        self.port = int(url.rsplit(":", 1)[1])
+
+
+@contextlib.contextmanager
+def serve(repo: Path, *flags: str) -> Iterator[ServerProcess]:
+    """`python -m model_server serve` on a free loopback port, until ready."""
+    port = free_port()
+    args = ["--model-name", "tiny", "--no-watch", "--max-delay-ms", "0", "--intra-op-threads", "1"]
+    args += ["--log-level", "warning", *flags]
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    with running(serve_command(repo, port, *args), env=env, ready_url=f"{url}/health/ready") as process:
+        yield ServerProcess(url, process)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bodies") / "repo"
+    affine_model(path / "1" / "model.onnx", np.ones((WIDTH, 1), np.float32), np.zeros(1, np.float32))
+    return path
+
+
+POD_2GI = ("--memory-limit-bytes", str(2048 * MiB))  # the mnist-cpu example's limit
+
+
+@pytest.fixture(scope="module")
+def server(repo) -> Iterator[ServerProcess]:
+    with serve(repo, *POD_2GI) as running:
+        yield running
+
+
+def growth_for(server: ServerProcess, *bodies: bytes, path: str = "/v2/models/tiny/infer") -> tuple[list[int], int]:
+    """POST the bodies at once; their statuses and the peak resident growth they caused."""
+    before = memory(server.process.pid, "VmRSS")
+    Path(f"/proc/{server.process.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+    async def post_all() -> list[int]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            answers = await asyncio.gather(
+                *(client.post(path, content=b, headers={"content-type": "application/json"}) for b in bodies)
+            )
+        return [a.status_code for a in answers]
+
+    statuses = asyncio.run(post_all())
+    return statuses, memory(server.process.pid, "VmHWM") - before
+
+
+def post_and_watch_liveness(server: ServerProcess, body: bytes) -> tuple[int, float, list[float]]:
+    """POST `body` over a raw socket while another connection asks /health/live in a
+    loop. Returns the status, the time from the last byte sent to the answer, and the
+    moments (relative to the last byte sent) at which liveness answers arrived."""
+    answers: list[float] = []
+    stop = threading.Event()
+    ready = threading.Event()
+    origin: list[float] = []
+
+    def watch() -> None:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+            ready.set()
+            while not stop.is_set():
+                conn.sendall(b"GET /health/live HTTP/1.1\r\nHost: test\r\n\r\n")
+                reply = b""
+                while not reply.endswith(b'{"live":true}'):
+                    reply += conn.recv(4096)
+                if origin:
+                    answers.append(time.perf_counter() - origin[0])
+                time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    ready.wait(10)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as conn:
+        conn.sendall(http_post("/v2/models/tiny/infer", body))
+        origin.append(time.perf_counter())
+        reply = conn.recv(65536)
+        elapsed = time.perf_counter() - origin[0]
+    stop.set()
+    watcher.join(30)
+    return int(reply.split(b" ", 2)[1]), elapsed, [t for t in answers if t < elapsed]
+
+
+def test_liveness_answers_while_a_large_body_is_parsed(server):
+    body = v2_body(b"1,", 16 * MiB)
+    status, elapsed, answers = post_and_watch_liveness(server, body)
+    assert status == 200
+    # The longest stretch after the body arrived without a liveness answer: when the
+    # parse ran on the event loop, it was nearly all of the request's time.
+    marks = [0.0, *answers, elapsed]
+    longest = max(b - a for a, b in zip(marks, marks[1:], strict=False))
+    print(f"request {elapsed:.2f}s, {len(answers)} liveness answers, longest silence {longest:.2f}s")
+    assert len(answers) >= 3
+    assert longest < 0.75 * elapsed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "body",
+    [
+        v2_body(b"0.1234567,", 16 * MiB),
+        v2_body(b"1,", 16 * MiB),
+        nested_body(b"-12345.5e-3", 16 * MiB),
+    ],
+    ids=["floats", "small-ints", "nested-rows"],
+)
+def test_peak_memory_of_a_large_body_stays_within_its_estimate(repo, body):
+    with serve(repo, *POD_2GI) as server:
+        statuses, growth = growth_for(server, body)
+    estimate = estimate_parse_bytes(body)
+    print(
+        f"body {len(body) / MiB:.0f} MiB: peak growth {growth / MiB:.0f} MiB ({growth / len(body):.1f}x), "
+        f"estimate {estimate / MiB:.0f} MiB ({estimate / len(body):.1f}x)"
+    )
+    assert statuses == [200]
+    assert growth <= estimate
+
+
+def test_body_whose_parse_would_exceed_the_budget_is_413_before_parsing(server):
+    body = lists_body(16 * MiB)  # 5.6 M empty lists: ~30x its size as Python objects
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        r = client.post("/v2/models/tiny/infer", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413, r.text[:200]
+    assert "parse budget" in r.json()["error"]
+    statuses, growth = growth_for(server, body)
+    assert statuses == [413]
+    assert growth < 3 * len(body)
+
+
+@pytest.mark.slow
+def test_concurrent_large_bodies_take_turns_within_the_budget(repo):
+    body = v2_body(b"0.1234567,", 8 * MiB)
+    estimate = estimate_parse_bytes(body)
+    budget = estimate + estimate // 2  # room for one parse at a time
+    with serve(repo, "--parse-memory-bytes", str(budget), "--max-body-bytes", str(16 * MiB)) as server:
+        statuses, growth = growth_for(server, *[body] * 4)
+    print(f"4 x {len(body) / MiB:.0f} MiB at once: peak growth {growth / MiB:.0f} MiB, budget {budget / MiB:.0f} MiB")
+    assert statuses == [200] * 4
+    # One parse at a time plus the bodies waiting for their turn, never four parses.
+    assert growth <= estimate + 3 * len(body) + 32 * MiB
+    assert growth < 2 * estimate
+
+
+# --------------------------------------------------------------------------- units
+
+
+def test_estimate_is_a_small_multiple_for_numbers_and_large_for_containers():
+    floats = v2_body(b"0.1234567,", 4 * MiB)
+    ints = v2_body(b"1,", 4 * MiB)
+    lists = lists_body(4 * MiB)
+    assert 2 * len(floats) < estimate_parse_bytes(floats) <= 10 * len(floats)
+    assert estimate_parse_bytes(ints) <= 40 * len(ints)
+    assert estimate_parse_bytes(lists) > 60 * len(lists)
+    # String text may widen to 4 bytes a character once one character needs it.
+    text = b'{"s": "' + b"a" * MiB + b'"}'
+    assert estimate_parse_bytes(text.replace(b'"}', b'\\ud83d\\ude00"}')) > 3 * estimate_parse_bytes(text) / 2
+
+
+@pytest.mark.parametrize(
+    ("limit", "budget", "max_body"),
+    [(2048 * MiB, 819 * MiB, 64 * MiB), (512 * MiB, 204 * MiB, 20 * MiB), (64 * MiB, 25 * MiB, 2 * MiB)],
+)
+def test_limits_are_sized_from_the_memory_limit(tmp_path, limit, budget, max_body):
+    settings = ServerSettings(model=tmp_path, memory_limit_bytes=limit)
+    assert settings.parse_memory_bytes >> 20 == budget >> 20
+    assert settings.max_body_bytes >> 20 == max_body >> 20
+    explicit = ServerSettings(model=tmp_path, memory_limit_bytes=limit, max_body_bytes=4096, parse_memory_bytes=1 << 30)
+    assert (explicit.max_body_bytes, explicit.parse_memory_bytes) == (4096, 1 << 30)
+
+
+def test_memory_limit_comes_from_the_cgroup_else_the_machine(tmp_path):
+    v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
+    v2.write_text("max\n")
+    v1.write_text(f"{3 * MiB}\n")
+    assert detect_memory_limit([str(v2), str(v1)]) == 3 * MiB
+    v2.write_text(f"{5 * MiB}\n")
+    assert detect_memory_limit([str(v2), str(v1)]) == 5 * MiB
+    machine = detect_memory_limit([str(tmp_path / "absent")])
+    assert machine > 64 * MiB and detect_memory_limit([]) == machine
+
+
+async def test_budget_is_first_come_first_served_and_waits_are_bounded():
+    budget = MemoryBudget(100)
+    await budget.acquire(60, timeout=1)
+    order: list[str] = []
+
+    async def take(name: str, size: int) -> None:
+        await budget.acquire(size, timeout=5)
+        order.append(name)
+
+    large = asyncio.create_task(take("large", 80))
+    await asyncio.sleep(0.01)
+    small = asyncio.create_task(take("small", 10))  # would fit now, but the large one came first
+    await asyncio.sleep(0.01)
+    assert order == [] and budget.free == 40
+    budget.release(60)
+    await asyncio.gather(large, small)
+    assert order == ["large", "small"] and budget.free == 10
+    with pytest.raises(Busy):
+        await budget.acquire(20, timeout=0.05)
+    assert budget.free == 10 and not budget._waiters  # the timed-out wait left nothing behind
+    with pytest.raises(ValueError):
+        await budget.acquire(101, timeout=1)
+    budget.release(90)
+    assert budget.free == 100
