@@ -40,6 +40,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.networking.request_timeout = 60
     # HA: a priority of this replica's own and the keep-alive lifetime (see peering.py).
     peering.apply_peering_env(settings)
+    # A malformed Prometheus allow-list stops the operator here, not on every reconcile.
+    credentials.CredentialPolicy.from_env()
     if getattr(memo, "api", None) is None:
         memo.api = KubeApi(load_api_client())
 

@@ -11,6 +11,7 @@ import base64
 import logging
 
 import httpx
+import kopf
 import kubernetes
 import pytest
 
@@ -241,3 +242,11 @@ def test_operator_reports_a_refused_keda_credential_and_looks_again(
         timeout=30,
         message="Degraded cleared",
     )
+
+
+def test_a_malformed_allow_list_stops_the_operator_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inference_operator import handlers
+
+    monkeypatch.setenv(cr.ENV_ALLOWED_URLS, "https://user:pass@prometheus:9090")
+    with pytest.raises(ValueError, match="without user info"):
+        handlers.configure(settings=kopf.OperatorSettings(), memo=kopf.Memo())
