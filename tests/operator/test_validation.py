@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from inference_operator.models import NAME_MESSAGE
 from inference_operator.validation import default_custom_resource, validate_custom_resource
 from testsupport.crd import ROOT
 
@@ -80,3 +81,61 @@ def test_a_name_is_required(metadata: dict[str, Any]) -> None:
 
 def test_not_a_mapping() -> None:
     assert validate_custom_resource([1]) == ["<root>: expected a mapping, got list"]
+
+
+# Each verdict below was first taken from kube-apiserver v1.36.2 with the generated CRD installed
+# (`kubectl apply --dry-run=server --validate=strict`): accepted, or refused naming this field.
+API_SERVER_VERDICTS: list[tuple[dict[str, Any], str | None]] = [
+    ({"replicas": True}, "spec.replicas"),
+    ({"replicas": "3"}, "spec.replicas"),
+    ({"resources": {"gpu": {"count": "2"}}}, "spec.resources.gpu.count"),
+    ({"resources": {"cpu": 0.5}}, "spec.resources.cpu"),
+    ({"resources": {"cpu": 8, "memory": "64Gi"}}, None),
+    ({"runtime": {"batching": {"max_batch_size": 4}}}, "spec.runtime.batching.max_batch_size"),
+    ({"runtime": {"batching": {"maxDelayMs": 2.5}}}, None),
+    ({"surprise": 1}, "spec.surprise"),
+    ({"model": {"uri": "pvc://models/../../etc"}}, "spec.model.uri"),
+    ({"model": {"uri": "pvc://m", "name": "-x"}}, "spec.model.name"),
+    ({"model": {"uri": "pvc://m", "version": "--host=0.0.0.0"}}, "spec.model.version"),
+    ({"model": {"uri": "pvc://m", "version": 3}}, "spec.model.version"),
+    ({"runtime": {"port": 9090}}, "spec.runtime"),
+    ({"runtime": {"port": 9091}}, None),
+    ({"runtime": {"args": ["--po", "1"]}}, "spec.runtime.args"),
+    ({"runtime": {"args": ["--intra-op-threads=4", "--io-binding", "on"]}}, None),
+    ({"runtime": {"env": [{"name": "ROCR_VISIBLE_DEVICES", "value": "3"}]}}, "spec.runtime.env"),
+    ({"runtime": {"env": [{"name": "OMP_NUM_THREADS", "value": "3"}]}}, None),
+    (
+        {
+            "resources": {"gpu": {"count": 0, "productName": "X"}},
+            "runtime": {"executionProviders": ["CPUExecutionProvider"]},
+        },
+        "spec.resources.gpu",
+    ),
+    ({"resources": {"gpu": {"count": 2, "visibleDevices": "0"}}}, "spec.resources.gpu"),
+    ({"resources": {"gpu": {"count": 2, "visibleDevices": "0,1"}}}, None),
+    (
+        {"resources": {"gpu": {"count": 0}}, "runtime": {"executionProviders": ["ROCMExecutionProvider"]}},
+        "spec.runtime.executionProviders",
+    ),
+    ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "spec.autoscaling.minReplicas"),
+    ({"autoscaling": {"maxReplicas": 2, "target": 1}}, None),
+    ({"scheduling": {"nodeSelector": {"bad key!": "x"}}}, "spec.scheduling.nodeSelector"),
+    ({"scheduling": {"nodeSelector": {"a" * 64: "x"}}}, "spec.scheduling.nodeSelector"),
+    ({"scheduling": {"nodeSelector": {"example.com/pool": "gpu"}}}, None),
+]
+
+
+@pytest.mark.parametrize(("patch", "field"), API_SERVER_VERDICTS)
+def test_same_verdict_as_a_real_api_server(patch: dict[str, Any], field: str | None) -> None:
+    spec = {"model": {"uri": "pvc://models/m"}} | patch
+    errors = validate_custom_resource(cr(spec))
+    if field is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and errors[0].startswith(field + ":"), errors
+
+
+@pytest.mark.parametrize("name", ["1model", "a.b", "x" * 64])
+def test_names_refused_as_by_a_real_api_server(name: str) -> None:
+    errors = validate_custom_resource(cr({"model": {"uri": "pvc://m"}}, metadata={"name": name}))
+    assert errors == [NAME_MESSAGE]
