@@ -27,11 +27,13 @@ Options (each also an environment variable, which the operator's init container 
     --max-bytes N[Ki|Mi|Gi|Ti]    MODEL_FETCH_MAX_BYTES         default 200Gi
     --deadline SECONDS            MODEL_FETCH_DEADLINE_SECONDS  default 3600
     --allow-redirect-host HOST    MODEL_FETCH_REDIRECT_HOSTS    comma-separated
+                                  MODEL_FETCH_ALLOW_HTTP_TOKEN  send HF_TOKEN to a plain-http HF_ENDPOINT
 
 Credentials: S3 from the usual AWS_* variables (needs `boto3`, the `s3` extra); the Hub from
 HF_TOKEN (a token for private or gated repositories) and HF_ENDPOINT (a mirror's URL, default
-https://huggingface.co). A Hub fetch into a directory that already holds the same revision (a
-PVC shared by replicas) downloads only what is missing.
+https://huggingface.co; the token goes only to an https endpoint). A Hub fetch into a
+directory that already holds the same revision (a PVC shared by replicas) downloads only what
+is missing.
 
 Exit codes: 0 fetched; 1 the source failed (HTTP error, unreachable, no such object or repo);
 2 bad arguments or URI; 3 refused as unsafe (a path leaving the destination, a redirect not
@@ -349,6 +351,12 @@ def _s3_chunks(client: S3Client, bucket: str, key: str) -> Iterator[bytes]:
 
 # --- Hugging Face Hub -------------------------------------------------------------------------
 
+ENV_ALLOW_HTTP_TOKEN = "MODEL_FETCH_ALLOW_HTTP_TOKEN"
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
 
 def parse_hf(uri: str) -> tuple[str, str]:
     """(repo id, revision) of hf://ORG/NAME[@REVISION]."""
@@ -381,6 +389,8 @@ def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Pat
         raise FetchError("hf:// models need huggingface_hub in the image (pip install huggingface_hub)") from exc
     token = os.environ.get("HF_TOKEN") or None
     endpoint = os.environ.get("HF_ENDPOINT") or None
+    if token and endpoint and urlsplit(endpoint).scheme != "https" and not _truthy(ENV_ALLOW_HTTP_TOKEN):
+        raise UnsafeError(f"refusing to send HF_TOKEN to {endpoint}: not https (set {ENV_ALLOW_HTTP_TOKEN}=true)")
     api = huggingface_hub.HfApi(endpoint=endpoint, token=token)
     try:
         commit = api.repo_info(repo, revision=revision).sha

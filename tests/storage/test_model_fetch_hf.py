@@ -85,9 +85,13 @@ def hub() -> Iterator[Hub]:
         yield state
 
 
-def run_fetch(hub: Hub, uri: str, dest: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+def run_fetch(
+    hub: Hub, uri: str, dest: pathlib.Path, *flags: str, allow_http_token: bool = True
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODEL_FETCH_"))}
     env |= {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_test_token", "PYTHONPATH": os.pathsep.join(sys.path)}
+    if allow_http_token:  # the stand-in speaks plain http on loopback
+        env["MODEL_FETCH_ALLOW_HTTP_TOKEN"] = "true"
     return subprocess.run(
         [sys.executable, "-m", "model_server.storage", uri, str(dest), *flags],
         capture_output=True,
@@ -163,3 +167,10 @@ def test_hf_uri_parts() -> None:
     assert parse_hf("hf://meta-llama/Llama-3.1-8B-Instruct") == ("meta-llama/Llama-3.1-8B-Instruct", "main")
     assert parse_hf("hf://org/name@refs/pr/1") == ("org/name", "refs/pr/1")
     assert parse_hf(f"hf://org/name@{COMMIT}") == ("org/name", COMMIT)
+
+
+def test_hf_token_is_not_sent_to_a_plain_http_endpoint(hub: Hub, tmp_path: pathlib.Path) -> None:
+    result = run_fetch(hub, "hf://org/tiny", tmp_path / "models", allow_http_token=False)
+    assert result.returncode == ExitCode.UNSAFE, result.stderr
+    assert "HF_TOKEN" in result.stderr and "hf_test_token" not in result.stderr
+    assert hub.requests == []
