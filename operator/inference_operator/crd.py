@@ -49,7 +49,7 @@ OUTPUTS = (pathlib.Path("crds") / FILE_NAME, pathlib.Path("charts/rocm-inference
 HEADER = "# Generated from operator/inference_operator/models.py by `python -m inference_operator.crd`; do not edit.\n"
 DESCRIPTION = "An InferenceService serves one model on AMD GPUs, autoscaled on latency."
 
-PRINTER_COLUMNS: list[dict[str, str]] = [
+PRINTER_COLUMNS: list[dict[str, str | int]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {
@@ -63,6 +63,19 @@ PRINTER_COLUMNS: list[dict[str, str]] = [
         "type": "number",
         "description": "p95 request latency in milliseconds, as last observed by the autoscaler",
         "jsonPath": ".status.autoscaler.latencyP95Ms",
+    },
+    {
+        "name": "Metric",
+        "type": "string",
+        "description": "the autoscaling metric",
+        "jsonPath": ".status.autoscaler.metric",
+        "priority": 1,
+    },
+    {
+        "name": "Value",
+        "type": "number",
+        "description": "the autoscaling metric's value, as last observed (e.g. TTFT p95 ms for ttftP95Ms)",
+        "jsonPath": ".status.autoscaler.currentValue",
     },
     {"name": "URL", "type": "string", "jsonPath": ".status.url"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

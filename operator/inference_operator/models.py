@@ -28,14 +28,21 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 GPU_RESOURCE = "amd.com/gpu"
 DEFAULT_IMAGE = "ghcr.io/rocm-inference/model-server:0.1.0"
+# vLLM's ROCm build of its OpenAI-compatible server; the operator's --vllm-image overrides it.
+DEFAULT_VLLM_IMAGE = "docker.io/vllm/vllm-openai-rocm:v0.32.0"
 DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring:9090"
 
 # A non-negative Kubernetes quantity: decimal or binary SI suffix, or an exponent.
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 # A path segment that is not `.` or `..` (RE2, as the API server's patterns: no lookahead).
 PATH_SEGMENT = r"([^/.\s][^/\s]*|\.[^/.\s][^/\s]*|\.\.[^/\s]+)"
+# hf://ORG/NAME[@REVISION]: a Hugging Face Hub repository, at a branch, tag or commit.
+HF_URI_PATTERN = r"hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(@[-A-Za-z0-9_./]+)?"
 # pvc://CLAIM/PATH becomes a volume subPath, which the API server refuses with `..` in it.
-MODEL_URI_PATTERN = rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{PATH_SEGMENT})*/?|(s3|https?|oci)://\S+)$"
+MODEL_URI_PATTERN = (
+    rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{PATH_SEGMENT})*/?|(s3|https?|oci)://\S+|{HF_URI_PATTERN})$"
+)
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 IMAGE_PATTERN = r"^\S+$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Label keys and values, as the API server checks them (pods would be refused otherwise).
@@ -196,12 +203,72 @@ class ExecutionProvider(StrEnum):
     CPU = "CPUExecutionProvider"
 
 
+class Engine(StrEnum):
+    """What serves the model: the bundled model server, or vLLM for LLMs."""
+
+    MODEL_SERVER = "modelServer"
+    VLLM = "vllm"
+
+
 class Metric(StrEnum):
     LATENCY_P95_MS = "latencyP95Ms"
     LATENCY_P99_MS = "latencyP99Ms"
     QUEUE_DEPTH = "queueDepth"
     RPS = "rps"
     GPU_UTILIZATION = "gpuUtilization"
+    # vLLM's own metrics (engine: vllm).
+    TTFT_P95_MS = "ttftP95Ms"
+    ITL_P95_MS = "itlP95Ms"
+    E2E_LATENCY_P95_MS = "e2eLatencyP95Ms"
+    REQUESTS_WAITING = "requestsWaiting"
+    KV_CACHE_USAGE = "kvCacheUsage"
+
+
+# Which metrics each engine exports; a metric of the other engine would never have data.
+ENGINE_METRICS: dict[Engine, frozenset[Metric]] = {
+    Engine.MODEL_SERVER: frozenset(
+        {Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS, Metric.QUEUE_DEPTH, Metric.RPS, Metric.GPU_UTILIZATION}
+    ),
+    Engine.VLLM: frozenset(
+        {
+            Metric.TTFT_P95_MS,
+            Metric.ITL_P95_MS,
+            Metric.E2E_LATENCY_P95_MS,
+            Metric.REQUESTS_WAITING,
+            Metric.KV_CACHE_USAGE,
+        }
+    ),
+}
+
+# vLLM flags the operator sets from the spec (or that would move the server off its port, or
+# read more flags from a file): runtime.args may not set them, nor an abbreviation of them
+# (vLLM's argument parser accepts unambiguous prefixes and `_` for `-`).
+VLLM_RESERVED_FLAGS = (
+    "model",
+    "served-model-name",
+    "tensor-parallel-size",
+    "max-model-len",
+    "host",
+    "port",
+    "uds",
+    "config",
+)
+VLLM_ARG_PATTERN = r"^--[A-Za-z0-9][-_A-Za-z0-9.+]*(=[\s\S]*)?$"
+
+
+def _prefixes(flag: str) -> str:
+    """A regex matching every non-empty prefix of `flag`, `-` or `_` between words."""
+    chars = ["[-_]" if c == "-" else c for c in flag]
+    pattern = ""
+    for c in reversed(chars[1:]):
+        pattern = f"({c}{pattern})?"
+    return chars[0] + pattern
+
+
+# One `--flag` or `--flag=value` naming (a prefix of) a reserved flag; `.key`/`+` are vLLM's
+# JSON-argument syntax for the same flag. Shared with the CRD's CEL rule.
+VLLM_RESERVED_ARG_PATTERN = "^--(" + "|".join(_prefixes(f) for f in VLLM_RESERVED_FLAGS) + ")([.+=][\\s\\S]*)?$"
+VLLM_ARGS_MESSAGE = "runtime.args for engine vllm"
 
 
 class AutoscalingMode(StrEnum):
@@ -213,22 +280,58 @@ class AutoscalingMode(StrEnum):
 SHA256_MESSAGE = "model.sha256 applies to http(s):// model URIs, which name one file"
 
 
+class HuggingFaceSpec(_Spec):
+    """Access to the Hugging Face Hub for hf:// models: a token and, for mirrors, an endpoint."""
+
+    token_secret: str | None = Field(
+        None,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        max_length=253,
+        description="Name of a Secret in the namespace holding the Hub token (exposed as HF_TOKEN).",
+    )
+    token_key: str = Field(
+        "token", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253, description="Key of the token in that Secret."
+    )
+    endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://\S+$",
+        max_length=2048,
+        description="Hub endpoint (HF_ENDPOINT), e.g. an in-house mirror; the public Hub when unset.",
+    )
+
+
+CACHE_PVC_MESSAGE = "model.cachePvc applies to fetched models (s3://, http(s)://, hf://), not pvc:// or oci://"
+
+
 class ModelSpec(_Spec):
     """Where the model lives and how to load it."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel(
-            "!has(self.sha256) || (has(self.uri) && self.uri.startsWith('http'))",
-            SHA256_MESSAGE,
-            ".sha256",
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.sha256) || (has(self.uri) && self.uri.startsWith('http'))",
+                SHA256_MESSAGE,
+                ".sha256",
+            ),
+            cel(
+                "!has(self.huggingFace) || (has(self.uri) && self.uri.startsWith('hf://'))",
+                "model.huggingFace applies to hf:// URIs only",
+                ".huggingFace",
+            ),
+            cel(
+                "!has(self.cachePvc) || !has(self.uri)"
+                " || !(self.uri.startsWith('pvc://') || self.uri.startsWith('oci://'))",
+                CACHE_PVC_MESSAGE,
+                ".cachePvc",
+            ),
         )
     )
 
     uri: str = Field(
         pattern=MODEL_URI_PATTERN,
         max_length=2048,
-        description="pvc://CLAIM/PATH mounts a claim read-only; s3://, http(s):// and oci:// are fetched by an "
-        "init container.",
+        description="pvc://CLAIM/PATH mounts a claim read-only; s3://, http(s)://, oci:// and hf://ORG/NAME[@REVISION] "
+        "are fetched by an init container.",
     )
     format: ModelFormat = ModelFormat.ONNX
     version: str | None = Field(
@@ -243,6 +346,14 @@ class ModelSpec(_Spec):
         pattern=SAFE_NAME_PATTERN,
         max_length=63,
         description="Model name in the inference API and metrics; defaults to the InferenceService's name.",
+    )
+    hugging_face: HuggingFaceSpec | None = Field(None, description="Hub token and endpoint for hf:// URIs.")
+    cache_pvc: str | None = Field(
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description="A (ReadWriteMany) PersistentVolumeClaim to keep fetched models on: replicas and restarts reuse "
+        "the copy instead of downloading again. Without it each pod fetches into an emptyDir.",
     )
 
     sha256: str | None = Field(
@@ -306,17 +417,56 @@ def _default_providers() -> list[ExecutionProvider]:
     return [ExecutionProvider.MIGRAPHX, ExecutionProvider.ROCM, ExecutionProvider.CPU]
 
 
+def _cel_string(pattern: str) -> str:
+    """`pattern` as a single-quoted CEL string literal."""
+    return "'" + pattern.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+_IS_VLLM = "has(self.engine) && self.engine == 'vllm'"
+
+
 class RuntimeSpec(_Spec):
-    """The model-server container: image, providers, batching and probes."""
+    """The serving container: engine, image, providers, batching and probes."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel(
-            "!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
-            "runtime.port and runtime.metricsPort must differ",
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
+                "runtime.port and runtime.metricsPort must differ",
+            ),
+            cel(
+                f"!has(self.maxModelLen) || ({_IS_VLLM})",
+                "runtime.maxModelLen applies to engine vllm only",
+                ".maxModelLen",
+            ),
+            cel(
+                f"!({_IS_VLLM}) || !has(self.args) || self.args.all(a, a.matches({_cel_string(VLLM_ARG_PATTERN)})"
+                f" && !a.matches({_cel_string(VLLM_RESERVED_ARG_PATTERN)}))",
+                f"{VLLM_ARGS_MESSAGE}: each entry is --flag or --flag=value, and none may set a flag the operator sets "
+                f"({', '.join('--' + f for f in VLLM_RESERVED_FLAGS)}, or an abbreviation)",
+                ".args",
+            ),
         )
     )
 
-    image: Annotated[str, Field(pattern=IMAGE_PATTERN, max_length=512)] = DEFAULT_IMAGE
+    engine: Engine = Field(
+        Engine.MODEL_SERVER,
+        description="modelServer runs the bundled server (ONNX/TorchScript, batching); vllm runs vLLM's "
+        "OpenAI-compatible server for LLMs (tensor parallel over resources.gpu.count).",
+    )
+    image: str | None = Field(
+        None,
+        pattern=IMAGE_PATTERN,
+        max_length=512,
+        description="Serving image; the operator's model-server or vLLM image (per engine) when unset.",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        le=10_000_000,
+        description="vllm: longest context (prompt + output tokens) per request (--max-model-len); the model's own "
+        "limit when unset.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     execution_providers: list[ExecutionProvider] = Field(
         default_factory=_default_providers,
@@ -344,7 +494,8 @@ class RuntimeSpec(_Spec):
     args: list[Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=list,
         max_length=64,
-        description="Extra flags of the model server; the flags the operator sets (and their prefixes) are refused.",
+        description="Extra flags of the model server, or vLLM engine arguments (each one --flag or --flag=value); "
+        "the flags the operator sets (and their prefixes) are refused.",
         json_schema_extra=cel(
             "self.all(a, !a.matches('^--"
             + _prefixes_pattern(tuple(f.removeprefix("--") for f in OPERATOR_FLAGS))
@@ -483,17 +634,65 @@ class SchedulingSpec(_Spec):
     )
 
 
+class EndpointPickerSpec(_Spec):
+    """The endpoint picker (EPP) Service that routes the pool's requests (installed separately)."""
+
+    name: str | None = Field(
+        None,
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        description="Service name of the endpoint picker; NAME-epp when unset.",
+    )
+    port: int = Field(9002, ge=1, le=65535, description="Service port of the endpoint picker's ext-proc.")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        "FailClose", description="What the gateway does when the picker does not answer."
+    )
+
+
+class RoutingSpec(_Spec):
+    """Gateway routing to the pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            "!has(self.endpointPicker) || (has(self.inferencePool) && self.inferencePool)",
+            "routing.endpointPicker needs routing.inferencePool: true",
+            ".endpointPicker",
+        )
+    )
+
+    inference_pool: bool = Field(
+        False,
+        description="Emit a Gateway API Inference Extension InferencePool (inference.networking.k8s.io/v1) "
+        "selecting the pods, so an inference gateway can route to them by queue and KV-cache load.",
+    )
+    endpoint_picker: EndpointPickerSpec | None = None
+
+
+_VLLM_METRICS = ", ".join(f"'{m.value}'" for m in sorted(ENGINE_METRICS[Engine.VLLM]))
+
+
 class InferenceServiceSpec(_Spec):
     """`spec` of an InferenceService."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel(
-            "!has(self.resources) || !has(self.resources.gpu) || !has(self.resources.gpu.count)"
-            " || self.resources.gpu.count > 0"
-            " || !has(self.runtime) || !has(self.runtime.executionProviders)"
-            " || 'CPUExecutionProvider' in self.runtime.executionProviders",
-            "runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0",
-            ".runtime.executionProviders",
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.resources) || !has(self.resources.gpu) || !has(self.resources.gpu.count)"
+                " || self.resources.gpu.count > 0"
+                " || !has(self.runtime) || !has(self.runtime.executionProviders)"
+                " || 'CPUExecutionProvider' in self.runtime.executionProviders",
+                "runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0",
+                ".runtime.executionProviders",
+            ),
+            cel(
+                "!has(self.autoscaling) || !has(self.autoscaling.metric)"
+                " || ((has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm')"
+                f" == (self.autoscaling.metric in [{_VLLM_METRICS}]))",
+                "autoscaling.metric must be one the engine exports: ttftP95Ms, itlP95Ms, e2eLatencyP95Ms, "
+                "requestsWaiting or kvCacheUsage for vllm; latencyP95Ms, latencyP99Ms, queueDepth, rps or "
+                "gpuUtilization for modelServer",
+                ".autoscaling.metric",
+            ),
         )
     )
 
@@ -510,6 +709,7 @@ class InferenceServiceSpec(_Spec):
         None, description="Latency-SLO autoscaling; without it the service keeps spec.replicas."
     )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
 
 
 Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]

@@ -128,7 +128,30 @@ VIOLATIONS = [
     ({"runtime": {"args": ["--"]}}, "spec.runtime.args", "must not set the flags"),
     ({"runtime": {"env": [{"name": "ROCR_VISIBLE_DEVICES", "value": "3"}]}}, "spec.runtime.env", "must not set the"),
     ({"runtime": {"env": [{"name": "MODEL_SERVER_HOST", "value": "::1"}]}}, "spec.runtime.env", "must not set the"),
+    ({"model": {"uri": "s3://b/m", "huggingFace": {"tokenSecret": "hf"}}}, "spec.model.huggingFace", "hf://"),
+    ({"model": {"uri": "pvc://models/m", "cachePvc": "cache"}}, "spec.model.cachePvc", "fetched models"),
+    ({"runtime": {"maxModelLen": 4096}}, "spec.runtime.maxModelLen", "engine vllm only"),
+    ({"runtime": {"engine": "vllm", "args": ["--served=x"]}}, "spec.runtime.args", "--served-model-name"),
+    ({"runtime": {"engine": "vllm", "args": ["-tp", "8"]}}, "spec.runtime.args", "--flag=value"),
+    (
+        {"autoscaling": {"maxReplicas": 2, "target": 5, "metric": "ttftP95Ms"}},
+        "spec.autoscaling.metric",
+        "the engine exports",
+    ),
+    ({"routing": {"endpointPicker": {"name": "epp"}}}, "spec.routing.endpointPicker", "inferencePool: true"),
 ]
+
+VLLM_ARGS_ACCEPTED = ["--max-num-seqs=4", "--enforce-eager", "--dtype=bfloat16", "--hf-overrides.rope_scaling=x"]
+
+
+def test_vllm_engine_arguments_that_set_no_operator_flag_pass() -> None:
+    spec = {
+        "model": {"uri": "hf://org/llm@main", "huggingFace": {"tokenSecret": "hf"}, "cachePvc": "cache"},
+        "runtime": {"engine": "vllm", "maxModelLen": 4096, "args": VLLM_ARGS_ACCEPTED},
+        "autoscaling": {"maxReplicas": 2, "target": 500, "metric": "ttftP95Ms"},
+        "routing": {"inferencePool": True, "endpointPicker": {"name": "epp"}},
+    }
+    assert cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec))) == []
 
 
 @pytest.mark.parametrize("args", [["--intra-op-threads=4"], ["--io-binding", "on"], ["--profiling"], ["value"]])
