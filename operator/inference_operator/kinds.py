@@ -42,6 +42,13 @@ KINDS: tuple[Kind, ...] = (
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", owned=True),
     Kind("keda.sh/v1alpha1", "TriggerAuthentication", "triggerauthentications", owned=True, addon="KEDA"),
     Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", owned=True, addon="KEDA"),
+    Kind(
+        "inference.networking.k8s.io/v1",
+        "InferencePool",
+        "inferencepools",
+        owned=True,
+        addon="the Gateway API Inference Extension CRDs",
+    ),
     Kind("v1", "Secret", "secrets"),
     Kind(API_VERSION, KIND, PLURAL),
 )

@@ -129,7 +129,7 @@ def test_examples_cover_the_promised_shapes() -> None:
         g.get("count") == 1 and s["model"].get("format", "onnx") == "onnx" for g, s in zip(gpus, specs, strict=True)
     )
     assert any(
-        g.get("count") == 8 and g.get("productName") and s["model"]["format"] == "torchscript"
+        g.get("count") == 8 and g.get("productName") and s["model"].get("format") == "torchscript"
         for g, s in zip(gpus, specs, strict=True)
     )
     assert any(g.get("count") == 0 for g in gpus)

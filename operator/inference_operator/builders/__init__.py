@@ -7,6 +7,7 @@ from ..models import AutoscalingMode
 from .common import Owner, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
 from .hpa import build_hpa
+from .inference_pool import build_inference_pool
 from .keda import build_scaled_object, build_trigger_authentication
 from .pdb import build_pdb, needs_pdb
 from .service import build_service
@@ -24,6 +25,8 @@ def build_all(owner: Owner) -> list[dict]:
         if auth := build_trigger_authentication(owner):
             objects.append(auth)  # before the ScaledObject that refers to it
         objects.append(build_scaled_object(owner))
+    if owner.spec.routing.inference_pool:
+        objects.append(build_inference_pool(owner))
     return objects
 
 
@@ -33,6 +36,7 @@ __all__ = [
     "build_all",
     "build_deployment",
     "build_hpa",
+    "build_inference_pool",
     "build_pdb",
     "build_scaled_object",
     "build_service",

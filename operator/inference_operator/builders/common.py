@@ -2,24 +2,52 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from ..models import API_VERSION, KIND, InferenceServiceSpec, check_name
+from ..models import API_VERSION, DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, KIND, Engine, InferenceServiceSpec, check_name
 
 MANAGER = "rocm-inference-operator"
 COMPONENT = "predictor"
 SPEC_HASH_ANNOTATION = "inference.rocm.dev/spec-hash"
 OWNER_LABEL = "inference.rocm.dev/inference-service"
+# The operator's default images (`run --model-server-image/--vllm-image` set these; the chart
+# sets them from its values).
+MODEL_SERVER_IMAGE_ENV = "INFERENCE_OPERATOR_MODEL_SERVER_IMAGE"
+VLLM_IMAGE_ENV = "INFERENCE_OPERATOR_VLLM_IMAGE"
+
+
+@dataclass(frozen=True)
+class Images:
+    """Images used where the spec names none: one per engine. The model server's image also
+    runs the model-fetch init container (it carries the fetcher), whatever the engine."""
+
+    model_server: str = DEFAULT_IMAGE
+    vllm: str = DEFAULT_VLLM_IMAGE
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> Images:
+        env = os.environ if environ is None else environ
+        return cls(
+            model_server=env.get(MODEL_SERVER_IMAGE_ENV) or DEFAULT_IMAGE,
+            vllm=env.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
+        )
 
 
 @dataclass(frozen=True)
 class Owner:
-    """The InferenceService an object belongs to: enough to name, label and own it."""
+    """The InferenceService an object belongs to: enough to name, label and own it.
+
+    `images` are the operator's defaults, read from its environment where the Owner is made,
+    so the builders themselves stay pure functions of the Owner.
+    """
 
     name: str
     namespace: str
     uid: str
     spec: InferenceServiceSpec
+    images: Images = field(default_factory=Images.from_environment)
 
     def __post_init__(self) -> None:
         check_name(self.name)  # every object is named after it: refuse a name a Service cannot take
@@ -27,6 +55,22 @@ class Owner:
     @property
     def model_name(self) -> str:
         return self.spec.model.name or self.name
+
+    @property
+    def image(self) -> str:
+        """The serving container's image: the spec's, else the engine's default."""
+        runtime = self.spec.runtime
+        if runtime.image:
+            return runtime.image
+        return self.images.vllm if runtime.engine == Engine.VLLM else self.images.model_server
+
+    @property
+    def fetcher_image(self) -> str:
+        """The image of the model-fetch init container: one with `model_server.storage`."""
+        runtime = self.spec.runtime
+        if runtime.engine == Engine.MODEL_SERVER and runtime.image:
+            return runtime.image
+        return self.images.model_server
 
 
 def selector_labels(owner: Owner) -> dict[str, str]:

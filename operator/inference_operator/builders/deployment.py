@@ -1,15 +1,15 @@
-"""InferenceService → apps/v1 Deployment of model-server pods on AMD GPUs."""
+"""InferenceService → apps/v1 Deployment of model-server (or vLLM) pods on AMD GPUs."""
 
 from __future__ import annotations
 
 import math
 
-from ..models import GPU_RESOURCE, AutoscalingMode, InferenceServiceSpec
+from ..models import GPU_RESOURCE, AutoscalingMode, Engine, InferenceServiceSpec
 from .common import Owner, object_meta, selector_labels, standard_labels
+from .storage import MODEL_DIR, model_storage
+from .vllm import vllm_container
 
 CONTAINER = "model-server"
-MODEL_DIR = "/mnt/models"
-MODEL_VOLUME = "model-store"
 # Host groups that own /dev/kfd and /dev/dri/renderD* on common ROCm hosts (video, render):
 # the device plugin maps the devices in, these let a non-root process open them.
 GPU_GROUPS = [44, 109]
@@ -112,38 +112,6 @@ def _http_probe(path: str, period: int, failures: int) -> dict:
     }
 
 
-def _model_storage(spec: InferenceServiceSpec, image: str) -> tuple[list[dict], list[dict]]:
-    """Volumes and init containers that put the model at MODEL_DIR, by URI scheme."""
-    uri = spec.model.uri
-    scheme, rest = uri.split("://", 1)
-    if scheme == "pvc":
-        claim, _, sub_path = rest.partition("/")
-        volume = {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        return [volume], []
-    volume = {"name": MODEL_VOLUME, "emptyDir": {}}
-    mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR}
-    init: dict[str, object]
-    if scheme == "oci":
-        # A "modelcar" image: the model lives under /models of the image named by the URI.
-        init = {
-            "name": "model-fetch",
-            "image": rest,
-            "command": ["sh", "-c", f"cp -R /models/. {MODEL_DIR}/"],
-        }
-    else:
-        command = ["python", "-m", "model_server.storage", uri, MODEL_DIR]
-        if spec.model.sha256:  # checked before the file is renamed into place
-            command += ["--sha256", spec.model.sha256]
-        init = {"name": "model-fetch", "image": image, "command": command}
-    init |= {
-        "volumeMounts": [mount],
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
-        "securityContext": _container_security(),
-        "env": [e for e in _env(spec) if not e["name"].endswith("VISIBLE_DEVICES")],
-    }
-    return [volume], [init]
-
-
 def _container_security() -> dict:
     return {
         "allowPrivilegeEscalation": False,
@@ -169,22 +137,11 @@ def _affinity(spec: InferenceServiceSpec) -> dict | None:
     }
 
 
-def build_deployment(owner: Owner) -> dict:
-    spec = owner.spec
-    runtime = spec.runtime
-    gpus = spec.resources.gpu.count
-    volumes, init_containers = _model_storage(spec, runtime.image)
-    sub_path = spec.model.uri.split("://", 1)[1].partition("/")[2] if spec.model.scheme == "pvc" else ""
-    model_mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}
-    if sub_path:
-        model_mount["subPath"] = sub_path
-    volumes += [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    container = {
+def _model_server_container(owner: Owner, env: list[dict], resources: dict, mounts: list[dict]) -> dict:
+    runtime = owner.spec.runtime
+    return {
         "name": CONTAINER,
-        "image": runtime.image,
+        "image": owner.image,
         "imagePullPolicy": runtime.image_pull_policy,
         "command": ["python", "-m", "model_server"],
         "args": server_args(owner),
@@ -192,13 +149,9 @@ def build_deployment(owner: Owner) -> dict:
             {"name": "http", "containerPort": runtime.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": runtime.metrics_port, "protocol": "TCP"},
         ],
-        "env": _env(spec),
-        "resources": _resources(spec),
-        "volumeMounts": [
-            model_mount,
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
+        "env": env,
+        "resources": resources,
+        "volumeMounts": mounts,
         "startupProbe": _http_probe(
             "/health/ready",
             PROBE_PERIOD_SECONDS,
@@ -206,8 +159,37 @@ def build_deployment(owner: Owner) -> dict:
         ),
         "livenessProbe": _http_probe("/health/live", 10, 3),
         "readinessProbe": _http_probe("/health/ready", 5, 2),
-        "securityContext": _container_security(),
     }
+
+
+def metrics_port(owner: Owner) -> int:
+    """The container port Prometheus scrapes: vLLM serves /metrics on its API port."""
+    runtime = owner.spec.runtime
+    return runtime.port if runtime.engine == Engine.VLLM else runtime.metrics_port
+
+
+def build_deployment(owner: Owner) -> dict:
+    spec = owner.spec
+    runtime = spec.runtime
+    gpus = spec.resources.gpu.count
+    env = _env(spec)
+    fetch_env = [dict(e) for e in env if not e["name"].endswith("VISIBLE_DEVICES")]
+    storage = model_storage(owner, fetch_env, _container_security())
+    volumes = storage.volumes + [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    init_containers = storage.init_containers
+    mounts = [
+        storage.mount,
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if runtime.engine == Engine.VLLM:
+        container = vllm_container(owner, MODEL_DIR, env, _resources(spec), mounts)
+    else:
+        container = _model_server_container(owner, env, _resources(spec), mounts)
+    container["securityContext"] = _container_security()
     pod_security: dict = {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
@@ -249,7 +231,7 @@ def build_deployment(owner: Owner) -> dict:
                 "labels": standard_labels(owner),
                 "annotations": {
                     "prometheus.io/scrape": "true",
-                    "prometheus.io/port": str(runtime.metrics_port),
+                    "prometheus.io/port": str(metrics_port(owner)),
                     "prometheus.io/path": "/metrics",
                 },
             },

@@ -11,7 +11,7 @@ replicas alone). Tolerance and the fast scale-up path have no HPA equivalent.
 from __future__ import annotations
 
 from ..autoscaler import promql
-from ..models import AutoscalingSpec, Metric, ScalingRule
+from ..models import AutoscalingSpec, Engine, Metric, ScalingRule
 from .common import Owner, object_meta
 
 PROMQL_ANNOTATION = "inference.rocm.dev/promql"
@@ -20,8 +20,14 @@ PROMQL_ANNOTATION = "inference.rocm.dev/promql"
 EXTERNAL_METRICS = {
     Metric.LATENCY_P95_MS: "model_server_request_latency_p95_ms",
     Metric.LATENCY_P99_MS: "model_server_request_latency_p99_ms",
+    Metric.TTFT_P95_MS: "vllm_time_to_first_token_p95_ms",
+    Metric.ITL_P95_MS: "vllm_inter_token_latency_p95_ms",
+    Metric.E2E_LATENCY_P95_MS: "vllm_e2e_request_latency_p95_ms",
+    Metric.KV_CACHE_USAGE: "vllm_kv_cache_usage_percent",
 }
 PODS_METRICS = {
+    # vLLM's `vllm:` prefix is not a valid metric name in the custom metrics API.
+    Metric.REQUESTS_WAITING: "vllm_num_requests_waiting",
     Metric.QUEUE_DEPTH: promql.QUEUE_DEPTH,
     # The adapter's default rule turns a `_total` counter into a `_per_second` rate.
     Metric.RPS: "model_server_requests_per_second",
@@ -60,7 +66,8 @@ def metric_spec(owner: Owner) -> dict:
     scaling = owner.spec.autoscaling
     assert scaling is not None
     target = quantity(scaling.target)
-    model = {"matchLabels": {"model": owner.model_name}}
+    label = promql.VLLM_MODEL_LABEL if owner.spec.runtime.engine == Engine.VLLM else "model"
+    model = {"matchLabels": {label: owner.model_name}}
     if scaling.metric in EXTERNAL_METRICS:
         return {
             "type": "External",

@@ -1,7 +1,12 @@
-"""InferenceService → v1 Service: a stable in-cluster address for the model's pods."""
+"""InferenceService → v1 Service: a stable in-cluster address for the model's pods.
+
+Port `http` (80) serves the inference API (/v1/* for vLLM); port `metrics` serves /metrics,
+which vLLM answers on its API port.
+"""
 
 from __future__ import annotations
 
+from ..models import Engine
 from .common import Owner, object_meta, selector_labels
 
 HTTP_PORT = 80
@@ -9,6 +14,7 @@ HTTP_PORT = 80
 
 def build_service(owner: Owner) -> dict:
     runtime = owner.spec.runtime
+    metrics_target = "http" if runtime.engine == Engine.VLLM else "metrics"
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -21,7 +27,7 @@ def build_service(owner: Owner) -> dict:
                 {
                     "name": "metrics",
                     "port": runtime.metrics_port,
-                    "targetPort": "metrics",
+                    "targetPort": metrics_target,
                     "protocol": "TCP",
                 },
             ],

@@ -1,0 +1,101 @@
+"""Where the model comes from: the model volume and the init container that fills it.
+
+pvc:// mounts a claim read-only; oci:// copies a "modelcar" image's /models; s3://, http(s)://
+and hf:// run the fetcher (`python -m model_server.storage URI DIR`) of the model-server
+image. With `model.cachePvc` the fetched copy lands on that claim, under a directory named
+after the URI, so every replica and restart after the first finds it there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .common import Owner
+
+MODEL_DIR = "/mnt/models"
+MODEL_VOLUME = "model-store"
+FETCH_CONTAINER = "model-fetch"
+TMP_VOLUME = "tmp"
+# Characters kept in a cache directory name; anything else becomes "_".
+_UNSAFE = re.compile(r"[^A-Za-z0-9._@-]+")
+
+
+@dataclass
+class ModelStorage:
+    """The pod-level parts of the model's storage."""
+
+    volumes: list[dict]
+    init_containers: list[dict] = field(default_factory=list)
+    # The serving container's mount of the model volume at MODEL_DIR (read-only).
+    mount: dict = field(default_factory=dict)
+
+
+def cache_key(uri: str) -> str:
+    """A relative directory for `uri` on a cache claim: readable, without `..` or a leading /."""
+    scheme, rest = uri.split("://", 1)
+    parts = [_UNSAFE.sub("_", part) for part in rest.split("/") if part not in ("", ".", "..")]
+    parts = [p for p in parts if p.strip(".")]
+    return "/".join([scheme, *parts])
+
+
+def hub_env(owner: Owner) -> list[dict]:
+    """HF_TOKEN from the named Secret and HF_ENDPOINT for a mirror, as the spec asks."""
+    hub = owner.spec.model.hugging_face
+    env: list[dict] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}, {"name": "HF_HOME", "value": "/tmp/hf"}]
+    if hub is None:
+        return env
+    if hub.token_secret:
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hub.token_secret, "key": hub.token_key}}}
+        )
+    if hub.endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": hub.endpoint})
+    return env
+
+
+def model_storage(owner: Owner, env: list[dict], security_context: dict) -> ModelStorage:
+    """Volumes, init container and mount that put the model at MODEL_DIR, by URI scheme.
+
+    `env` is passed to the init container (the user's variables, e.g. AWS_* for s3://).
+    """
+    model = owner.spec.model
+    uri = model.uri
+    scheme, rest = uri.split("://", 1)
+    mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}
+    if scheme == "pvc":
+        claim, _, sub_path = rest.partition("/")
+        volume = {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        if sub_path:
+            mount["subPath"] = sub_path
+        return ModelStorage([volume], [], mount)
+
+    volumes: list[dict] = []
+    fetch_mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR}
+    if model.cache_pvc:
+        volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": model.cache_pvc}})
+        fetch_mount["subPath"] = mount["subPath"] = cache_key(uri)
+    else:
+        volumes.append({"name": MODEL_VOLUME, "emptyDir": {}})
+    init: dict[str, object] = {"name": FETCH_CONTAINER}
+    init_env = list(env)
+    mounts = [fetch_mount]
+    if scheme == "oci":
+        # A "modelcar" image: the model lives under /models of the image named by the URI.
+        init |= {"image": rest, "command": ["sh", "-c", f"cp -R /models/. {MODEL_DIR}/"]}
+    else:
+        command = ["python", "-m", "model_server.storage", uri, MODEL_DIR]
+        if model.sha256:  # checked before the file is renamed into place
+            command += ["--sha256", model.sha256]
+        init |= {"image": owner.fetcher_image, "command": command}
+    if scheme == "hf":
+        # huggingface_hub keeps its lock files and token under HF_HOME: a writable emptyDir.
+        init_env = [*hub_env(owner), *init_env]
+        mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
+    init |= {
+        "volumeMounts": mounts,
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
+        "securityContext": security_context,
+        "env": init_env,
+    }
+    return ModelStorage(volumes, [init], mount)

@@ -1,0 +1,80 @@
+"""The serving container for `runtime.engine: vllm`: vLLM's OpenAI-compatible server.
+
+One vLLM process per pod drives all of the pod's GPUs with tensor parallelism
+(`--tensor-parallel-size` = `resources.gpu.count`). It serves the OpenAI API (/v1/*), /health
+and its Prometheus metrics (`vllm:*`, /metrics) on one port. Every argument is one
+`--flag=value` token, so no value (a model name, a user's engine argument) can ever be read
+as a flag of its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .common import Owner
+
+CONTAINER = "vllm"
+# The module rather than the `vllm` CLI: the same in every image, whatever the distribution's name.
+COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+HEALTH_PATH = "/health"
+PROBE_PERIOD_SECONDS = 10
+
+
+def tensor_parallel_size(owner: Owner) -> int:
+    return max(owner.spec.resources.gpu.count, 1)
+
+
+def vllm_args(owner: Owner, model_dir: str) -> list[str]:
+    """The server's command line from the spec; the user's engine arguments come last and were
+    validated (models.vllm_arg_problem) not to touch any flag set here."""
+    runtime = owner.spec.runtime
+    args = [
+        f"--model={model_dir}",
+        f"--served-model-name={owner.model_name}",
+        f"--tensor-parallel-size={tensor_parallel_size(owner)}",
+        "--host=0.0.0.0",
+        f"--port={runtime.port}",
+    ]
+    if runtime.max_model_len is not None:
+        args.append(f"--max-model-len={runtime.max_model_len}")
+    return args + list(runtime.args)
+
+
+def vllm_env(env: list[dict]) -> list[dict]:
+    """The pod's environment plus what vLLM needs under a read-only root filesystem: a
+    writable HOME for its caches, and no Hub access (the model is already on disk)."""
+    ours = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+    ]
+    names = {e["name"] for e in env}
+    return [e for e in ours if e["name"] not in names] + env
+
+
+def _probe(period: int, failures: int) -> dict:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def vllm_container(owner: Owner, model_dir: str, env: list[dict], resources: dict, mounts: list[dict]) -> dict:
+    runtime = owner.spec.runtime
+    return {
+        "name": CONTAINER,
+        "image": owner.image,
+        "imagePullPolicy": runtime.image_pull_policy,
+        "command": list(COMMAND),
+        "args": vllm_args(owner, model_dir),
+        "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
+        "env": vllm_env(env),
+        "resources": resources,
+        "volumeMounts": mounts,
+        # Loading weights and compiling kernels of a large model takes minutes.
+        "startupProbe": _probe(PROBE_PERIOD_SECONDS, math.ceil(runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)),
+        "livenessProbe": _probe(10, 3),
+        "readinessProbe": _probe(5, 2),
+    }
