@@ -14,7 +14,7 @@ from typing import Self
 import pytest
 
 from inference_operator.autoscaler import promql
-from inference_operator.models import Metric
+from inference_operator.models import ENGINE_METRICS, Engine, Metric
 from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
 from tests.http_stub import QuietHandler, serving
 from testsupport.cluster import wait_for
@@ -31,7 +31,9 @@ def test_autoscaler_selector_quotes_label_values() -> None:
 @pytest.mark.parametrize("metric", list(Metric))
 def test_autoscaler_every_metric_has_a_query_selecting_the_service(metric: Metric) -> None:
     query = promql.metric_query(metric, "ml", "resnet", 60)
-    assert '{namespace="ml",model="resnet"}' in query
+    # vLLM labels its series with model_name (its served model name).
+    label = "model_name" if metric in ENGINE_METRICS[Engine.VLLM] else "model"
+    assert f'{{namespace="ml",{label}="resnet"}}' in query
     assert "[60s]" in query
 
 

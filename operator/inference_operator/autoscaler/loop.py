@@ -25,6 +25,7 @@ from ..models import (
     API_VERSION,
     KIND,
     AutoscalingSpec,
+    Engine,
     InferenceServiceSpec,
     Metric,
     SecretKeyRef,
@@ -48,11 +49,11 @@ class Queries:
     age: str
 
 
-def queries_for(scaling: AutoscalingSpec, namespace: str, model: str) -> Queries:
+def queries_for(scaling: AutoscalingSpec, namespace: str, model: str, engine: Engine = Engine.MODEL_SERVER) -> Queries:
     return Queries(
         value=promql.metric_query(scaling.metric, namespace, model, scaling.window_seconds),
-        latency_p95=promql.latency_ms(0.95, namespace, model, scaling.window_seconds),
-        age=promql.data_age_seconds(namespace, model),
+        latency_p95=promql.request_latency_ms(engine, namespace, model, scaling.window_seconds),
+        age=promql.data_age_seconds(namespace, model, engine),
     )
 
 
@@ -189,14 +190,14 @@ class Autoscaler:
         return self._client
 
     async def _observe(
-        self, scaling: AutoscalingSpec, model: str, ready: int | None
+        self, scaling: AutoscalingSpec, model: str, ready: int | None, engine: Engine = Engine.MODEL_SERVER
     ) -> tuple[Observation, float | None, CredentialsRefused | None]:
-        q = queries_for(scaling, self.namespace, model)
+        q = queries_for(scaling, self.namespace, model, engine)
         at = self.clock()
         try:
             client = await self._prometheus(scaling)
             wanted = [q.value, q.age]
-            if scaling.metric != Metric.LATENCY_P95_MS:
+            if q.latency_p95 != q.value:
                 wanted.append(q.latency_p95)
             answers = await _query_all(client, wanted)
         except CredentialsRefused as exc:
@@ -218,7 +219,9 @@ class Autoscaler:
         policy = Policy.from_spec(scaling)
         status = body.get("status") or {}
         ready = status.get("readyReplicas")
-        observation, p95_ms, refusal = await self._observe(scaling, spec.model.name or self.name, ready)
+        observation, p95_ms, refusal = await self._observe(
+            scaling, spec.model.name or self.name, ready, spec.runtime.engine
+        )
         generation = (body.get("metadata") or {}).get("generation") or 0
         current = self._current_replicas(spec.replicas, generation)
         decision = decide(observation, current, policy, self.history)

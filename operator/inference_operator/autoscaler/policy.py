@@ -28,7 +28,13 @@ from dataclasses import dataclass
 
 from ..models import AutoscalingSpec, Metric
 
-LATENCY_METRICS = (Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS)
+LATENCY_METRICS = (
+    Metric.LATENCY_P95_MS,
+    Metric.LATENCY_P99_MS,
+    Metric.TTFT_P95_MS,
+    Metric.ITL_P95_MS,
+    Metric.E2E_LATENCY_P95_MS,
+)
 # Guards ceil() against 2.0000000001-style float noise turning into an extra replica.
 _EPSILON = 1e-9
 

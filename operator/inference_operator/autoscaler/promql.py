@@ -2,13 +2,14 @@
 
 Pure string builders, shared by the built-in loop and the HPA/KEDA emitters, so every mode
 scales on the same numbers. Series are selected by the `namespace` target label Prometheus
-adds and the server's own `model` label. Per-pod metrics are averaged over scrape targets
-(`instance`), since HPA's formula wants a per-replica value.
+adds and the server's own model label (`model` for the model server, `model_name` for vLLM,
+whose metrics are read under their own `vllm:*` names). Per-pod metrics are averaged over
+scrape targets (`instance`), since HPA's formula wants a per-replica value.
 """
 
 from __future__ import annotations
 
-from ..models import Metric
+from ..models import Engine, Metric
 
 LATENCY_HISTOGRAM = "model_server_request_duration_seconds"
 REQUESTS_TOTAL = "model_server_requests_total"
@@ -18,13 +19,32 @@ GPU_UTILIZATION = "model_server_gpu_utilization_percent"
 
 QUANTILES = {Metric.LATENCY_P95_MS: 0.95, Metric.LATENCY_P99_MS: 0.99}
 
+# vLLM's metrics (as exported by vLLM 0.32's OpenAI server, V1 engine).
+VLLM_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_ITL = "vllm:inter_token_latency_seconds"
+VLLM_E2E = "vllm:e2e_request_latency_seconds"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_KV_CACHE = "vllm:kv_cache_usage_perc"
+VLLM_MODEL_LABEL = "model_name"
+# The vLLM latency metrics: histogram and quantile.
+VLLM_HISTOGRAMS = {
+    Metric.TTFT_P95_MS: (VLLM_TTFT, 0.95),
+    Metric.ITL_P95_MS: (VLLM_ITL, 0.95),
+    Metric.E2E_LATENCY_P95_MS: (VLLM_E2E, 0.95),
+}
+
 
 def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def selector(namespace: str, model: str) -> str:
-    return "{namespace=" + _quote(namespace) + ",model=" + _quote(model) + "}"
+def selector(namespace: str, model: str, model_label: str = "model") -> str:
+    return "{namespace=" + _quote(namespace) + "," + model_label + "=" + _quote(model) + "}"
+
+
+def vllm_selector(namespace: str, model: str) -> str:
+    return selector(namespace, model, VLLM_MODEL_LABEL)
 
 
 def latency_ms(quantile: float, namespace: str, model: str, window_seconds: int) -> str:
@@ -69,7 +89,36 @@ def gpu_utilization(namespace: str, model: str, window_seconds: int) -> str:
     )
 
 
+def vllm_latency_ms(histogram: str, quantile: float, namespace: str, model: str, window_seconds: int) -> str:
+    """A quantile of one of vLLM's latency histograms in ms; 0 while the pods are scraped but
+    idle (the same NaN guard as latency_ms, on vLLM's always-present waiting gauge)."""
+    sel = vllm_selector(namespace, model)
+    return (
+        f"(histogram_quantile({quantile}, sum by (le) (rate({histogram}_bucket{sel}[{window_seconds}s])))"
+        f" * 1000 >= 0) or (sum({VLLM_WAITING}{sel}) * 0)"
+    )
+
+
+def requests_waiting(namespace: str, model: str, window_seconds: int) -> str:
+    """Requests queued in vLLM's scheduler per pod (not yet running), averaged over the window."""
+    sel = vllm_selector(namespace, model)
+    return f"avg(sum by (instance) (avg_over_time({VLLM_WAITING}{sel}[{window_seconds}s])))"
+
+
+def kv_cache_usage(namespace: str, model: str, window_seconds: int) -> str:
+    """KV-cache use in percent (vLLM exports a 0..1 fraction), averaged over pods and window."""
+    sel = vllm_selector(namespace, model)
+    return f"100 * avg(sum by (instance) (avg_over_time({VLLM_KV_CACHE}{sel}[{window_seconds}s])))"
+
+
 def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int) -> str:
+    if metric in VLLM_HISTOGRAMS:
+        histogram, quantile = VLLM_HISTOGRAMS[metric]
+        return vllm_latency_ms(histogram, quantile, namespace, model, window_seconds)
+    if metric == Metric.REQUESTS_WAITING:
+        return requests_waiting(namespace, model, window_seconds)
+    if metric == Metric.KV_CACHE_USAGE:
+        return kv_cache_usage(namespace, model, window_seconds)
     if metric in QUANTILES:
         return latency_ms(QUANTILES[metric], namespace, model, window_seconds)
     if metric == Metric.QUEUE_DEPTH:
@@ -81,11 +130,21 @@ def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int
     raise ValueError(f"no query for metric {metric!r}")
 
 
-def data_age_seconds(namespace: str, model: str) -> str:
+def request_latency_ms(engine: Engine, namespace: str, model: str, window_seconds: int) -> str:
+    """p95 request latency (vLLM: end to end), shown in status next to the scaling metric."""
+    if engine == Engine.VLLM:
+        return vllm_latency_ms(VLLM_E2E, 0.95, namespace, model, window_seconds)
+    return latency_ms(0.95, namespace, model, window_seconds)
+
+
+def data_age_seconds(namespace: str, model: str, engine: Engine = Engine.MODEL_SERVER) -> str:
     """Seconds since the newest scraped sample of the service's always-present series.
 
     timestamp() of a plain selector returns the sample's own time; scrapes that fail mark
     series stale, so a dead service answers an empty vector rather than an old age.
     """
+    if engine == Engine.VLLM:
+        sel = vllm_selector(namespace, model)
+        return f"time() - max(timestamp({VLLM_WAITING}{sel}) or timestamp({VLLM_RUNNING}{sel}))"
     sel = selector(namespace, model)
     return f"time() - max(timestamp({QUEUE_DEPTH}{sel}) or timestamp({REQUESTS_TOTAL}{sel}))"
