@@ -23,3 +23,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# vLLM's CPU build, in its own venv outside the repository, for the LLM integration test
+# (tests/llm): about 1.5 min the first time, seconds when it is already there.
+bash scripts/setup-vllm.sh >/dev/null
