@@ -13,15 +13,19 @@ from inference_operator.builders.keda import (
     build_scaled_object,
     build_trigger_authentication,
 )
-from inference_operator.models import Metric, parse_spec
+from inference_operator.models import ENGINE_METRICS, Engine, Metric, parse_spec
 
 K8S_VERSION = "1.33"
 
 
 def owner(**autoscaling) -> Owner:
+    # vLLM's metrics need the vllm engine (the model server does not export them).
+    metric = Metric(autoscaling.get("metric", Metric.LATENCY_P95_MS))
+    engine = Engine.VLLM if metric in ENGINE_METRICS[Engine.VLLM] else Engine.MODEL_SERVER
     spec = parse_spec(
         {
             "model": {"uri": "pvc://models/resnet50", "name": "resnet-50"},
+            "runtime": {"engine": engine.value},
             "autoscaling": {"maxReplicas": 8, "target": 50, **autoscaling},
         }
     )
@@ -130,13 +134,25 @@ def test_autoscaler_hpa_is_valid_autoscaling_v2(metric: Metric) -> None:
     kubernetes_validate.validate(hpa, K8S_VERSION, strict=True)
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "resnet"}
     (spec,) = hpa["spec"]["metrics"]
-    if metric in (Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS):
+    # Series carry the model as `model` (model server) or `model_name` (vLLM).
+    label = "model_name" if metric in ENGINE_METRICS[Engine.VLLM] else "model"
+    service_wide = (
+        Metric.LATENCY_P95_MS,
+        Metric.LATENCY_P99_MS,
+        Metric.TTFT_P95_MS,
+        Metric.ITL_P95_MS,
+        Metric.E2E_LATENCY_P95_MS,
+        Metric.KV_CACHE_USAGE,
+    )
+    if metric in service_wide:
         assert spec["type"] == "External"
         assert spec["external"]["target"] == {"type": "Value", "value": "750m"}
-        assert spec["external"]["metric"]["selector"] == {"matchLabels": {"model": "resnet-50"}}
+        assert spec["external"]["metric"]["selector"] == {"matchLabels": {label: "resnet-50"}}
     else:
         assert spec["type"] == "Pods"
         assert spec["pods"]["target"] == {"type": "AverageValue", "averageValue": "750m"}
+        if metric != Metric.GPU_UTILIZATION:
+            assert spec["pods"]["metric"]["selector"] == {"matchLabels": {label: "resnet-50"}}
 
 
 def test_autoscaler_hpa_carries_bounds_behavior_and_the_promql() -> None:
