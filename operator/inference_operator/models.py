@@ -363,12 +363,6 @@ class ModelSpec(_Spec):
         "content before the server sees it.",
     )
 
-    @model_validator(mode="after")
-    def _sha256_for_one_file(self) -> ModelSpec:
-        if self.sha256 is not None and not self.uri.startswith("http"):
-            raise ValueError(SHA256_MESSAGE)
-        return self
-
     @property
     def scheme(self) -> str:
         return self.uri.split("://", 1)[0]

@@ -9,6 +9,7 @@ the verdict a real one would (CEL through cel.py).
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
 from collections.abc import Iterable, Iterator
@@ -84,7 +85,7 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
         result = dict(value)
         for name, sub in props.items():
             if name not in result and "default" in sub:
-                result[name] = sub["default"]
+                result[name] = copy.deepcopy(sub["default"])  # never share the schema's own value
             if name in result:
                 result[name] = apply_defaults(sub, result[name])
         if isinstance(schema.get("additionalProperties"), dict):
@@ -115,9 +116,15 @@ def unknown_fields(schema: dict[str, Any], value: Any, path: str = "") -> Iterat
 
 
 @functools.cache
+def _schema() -> dict[str, Any]:
+    """The CRD's schema, built once and only read (the generator takes tens of milliseconds)."""
+    return open_api_schema()
+
+
+@functools.cache
 def _validator() -> jsonschema.Draft4Validator:
     # OpenAPI v3.0's exclusiveMinimum/Maximum are draft-04 booleans.
-    schema = open_api_schema()
+    schema = open_api_schema()  # a copy of its own
     schema["properties"]["metadata"] = METADATA_SCHEMA
     return jsonschema.Draft4Validator(schema)
 
@@ -155,7 +162,7 @@ def too_deep(obj: Any, limit: int = MAX_DEPTH) -> str | None:
 
 def default_custom_resource(obj: dict[str, Any]) -> dict[str, Any]:
     """The object as the API server stores it: schema defaults filled (input left unchanged)."""
-    result: dict[str, Any] = apply_defaults(open_api_schema(), obj)
+    result: dict[str, Any] = apply_defaults(_schema(), obj)
     return result
 
 
@@ -172,7 +179,7 @@ def validate_custom_resource(obj: Any) -> list[str]:
         return [f"<root>: expected a mapping, got {type(obj).__name__}"]
     if deep := too_deep(obj):
         return [f"{deep}: nested deeper than {MAX_DEPTH} levels"]
-    schema = open_api_schema()
+    schema = _schema()
     errors = [
         f"{path}: unknown field" + _hint(path)
         for path in unknown_fields(schema, obj)

@@ -122,6 +122,7 @@ VIOLATIONS = [
         "CPUExecutionProvider",
     ),
     ({"scheduling": {"nodeSelector": {"bad key!": "x"}}}, "spec.scheduling.nodeSelector", "valid label key"),
+    ({"model": {"uri": "pvc://m/x", "sha256": "0" * 64}}, "spec.model.sha256", "applies to http(s)://"),
     ({"runtime": {"args": ["--log-level=info", "--port=1"]}}, "spec.runtime.args", "must not set the flags"),
     ({"runtime": {"args": ["--po", "1"]}}, "spec.runtime.args", "must not set the flags"),
     ({"runtime": {"args": ["--host=127.0.0.1"]}}, "spec.runtime.args", "must not set the flags"),
@@ -162,7 +163,7 @@ def test_other_server_flags_are_allowed(args: list[str]) -> None:
 
 @pytest.mark.parametrize(("patch", "field", "message"), VIOLATIONS)
 def test_rules_refuse_what_they_should_and_name_the_field(patch: dict, field: str, message: str) -> None:
-    spec = {"model": {"uri": "pvc://models/m"}, **patch}
+    spec = {"model": {"uri": "pvc://models/m"}} | patch
     errors = cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec)))
     assert len(errors) == 1, errors
     assert errors[0].startswith(field + ":") and message in errors[0], errors

@@ -37,6 +37,15 @@ def test_defaults_are_filled_as_the_api_server_stores_them() -> None:
     assert "autoscaling" not in stored["spec"]
 
 
+def test_stored_defaults_are_copies_not_the_schemas_own() -> None:
+    first = default_custom_resource(cr({"model": {"uri": "pvc://m"}}))
+    first["spec"]["runtime"]["env"].append({"name": "A", "value": "b"})
+    first["spec"]["runtime"]["executionProviders"].clear()
+    second = default_custom_resource(cr({"model": {"uri": "pvc://m"}}))
+    assert second["spec"]["runtime"]["env"] == []
+    assert len(second["spec"]["runtime"]["executionProviders"]) == 3
+
+
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
