@@ -250,3 +250,29 @@ def test_unknown_fields_are_named() -> None:
 def test_quantities_accept_numbers() -> None:
     spec = parse_spec({"model": {"uri": "pvc://m"}, "resources": {"cpu": 8, "memory": "64Gi"}})
     assert spec.resources.cpu == "8"
+
+
+def _schema_nodes(node: dict, path: str) -> list[tuple[str, dict]]:
+    found = [(path, node)]
+    for name, child in (node.get("properties") or {}).items():
+        found += _schema_nodes(child, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            found += _schema_nodes(node[key], f"{path}[{key}]")
+    return found
+
+
+def test_schema_is_structural() -> None:
+    """What the API server demands of a CRD schema, checked before a field reaches a cluster:
+    every node typed, objects either with declared fields or a value schema, no free `anyOf`."""
+    for path, node in _schema_nodes(crd_schema(), "<root>"):
+        if path == "<root>.metadata":
+            assert node == {"type": "object"}, path
+            continue
+        assert "type" in node or node.get("x-kubernetes-int-or-string") is True, f"{path}: no type"
+        assert not ("properties" in node and "additionalProperties" in node), f"{path}: properties and a value schema"
+        assert not isinstance(node.get("additionalProperties"), bool), f"{path}: additionalProperties must be a schema"
+        if "anyOf" in node:
+            assert node.get("x-kubernetes-int-or-string") is True, f"{path}: anyOf outside int-or-string"
+        if node.get("type") == "array":
+            assert isinstance(node.get("items"), dict), f"{path}: an array needs items"
