@@ -140,6 +140,7 @@ VIOLATIONS = [
         "the engine exports",
     ),
     ({"routing": {"endpointPicker": {"name": "epp"}}}, "spec.routing.endpointPicker", "inferencePool: true"),
+    ({"model": {"uri": "s3://b/m/", "sha256": "ab" * 32}}, "spec.model.sha256", "applies to http(s)://"),
 ]
 
 VLLM_ARGS_ACCEPTED = ["--max-num-seqs=4", "--enforce-eager", "--dtype=bfloat16", "--hf-overrides.rope_scaling=x"]
