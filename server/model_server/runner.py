@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY, start_http_server
 
 from .app import create_app
 from .lifecycle import Shutdown
+from .protocol import ConnectionLimits, LimitedHttpProtocol
 from .settings import ServerSettings
 
 log = logging.getLogger("model_server")
@@ -51,6 +52,15 @@ class GracefulServer(uvicorn.Server):
             self.lifecycle.stop()
 
 
+def connection_limits(settings: ServerSettings) -> ConnectionLimits:
+    return ConnectionLimits(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        max_connections=settings.max_connections,
+    )
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
@@ -74,6 +84,7 @@ def serve(settings: ServerSettings) -> int:
         access_log=settings.access_log,
         timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
         lifespan="on",
+        http=LimitedHttpProtocol.with_limits(connection_limits(settings)),
     )
     server = GracefulServer(config, settings, shutdown)
     # uvicorn re-raises the caught signal after a graceful stop; a no-op handler

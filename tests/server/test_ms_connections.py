@@ -1,0 +1,174 @@
+"""Connection limits of a real server process, with real sockets on loopback: slow or
+silent clients are dropped after the header or body timeout, header bytes and open
+connections are capped, and well-behaved clients keep being served meanwhile."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from testsupport.onnx_models import affine_model
+from testsupport.processes import free_port, running, serve_command
+
+pytestmark = pytest.mark.slow
+
+HEADER_TIMEOUT = 1.0
+BODY_TIMEOUT = 1.5
+MAX_CONNECTIONS = 40
+MAX_HEADER_BYTES = 4096
+
+
+class Server:
+    def __init__(self, port: int, pid: int) -> None:
+        self.port = port
+        self.pid = pid
+        self.url = f"http://127.0.0.1:{port}"
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=10)
+
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("connections") / "repo"
+    affine_model(repo / "1" / "model.onnx", np.ones((4, 3), np.float32), np.zeros(3, np.float32))
+    port = free_port()
+    flags = ["--model-name", "tiny", "--no-watch", "--log-level", "warning", "--intra-op-threads", "1"]
+    flags += ["--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT)]
+    flags += ["--max-connections", str(MAX_CONNECTIONS), "--max-header-bytes", str(MAX_HEADER_BYTES)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    url = f"http://127.0.0.1:{port}/health/ready"
+    with running(serve_command(repo, port, *flags), env=env, ready_url=url) as process:
+        yield Server(port, process.pid)
+
+
+def read_until_closed(conn: socket.socket, limit: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes (or `limit` s pass), and when it closed."""
+    started = time.monotonic()
+    conn.settimeout(0.2)
+    data = b""
+    while time.monotonic() - started < limit:
+        try:
+            chunk = conn.recv(4096)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data, time.monotonic() - started
+
+
+def live(server: Server) -> bool:
+    return httpx.get(f"{server.url}/health/live", timeout=5).status_code == 200
+
+
+def test_silent_connection_is_closed_after_the_header_timeout(server):
+    with server.connect() as conn:
+        reply, took = read_until_closed(conn, limit=10 * HEADER_TIMEOUT)
+    assert took < 3 * HEADER_TIMEOUT, "the server kept a silent connection open"
+    assert reply.startswith(b"HTTP/1.1 408")
+
+
+def test_slowloris_headers_are_cut_off_at_the_header_timeout(server):
+    """Headers dribbled a few bytes at a time, each well within any idle timeout."""
+    request = b"GET /health/live HTTP/1.1\r\nHost: test\r\n" + b"X-Padding: y\r\n" * 200
+    conns = [server.connect() for _ in range(10)]
+    started = time.monotonic()
+    closed_after: dict[int, float] = {}
+    try:
+        sent = 0
+        while len(closed_after) < len(conns) and time.monotonic() - started < 10 * HEADER_TIMEOUT:
+            for index, conn in enumerate(conns):
+                if index in closed_after:
+                    continue
+                try:
+                    conn.sendall(request[sent : sent + 3])
+                except OSError:  # reset: the server has closed it
+                    closed_after[index] = time.monotonic() - started
+            sent += 3
+            time.sleep(0.05)
+            for index, conn in enumerate(conns):
+                if index not in closed_after:
+                    conn.settimeout(0.001)
+                    with contextlib.suppress(TimeoutError, BlockingIOError):
+                        conn.recv(4096)  # the 408, or the close
+                        closed_after[index] = time.monotonic() - started
+    finally:
+        for conn in conns:
+            conn.close()
+    print(f"slow clients dropped after {max(closed_after.values(), default=float('nan')):.2f}s")
+    assert len(closed_after) == len(conns), "slow clients still connected"
+    assert max(closed_after.values()) < 3 * HEADER_TIMEOUT
+    assert live(server)
+
+
+def test_slow_body_is_cut_off_at_the_body_timeout_with_408(server):
+    with server.connect() as conn:
+        conn.sendall(
+            b"POST /infer HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"data": ['
+        )
+        reply, took = read_until_closed(conn, limit=10 * BODY_TIMEOUT)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert b"body not received" in reply
+    assert took < BODY_TIMEOUT + 2 * HEADER_TIMEOUT
+    assert live(server)
+
+
+def test_endless_headers_are_refused_with_431(server):
+    with server.connect() as conn:
+        conn.sendall(b"GET /health/live HTTP/1.1\r\nHost: test\r\n")
+        with contextlib.suppress(OSError):
+            for _ in range(2 * MAX_HEADER_BYTES // 1024):
+                conn.sendall(b"X-Long: " + b"a" * 1014 + b"\r\n")
+        reply, _ = read_until_closed(conn, limit=5)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:200]
+
+
+def test_connections_beyond_the_cap_are_closed_at_once_and_fds_stay_bounded(server):
+    baseline = server.open_fds()
+    conns = [server.connect() for _ in range(3 * MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.3)
+        held = server.open_fds() - baseline
+        refused = 0
+        for conn in conns:
+            conn.settimeout(0.5)
+            with contextlib.suppress(TimeoutError):
+                if conn.recv(4096).startswith(b"HTTP/1.1 503"):
+                    refused += 1
+        # Once the half-open ones time out, a new client is served again.
+        deadline = time.monotonic() + 10 * HEADER_TIMEOUT
+        while server.open_fds() > baseline + 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        after = server.open_fds() - baseline
+    finally:
+        for conn in conns:
+            conn.close()
+    print(f"{len(conns)} connections: server held {held} more fds, {refused} refused with 503, {after} left after")
+    assert held <= MAX_CONNECTIONS + 2
+    assert refused >= len(conns) - MAX_CONNECTIONS - 2
+    assert after <= 2
+    assert live(server)
+
+
+def test_keep_alive_clients_are_served_across_requests(server):
+    with httpx.Client(base_url=server.url) as client:
+        first = client.post("/infer", json={"data": [1, 2, 3, 4]})
+        time.sleep(HEADER_TIMEOUT / 2)
+        second = client.post("/infer", json={"data": [1, 2, 3, 4]})
+    assert first.status_code == second.status_code == 200
+    assert first.json()["result"] == second.json()["result"] == [10.0, 10.0, 10.0]
