@@ -193,6 +193,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         declare(self, "autoscaling/v2/horizontalpodautoscalers", "HorizontalPodAutoscaler", subresources=("status",))
         declare(self, "keda.sh/v1alpha1/scaledobjects", "ScaledObject", subresources=("status",))
         declare(self, "v1/secrets", "Secret")
+        declare(self, "resource.k8s.io/v1/resourceclaimtemplates", "ResourceClaimTemplate")
 
     # --- request handling -------------------------------------------------------------------
 

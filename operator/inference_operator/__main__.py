@@ -14,7 +14,8 @@ from typing import TextIO
 import yaml
 
 from .builders import Owner, build_all
-from .models import API_VERSION, KIND, SpecError, parse_spec
+from .models import API_VERSION, KIND, GpuAllocation, ResourceNaming, SpecError, parse_spec
+from .settings import SUPPLEMENTAL_GROUPS_ENV, GpuDefaults, SettingsError, operator_gpu_defaults, parse_groups
 from .validation import validate_custom_resource
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -24,8 +25,11 @@ class RenderError(Exception):
     """A document that is not a renderable InferenceService; the message names where."""
 
 
-def render_documents(documents: Iterable[object], source: str = "<stdin>") -> list[dict]:
-    """Every object the operator would create for the InferenceServices among `documents`.
+def render_documents(
+    documents: Iterable[object], source: str = "<stdin>", gpu_defaults: GpuDefaults | None = None
+) -> list[dict]:
+    """Every object the operator would create for the InferenceServices among `documents`, with
+    `gpu_defaults` as the operator's GPU settings (its environment's when None).
 
     Each document first gets the API server's verdict (schema, defaults and CEL rules of the
     CRD): what `kubectl apply` would refuse, render refuses, naming the field.
@@ -56,6 +60,7 @@ def render_documents(documents: Iterable[object], source: str = "<stdin>") -> li
                 namespace=meta.get("namespace", "default"),
                 uid=meta.get("uid", PLACEHOLDER_UID),
                 spec=spec,
+                gpu_defaults=gpu_defaults or operator_gpu_defaults(),
             )
         except SpecError as exc:
             raise RenderError(f"{where}: {exc}") from exc
@@ -63,7 +68,29 @@ def render_documents(documents: Iterable[object], source: str = "<stdin>") -> li
     return objects
 
 
+def _gpu_defaults(args: argparse.Namespace) -> GpuDefaults:
+    """The operator's GPU settings as a cluster would have them: environment, then flags."""
+    try:
+        defaults = operator_gpu_defaults()
+    except SettingsError as exc:
+        raise RenderError(str(exc)) from exc
+    groups = defaults.supplemental_groups
+    if args.gpu_supplemental_groups is not None:
+        try:
+            groups = parse_groups(args.gpu_supplemental_groups, "--gpu-supplemental-groups")
+        except SettingsError as exc:
+            raise RenderError(str(exc)) from exc
+    return GpuDefaults(
+        allocation=GpuAllocation(args.gpu_allocation) if args.gpu_allocation else defaults.allocation,
+        resource_naming=(
+            ResourceNaming(args.gpu_resource_naming) if args.gpu_resource_naming else defaults.resource_naming
+        ),
+        supplemental_groups=groups,
+    )
+
+
 def _render(args: argparse.Namespace, out: TextIO) -> int:
+    gpu_defaults = _gpu_defaults(args)
     objects: list[dict] = []
     for path in args.filename:
         try:
@@ -77,13 +104,19 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
                 raise RenderError(f"{path}: not valid YAML: {exc}") from exc
             except RecursionError as exc:
                 raise RenderError(f"{path}: not valid YAML: nested too deeply") from exc
-        objects.extend(render_documents(documents, source=path))
+        objects.extend(render_documents(documents, source=path, gpu_defaults=gpu_defaults))
     yaml.safe_dump_all(objects, out, sort_keys=False)
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
     import kopf
+
+    try:
+        operator_gpu_defaults()  # a bad chart value stops the operator here, named, not per reconcile
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     from . import handlers  # noqa: F401  (registers the handlers)
 
@@ -114,6 +147,20 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         help="InferenceService YAML file ('-' for stdin); repeatable",
+    )
+    # The operator's GPU settings (chart values gpu.*) for fields a spec leaves unset.
+    render.add_argument(
+        "--gpu-allocation", choices=[a.value for a in GpuAllocation], help="operator default of gpu.allocation"
+    )
+    render.add_argument(
+        "--gpu-resource-naming",
+        choices=[n.value for n in ResourceNaming],
+        help="the device plugin's resource naming strategy on the cluster (operator default)",
+    )
+    render.add_argument(
+        "--gpu-supplemental-groups",
+        metavar="GIDS",
+        help=f"the hosts' video/render GIDs, e.g. 44,992 (operator default; {SUPPLEMENTAL_GROUPS_ENV})",
     )
 
     run = commands.add_parser("run", help="run the operator")

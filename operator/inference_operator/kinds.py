@@ -36,6 +36,15 @@ class Kind:
 # Owned kinds in the order they are applied (a TriggerAuthentication before the ScaledObject
 # that names it).
 KINDS: tuple[Kind, ...] = (
+    # resources.gpu.allocation: dra; before the Deployment whose pods reference it. Served by
+    # Kubernetes 1.34+ (older clusters serve DRA only as beta, if at all).
+    Kind(
+        "resource.k8s.io/v1",
+        "ResourceClaimTemplate",
+        "resourceclaimtemplates",
+        owned=True,
+        addon="Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+)",
+    ),
     Kind("apps/v1", "Deployment", "deployments", owned=True),
     Kind("v1", "Service", "services", owned=True),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", owned=True),

@@ -27,6 +27,11 @@ SHORT_NAME = "ris"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 GPU_RESOURCE = "amd.com/gpu"
+# The AMD DRA driver's DeviceClass (ROCm/k8s-gpu-dra-driver, GPU Operator 1.5+).
+DRA_DEVICE_CLASS = "gpu.amd.com"
+# Compute x memory partition modes as the device plugin and the DRA driver name them (the
+# lower-cased sysfs current_compute_partition and current_memory_partition joined by "_").
+PARTITION_PATTERN = r"^(spx|dpx|tpx|qpx|cpx)_(nps1|nps2|nps4|nps8)$"
 DEFAULT_IMAGE = "ghcr.io/rocm-inference/model-server:0.1.0"
 # vLLM's ROCm build of its OpenAI-compatible server; the operator's --vllm-image overrides it.
 DEFAULT_VLLM_IMAGE = "docker.io/vllm/vllm-openai-rocm:v0.32.0"
@@ -408,7 +413,9 @@ _ENV_MESSAGE = "runtime.env must not set the variables the operator sets (GPUs: 
 
 
 def _default_providers() -> list[ExecutionProvider]:
-    return [ExecutionProvider.MIGRAPHX, ExecutionProvider.ROCM, ExecutionProvider.CPU]
+    # MIGraphX is AMD's supported ONNX Runtime path; the ROCm provider left ONNX Runtime in 1.23
+    # and is only an opt-in fallback for images that still carry onnxruntime-rocm <= 1.22.
+    return [ExecutionProvider.MIGRAPHX, ExecutionProvider.CPU]
 
 
 def _cel_string(pattern: str) -> str:
@@ -499,8 +506,26 @@ class RuntimeSpec(_Spec):
     )
 
 
+class GpuAllocation(StrEnum):
+    """How a pod gets its GPUs: the device plugin's extended resource, or a DRA ResourceClaim."""
+
+    DEVICE_PLUGIN = "devicePlugin"
+    DRA = "dra"
+
+
+class ResourceNaming(StrEnum):
+    """The device plugin's --resource_naming_strategy: `single` advertises every GPU and partition
+    as amd.com/gpu; `mixed` advertises partitions as amd.com/<compute>_<memory>."""
+
+    SINGLE = "single"
+    MIXED = "mixed"
+
+
+_DEVICES = "self.visibleDevices.split(',')"
+
+
 class GpuSpec(_Spec):
-    """AMD GPUs per replica, and which nodes may host them (AMD GPU labeller labels)."""
+    """AMD GPUs (or GPU partitions) per replica, how they are allocated and which may be used."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -510,42 +535,87 @@ class GpuSpec(_Spec):
                 "GPU placement fields are set but resources.gpu.count is 0",
             ),
             cel(
-                "!has(self.visibleDevices) || !has(self.count) || size(self.visibleDevices.split(',')) == self.count",
+                f"!has(self.visibleDevices) || !has(self.count) || size({_DEVICES}) == self.count",
                 "resources.gpu.visibleDevices must list exactly resources.gpu.count devices",
+                ".visibleDevices",
+            ),
+            cel(
+                f"!has(self.visibleDevices) || !has(self.count) || {_DEVICES}.all(d, int(d) < self.count)",
+                "resources.gpu.visibleDevices may only name devices 0 to resources.gpu.count-1 (indices within the "
+                "pod's own GPUs)",
+                ".visibleDevices",
+            ),
+            cel(
+                f"!has(self.visibleDevices) || {_DEVICES}.all(d, {_DEVICES}.exists_one(e, int(e) == int(d)))",
+                "resources.gpu.visibleDevices must not name a device twice",
+                ".visibleDevices",
             ),
         )
     )
 
-    count: int = Field(1, ge=0, le=16, description="amd.com/gpu per replica (0 runs on CPU).")
+    count: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description="GPUs (or GPU partitions) per replica: amd.com/gpu, amd.com/<partition> under mixed naming, "
+        "or the count of a DRA claim; 0 runs on CPU.",
+    )
+    allocation: GpuAllocation | None = Field(
+        None,
+        description="devicePlugin asks for an extended resource; dra for a ResourceClaim of deviceClassName "
+        "(resource.k8s.io/v1, Kubernetes 1.34+). Unset: the operator's default (chart value gpu.allocation).",
+    )
+    resource_naming: ResourceNaming | None = Field(
+        None,
+        description="The device plugin's resource naming strategy on the cluster: mixed turns partition into "
+        "the resource amd.com/<partition>. Unset: the operator's default (chart value gpu.resourceNaming).",
+    )
+    device_class_name: str = Field(
+        DRA_DEVICE_CLASS,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        max_length=253,
+        description="DeviceClass of the DRA claim (allocation dra).",
+    )
     product_name: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.-]+$",
         max_length=63,
-        description="Required value of the node label amd.com/gpu.product-name, e.g. AMD_Instinct_MI300X_OAM.",
+        description="Product name, e.g. AMD_Instinct_MI300X_OAM: node label amd.com/gpu.product-name, or the "
+        "DRA attribute productName.",
     )
     family: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9_.-]+$",
         max_length=63,
-        description="Required value of the node label amd.com/gpu.family, e.g. AI.",
+        description="GPU family, e.g. AI: node label amd.com/gpu.family, or the DRA attribute family.",
     )
     vram: str | None = Field(
         None,
         pattern=r"^[0-9]+[GM]$",
         max_length=16,
-        description="Required value of the node label amd.com/gpu.vram, e.g. 192G.",
+        description="Memory per GPU or partition, e.g. 192G: node label amd.com/gpu.vram, or the DRA capacity "
+        "memory rounded the same way.",
     )
     partition: str | None = Field(
         None,
-        pattern=r"^[a-z]+_[a-z0-9]+$",
+        pattern=PARTITION_PATTERN,
         max_length=32,
-        description="Required value of the node label amd.com/compute-memory-partition, e.g. cpx_nps4.",
+        description="Compute and memory partition mode, e.g. cpx_nps4: the resource amd.com/<partition> under "
+        "mixed naming, the node label amd.com/gpu.compute-memory-partition under single naming, or the DRA "
+        "attribute partitionProfile.",
     )
     visible_devices: str | None = Field(
         None,
         pattern=r"^[0-9]+(,[0-9]+)*$",
         max_length=64,
-        description="Overrides ROCR_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES (default 0..count-1).",
+        description="Order of the pod's GPUs for ROCR_VISIBLE_DEVICES, a permutation of 0..count-1 (the default); "
+        "HIP_VISIBLE_DEVICES is always 0..count-1 of those.",
+    )
+    supplemental_groups: list[Annotated[int, Field(ge=0, le=4294967295)]] | None = Field(
+        None,
+        max_length=8,
+        description="Pod supplemental groups that may open /dev/kfd and /dev/dri/renderD* (the host's video and "
+        "render GIDs). Unset: the operator's default (chart value gpu.supplementalGroups).",
     )
 
 

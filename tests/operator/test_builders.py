@@ -43,11 +43,16 @@ def test_gpu_count_becomes_limit_request_and_visible_devices(count: int) -> None
     assert pod(d)["securityContext"]["supplementalGroups"] == [44, 109]
 
 
-def test_visible_devices_set_both_variables_and_env_adds_its_own() -> None:
+def test_visible_devices_order_rocr_and_user_env_is_kept() -> None:
     d = build_deployment(
-        owner(resources={"gpu": {"count": 2, "visibleDevices": "4,5"}}, runtime={"env": [{"name": "X", "value": "y"}]})
+        owner(
+            resources={"gpu": {"count": 2, "visibleDevices": "1,0"}},
+            runtime={"env": [{"name": "X", "value": "y"}]},
+        )
     )
-    assert env(d)["ROCR_VISIBLE_DEVICES"] == env(d)["HIP_VISIBLE_DEVICES"] == "4,5"
+    # ROCr exposes the pod's devices in this order; HIP indexes what ROCr exposes.
+    assert env(d)["ROCR_VISIBLE_DEVICES"] == "1,0"
+    assert env(d)["HIP_VISIBLE_DEVICES"] == "0,1"
     assert env(d)["X"] == "y"
 
 
@@ -84,13 +89,18 @@ def test_gpu_placement_becomes_required_node_affinity() -> None:
         )
     )
     terms = pod(d)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    expressions = {e["key"]: e["values"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]}
-    assert expressions == {
+    # Two alternatives (terms are ORed): the partition label in each of its two spellings,
+    # each with every other label (expressions within a term are ANDed).
+    alternatives = [{e["key"]: e["values"] for e in t["matchExpressions"]} for t in terms["nodeSelectorTerms"]]
+    others = {
         "amd.com/gpu.product-name": ["AMD_Instinct_MI300X_OAM"],
         "amd.com/gpu.family": ["AI"],
         "amd.com/gpu.vram": ["192G"],
-        "amd.com/compute-memory-partition": ["cpx_nps4"],
     }
+    assert alternatives == [
+        {**others, "amd.com/gpu.compute-memory-partition": ["cpx_nps4"]},
+        {**others, "amd.com/compute-memory-partition": ["cpx_nps4"]},
+    ]
     assert "affinity" not in pod(build_deployment(owner()))
 
 

@@ -114,7 +114,9 @@ def test_rules_hold_on_full_objects(document: dict[str, Any]) -> None:
 VIOLATIONS = [
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "spec.autoscaling.minReplicas", "<="),
     ({"resources": {"gpu": {"count": 0, "productName": "X"}}}, "spec.resources.gpu", "count is 0"),
-    ({"resources": {"gpu": {"count": 2, "visibleDevices": "0"}}}, "spec.resources.gpu", "visibleDevices"),
+    ({"resources": {"gpu": {"count": 2, "visibleDevices": "0"}}}, "spec.resources.gpu.visibleDevices", "exactly"),
+    ({"resources": {"gpu": {"count": 2, "visibleDevices": "0,2"}}}, "spec.resources.gpu.visibleDevices", "count-1"),
+    ({"resources": {"gpu": {"count": 2, "visibleDevices": "1,1"}}}, "spec.resources.gpu.visibleDevices", "twice"),
     ({"runtime": {"port": 9090, "metricsPort": 9090}}, "spec.runtime", "must differ"),
     (
         {"resources": {"gpu": {"count": 0}}, "runtime": {"executionProviders": ["ROCMExecutionProvider"]}},

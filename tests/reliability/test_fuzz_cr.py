@@ -72,7 +72,9 @@ def assert_renders_valid(spec) -> None:
     for obj in build_all(Owner(name="fuzz", namespace="ml", uid="u-1", spec=spec)):
         if obj["apiVersion"].startswith(("keda.sh/", "inference.networking.k8s.io/")):
             continue  # an add-on's CRD (KEDA, Inference Extension): kubernetes-validate has no schema for it
-        kubernetes_validate.validate(obj, "1.33", strict=True)
+        # resource.k8s.io/v1 (allocation: dra) is served from Kubernetes 1.34 on.
+        version = "1.34" if obj["apiVersion"].startswith("resource.k8s.io/") else "1.33"
+        kubernetes_validate.validate(obj, version, strict=True)
         assert api_server_problems(obj) == []
 
 

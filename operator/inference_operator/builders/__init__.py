@@ -6,6 +6,7 @@ from ..kinds import OWNED_KINDS
 from ..models import AutoscalingMode
 from .common import Owner, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
+from .gpu import build_resource_claim_template, needs_claim_template
 from .hpa import build_hpa
 from .inference_pool import build_inference_pool
 from .keda import build_scaled_object, build_trigger_authentication
@@ -15,7 +16,10 @@ from .service import build_service
 
 def build_all(owner: Owner) -> list[dict]:
     """Every object the InferenceService should have right now, in apply order."""
-    objects = [build_deployment(owner), build_service(owner)]
+    objects = []
+    if needs_claim_template(owner):
+        objects.append(build_resource_claim_template(owner))  # before the pods that reference it
+    objects += [build_deployment(owner), build_service(owner)]
     if needs_pdb(owner):
         objects.append(build_pdb(owner))
     scaling = owner.spec.autoscaling
@@ -38,6 +42,7 @@ __all__ = [
     "build_hpa",
     "build_inference_pool",
     "build_pdb",
+    "build_resource_claim_template",
     "build_scaled_object",
     "build_service",
     "desired_replicas",

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..models import API_VERSION, DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, KIND, Engine, InferenceServiceSpec, check_name
+from ..settings import GpuDefaults, operator_gpu_defaults
 
 MANAGER = "rocm-inference-operator"
 COMPONENT = "predictor"
@@ -48,6 +49,8 @@ class Owner:
     uid: str
     spec: InferenceServiceSpec
     images: Images = field(default_factory=Images.from_environment)
+    # What the spec leaves unset about GPUs: the operator's settings (chart values gpu.*).
+    gpu_defaults: GpuDefaults = field(default_factory=operator_gpu_defaults)
 
     def __post_init__(self) -> None:
         check_name(self.name)  # every object is named after it: refuse a name a Service cannot take

@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import math
 
-from ..models import GPU_RESOURCE, AutoscalingMode, Engine, InferenceServiceSpec
+from ..models import AutoscalingMode, Engine, InferenceServiceSpec
 from .common import Owner, object_meta, selector_labels, standard_labels
+from .gpu import GpuWiring, gpu_wiring
 from .storage import MODEL_DIR, model_storage
 from .vllm import vllm_container
 
 CONTAINER = "model-server"
-# Host groups that own /dev/kfd and /dev/dri/renderD* on common ROCm hosts (video, render):
-# the device plugin maps the devices in, these let a non-root process open them.
-GPU_GROUPS = [44, 109]
 RUN_AS_USER = 1000
-GPU_TAINT_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-# AMD GPU node labeller labels, keyed by the GpuSpec field that selects on them.
-GPU_NODE_LABELS = {
-    "product_name": "amd.com/gpu.product-name",
-    "family": "amd.com/gpu.family",
-    "vram": "amd.com/gpu.vram",
-    "partition": "amd.com/compute-memory-partition",
-}
 PROBE_PERIOD_SECONDS = 10
 # SIGTERM → the server keeps answering (unready) while endpoints catch up, then drains; both
 # fit inside the grace period, so the kubelet never kills a pod with requests in flight.
@@ -38,11 +28,6 @@ def desired_replicas(spec: InferenceServiceSpec) -> int | None:
     if scaling.mode != AutoscalingMode.BUILTIN:
         return None
     return min(max(spec.replicas, scaling.min_replicas), scaling.max_replicas)
-
-
-def visible_devices(spec: InferenceServiceSpec) -> str:
-    gpu = spec.resources.gpu
-    return gpu.visible_devices or ",".join(str(i) for i in range(gpu.count))
 
 
 def server_args(owner: Owner) -> list[str]:
@@ -83,24 +68,21 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def _env(spec: InferenceServiceSpec) -> list[dict]:
-    env: dict[str, str] = {}
-    if spec.resources.gpu.count:
-        devices = visible_devices(spec)
-        env["ROCR_VISIBLE_DEVICES"] = devices
-        env["HIP_VISIBLE_DEVICES"] = devices
-    for var in spec.runtime.env:  # the user's values win over ours
+def _env(spec: InferenceServiceSpec, gpus: GpuWiring) -> list[dict]:
+    env = dict(gpus.env)
+    for var in spec.runtime.env:  # never one the operator sets: the schema refuses those
         env[var.name] = var.value
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def _resources(spec: InferenceServiceSpec) -> dict:
+def _resources(spec: InferenceServiceSpec, gpus: GpuWiring) -> dict:
     res = spec.resources
     # requests == limits: Guaranteed QoS, so latency does not depend on the neighbours.
-    amounts = {"cpu": res.cpu, "memory": res.memory}
-    if res.gpu.count:
-        amounts[GPU_RESOURCE] = str(res.gpu.count)
-    return {"requests": dict(amounts), "limits": dict(amounts)}
+    amounts = {"cpu": res.cpu, "memory": res.memory, **gpus.resources}
+    resources: dict = {"requests": dict(amounts), "limits": dict(amounts)}
+    if gpus.claims:
+        resources["claims"] = list(gpus.claims)
+    return resources
 
 
 def _http_probe(path: str, period: int, failures: int) -> dict:
@@ -118,22 +100,6 @@ def _container_security() -> dict:
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "capabilities": {"drop": ["ALL"]},
-    }
-
-
-def _affinity(spec: InferenceServiceSpec) -> dict | None:
-    gpu = spec.resources.gpu
-    expressions = [
-        {"key": label, "operator": "In", "values": [getattr(gpu, field)]}
-        for field, label in GPU_NODE_LABELS.items()
-        if getattr(gpu, field)
-    ]
-    if not expressions:
-        return None
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
-        }
     }
 
 
@@ -171,9 +137,9 @@ def metrics_port(owner: Owner) -> int:
 def build_deployment(owner: Owner) -> dict:
     spec = owner.spec
     runtime = spec.runtime
-    gpus = spec.resources.gpu.count
-    env = _env(spec)
-    fetch_env = [dict(e) for e in env if not e["name"].endswith("VISIBLE_DEVICES")]
+    gpus = gpu_wiring(owner)
+    env = _env(spec, gpus)
+    fetch_env = _env(spec, GpuWiring())  # the init container gets no GPU
     storage = model_storage(owner, fetch_env, _container_security())
     volumes = storage.volumes + [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
@@ -186,9 +152,9 @@ def build_deployment(owner: Owner) -> dict:
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if runtime.engine == Engine.VLLM:
-        container = vllm_container(owner, MODEL_DIR, env, _resources(spec), mounts)
+        container = vllm_container(owner, MODEL_DIR, env, _resources(spec, gpus), mounts)
     else:
-        container = _model_server_container(owner, env, _resources(spec), mounts)
+        container = _model_server_container(owner, env, _resources(spec, gpus), mounts)
     container["securityContext"] = _container_security()
     pod_security: dict = {
         "runAsNonRoot": True,
@@ -197,8 +163,8 @@ def build_deployment(owner: Owner) -> dict:
         "fsGroup": RUN_AS_USER,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    if gpus:
-        pod_security["supplementalGroups"] = GPU_GROUPS
+    if gpus.supplemental_groups:
+        pod_security["supplementalGroups"] = list(gpus.supplemental_groups)
     pod_spec: dict = {
         "containers": [container],
         "volumes": volumes,
@@ -209,10 +175,12 @@ def build_deployment(owner: Owner) -> dict:
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers
-    if gpus:
-        pod_spec["tolerations"] = [GPU_TAINT_TOLERATION]
-    if affinity := _affinity(spec):
-        pod_spec["affinity"] = affinity
+    if gpus.pod_claims:
+        pod_spec["resourceClaims"] = list(gpus.pod_claims)
+    if gpus.tolerations:
+        pod_spec["tolerations"] = list(gpus.tolerations)
+    if gpus.affinity:
+        pod_spec["affinity"] = gpus.affinity
     scheduling = spec.scheduling
     if scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(scheduling.node_selector)
@@ -233,6 +201,7 @@ def build_deployment(owner: Owner) -> dict:
                     "prometheus.io/scrape": "true",
                     "prometheus.io/port": str(metrics_port(owner)),
                     "prometheus.io/path": "/metrics",
+                    **gpus.annotations,
                 },
             },
             "spec": pod_spec,
