@@ -1,6 +1,7 @@
 """The ROCm image cannot be built here (no Docker, no GPU), so check what can be
 checked: it parses, follows hadolint-style rules, and installs this project's
-`server` extra on top of onnxruntime-rocm without the CPU runtime."""
+`server` extra on top of onnxruntime-migraphx (on a ROCm base it links against) without
+the CPU runtime."""
 
 from __future__ import annotations
 
@@ -111,11 +112,24 @@ def test_apt_and_pip_hygiene(instructions):
             assert "--no-cache-dir" in run
 
 
-def test_installs_onnxruntime_rocm_and_the_server_extra_only(instructions):
+# ROCm major each ONNX Runtime GPU package's wheels link against: onnxruntime-migraphx 1.27's
+# libonnxruntime_providers_migraphx.so needs libamdhip64.so.7 and libmigraphx_c.so.3 (ROCm 7);
+# onnxruntime-rocm ended at 1.22 on ROCm 6.
+ORT_ROCM_MAJOR = {"onnxruntime-migraphx": "7", "onnxruntime-rocm": "6"}
+
+
+def test_installs_onnxruntime_migraphx_and_the_server_extra_only(instructions):
     text = " ".join(args_of(instructions, "RUN"))
     defaults = dict(a.split("=", 1) for k, a in instructions if k == "ARG" and "=" in a)
-    assert "onnxruntime-rocm==${ORT_ROCM_VERSION}" in text
-    assert re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", defaults["ORT_ROCM_VERSION"])
+    assert '"${ORT_PACKAGE}==${ORT_VERSION}"' in text
+    assert defaults["ORT_PACKAGE"] == "onnxruntime-migraphx"
+    assert re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", defaults["ORT_VERSION"])
+    # ONNX Runtime 1.23 dropped the ROCm provider: MIGraphX is the one the build insists on.
+    assert int(defaults["ORT_VERSION"].split(".")[1]) >= 23
+    assert "'MIGraphXExecutionProvider' in ort.get_available_providers()" in text
+    assert "'ROCMExecutionProvider' in" not in text
+    tag = defaults["ROCM_IMAGE"].partition(":")[2]
+    assert tag.split(".")[0] == ORT_ROCM_MAJOR[defaults["ORT_PACKAGE"]], f"{defaults['ROCM_IMAGE']} vs ORT ROCm"
     installs = [shlex.split(part) for part in re.split(r"&&|;", text) if "pip install" in part]
     packages = [w for cmd in installs for w in cmd if not w.startswith("-") and w not in {"pip", "install"}]
     assert ".[server,s3]" in packages  # the server, and boto3 for s3:// model fetches
