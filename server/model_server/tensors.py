@@ -211,8 +211,8 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
     if dtype.kind in _INT_KINDS:
         if kind == "f" and not (np.all(np.isfinite(raw)) and np.all(raw == np.round(raw))):
             raise _first_bad_element(label, data, datatype, noun)
-        if raw.size and not _ints_in_range(raw, dtype):
-            info = np.iinfo(dtype)
+        info = np.iinfo(dtype)
+        if raw.size and (raw.min() < info.min or raw.max() > info.max):
             raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
         if kind == "f":
             # numpy turns ints beyond int64 into float64 and loses digits: convert
@@ -227,8 +227,8 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
 
 
 def _ints_in_range(raw: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether every (integral) value fits the integer `dtype`. Floats compare
-    against max + 1: the float nearest to 2**64 - 1 is 2**64 itself."""
+    """Whether every (integral) value fits the integer `dtype` once cast. Floats
+    compare against max + 1: the float nearest to 2**64 - 1 is 2**64 itself."""
     info = np.iinfo(dtype)
     low, high = raw.min(), raw.max()
     if raw.dtype.kind == "f":
