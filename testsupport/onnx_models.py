@@ -92,3 +92,38 @@ def mlp_model(path: Path, sizes: list[int], seed: int = 0) -> Path:
         inits,
     )
     return save_model(graph, path)
+
+
+def slow_scale_model(path: Path, factor: float, iterations: int, width: int = 4) -> Path:
+    """y = x * factor after `iterations` trips of a do-nothing Loop: a model whose every
+    call keeps the runtime busy for a while, so requests queue behind it."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Abs", ["v_in"], ["abs"])],
+        "spin",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, ["N", width]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("abs", TensorProto.FLOAT, ["N", width]),
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Loop", ["trips", "cond", "x"], ["spun"], body=body),
+            helper.make_node("Sub", ["spun", "spun"], ["zero"]),  # depends on the loop: not folded
+            helper.make_node("Mul", ["x", "factor"], ["scaled"]),
+            helper.make_node("Add", ["scaled", "zero"], ["y"]),
+        ],
+        "slow_scale",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
+        [
+            numpy_helper.from_array(np.array(iterations, np.int64), "trips"),
+            numpy_helper.from_array(np.array(True), "cond"),
+            numpy_helper.from_array(np.array(factor, np.float32), "factor"),
+        ],
+    )
+    return save_model(graph, path)

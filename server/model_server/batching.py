@@ -1,12 +1,16 @@
-"""Dynamic batching: concurrent requests are stacked into one backend call.
+"""Adaptive dynamic batching: concurrent requests are stacked into one backend call.
 
-Requests wait in a bounded queue; a worker takes the oldest one plus every
-queued request of the same shape, up to `max_batch_size` rows, waiting at most
-`max_delay` for the batch to fill. The batch runs in a worker thread and each
-caller gets back exactly its own rows. While a batch runs, the next one is
-already formed and queued behind it, so the runtime does not sit idle waiting
-for the event loop between batches. A full queue raises `QueueFull` at once
-(backpressure instead of unbounded latency); closing flushes the queue.
+Requests wait in a bounded queue; a dispatcher takes the oldest one plus every
+queued request of the same shape, up to `max_batch_size` rows. When a runtime
+thread is idle the batch leaves at once (a lone request pays no batching window);
+while every thread is busy, the batch keeps forming and leaves when the runtime
+frees up, when it is full, or once its oldest request has waited `max_delay`,
+whichever comes first (then it is queued behind the running batch, so the runtime
+does not wait for the event loop between batches). This is the scheduling of
+Triton's dynamic batcher and TF-Serving's batch scheduler: load, not a fixed
+window, sets the batch size. Each caller gets back exactly its own rows. A full
+queue raises `QueueFull` at once (backpressure instead of unbounded latency);
+closing flushes the queue.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -56,7 +60,48 @@ class _Request:
     rows: int
     key: Hashable
     future: asyncio.Future
-    enqueued: float = field(default_factory=time.monotonic)
+    enqueued: float
+
+
+@dataclass(eq=False, slots=True)
+class _Lane:
+    """One model instance (e.g. a session per GPU) and the threads that call it."""
+
+    runner: RunFn
+    executor: ThreadPoolExecutor
+    threads: int
+    in_flight: int = 0  # batches handed to the executor and not finished
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight < self.threads
+
+    @property
+    def full(self) -> bool:
+        """One batch may wait in the executor behind the running ones, no more:
+        later requests keep coalescing in the queue instead."""
+        return self.in_flight > self.threads
+
+
+def dispatch_delay(
+    *,
+    now: float,
+    oldest: float,
+    queued_rows: int,
+    max_batch: int,
+    max_delay: float,
+    runtime_idle: bool,
+    closing: bool = False,
+) -> float:
+    """Seconds the forming batch should keep waiting for company; 0 = dispatch now.
+
+    An idle runtime never waits (waiting cannot make the batch finish sooner), a full
+    batch never waits, and neither does anything while closing; behind a busy runtime
+    the batch waits until its oldest request (enqueued at `oldest`) is `max_delay` old.
+    """
+    if runtime_idle or closing or queued_rows >= max_batch:
+        return 0.0
+    return max(0.0, oldest + max_delay - now)
 
 
 def batch_key(inputs: Mapping[str, np.ndarray]) -> Hashable:
@@ -102,7 +147,7 @@ def pad_rows(inputs: Mapping[str, np.ndarray], target: int) -> Tensors:
 
 
 class DynamicBatcher:
-    """Queue + worker(s) for one loaded model version."""
+    """Queue + dispatcher for one loaded model version."""
 
     def __init__(
         self,
@@ -116,43 +161,36 @@ class DynamicBatcher:
         observer: BatchObserver | None = None,
         name: str = "model",
         buckets: Sequence[int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        # One runner per model instance (e.g. one session per GPU), each with its own
-        # `workers` threads, fed by one batch more than it has threads: the next batch
-        # is formed while the current one runs, so the runtime never waits for the loop.
+        # One lane per model instance, each with its own `workers` threads.
         runners = [run] if callable(run) else list(run)
         self._lanes = [
-            (runner, ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"infer-{name}-{i}"))
+            _Lane(runner, ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"infer-{name}-{i}"), workers)
             for i, runner in enumerate(runners)
         ]
-        self._feeders_per_lane = workers + 1
         self._buckets = sorted(buckets) if buckets and batchable else None
         self._max_batch = max_batch_size if batchable else 1
         self._max_delay = max_delay_s
         self._max_queue = max_queue
         self._observer = observer or NullObserver()
         self._name = name
+        self._clock = clock
         self._queue: deque[_Request] = deque()
         self._rows_by_key: dict[Hashable, int] = defaultdict(int)
         self._wakeup = asyncio.Event()
-        self._collect_lock = asyncio.Lock()
         self._workers: list[asyncio.Task] = []
+        self._running: set[asyncio.Task] = set()
         self._closing = False
         self._batch_seconds = 0.0  # moving average, for Retry-After
 
     # ------------------------------------------------------------------ public
 
     def start(self) -> None:
-        """Start the worker tasks on the running loop."""
+        """Start the dispatcher task on the running loop."""
         if not self._workers:
             loop = asyncio.get_running_loop()
-            # Round-robin over instances: the collect lock is FIFO, so the first
-            # batches go to idle instances before any is queued behind a busy one.
-            self._workers = [
-                loop.create_task(self._worker(runner, executor), name=f"batcher-{self._name}-{i}")
-                for _ in range(self._feeders_per_lane)
-                for i, (runner, executor) in enumerate(self._lanes)
-            ]
+            self._workers = [loop.create_task(self._dispatch(), name=f"batcher-{self._name}")]
 
     @property
     def depth(self) -> int:
@@ -172,7 +210,7 @@ class DynamicBatcher:
                 retry_after_s=self._retry_after(),
             )
         future = asyncio.get_running_loop().create_future()
-        request = _Request(inputs, rows, batch_key(inputs), future)
+        request = _Request(inputs, rows, batch_key(inputs), future, self._clock())
         self._queue.append(request)
         self._rows_by_key[request.key] += rows
         self._observer.queued(+1)
@@ -195,10 +233,11 @@ class DynamicBatcher:
         self.stop_accepting()
         if self._workers:
             done, pending = await asyncio.wait(self._workers, timeout=timeout)
-            for task in pending:
-                task.cancel()
             if pending:
                 log.warning("drain of %s timed out after %.1fs", self._name, timeout)
+                pending |= self._running
+                for task in pending:
+                    task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         while self._queue:
             request = self._queue.popleft()
@@ -206,49 +245,70 @@ class DynamicBatcher:
             if not request.future.done():
                 request.future.set_exception(ShuttingDown())
         self._rows_by_key.clear()
-        for _, executor in self._lanes:
-            executor.shutdown(wait=False, cancel_futures=True)
+        for lane in self._lanes:
+            lane.executor.shutdown(wait=False, cancel_futures=True)
 
-    # ------------------------------------------------------------------ worker
+    # ------------------------------------------------------------------ dispatcher
 
-    async def _worker(self, runner: RunFn, executor: ThreadPoolExecutor) -> None:
+    async def _dispatch(self) -> None:
+        """Hand batches to lanes as the policy says; return once closing has drained everything."""
+        loop = asyncio.get_running_loop()
         while True:
-            batch = await self._next_batch()
-            if batch is None:
-                return
-            try:
-                await self._execute(batch, runner, executor)
-            except asyncio.CancelledError:
-                self._fail(batch, ShuttingDown())
-                raise
-            except Exception as exc:  # never let one bad batch kill the worker
-                log.exception("batch of %s failed", self._name)
-                self._fail(batch, exc)
+            if not self._queue:
+                if self._closing:
+                    if self._running:
+                        await asyncio.wait(set(self._running))
+                    return
+                await self._sleep(None)
+                continue
+            lane = min((lane for lane in self._lanes if not lane.full), key=_in_flight, default=None)
+            if lane is None:  # every lane has a batch waiting: a finishing batch wakes us
+                await self._sleep(None)
+                continue
+            head = self._queue[0]
+            delay = dispatch_delay(
+                now=self._clock(),
+                oldest=head.enqueued,
+                queued_rows=self._rows_by_key[head.key],
+                max_batch=self._max_batch,
+                max_delay=self._max_delay,  # re-read: `flush` may have set it to zero
+                runtime_idle=lane.idle,
+                closing=self._closing,
+            )
+            if delay > 0:
+                await self._sleep(delay)
+                continue
+            batch = self._take(head.key)
+            if batch:
+                lane.in_flight += 1
+                task = loop.create_task(self._run_batch(batch, lane))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
 
-    async def _next_batch(self) -> list[_Request] | None:
-        async with self._collect_lock:
-            while True:
-                if not self._queue:
-                    if self._closing:
-                        return None
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
-                    continue
-                head = self._queue[0]
-                while not self._closing and self._rows_by_key[head.key] < self._max_batch:
-                    # Re-read the delay each time: `flush` may have set it to zero.
-                    remaining = head.enqueued + self._max_delay - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._wakeup.clear()
-                    try:
-                        async with asyncio.timeout(remaining):
-                            await self._wakeup.wait()
-                    except TimeoutError:
-                        break
-                batch = self._take(head.key)
-                if batch:
-                    return batch
+    async def _sleep(self, seconds: float | None) -> None:
+        """Until something changes (a request, a finished batch, closing) or `seconds` pass."""
+        self._wakeup.clear()
+        if seconds is None:
+            await self._wakeup.wait()
+            return
+        timer = asyncio.get_running_loop().call_later(seconds, self._wakeup.set)
+        try:
+            await self._wakeup.wait()
+        finally:
+            timer.cancel()
+
+    async def _run_batch(self, batch: list[_Request], lane: _Lane) -> None:
+        try:
+            await self._execute(batch, lane.runner, lane.executor)
+        except asyncio.CancelledError:
+            self._fail(batch, ShuttingDown())
+            raise
+        except Exception as exc:  # never let one bad batch kill the dispatcher
+            log.exception("batch of %s failed", self._name)
+            self._fail(batch, exc)
+        finally:
+            lane.in_flight -= 1
+            self._wakeup.set()
 
     def _take(self, key: Hashable) -> list[_Request]:
         """Pop queued requests of `key` in FIFO order while they fit the batch;
@@ -257,7 +317,7 @@ class DynamicBatcher:
         keep: deque[_Request] = deque()
         rows = 0
         full = False
-        now = time.monotonic()
+        now = self._clock()
         for request in self._queue:
             if request.key != key or full:
                 keep.append(request)
@@ -331,3 +391,7 @@ class DynamicBatcher:
         """Seconds until the current queue has likely drained."""
         batches = len(self._queue) / max(1, self._max_batch)
         return min(30, max(1, math.ceil(batches * self._batch_seconds)))
+
+
+def _in_flight(lane: _Lane) -> int:
+    return lane.in_flight

@@ -69,7 +69,12 @@ class ServerSettings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="torch device")
 
     max_batch_size: int = Field(default=16, ge=1, le=4096)
-    max_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
+    max_delay_ms: float = Field(
+        default=5.0,
+        ge=0,
+        le=10_000,
+        description="longest wait of a batch forming behind a busy runtime (an idle runtime never waits)",
+    )
     max_queue: int = Field(default=256, ge=1)
     batch_workers: int = Field(default=1, ge=1, le=16, description="concurrent backend calls")
     instances: str = Field(

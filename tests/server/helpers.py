@@ -3,17 +3,20 @@ themselves come from testsupport.onnx_models)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
+import numpy as np
 import uvicorn
 from prometheus_client import CollectorRegistry
 
 from model_server.app import create_app
+from model_server.backends.base import Backend
 from model_server.settings import ServerSettings
 
 
@@ -83,3 +86,47 @@ def running_server(settings: ServerSettings, *, wait_ready: bool = True, **app_k
         server.should_exit = True
         thread.join(timeout=15)
         sock.close()
+
+
+class HeldRuntime:
+    """A backend factory whose ONNX instances hold every request (not warmup) until
+    `release()`: the runtime stays busy, so requests pile up behind it the same way
+    on every run (adaptive batching only forms batches behind a busy runtime)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.held = 0  # request calls that reached the runtime
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def __call__(self, path: Path, settings: ServerSettings, version: str, index: int) -> Backend:
+        from model_server.backends.onnx import OnnxBackend
+
+        gate, runtime = self.gate, self
+
+        class Held(OnnxBackend):
+            warming = False
+
+            def warmup(self, batch_sizes: Iterable[int]) -> list[int]:
+                self.warming = True
+                try:
+                    return super().warmup(batch_sizes)
+                finally:
+                    self.warming = False
+
+            def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                if not self.warming:
+                    runtime.held += 1
+                    gate.wait(30)
+                return super().infer(inputs)
+
+        return Held(path, providers=settings.providers, intra_op_threads=1, device_id=index)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 30) -> None:
+    """Poll `condition` on the running loop (the server runs in another thread)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from model_server.gpu import GpuSample
 from testsupport.onnx_models import affine_model, int_model, save_model
 
-from .helpers import make_settings, running_server
+from .helpers import HeldRuntime, make_settings, running_server, until
 
 RNG = np.random.default_rng(7)
 W1, B1 = RNG.standard_normal((4, 3)).astype(np.float32), RNG.standard_normal(3).astype(np.float32)
@@ -254,34 +254,47 @@ def test_gpu_gauges_exported_when_a_reader_exists(affine_repo):
 
 async def test_concurrent_requests_are_batched_and_each_gets_its_rows(affine_repo, affine_params):
     weight, bias = affine_params
-    settings = make_settings(affine_repo, max_batch_size=8, max_delay_ms=1000)
+    settings = make_settings(affine_repo, max_batch_size=8, max_delay_ms=10_000)
     xs = RNG.standard_normal((8, 4)).astype(np.float32)
-    with running_server(settings) as running:
+    held = HeldRuntime()  # the first request keeps the runtime busy while the others arrive
+    with running_server(settings, backend_factory=held) as running:
+        depth = {"model": "tiny"}
         async with httpx.AsyncClient(base_url=running.url) as client:
-            replies = await asyncio.gather(*(client.post("/infer", json={"data": row.tolist()}) for row in xs))
+            first = asyncio.ensure_future(client.post("/infer", json={"data": xs[0].tolist()}))
+            await until(lambda: held.held == 1)
+            rest = asyncio.gather(*(client.post("/infer", json={"data": row.tolist()}) for row in xs[1:]))
+            await until(lambda: running.metric("model_server_queue_depth", depth) == 7)
+            held.release()
+            replies = [await first, *await rest]
         labels = {"model": "tiny", "version": "1"}
         count = running.metric("model_server_batch_size_count", labels)
         total = running.metric("model_server_batch_size_sum", labels)
     for row, reply in zip(xs, replies, strict=True):
         assert reply.status_code == 200
         np.testing.assert_allclose(reply.json()["result"], row @ weight + bias, rtol=1e-5, atol=1e-5)
-    assert total == 8  # every row went through a batch (warmup is not counted)
-    assert total / count > 1  # ... in fewer calls than requests
-    assert running.metric("model_server_batch_size_bucket", {**labels, "le": "1.0"}) < count
+    assert total == 8 and count == 2  # the first alone (idle runtime), the other 7 together behind it
+    assert running.metric("model_server_batch_size_bucket", {**labels, "le": "1.0"}) == 1
 
 
 async def test_overload_overflow_answers_429_with_retry_after(affine_repo):
-    settings = make_settings(affine_repo, max_batch_size=64, max_delay_ms=1500, max_queue=4)
-    with running_server(settings) as running:
+    settings = make_settings(affine_repo, max_batch_size=64, max_delay_ms=10_000, max_queue=4)
+    held = HeldRuntime()  # the first request holds the runtime; 4 queue behind it, the rest overflow
+    labels = {"model": "tiny", "version": "1", "code": "429"}
+    with running_server(settings, backend_factory=held) as running:
         async with httpx.AsyncClient(base_url=running.url) as client:
-            replies = await asyncio.gather(*(client.post("/infer", json={"data": [i, 0, 0, 0]}) for i in range(10)))
-        rejected = running.metric("model_server_requests_total", {"model": "tiny", "version": "1", "code": "429"})
+            first = asyncio.ensure_future(client.post("/infer", json={"data": [0, 0, 0, 0]}))
+            await until(lambda: held.held == 1)
+            rest = asyncio.gather(*(client.post("/infer", json={"data": [i, 0, 0, 0]}) for i in range(1, 10)))
+            await until(lambda: running.metric("model_server_requests_total", labels) == 5)
+            held.release()
+            replies = [await first, *await rest]
+        rejected = running.metric("model_server_requests_total", labels)
     codes = sorted(r.status_code for r in replies)
-    assert codes == [200] * 4 + [429] * 6
+    assert codes == [200] * 5 + [429] * 5
     for r in replies:
         if r.status_code == 429:
             assert int(r.headers["Retry-After"]) >= 1 and "queue is full" in r.json()["error"]
-    assert rejected == 6
+    assert rejected == 5
 
 
 async def test_model_fault_broken_file_keeps_server_live_but_not_ready(tmp_path):

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from model_server.batching import DynamicBatcher, batch_key, merge, split
+from model_server.batching import DynamicBatcher, batch_key, dispatch_delay, merge, split
 from model_server.errors import BackendInputError, QueueFull, ShuttingDown
 
 
@@ -46,6 +46,23 @@ class Observer:
 
 def rows(value: float, n: int = 1, width: int = 3) -> dict[str, np.ndarray]:
     return {"x": np.full((n, width), value, np.float32)}
+
+
+async def settle(condition, turns: int = 200) -> bool:
+    """Let the loop run until `condition()` holds (a bounded number of turns, no clock)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+        if condition():
+            return True
+    return False
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_merge_and_split_are_inverse():
@@ -124,14 +141,21 @@ async def test_full_queue_raises_queue_full_with_retry_after():
 
 
 async def test_close_flushes_the_queue_then_rejects():
-    run = Recorder()
+    gate = threading.Event()
+    run = Recorder(gate)
     batcher = DynamicBatcher(run, max_batch_size=64, max_delay_s=10.0, max_queue=64)
     batcher.start()
+    busy = asyncio.ensure_future(batcher.submit(rows(9), 1))
+    assert await settle(lambda: batcher.depth == 0)  # the runtime is now busy with it
     pending = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in range(5)]
     await asyncio.sleep(0.02)
-    assert batcher.depth == 5  # waiting for the 10 s delay
-    await batcher.close(2)
+    assert batcher.depth == 5  # forming behind the busy runtime, for up to 10 s
+    closing = asyncio.ensure_future(batcher.close(5))
+    assert await settle(lambda: batcher.depth == 0)  # dispatched at once, no delay left
+    gate.set()
+    await closing
     results = await asyncio.gather(*pending)
+    assert run.calls == [1, 5] and float((await busy)["y"][0, 0]) == 18
     assert [float(r["y"][0, 0]) for r in results] == [0, 2, 4, 6, 8]
     with pytest.raises(ShuttingDown):
         await batcher.submit(rows(1), 1)
@@ -195,15 +219,21 @@ async def test_cancelled_request_is_dropped_before_running():
 
 
 async def test_flush_stops_waiting_for_a_full_batch():
-    run = Recorder()
+    gate = threading.Event()
+    run = Recorder(gate)
     batcher = DynamicBatcher(run, max_batch_size=64, max_delay_s=30.0, max_queue=64)
     batcher.start()
+    busy = asyncio.ensure_future(batcher.submit(rows(9), 1))
+    assert await settle(lambda: batcher.depth == 0)
     pending = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in range(3)]
     await asyncio.sleep(0.02)
     assert batcher.depth == 3 and run.calls == []
     batcher.flush()
+    assert await settle(lambda: batcher.depth == 0)  # queued behind the busy runtime at once
+    gate.set()
     results = await asyncio.wait_for(asyncio.gather(*pending), 5)
-    assert run.calls == [3] and [float(r["y"][0, 0]) for r in results] == [0, 2, 4]
+    assert run.calls == [1, 3] and [float(r["y"][0, 0]) for r in results] == [0, 2, 4]
+    await busy
     await batcher.close(1)
 
 
@@ -219,3 +249,93 @@ async def test_batches_are_padded_to_buckets_and_padding_is_dropped():
     assert [r["y"].shape for r in results] == [(1, 3)] * 3
     assert [float(r["y"][0, 0]) for r in results] == [2.0, 4.0, 6.0]
     assert single["y"].shape == (2, 3) and single["rows"].tolist() == [2, 2]
+
+
+# --------------------------------------------------------------------------- adaptive policy
+
+
+def test_policy_idle_runtime_dispatches_at_once_whatever_the_window():
+    for rows_queued in (1, 3, 15):
+        assert (
+            dispatch_delay(
+                now=0.0, oldest=0.0, queued_rows=rows_queued, max_batch=16, max_delay=0.005, runtime_idle=True
+            )
+            == 0.0
+        )
+
+
+def test_policy_busy_runtime_waits_out_the_window_of_the_oldest_request():
+    wait = dict(queued_rows=3, max_batch=16, max_delay=0.005, runtime_idle=False)
+    assert dispatch_delay(now=10.002, oldest=10.0, **wait) == pytest.approx(0.003)
+    assert dispatch_delay(now=10.005, oldest=10.0, **wait) == 0.0
+    assert dispatch_delay(now=10.9, oldest=10.0, **wait) == 0.0
+    assert dispatch_delay(now=10.0, oldest=10.0, **wait, closing=True) == 0.0
+
+
+def test_policy_full_batch_never_waits():
+    assert dispatch_delay(now=0, oldest=0, queued_rows=16, max_batch=16, max_delay=1, runtime_idle=False) == 0.0
+    assert dispatch_delay(now=0, oldest=0, queued_rows=15, max_batch=16, max_delay=1, runtime_idle=False) == 1.0
+
+
+async def test_idle_runtime_runs_a_lone_request_without_the_batching_window():
+    run, obs = Recorder(), Observer()
+    batcher = DynamicBatcher(run, max_batch_size=16, max_delay_s=3600, max_queue=8, observer=obs, clock=FakeClock())
+    batcher.start()
+    first = await asyncio.wait_for(batcher.submit(rows(1), 1), 30)  # not an hour
+    second = await asyncio.wait_for(batcher.submit(rows(2), 1), 30)
+    await batcher.close(1)
+    assert run.calls == [1, 1] and obs.batches == [1, 1]
+    assert float(first["y"][0, 0]) == 2 and float(second["y"][0, 0]) == 4
+
+
+async def test_requests_coalesce_behind_a_busy_runtime_and_leave_when_it_frees():
+    gate = threading.Event()
+    run, obs = Recorder(gate), Observer()
+    batcher = DynamicBatcher(run, max_batch_size=16, max_delay_s=3600, max_queue=64, observer=obs, clock=FakeClock())
+    batcher.start()
+    busy = asyncio.ensure_future(batcher.submit(rows(0), 1))
+    assert await settle(lambda: batcher.depth == 0)
+    behind = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in range(1, 6)]
+    assert not await settle(lambda: batcher.depth < 5, turns=50)  # the window is an hour: they wait
+    gate.set()  # the runtime frees up: the formed batch leaves without waiting out the window
+    results = await asyncio.wait_for(asyncio.gather(busy, *behind), 30)
+    await batcher.close(1)
+    assert run.calls == [1, 5] and obs.batches == [1, 5]
+    assert [float(r["y"][0, 0]) for r in results] == [0, 2, 4, 6, 8, 10]
+    assert [r["rows"].tolist() for r in results[1:]] == [[5]] * 5
+
+
+async def test_busy_runtime_window_expiry_queues_the_batch_behind_the_running_one():
+    gate, clock = threading.Event(), FakeClock()
+    run = Recorder(gate)
+    batcher = DynamicBatcher(run, max_batch_size=16, max_delay_s=0.005, max_queue=64, clock=clock)
+    batcher.start()
+    busy = asyncio.ensure_future(batcher.submit(rows(0), 1))
+    assert await settle(lambda: batcher.depth == 0)
+    early = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in (1, 2)]
+    assert not await settle(lambda: batcher.depth < 2, turns=50)
+    clock.now += 0.006  # the oldest waiting request is now older than max_delay
+    late = asyncio.ensure_future(batcher.submit(rows(3), 1))  # any event re-evaluates
+    assert await settle(lambda: batcher.depth == 0)  # 1, 2 and 3 left as one batch
+    last = asyncio.ensure_future(batcher.submit(rows(4), 1))
+    assert not await settle(lambda: batcher.depth == 0, turns=50)  # one batch waits per thread, no more
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(busy, *early, late, last), 30)
+    await batcher.close(1)
+    assert run.calls == [1, 3, 1]
+
+
+async def test_instances_each_take_a_request_when_idle():
+    gates = [threading.Event(), threading.Event()]
+    runs = [Recorder(gates[0]), Recorder(gates[1])]
+    batcher = DynamicBatcher(runs, max_batch_size=16, max_delay_s=3600, max_queue=64, clock=FakeClock())
+    batcher.start()
+    first = asyncio.ensure_future(batcher.submit(rows(1), 1))
+    assert await settle(lambda: batcher.depth == 0)
+    second = asyncio.ensure_future(batcher.submit(rows(2), 1))
+    assert await settle(lambda: batcher.depth == 0)  # the second instance was idle
+    for gate in gates:
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 30)
+    await batcher.close(1)
+    assert runs[0].calls == [1] and runs[1].calls == [1]

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from model_server.lifecycle import Shutdown
-from testsupport.onnx_models import scale_model
+from testsupport.onnx_models import slow_scale_model
 from testsupport.processes import free_port, serve_command
 
 
@@ -31,9 +31,9 @@ async def poll(client: httpx.AsyncClient, url: str, predicate, timeout: float = 
         await asyncio.sleep(0.05)
 
 
-def queue_depth(text: str) -> float:
+def gauge(text: str, name: str) -> float:
     for line in text.splitlines():
-        if line.startswith('model_server_queue_depth{model="drainer"}'):
+        if line.startswith(f'{name}{{model="drainer"}}'):
             return float(line.rsplit(" ", 1)[1])
     return -1.0
 
@@ -41,7 +41,8 @@ def queue_depth(text: str) -> float:
 @pytest.mark.slow
 async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
     repo = tmp_path / "models"
-    scale_model(repo / "1" / "model.onnx", 3.0)
+    # Each call keeps the runtime busy for about a second: requests queue behind it.
+    slow_scale_model(repo / "1" / "model.onnx", 3.0, iterations=800_000)
     port, metrics_port = free_port(), free_port()
     env = {
         **os.environ,
@@ -59,7 +60,7 @@ async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
         "onnx",
         "--providers",
         "MIGraphXExecutionProvider,ROCMExecutionProvider,CPUExecutionProvider",
-        # Requests wait up to 5 s for a batch of 64: they are sure to be queued at SIGTERM.
+        # Behind the busy runtime, requests wait up to 5 s for a batch of 64: queued at SIGTERM.
         "--max-batch-size",
         "64",
         "--max-delay-ms",
@@ -78,7 +79,8 @@ async def test_sigterm_drains_every_accepted_request_and_exits_zero(tmp_path):
 
             values = list(range(20))
             pending = [asyncio.ensure_future(client.post("/infer", json={"data": [v, 0, 0, 0]})) for v in values]
-            await poll(client, "/metrics", lambda r: queue_depth(r.text) == len(values))
+            await poll(client, "/metrics", lambda r: gauge(r.text, "model_server_inflight_requests") == len(values))
+            assert gauge((await client.get("/metrics")).text, "model_server_queue_depth") > 0
             proc.send_signal(signal.SIGTERM)
             not_ready = await poll(client, "/health/ready", lambda r: r.status_code == 503, timeout=5)
             late = await client.post("/infer", json={"data": [100, 0, 0, 0]})  # still inside the delay

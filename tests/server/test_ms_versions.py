@@ -19,7 +19,7 @@ from model_server.metrics import ServerMetrics
 from model_server.repository import ModelRepository
 from testsupport.onnx_models import scale_model
 
-from .helpers import make_settings, running_server
+from .helpers import HeldRuntime, make_settings, running_server, until
 
 
 def test_discover_layouts(tmp_path):
@@ -62,16 +62,21 @@ async def infer(repo: ModelRepository, value: float, version: str | None = None)
 
 async def test_replaced_version_drains_its_queue_before_release(tmp_path):
     scale_model(tmp_path / "repo" / "1" / "model.onnx", 1.0)
-    repo = repository(tmp_path / "repo", max_versions=1, max_delay_ms=300, max_batch_size=64)
+    held = HeldRuntime()
+    settings = make_settings(tmp_path / "repo", max_versions=1, max_delay_ms=10_000, max_batch_size=64)
+    repo = ModelRepository(settings, ServerMetrics(CollectorRegistry()), backend_factory=held)
     await repo.sync()
-    queued = [asyncio.ensure_future(infer(repo, v)) for v in (1, 2, 3)]
+    queued = [asyncio.ensure_future(infer(repo, 1))]
+    await until(lambda: held.held == 1)  # the runtime is busy with the first request
+    queued += [asyncio.ensure_future(infer(repo, v)) for v in (2, 3)]
     await asyncio.sleep(0.01)
     old = repo.served["1"]
-    assert old.batcher.depth == 3  # waiting for the 300 ms batching delay
+    assert old.batcher.depth == 2  # forming behind the busy runtime
 
     scale_model(tmp_path / "repo" / "2" / "model.onnx", 2.0)
     await repo.sync()
     assert list(repo.served) == ["2"] and old.batcher.closing
+    held.release()
     assert await infer(repo, 5) == ("2", 10.0)
     assert await asyncio.gather(*queued) == [("1", 1.0), ("1", 2.0), ("1", 3.0)]
     with pytest.raises(ModelNotFound, match="on disk but not served"):
