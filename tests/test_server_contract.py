@@ -22,7 +22,7 @@ from inference_operator.builders.deployment import (
     SHUTDOWN_DELAY_SECONDS,
     server_args,
 )
-from inference_operator.models import Engine, SpecError, parse_spec
+from inference_operator.models import OPERATOR_FLAGS, Engine, SpecError, parse_spec
 from model_server.__main__ import build_parser, settings_from_args
 from model_server.settings import ServerSettings, flag_name
 from tests.strategies import from_schema
@@ -114,11 +114,20 @@ def test_generated_specs_command_line_parses_to_the_intended_settings(spec: dict
     assert_server_reads_what_the_operator_means(owner)
 
 
-def test_the_users_extra_args_reach_the_server_after_the_operators() -> None:
+def test_the_users_extra_args_reach_the_server() -> None:
     spec = yaml.safe_load((ROOT / "examples" / "resnet-2gpu.yaml").read_text())["spec"]
-    spec["runtime"]["args"] = ["--batch-workers", "2", "--no-warmup", "--max-queue", "7"]
+    spec["runtime"]["args"] = ["--batch-workers", "2", "--no-warmup"]
     server = settings_from_args(parse(server_args(owner_for(spec))))
-    assert (server.batch_workers, server.warmup, server.max_queue) == (2, False, 7)
+    assert (server.batch_workers, server.warmup) == (2, False)
+
+
+def test_the_user_may_not_override_a_flag_the_operator_writes() -> None:
+    # runtime.args is refused (CEL and model) when it names one of OPERATOR_FLAGS: every flag
+    # server_args writes must be on that list, or a user could silently override it.
+    for path in EXAMPLES:
+        cr = yaml.safe_load(path.read_text())
+        written = {arg for arg in server_args(owner_for(cr["spec"], cr["metadata"]["name"])) if arg.startswith("--")}
+        assert written <= set(OPERATOR_FLAGS), sorted(written - set(OPERATOR_FLAGS))
 
 
 def test_a_flag_the_server_does_not_know_is_refused() -> None:
