@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import httpx
 import kopf
@@ -12,6 +11,7 @@ from kubernetes.client.exceptions import ApiException
 
 from inference_operator import metrics
 from inference_operator.models import SpecError
+from testsupport.processes import free_port
 
 
 def value(metric: str, /, **labels: str) -> float:
@@ -121,9 +121,7 @@ def test_autoscaler_decisions_and_forgetting_a_service() -> None:
 
 
 def test_serve_exposes_the_registry_over_http() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = metrics.serve(port, "127.0.0.1")
     try:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
