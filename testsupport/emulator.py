@@ -49,6 +49,7 @@ import json
 import uuid
 from typing import Any
 
+import aiohttp.web
 import attrs
 import jsonpatch
 import jsonpointer
@@ -73,17 +74,19 @@ class HistoryFreeDispatch(kmock.RawHandler):
     """
 
     _slice_counts: dict[int, tuple[kmock.View, int]]
-    _order_cache: tuple[tuple[int, ...], list[kmock.Reaction]]
+    _order_cache: tuple[tuple[int, ...], list[kmock.Reaction], list[kmock.Reaction]]
 
     __slots__ = ()
 
     async def _handle(self, request: kmock.Request) -> Any:
         seen: dict[int, bool] = {}
         payloads: list[kmock.Reaction] = list(self._payloads)
-        # Every slice must count every request its source sees, whichever reaction answers it.
-        for payload in payloads:
+        ordered, counting = self._ordered(payloads)
+        # Every slice must count every request its source sees, whichever reaction answers it;
+        # other views are judged lazily, in priority order, until one answers (as in kmock).
+        for payload in counting:
             self._sees(payload._source, request, seen)
-        for payload in self._ordered(payloads):
+        for payload in ordered:
             if self._sees(payload._source, request, seen) and not payload._disabled.is_set():
                 try:
                     return await payload(request)
@@ -93,18 +96,20 @@ class HistoryFreeDispatch(kmock.RawHandler):
                     pass
         raise NotImplementedError("no reaction matches the request; add a fallback: `kmock.fallback << 404`")
 
-    def _ordered(self, payloads: list[kmock.Reaction]) -> list[kmock.Reaction]:
-        """kmock's priority order (higher first, zero-padded tuples, stable), cached per payload set."""
+    def _ordered(self, payloads: list[kmock.Reaction]) -> tuple[list[kmock.Reaction], list[kmock.Reaction]]:
+        """kmock's priority order (higher first, zero-padded tuples, stable), and the payloads
+        whose views hold a slice; cached per payload set."""
         ids = tuple(map(id, payloads))
         if self._order_cache[0] == ids:
-            return self._order_cache[1]
+            return self._order_cache[1], self._order_cache[2]
         priorities = [tuple(-p for p in payload.priorities) for payload in payloads]
         width = max((len(p) for p in priorities), default=0)
         padded = [p + (0,) * (width - len(p)) for p in priorities]
         order = sorted(range(len(payloads)), key=lambda i: padded[i])
         result = [payloads[i] for i in order]
-        self._order_cache = (ids, result)
-        return result
+        counting = [p for p in payloads if any(True for _ in p._source._walk(kmock.Slicer))]
+        self._order_cache = (ids, result, counting)
+        return result, counting
 
     def _sees(self, view: kmock.View, request: kmock.Request, seen: dict[int, bool]) -> bool:
         """Whether `request` (the newest in history) is among the requests `view` yields."""
@@ -166,7 +171,9 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
     dry_runs: collections.Counter = attrs.field(factory=collections.Counter, init=False)
     _last_version: int = attrs.field(default=0, init=False)
     _slice_counts: dict[int, tuple[kmock.View, int]] = attrs.field(factory=dict, init=False)
-    _order_cache: tuple[tuple[int, ...], list[kmock.Reaction]] = attrs.field(default=((), []), init=False)
+    _order_cache: tuple[tuple[int, ...], list[kmock.Reaction], list[kmock.Reaction]] = attrs.field(
+        default=((), [], []), init=False
+    )
     # What a write request answers (dry runs are never stored), by id(request).
     _answers: dict[int, dict] = attrs.field(factory=dict, init=False)
     # validate_custom_resource's verdict and defaulted spec, by the spec's JSON.
@@ -222,6 +229,23 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
                     raw = self._objects[released].raw
                     self._objects[released].delete()
                     await self._buses[released[0]].put({"type": "DELETED", "object": raw})
+
+    async def _render_error(self, exc: Exception) -> Any:
+        """kmock's error answer, without formatting a traceback for the API's own errors
+        (404s are routine: 3 ms each with one)."""
+        if isinstance(exc, kmock.KubernetesError):
+            body = {
+                "apiVersion": "v1",
+                "kind": "Status",
+                "metadata": {},
+                "code": exc.status,
+                "status": "Failure",
+                "reason": exc.reason or type(exc).__name__,
+                "message": exc.message or repr(exc),
+                "details": exc.details or {},
+            }
+            return aiohttp.web.json_response(body, status=exc.status)
+        return await super()._render_error(exc)
 
     @staticmethod
     def _verb(request: kmock.Request) -> str | None:
@@ -415,11 +439,13 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
             except apply.ApplyConflict as exc:
                 raise _error(409, "Conflict", str(exc)) from exc
             if live is not None and has_status and "status" in live:
-                new["status"] = copy.deepcopy(live["status"])
+                new["status"] = live["status"]
             new.setdefault("metadata", {})["managedFields"] = apply.encode(entries)
             return new
 
-        old = copy.deepcopy(live) if live is not None else None
+        # Stored versions are never changed in place: `live` is read, `new` is built beside it
+        # (kmock's merge patch copies only what changes; metadata is copied before stamping).
+        old = live
         if verb == "create":
             new = copy.deepcopy(body) if isinstance(body, dict) else {}
             if has_status:
@@ -429,16 +455,16 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
             new = copy.deepcopy(body)
         elif sub == "scale":
             replicas = (body.get("spec") or {}).get("replicas") if isinstance(body, dict) else None
-            new = copy.deepcopy(live)
+            new = {**live, "spec": {**(live.get("spec") or {})}}
             if replicas is not None:
-                new.setdefault("spec", {})["replicas"] = replicas
+                new["spec"]["replicas"] = replicas
         else:
             _check_version(live, body)
             try:
                 if "strategic-merge-patch" in _content_type(request) and isinstance(body, dict):
                     new = apply.merge(copy.deepcopy(live), copy.deepcopy(body), kind, strategic=True)
                 else:
-                    new = dict(dicts.patch_dict(copy.deepcopy(live), body))
+                    new = dict(dicts.patch_dict(live, body))
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, ValueError, TypeError) as exc:
                 raise _error(422, "Invalid", f"the patch cannot be applied: {exc}") from exc
         if old is not None and has_status:
@@ -451,7 +477,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
                 new["status"] = old["status"]
             else:
                 new.pop("status", None)
-        meta = new.setdefault("metadata", {})
+        meta = new["metadata"] = dict(new.get("metadata") or {})
         given = meta.get("managedFields")
         previous = (old or {}).get("metadata", {}).get("managedFields")
         # A write that rewrites managedFields itself (csaupgrade's JSON patch) sets them.
@@ -545,10 +571,8 @@ def _body(request: kmock.Request, verb: str) -> Any:
             data = yaml.safe_load(request.text)
         except yaml.YAMLError as exc:
             raise _error(400, "BadRequest", f"the body is neither JSON nor YAML: {exc}") from exc
-    if isinstance(data, dict):
-        return copy.deepcopy(data)
-    if isinstance(data, list) and verb == "patch":
-        return copy.deepcopy(data)
+    if isinstance(data, dict) or isinstance(data, list) and verb == "patch":
+        return data  # parsed for this request alone; never stored as is
     raise _error(400, "BadRequest", "the request body must be an object")
 
 
