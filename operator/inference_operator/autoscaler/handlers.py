@@ -28,8 +28,18 @@ def builtin_mode(spec: kopf.Spec, **_: Any) -> bool:
 
 
 # A failure that escapes the loop restarts the daemon after `backoff` (its history is then
-# empty, so it holds before it scales down again).
-@kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=builtin_mode, cancellation_timeout=10, backoff=RETRY_SECONDS)
+# empty, so it holds before it scales down again). A stop that arrives mid-tick is honoured
+# when the tick ends (`cancellation_backoff`); only a tick stuck past that is cancelled.
+@kopf.daemon(
+    GROUP,
+    VERSION,
+    PLURAL,
+    id="autoscaler",
+    when=builtin_mode,
+    cancellation_backoff=5,
+    cancellation_timeout=10,
+    backoff=RETRY_SECONDS,
+)
 async def autoscaler(
     stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
