@@ -13,9 +13,8 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from . import metrics, peering
+from . import credentials, metrics, peering
 from . import status as st
-from .autoscaler import credentials
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, Owner
 from .k8s import KubeApi, Ref, load_api_client
@@ -104,9 +103,13 @@ def reconcile_service(
 def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: logging.Logger) -> None:
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     problem: st.Problem | None = None
+    recheck: float | None = None
     try:
         parsed = parse_spec(dict(spec))
         result = reconcile(api, name, namespace, meta["uid"], parsed)
+    except credentials.CredentialsRefused as exc:
+        # Cleared by labelling a Secret or configuring the operator, not only by a spec change.
+        problem, recheck = st.Problem(exc.reason, exc.message), credentials.RECHECK_SECONDS
     except SpecError as exc:
         problem = st.Problem("InvalidSpec", str(exc))
     except ForeignObjectError as exc:
@@ -116,7 +119,7 @@ def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kop
             raise
         problem = st.Problem("ApplyFailed", f"API rejected an owned object: {exc.body or exc.reason}")
     if problem is not None:
-        _give_up(api, body, generation, problem, logger)
+        _give_up(api, body, generation, problem, logger, recheck)
 
     for change in result.writes:
         _normal_event(body, change.action.value, change.describe())
@@ -141,9 +144,15 @@ def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kop
 
 
 def _give_up(
-    api: KubeApi, body: kopf.Body, generation: int | None, problem: st.Problem, logger: logging.Logger
+    api: KubeApi,
+    body: kopf.Body,
+    generation: int | None,
+    problem: st.Problem,
+    logger: logging.Logger,
+    recheck: float | None = None,
 ) -> NoReturn:
-    """Record a problem only a spec change can fix, then stop retrying until that change."""
+    """Record a problem only a spec change can fix, then stop retrying until that change (or,
+    with `recheck`, look again after that many seconds)."""
     status = st.compute_status(body.get("status"), None, generation, problem)
     try:
         _publish(api, body, status | {"observedGeneration": generation})
@@ -152,6 +161,8 @@ def _give_up(
             raise  # transient: retry the whole handler, which records it next time
         logger.warning("could not record %s in status: %s", problem.reason, exc.reason)
     kopf.warn(body, reason=problem.reason, message=problem.message)
+    if recheck is not None:
+        raise kopf.TemporaryError(problem.message, delay=recheck)
     raise kopf.PermanentError(problem.message)
 
 

@@ -94,6 +94,11 @@ OPERATOR_ENV = (
     "MODEL_SERVER_MAX_QUEUE",
     "MODEL_SERVER_SHUTDOWN_DELAY_S",
     "MODEL_SERVER_DRAIN_TIMEOUT_S",
+    # The model fetcher's Hub access: only from model.huggingFace, which the operator checks.
+    "HF_TOKEN",
+    "HF_ENDPOINT",
+    "HF_HOME",
+    "MODEL_FETCH_ALLOW_HTTP_TOKEN",
 )
 # An InferenceService's name is its Service's, Deployment's and its label values: a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"

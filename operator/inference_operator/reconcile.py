@@ -12,10 +12,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from .autoscaler.credentials import CredentialPolicy, keda_refusal
 from .builders import OWNED_KINDS, Owner, build_all
 from .builders.common import SPEC_HASH_ANNOTATION
 from .builders.keda import KEDA_API_VERSION
+from .credentials import CredentialPolicy, keda_refusal, model_refusal
 from .k8s import KubeApi, Ref
 from .models import InferenceServiceSpec
 from .status import Problem
@@ -106,9 +106,15 @@ def reconcile(
 ) -> Result:
     owner = Owner(name=name, namespace=namespace, uid=uid, spec=spec)
     result = Result()
-    wanted = build_all(owner)
     policy = policy if policy is not None else CredentialPolicy.from_env()
-    refusal = keda_refusal(spec.autoscaling, policy, lambda secret: api.get(Ref("v1", "Secret", namespace, secret)))
+
+    def read_secret(secret: str) -> dict | None:
+        return api.get(Ref("v1", "Secret", namespace, secret))
+
+    if refused := model_refusal(spec, policy, read_secret):
+        raise refused  # no pod may carry this token: change nothing, the handler reports why
+    wanted = build_all(owner)
+    refusal = keda_refusal(spec.autoscaling, policy, read_secret)
     if refusal is not None:  # KEDA would send the Secret: emit none of its objects
         wanted = [o for o in wanted if o["apiVersion"] != KEDA_API_VERSION]
         result.problem = Problem(refusal.reason, refusal.message)

@@ -15,11 +15,11 @@ import kopf
 import kubernetes
 import pytest
 
-from inference_operator.autoscaler import credentials as cr
+from inference_operator import credentials as cr
 from inference_operator.autoscaler.loop import SCALING_ACTIVE, Autoscaler
 from inference_operator.autoscaler.prometheus import PrometheusClient
 from inference_operator.k8s import KubeApi
-from inference_operator.models import parse_spec
+from inference_operator.models import SpecError, parse_spec
 from inference_operator.reconcile import reconcile
 from testsupport.cluster import Cluster, condition, wait_for
 
@@ -250,3 +250,109 @@ def test_a_malformed_allow_list_stops_the_operator_at_startup(monkeypatch: pytes
     monkeypatch.setenv(cr.ENV_ALLOWED_URLS, "https://user:pass@prometheus:9090")
     with pytest.raises(ValueError, match="without user info"):
         handlers.configure(settings=kopf.OperatorSettings(), memo=kopf.Memo())
+
+
+# --- Hub tokens: model.huggingFace.tokenSecret reaches the init container as HF_TOKEN ----------
+
+
+def hf_spec(endpoint: str | None = None, token_secret: str = "hf-token") -> dict:
+    hub: dict = {"tokenSecret": token_secret}
+    if endpoint:
+        hub["endpoint"] = endpoint
+    return {
+        "model": {"uri": "hf://org/llm@main", "huggingFace": hub},
+        "runtime": {"engine": "vllm"},
+        "resources": {"gpu": {"count": 0}},
+    }
+
+
+def labelled(label: str | None) -> dict:
+    return {"metadata": {"name": "hf-token", "labels": {label: "true"} if label else {}}}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "secret", "policy", "reason"),
+    [
+        (
+            "https://attacker.example",
+            labelled(cr.MODEL_SECRET_LABEL),
+            cr.CredentialPolicy(),
+            cr.HUB_ENDPOINT_NOT_ALLOWED,
+        ),
+        ("http://huggingface.co", labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(), cr.HUB_ENDPOINT_NOT_ALLOWED),
+        (None, labelled(None), cr.CredentialPolicy(), cr.MODEL_SECRET_NOT_LABELLED),
+        (None, labelled(cr.SECRET_LABEL), cr.CredentialPolicy(), cr.MODEL_SECRET_NOT_LABELLED),  # Prometheus' label
+        (None, None, cr.CredentialPolicy(), cr.MODEL_SECRET_NOT_FOUND),
+        (None, labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(hub_tokens=False), cr.HUB_TOKENS_DISABLED),
+        (None, labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(), None),
+        (
+            "https://hf-mirror.internal/hub",
+            labelled(cr.MODEL_SECRET_LABEL),
+            cr.CredentialPolicy(hub_endpoints=(cr.PUBLIC_HUB, "https://hf-mirror.internal")),
+            None,
+        ),
+    ],
+)
+def test_hub_token_rules(endpoint: str | None, secret: dict | None, policy: cr.CredentialPolicy, reason: str) -> None:
+    refusal = cr.model_refusal(parse_spec(hf_spec(endpoint)), policy, lambda name: secret)
+    assert (refusal.reason if refusal else None) == reason
+
+
+def test_hub_endpoints_from_the_environment() -> None:
+    assert cr.CredentialPolicy.from_env({}).hub_endpoints == (cr.PUBLIC_HUB,)
+    policy = cr.CredentialPolicy.from_env({cr.ENV_HUB_ENDPOINTS: "https://huggingface.co,https://m.internal"})
+    assert policy.hub_endpoints == (cr.PUBLIC_HUB, "https://m.internal")
+    with pytest.raises(ValueError, match="https URL"):
+        cr.CredentialPolicy.from_env({cr.ENV_HUB_ENDPOINTS: "http://m.internal"})
+
+
+def test_runtime_env_cannot_redirect_the_hub_token() -> None:
+    spec = hf_spec()
+    spec["runtime"]["env"] = [{"name": "HF_ENDPOINT", "value": "https://attacker.example"}]
+    with pytest.raises(SpecError, match="runtime.env"):
+        parse_spec(spec)
+
+
+def add_hf_service(cluster: Cluster, endpoint: str | None = None) -> dict:
+    obj = {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": hf_spec(endpoint),
+    }
+    response = cluster.apply_cr(obj)
+    assert response.status_code in (200, 201), response.text
+    got = cluster.get_cr(NS, NAME)
+    assert got is not None
+    return got
+
+
+def test_operator_rolls_out_no_pod_with_an_unlabelled_hub_token(
+    cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cr, "RECHECK_SECONDS", 1)
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hf-token", "namespace": NS},
+        "data": {"token": base64.b64encode(b"hf_x").decode()},
+    }
+    assert cluster.request(
+        "POST", f"/api/v1/namespaces/{NS}/secrets", secret, content_type="application/json"
+    ).status_code in (200, 201)
+    add_hf_service(cluster)
+    degraded = wait_for(
+        lambda: (c := condition(cluster.get_cr(NS, NAME), "Degraded")) and c["status"] == "True" and c,
+        timeout=30,
+        message="Degraded condition",
+    )
+    assert degraded["reason"] == cr.MODEL_SECRET_NOT_LABELLED
+    assert cluster.get("apps/v1/deployments", NS, NAME) is None
+
+    cluster.patch("v1/secrets", NS, "hf-token", {"metadata": {"labels": {cr.MODEL_SECRET_LABEL: "true"}}})
+    deployment = wait_for(
+        lambda: cluster.get("apps/v1/deployments", NS, NAME), timeout=30, message="Deployment rolled out"
+    )
+    init = deployment["spec"]["template"]["spec"]["initContainers"][0]
+    token = next(e for e in init["env"] if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"]["name"] == "hf-token"

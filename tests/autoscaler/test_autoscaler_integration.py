@@ -22,7 +22,8 @@ from typing import Self
 import httpx
 import pytest
 
-from inference_operator.autoscaler import credentials, promql
+from inference_operator import credentials
+from inference_operator.autoscaler import promql
 from tests.autoscaler.conftest import (
     Target,
     running_model_servers,

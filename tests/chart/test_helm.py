@@ -248,37 +248,60 @@ def _operator_env(objects: list[dict]) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("values", "grants", "env"),
     [
-        ({}, {("ClusterRole", None): {"get"}}, {"AUTH": "true", "ALLOW_HTTP": "false", "ALLOWED_URLS": ""}),
+        (
+            {},
+            {("ClusterRole", None): {"get"}},
+            {
+                "AUTH": "true",
+                "ALLOW_HTTP": "false",
+                "ALLOWED_URLS": "",
+                "HUB_TOKENS": "true",
+                "HUB_TOKEN_ENDPOINTS": "https://huggingface.co",
+            },
+        ),
         (
             {
                 "prometheus": {
                     "allowedUrls": ["https://prometheus.monitoring:9090", "https://thanos/tenant-a"],
                     "credentials": {"enabled": False},
-                }
+                },
+                "huggingFace": {"tokens": False},
             },
             {},
-            {"AUTH": "false", "ALLOWED_URLS": "https://prometheus.monitoring:9090,https://thanos/tenant-a"},
+            {
+                "AUTH": "false",
+                "ALLOWED_URLS": "https://prometheus.monitoring:9090,https://thanos/tenant-a",
+                "HUB_TOKENS": "false",
+            },
         ),
         (
-            {"prometheus": {"credentials": {"secretNamespaces": ["ml-team-a"], "allowHttp": True}}},
+            {
+                "prometheus": {"credentials": {"enabled": False}},
+                "huggingFace": {"tokenEndpoints": ["https://huggingface.co", "https://hf-mirror.internal"]},
+            },
+            {("ClusterRole", None): {"get"}},
+            {"AUTH": "false", "HUB_TOKENS": "true"},
+        ),
+        (
+            {"rbac": {"secretNamespaces": ["ml-team-a"]}, "prometheus": {"credentials": {"allowHttp": True}}},
             {("Role", "ml-team-a"): {"get"}},
             {"AUTH": "true", "ALLOW_HTTP": "true"},
         ),
         (
             {
                 "watch": {"allNamespaces": False, "namespaces": ["ml-team-a", "ml-team-b"]},
-                "prometheus": {"credentials": {"secretNamespaces": ["ml-team-b"]}},
+                "rbac": {"secretNamespaces": ["ml-team-b"]},
             },
             {("Role", "ml-team-b"): {"get"}},
             {"AUTH": "true"},
         ),
     ],
-    ids=["default", "disabled-with-allow-list", "one-namespace", "namespaced-install"],
+    ids=["default", "disabled-with-allow-list", "hub-tokens-only", "one-namespace", "namespaced-install"],
 )
-def test_prometheus_credentials_values_set_rbac_and_operator_env(
+def test_credential_values_set_rbac_and_operator_env(
     chart_cluster: Cluster, values: dict, grants: dict, env: dict
 ) -> None:
-    """Secrets are readable only where credentials are on; the operator is told the same rules."""
+    """Secrets are readable only where some credential is on; the operator is told the same rules."""
     h.install(chart_cluster, values)
     objects = h.installed_objects(chart_cluster)
     for obj in objects:
@@ -286,7 +309,8 @@ def test_prometheus_credentials_values_set_rbac_and_operator_env(
     assert _secret_grants(objects) == grants
     operator_env = _operator_env(objects)
     for key, value in env.items():
-        assert operator_env[f"INFERENCE_OPERATOR_PROMETHEUS_{key}"] == value
+        name = f"INFERENCE_OPERATOR_{key}" if key.startswith("HUB_") else f"INFERENCE_OPERATOR_PROMETHEUS_{key}"
+        assert operator_env[name] == value
 
 
 def test_operator_container_has_a_cpu_limit(chart_cluster: Cluster) -> None:

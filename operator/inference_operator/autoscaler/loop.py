@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from .. import metrics
+from ..credentials import CredentialPolicy, CredentialsRefused, check_secret, check_url
 from ..k8s import KubeApi, Ref
 from ..models import (
     API_VERSION,
@@ -32,7 +33,6 @@ from ..models import (
 )
 from ..status import now_iso, set_condition
 from . import promql
-from .credentials import CredentialPolicy, CredentialsRefused, check_secret, check_url
 from .policy import Decision, History, Observation, Policy, decide
 from .prometheus import PrometheusClient, PrometheusError, Sample
 

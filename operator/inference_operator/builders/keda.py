@@ -58,7 +58,7 @@ def build_trigger_authentication(owner: Owner) -> dict | None:
     parameters; None when no auth is configured. Named after the InferenceService like every
     owned object, so the reconciler can find and delete it by name. KEDA reads the Secrets and
     sends them to `prometheusUrl`, so reconcile emits neither this nor the ScaledObject when
-    `autoscaler.credentials` refuses them (unlabelled Secret, plain http, URL not allowed).
+    `credentials` refuses them (unlabelled Secret, plain http, URL not allowed).
     """
     scaling = owner.spec.autoscaling
     auth = scaling.prometheus_auth if scaling else None

@@ -1,4 +1,4 @@
-"""Who may make the operator send a Prometheus credential, and where to.
+"""Who may make the operator hand out a credential, and where to: Prometheus and the Hub.
 
 `autoscaling.prometheusAuth` names Secrets in the InferenceService's namespace, and the
 operator reads them with its own service account. Without rules, anyone who may write an
@@ -17,6 +17,13 @@ and receive that Secret as a bearer token. So a credential is used only when all
 Kubernetes RBAC cannot restrict `get` by label, so the label is checked after the read; a
 Secret without it is neither sent nor kept. The same rules decide whether the operator emits a
 KEDA TriggerAuthentication, since KEDA would send the Secret to the same URL.
+
+`model.huggingFace.tokenSecret` is the same hole one step removed: the model-fetch init
+container gets the Secret as HF_TOKEN and sends it to `model.huggingFace.endpoint`. So the
+operator renders no pod with it unless the Secret carries `inference.rocm.dev/model-credentials:
+"true"` and the endpoint is https and on the operator's list of Hub endpoints
+(`INFERENCE_OPERATOR_HUB_TOKEN_ENDPOINTS`, default the public Hub only); `runtime.env` cannot
+set HF_TOKEN or HF_ENDPOINT (models.OPERATOR_ENV).
 """
 
 from __future__ import annotations
@@ -26,18 +33,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..models import AutoscalingMode, AutoscalingSpec, SecretKeyRef
+from .models import AutoscalingMode, AutoscalingSpec, InferenceServiceSpec, SecretKeyRef
 
 SECRET_LABEL = "inference.rocm.dev/prometheus-credentials"
 ENV_ENABLED = "INFERENCE_OPERATOR_PROMETHEUS_AUTH"
 ENV_ALLOW_HTTP = "INFERENCE_OPERATOR_PROMETHEUS_ALLOW_HTTP"
 ENV_ALLOWED_URLS = "INFERENCE_OPERATOR_PROMETHEUS_ALLOWED_URLS"
+MODEL_SECRET_LABEL = "inference.rocm.dev/model-credentials"
+ENV_HUB_TOKENS = "INFERENCE_OPERATOR_HUB_TOKENS"
+ENV_HUB_ENDPOINTS = "INFERENCE_OPERATOR_HUB_TOKEN_ENDPOINTS"
+PUBLIC_HUB = "https://huggingface.co"
 
 # Reasons, as they appear in status conditions.
 DISABLED = "PrometheusCredentialsDisabled"
 SECRET_NOT_LABELLED = "PrometheusSecretNotLabelled"
 INSECURE_URL = "PrometheusCredentialsOverHttp"
 URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"
+HUB_TOKENS_DISABLED = "HubTokensDisabled"
+HUB_ENDPOINT_NOT_ALLOWED = "HubEndpointNotAllowed"
+MODEL_SECRET_NOT_LABELLED = "ModelSecretNotLabelled"
+MODEL_SECRET_NOT_FOUND = "ModelSecretNotFound"
 
 
 class CredentialsRefused(Exception):
@@ -55,24 +70,34 @@ def _truthy(text: str | None, default: bool) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _url_list(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ...]) -> tuple[str, ...]:
+    text = env.get(name)
+    text = default if text is None else text
+    urls = tuple(u.strip() for u in text.replace("\n", ",").split(",") if u.strip())
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in schemes or not parts.hostname or parts.username is not None:
+            raise ValueError(f"{name}: {url!r} is not an {'/'.join(schemes)} URL without user info")
+    return urls
+
+
 @dataclass(frozen=True)
 class CredentialPolicy:
     enabled: bool = True
     allow_http: bool = False
     allowed_urls: tuple[str, ...] = ()
+    hub_tokens: bool = True
+    hub_endpoints: tuple[str, ...] = (PUBLIC_HUB,)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CredentialPolicy:
         env = os.environ if env is None else env
-        urls = tuple(u.strip() for u in env.get(ENV_ALLOWED_URLS, "").replace("\n", ",").split(",") if u.strip())
-        for url in urls:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname or parts.username is not None:
-                raise ValueError(f"{ENV_ALLOWED_URLS}: {url!r} is not an http(s) URL without user info")
         return cls(
             enabled=_truthy(env.get(ENV_ENABLED), True),
             allow_http=_truthy(env.get(ENV_ALLOW_HTTP), False),
-            allowed_urls=urls,
+            allowed_urls=_url_list(env, ENV_ALLOWED_URLS, "", ("http", "https")),
+            hub_tokens=_truthy(env.get(ENV_HUB_TOKENS), True),
+            hub_endpoints=_url_list(env, ENV_HUB_ENDPOINTS, PUBLIC_HUB, ("https",)),
         )
 
 
@@ -153,7 +178,17 @@ def check(
 # not a change of the InferenceService, so no event would tell it.
 RECHECK_SECONDS = 60
 SECRET_NOT_FOUND = "PrometheusSecretNotFound"
-REFUSALS = (DISABLED, SECRET_NOT_LABELLED, INSECURE_URL, URL_NOT_ALLOWED, SECRET_NOT_FOUND)
+REFUSALS = (
+    DISABLED,
+    SECRET_NOT_LABELLED,
+    INSECURE_URL,
+    URL_NOT_ALLOWED,
+    SECRET_NOT_FOUND,
+    HUB_TOKENS_DISABLED,
+    HUB_ENDPOINT_NOT_ALLOWED,
+    MODEL_SECRET_NOT_LABELLED,
+    MODEL_SECRET_NOT_FOUND,
+)
 
 
 def keda_refusal(
@@ -171,4 +206,32 @@ def keda_refusal(
     for ref in secret_refs(scaling):
         if ref.name not in found:
             return CredentialsRefused(SECRET_NOT_FOUND, f"secret {ref.name} not found")
+    return None
+
+
+def model_refusal(
+    spec: InferenceServiceSpec, policy: CredentialPolicy, read_secret: Callable[[str], dict | None]
+) -> CredentialsRefused | None:
+    """Why no pod may carry the spec's Hub token, or None (also when there is no token)."""
+    hub = spec.model.hugging_face
+    if hub is None or not hub.token_secret:
+        return None
+    if not policy.hub_tokens:
+        return CredentialsRefused(HUB_TOKENS_DISABLED, "this operator is not configured to pass Hub tokens")
+    endpoint = hub.endpoint or PUBLIC_HUB
+    if urlsplit(endpoint).scheme != "https" or not url_allowed(endpoint, policy.hub_endpoints):
+        return CredentialsRefused(
+            HUB_ENDPOINT_NOT_ALLOWED,
+            f"model.huggingFace.endpoint {endpoint} is not among the operator's Hub endpoints for tokens "
+            f"({', '.join(policy.hub_endpoints) or 'none'})",
+        )
+    secret = read_secret(hub.token_secret)
+    if secret is None:  # refused too: it could appear later without the label
+        return CredentialsRefused(MODEL_SECRET_NOT_FOUND, f"secret {hub.token_secret} not found")
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    if labels.get(MODEL_SECRET_LABEL) != "true":
+        return CredentialsRefused(
+            MODEL_SECRET_NOT_LABELLED,
+            f'secret {hub.token_secret} is not labelled {MODEL_SECRET_LABEL}: "true"; it is not used',
+        )
     return None
