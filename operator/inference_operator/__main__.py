@@ -14,6 +14,7 @@ from typing import TextIO
 import yaml
 
 from .builders import Owner, build_all
+from .builders.gpu import gpu_view
 from .models import API_VERSION, KIND, GpuAllocation, ResourceNaming, SpecError, parse_spec
 from .settings import SUPPLEMENTAL_GROUPS_ENV, GpuDefaults, SettingsError, operator_gpu_defaults, parse_groups
 from .validation import validate_custom_resource
@@ -105,6 +106,9 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
             except RecursionError as exc:
                 raise RenderError(f"{path}: not valid YAML: nested too deeply") from exc
         objects.extend(render_documents(documents, source=path, gpu_defaults=gpu_defaults))
+    if args.gpu_view:  # long CEL selectors stay on one line
+        yaml.safe_dump_all(gpu_view(objects), out, sort_keys=False, width=1000)
+        return 0
     yaml.safe_dump_all(objects, out, sort_keys=False)
     return 0
 
@@ -147,6 +151,11 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         help="InferenceService YAML file ('-' for stdin); repeatable",
+    )
+    render.add_argument(
+        "--gpu-view",
+        action="store_true",
+        help="print only what each pod gets for its GPUs (resources or claims, env, placement, groups, devices)",
     )
     # The operator's GPU settings (chart values gpu.*) for fields a spec leaves unset.
     render.add_argument(

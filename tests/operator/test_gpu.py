@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from decimal import Decimal
 from typing import Any
 
@@ -412,3 +415,69 @@ def test_vram_bounds_are_exact_decimals() -> None:
     )
     assert 'quantity("191.5Gi")' in expression and 'quantity("192.5Gi")' in expression
     assert Decimal(parse_quantity("191.5Gi")) == Decimal(191.5) * 2**30
+
+
+# --- render: the operator's GPU settings as flags, and the per-pod GPU view the README shows
+
+
+def run_render(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("INFERENCE_OPERATOR_GPU_")}
+    return subprocess.run(
+        [sys.executable, "-m", "inference_operator", "render", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        env={**clean, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+PARTITIONED = yaml.safe_dump(
+    {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "p", "namespace": "ml"},
+        "spec": {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"count": 2, "partition": "cpx_nps4"}}},
+    }
+)
+
+
+def test_render_takes_the_operator_settings_as_flags_or_environment() -> None:
+    plain = yaml.safe_load(run_render("--gpu-view", "-f", "-", stdin=PARTITIONED).stdout)
+    assert plain["resources"]["limits"] == {"amd.com/gpu": "2"}
+    mixed = yaml.safe_load(
+        run_render("--gpu-view", "--gpu-resource-naming", "mixed", "-f", "-", stdin=PARTITIONED).stdout
+    )
+    assert mixed["resources"]["limits"] == {"amd.com/cpx_nps4": "2"}
+    from_env = run_render("-f", "-", stdin=PARTITIONED, env={"INFERENCE_OPERATOR_GPU_ALLOCATION": "dra"})
+    kinds = [o["kind"] for o in yaml.safe_load_all(from_env.stdout)]
+    assert kinds[0] == "ResourceClaimTemplate"
+    groups = run_render("--gpu-view", "--gpu-supplemental-groups", "44,992", "-f", "-", stdin=PARTITIONED)
+    assert yaml.safe_load(groups.stdout)["supplementalGroups"] == [44, 992]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--gpu-supplemental-groups", "video"], {}, "--gpu-supplemental-groups='video': must be comma-separated"),
+        ([], {"INFERENCE_OPERATOR_GPU_RESOURCE_NAMING": "both"}, "INFERENCE_OPERATOR_GPU_RESOURCE_NAMING='both'"),
+    ],
+)
+def test_render_refuses_bad_gpu_settings_by_name(args: list[str], env: dict, message: str) -> None:
+    result = run_render(*args, "-f", "-", stdin=PARTITIONED, env=env)
+    assert result.returncode == 2 and message in result.stderr and result.stdout == ""
+
+
+def test_the_readme_gpu_snippets_are_the_render_output() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "readme_gpu_view.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    readme = (ROOT / "README.md").read_text()
+    for example in ("llama-torch-8gpu", "bert-cpx-mixed", "resnet-dra"):
+        assert f"<!-- render: --gpu-view -f examples/{example}.yaml -->" in readme

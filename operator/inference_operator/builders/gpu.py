@@ -208,3 +208,40 @@ def gpu_wiring(owner: Owner) -> GpuWiring:
         tolerations=tolerations,
         supplemental_groups=groups,
     )
+
+
+def gpu_view(objects: list[dict]) -> list[dict]:
+    """What each model-server pod among rendered `objects` gets for its GPUs, one entry per
+    Deployment: extended resources or claims, the claim template, env, placement, groups, devices."""
+    templates = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ResourceClaimTemplate"}
+    views = []
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        resources = container["resources"]
+        extended = {k: v for k, v in resources.get("limits", {}).items() if k.startswith(f"{RESOURCE_DOMAIN}/")}
+        view: dict = {"name": deployment["metadata"]["name"]}
+        if extended:
+            view["resources"] = {"requests": dict(extended), "limits": dict(extended)}
+        if claims := pod.get("resourceClaims"):
+            view["resourceClaims"] = claims
+            view["containerClaims"] = resources.get("claims", [])
+            for claim in claims:
+                template = templates.get(claim.get("resourceClaimTemplateName", ""))
+                if template is not None:
+                    view["resourceClaimTemplate"] = template["spec"]["spec"]
+        env = {e["name"]: e["value"] for e in container.get("env", []) if e["name"].endswith("_VISIBLE_DEVICES")}
+        if env:
+            view["env"] = env
+        for key in ("affinity", "tolerations"):
+            if key in pod:
+                view[key] = pod[key]
+        if groups := pod["securityContext"].get("supplementalGroups"):
+            view["supplementalGroups"] = groups
+        if extended or claims:
+            allocator = "the DRA driver (CDI)" if claims else "the device plugin"
+            view["devices"] = f"/dev/kfd and the /dev/dri/renderD* of the allocated GPUs, mapped in by {allocator}"
+        else:
+            view["devices"] = "none (CPU only)"
+        views.append(view)
+    return views
