@@ -481,3 +481,17 @@ def test_the_readme_gpu_snippets_are_the_render_output() -> None:
     readme = (ROOT / "README.md").read_text()
     for example in ("llama-torch-8gpu", "bert-cpx-mixed", "resnet-dra"):
         assert f"<!-- render: --gpu-view -f examples/{example}.yaml -->" in readme
+
+
+def test_the_operator_refuses_to_start_on_a_bad_gpu_setting() -> None:
+    """A bad chart value stops `run` at once, named, instead of failing every reconcile."""
+    result = subprocess.run(
+        [sys.executable, "-m", "inference_operator", "run", "--all-namespaces", "--metrics-port", "0"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS": "44,render"},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS='44,render'" in result.stderr
