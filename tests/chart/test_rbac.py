@@ -33,6 +33,7 @@ from kopf.testing import KopfRunner
 
 from inference_operator import k8s
 from inference_operator.builders import OWNED_KINDS
+from inference_operator.credentials import MODEL_SECRET_LABEL
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import AutoscalingMode, parse_spec
 from inference_operator.reconcile import reconcile
@@ -150,6 +151,14 @@ def _kube_api(cluster: Cluster) -> KubeApi:
 def _drive_reconcile(cluster: Cluster) -> None:
     """Every builder path through real API calls: create, update, delete, status, scale."""
     api = _kube_api(cluster)
+    # The Hub token an example names, opted in, so its Deployment is rendered (credentials.py).
+    token = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hf-token", "namespace": "ml", "labels": {MODEL_SECRET_LABEL: "true"}},
+        "data": {"token": "aGZfeA=="},
+    }
+    assert cluster.request("POST", "/api/v1/namespaces/ml/secrets", token, content_type="application/json").is_success
     for number, path in enumerate(EXAMPLES):
         doc = yaml.safe_load(path.read_text())
         doc["metadata"] = {"name": f"isvc-{number}", "namespace": "ml"}
