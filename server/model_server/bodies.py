@@ -138,7 +138,8 @@ class BodyDecoder:
             body = await _read(request, length)
             if len(body) <= INLINE_BYTES:
                 return decode(body)
-            cost = estimate_parse_bytes(body)
+            loop = asyncio.get_running_loop()
+            cost = await loop.run_in_executor(self._pool, estimate_parse_bytes, body)  # passes over the body
             if cost > self.parse.total:
                 raise PayloadTooLarge(
                     f"parsing this {len(body)}-byte body would take about {cost >> 20} MiB, more than the "
@@ -150,7 +151,6 @@ class BodyDecoder:
             handed_over = True
             # The budgets are returned when the thread is done with the body, even if
             # the request is cancelled (client gone, drain timeout) while it runs.
-            loop = asyncio.get_running_loop()
             job.add_done_callback(lambda _: _call_soon(loop, self._release, cost, reserved))
             return await asyncio.wrap_future(job)
         finally:

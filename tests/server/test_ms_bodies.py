@@ -20,54 +20,24 @@ import pytest
 
 from model_server.bodies import Busy, MemoryBudget, estimate_parse_bytes
 from model_server.settings import ServerSettings, detect_memory_limit
+from testsupport import payloads
 from testsupport.onnx_models import affine_model
+from testsupport.payloads import MiB, http_post, memory, reset_peak
 from testsupport.processes import free_port, running, serve_command
 
-MiB = 1 << 20
 WIDTH = 1024  # model input width: the answer (one value per row) is tiny next to the body
 
 
 def v2_body(item: bytes, size: int) -> bytes:
-    """A v2 request of about `size` bytes whose data repeats `item` (`b"1,"`)."""
-    count = size // len(item)
-    count -= count % WIDTH
-    data = (item * count)[:-1]
-    head = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[%d,%d],"data":[' % (count // WIDTH, WIDTH)
-    return head + data + b"]}]}"
+    return payloads.v2_body(item, size, WIDTH)
 
 
 def nested_body(item: bytes, size: int) -> bytes:
-    """A v2 request of about `size` bytes with nested rows of WIDTH values."""
-    row = b"[" + b",".join([item] * WIDTH) + b"]"
-    rows = max(1, size // (len(row) + 1))
-    data = b",".join([row] * rows)
-    return b'{"inputs":[{"name":"x","datatype":"FP32","shape":[%d,%d],"data":[%s]}]}' % (rows, WIDTH, data)
+    return payloads.nested_body(item, size, WIDTH)
 
 
 def lists_body(size: int) -> bytes:
-    """A valid request carrying `size` bytes of empty lists in its parameters."""
-    count = size // 3
-    lists = b"[]," * (count - 1) + b"[]"
-    return b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,%d],"data":[%s],"parameters":{"p":[%s]}}]}' % (
-        WIDTH,
-        b",".join([b"1"] * WIDTH),
-        lists,
-    )
-
-
-def http_post(path: str, body: bytes) -> bytes:
-    return (
-        b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-        % (path.encode(), len(body))
-    ) + body
-
-
-def memory(pid: int, key: str) -> int:
-    """VmRSS (resident now) or VmHWM (peak resident) of a process, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {key} for {pid}")
+    return payloads.lists_body(size, WIDTH)
 
 
 class ServerProcess:
@@ -108,7 +78,7 @@ def server(repo) -> Iterator[ServerProcess]:
 def growth_for(server: ServerProcess, *bodies: bytes, path: str = "/v2/models/tiny/infer") -> tuple[list[int], int]:
     """POST the bodies at once; their statuses and the peak resident growth they caused."""
     before = memory(server.process.pid, "VmRSS")
-    Path(f"/proc/{server.process.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    reset_peak(server.process.pid)
 
     async def post_all() -> list[int]:
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
