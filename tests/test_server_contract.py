@@ -130,6 +130,14 @@ def test_the_user_may_not_override_a_flag_the_operator_writes() -> None:
         assert written <= set(OPERATOR_FLAGS), sorted(written - set(OPERATOR_FLAGS))
 
 
+def test_the_user_cannot_override_a_flag_the_operator_sets() -> None:
+    """`--max-queue` is spec.runtime.batching.maxQueue: the schema refuses it in runtime.args."""
+    spec = yaml.safe_load((ROOT / "examples" / "resnet-2gpu.yaml").read_text())["spec"]
+    spec["runtime"]["args"] = ["--max-queue", "7"]
+    with pytest.raises(SpecError, match="runtime.args must not set the flags the operator sets"):
+        owner_for(spec)
+
+
 def test_a_flag_the_server_does_not_know_is_refused() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--model", "m.onnx", "--max-batch", "4"])
