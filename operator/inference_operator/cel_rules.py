@@ -10,7 +10,7 @@ never passes silently.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cel
@@ -59,15 +59,24 @@ def evaluate_rule(rule: dict[str, Any], value: Any, schema: dict[str, Any] | Non
     """None when the rule holds for `value` (the node `schema` describes); else why not.
 
     Without `schema` the value is taken as typed already (a model's dump: floats are floats)."""
+    problems = evaluate_rules([rule], value, schema)
+    return problems[0] if problems else None
+
+
+def evaluate_rules(rules: Sequence[dict[str, Any]], value: Any, schema: dict[str, Any] | None = None) -> list[str]:
+    """Why each rule that does not hold for `value` fails, in order; one CEL context for all."""
     context = cel.Context()
     for name, function in KUBERNETES_FUNCTIONS.items():
         context.add_function(name, function)
     context.add_variable("self", value if schema is None else to_cel(value, schema))
-    try:
-        result = compile_rule(rule["rule"]).execute(context)
-    except _EVALUATION_ERRORS as exc:
-        reason = f"no such key: {exc.args[0]}" if isinstance(exc, KeyError) else str(exc)
-        return f"rule {rule['rule']!r} cannot be evaluated: {reason}"
-    if result is not True:
-        return str(rule.get("message") or f"failed rule: {rule['rule']}")
-    return None
+    problems = []
+    for rule in rules:
+        try:
+            result = compile_rule(rule["rule"]).execute(context)
+        except _EVALUATION_ERRORS as exc:
+            reason = f"no such key: {exc.args[0]}" if isinstance(exc, KeyError) else str(exc)
+            problems.append(f"rule {rule['rule']!r} cannot be evaluated: {reason}")
+            continue
+        if result is not True:
+            problems.append(str(rule.get("message") or f"failed rule: {rule['rule']}"))
+    return problems

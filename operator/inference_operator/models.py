@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
-from .cel_rules import evaluate_rule
+from .cel_rules import evaluate_rules
 
 GROUP = "inference.rocm.dev"
 VERSION = "v1alpha1"
@@ -151,30 +151,30 @@ class _Spec(BaseModel):
 
     @model_validator(mode="after")
     def _cel_rules_hold(self) -> Self:
-        rules = _declared_rules(type(self))
-        if rules:
+        declared = _declared_rules(type(self))
+        if declared:
             data = self.model_dump(by_alias=True, mode="json", exclude_none=True)
-            for key, rule in rules:
+            for key, rules in declared:
                 if key is None or key in data:
-                    if problem := evaluate_rule(rule, data if key is None else data[key]):
-                        raise ValueError(problem)
+                    if problems := evaluate_rules(rules, data if key is None else data[key]):
+                        raise ValueError(problems[0])
         return self
 
 
 @functools.cache
-def _declared_rules(model: type[BaseModel]) -> list[tuple[str | None, dict[str, Any]]]:
-    """(None for the model or a field's alias, rule) for every `cel(...)` on `model`."""
+def _declared_rules(model: type[BaseModel]) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """(None for the model or a field's alias, its rules) for every `cel(...)` on `model`."""
 
     def rules(extra: object) -> list[dict[str, Any]]:
         found = extra.get("x-kubernetes-validations") if isinstance(extra, dict) else None
         return [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
 
-    declared: list[tuple[str | None, dict[str, Any]]] = [
-        (None, r) for r in rules(model.model_config.get("json_schema_extra"))
+    declared: list[tuple[str | None, list[dict[str, Any]]]] = [
+        (None, rules(model.model_config.get("json_schema_extra")))
     ]
     for name, field in model.model_fields.items():
-        declared += [(field.alias or name, r) for r in rules(field.json_schema_extra)]
-    return declared
+        declared.append((field.alias or name, rules(field.json_schema_extra)))
+    return [(key, found) for key, found in declared if found]
 
 
 def _quantity(value: object) -> object:
