@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Literal
 
 from fastapi import FastAPI, Request
@@ -14,12 +15,14 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import REGISTRY, CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from . import __version__
 from .api import health, simple, v2
 from .api.common import BODY_MODELS, AppState, json_response
 from .bodies import BodyDecoder
 from .errors import ServerError
+from .fastpath import FastRoute, InferenceFastPath
 from .gpu import GpuReader, detect_gpu_reader
 from .lifecycle import Shutdown
 from .metrics import ServerMetrics
@@ -59,7 +62,7 @@ def create_app(
         await repository.stop(shutdown.drain_budget())
         bodies.close()
 
-    app = FastAPI(
+    app = ModelServerApp(
         title="model-server",
         version=__version__,
         lifespan=lifespan,
@@ -73,7 +76,29 @@ def create_app(
     app.add_middleware(ContainErrors)
     _install_error_handlers(app)
     _document_bodies(app)
+    app.fast_path = InferenceFastPath(
+        partial(FastAPI.__call__, app),
+        state,
+        [
+            FastRoute("/infer", simple.run_infer),
+            FastRoute("/v2/models/{name}/infer", v2.run_infer),
+            FastRoute("/v2/models/{name}/versions/{version}/infer", v2.run_infer),
+        ],
+        max_body_bytes=settings.max_body_bytes,
+    )
     return app
+
+
+class ModelServerApp(FastAPI):
+    """FastAPI with the inference POSTs answered in front of it (fastpath.py)."""
+
+    fast_path: InferenceFastPath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.fast_path is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.fast_path(scope, receive, send)
 
 
 def _document_bodies(app: FastAPI) -> None:

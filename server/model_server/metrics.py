@@ -83,6 +83,11 @@ class ServerMetrics:
             ["model"],
             registry=registry,
         )
+        # Labelled children by label values: `labels()` takes a lock and builds a key on
+        # every call, a measurable share of a small model's request.
+        self._inflight: dict[str, Gauge] = {}
+        self._counted: dict[tuple[str, str, int], Counter] = {}
+        self._timed: dict[tuple[str, str], Histogram] = {}
         self.gpu_exported = gpu_reader is not None
         if gpu_reader is not None:
             registry.register(GpuCollector(gpu_reader))
@@ -100,7 +105,9 @@ class ServerMetrics:
         """Count one inference request; latency is recorded for successes only so
         fast rejections do not make the latency look better than it is."""
         tracker = RequestTracker()
-        inflight = self.inflight.labels(model)
+        inflight = self._inflight.get(model)
+        if inflight is None:
+            inflight = self._inflight[model] = self.inflight.labels(model)
         inflight.inc()
         started = time.perf_counter()
         try:
@@ -116,9 +123,16 @@ class ServerMetrics:
             raise
         finally:
             inflight.dec()
-            self.requests.labels(model, tracker.version, str(tracker.code)).inc()
+            key = (model, tracker.version, tracker.code)
+            counter = self._counted.get(key)
+            if counter is None:
+                counter = self._counted[key] = self.requests.labels(model, tracker.version, str(tracker.code))
+            counter.inc()
             if tracker.code < 400:
-                self.request_duration.labels(model, tracker.version).observe(time.perf_counter() - started)
+                timed = self._timed.get(key[:2])
+                if timed is None:
+                    timed = self._timed[key[:2]] = self.request_duration.labels(model, tracker.version)
+                timed.observe(time.perf_counter() - started)
 
 
 class BatchMetrics:

@@ -58,6 +58,41 @@ class ContainErrors:
             await internal_error_response(scope, exc)(scope, receive, send)
 
 
+def oversized_response(scope: Scope, limit: int) -> Response | None:
+    """The 413 for a request whose Content-Length exceeds `limit`, else None."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                length = -1
+            if length > limit:
+                return json_response(
+                    {"error": f"request body of {length} bytes exceeds the limit of {limit} bytes (max-body-bytes)"},
+                    status=413,
+                    headers={"Connection": "close"},
+                )
+            return None
+    return None
+
+
+def limit_receive(receive: Receive, limit: int) -> Receive:
+    """`receive` that raises `PayloadTooLarge` once the body read so far exceeds `limit`
+    (a chunked body has no Content-Length to check first)."""
+    seen = 0
+
+    async def limited_receive() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (max-body-bytes)")
+        return message
+
+    return limited_receive
+
+
 class BodySizeLimit:
     """413 before reading a body whose Content-Length is too large; for chunked
     bodies, `PayloadTooLarge` is raised from `receive` once the limit is crossed."""
@@ -70,34 +105,8 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_bytes
-        for key, value in scope["headers"]:
-            if key == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    length = -1
-                if length > limit:
-                    response = json_response(
-                        {
-                            "error": f"request body of {length} bytes exceeds the limit of {limit} "
-                            "bytes (max-body-bytes)"
-                        },
-                        status=413,
-                        headers={"Connection": "close"},
-                    )
-                    await response(scope, receive, send)
-                    return
-                break
-        seen = 0
-
-        async def limited_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes (max-body-bytes)")
-            return message
-
-        await self.app(scope, limited_receive, send)
+        response = oversized_response(scope, self.max_bytes)
+        if response is not None:
+            await response(scope, receive, send)
+            return
+        await self.app(scope, limit_receive(receive, self.max_bytes), send)

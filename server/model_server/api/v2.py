@@ -23,6 +23,7 @@ from ..tensors import (
 )
 from .common import (
     INFER_ERRORS,
+    AppState,
     State,
     check_content_type,
     documented_body,
@@ -156,12 +157,12 @@ _INFER_DOC = documented_body(InferenceRequest)
 
 @router.post("/models/{name}/infer", responses=INFER_ERRORS, openapi_extra=_INFER_DOC)
 async def model_infer(name: str, request: Request, state: State) -> Response:
-    return await _infer(state, request, name, None)
+    return await run_infer(state, request, name, None)
 
 
 @router.post("/models/{name}/versions/{version}/infer", responses=INFER_ERRORS, openapi_extra=_INFER_DOC)
 async def version_infer(name: str, version: str, request: Request, state: State) -> Response:
-    return await _infer(state, request, name, version)
+    return await run_infer(state, request, name, version)
 
 
 def decode_request(
@@ -212,7 +213,8 @@ def decode_inputs(req: InferenceRequest, binary: bytes | memoryview) -> dict[str
     return arrays
 
 
-async def _infer(state: State, request: Request, name: str, version: str | None) -> Response:
+async def run_infer(state: AppState, request: Request, name: str, version: str | None = None) -> Response:
+    """The handler of both infer routes, also answered in front of the framework (fastpath.py)."""
     with state.metrics.track(state.settings.name) as tracker:
         _check_name(state, name)
         check_content_type(request.headers.get("content-type"), binary=True)
