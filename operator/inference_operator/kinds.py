@@ -23,6 +23,8 @@ class Kind:
     # The add-on that serves this API when it is not built into Kubernetes; a cluster without
     # it answers 404, which is a condition to report, not an error to retry.
     addon: str | None = None
+    # The API server refuses any change to its spec: a changed one is deleted and created anew.
+    replaced_on_change: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -44,6 +46,7 @@ KINDS: tuple[Kind, ...] = (
         "resourceclaimtemplates",
         owned=True,
         addon="Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+)",
+        replaced_on_change=True,
     ),
     Kind("apps/v1", "Deployment", "deployments", owned=True),
     Kind("v1", "Service", "services", owned=True),

@@ -17,6 +17,7 @@ from .builders.common import SPEC_HASH_ANNOTATION
 from .builders.keda import KEDA_API_VERSION
 from .credentials import CredentialPolicy, keda_refusal, model_refusal
 from .k8s import KubeApi, Ref
+from .kinds import kind_of
 from .models import InferenceServiceSpec
 from .status import Problem
 
@@ -24,6 +25,7 @@ from .status import Problem
 class Action(enum.StrEnum):
     CREATED = "Created"
     UPDATED = "Updated"
+    REPLACED = "Replaced"
     DELETED = "Deleted"
     UNCHANGED = "Unchanged"
 
@@ -82,6 +84,10 @@ def apply_object(api: KubeApi, desired: dict, owner_uid: str) -> tuple[Action, d
     live_hash = (live["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
     if live_hash == desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]:
         return Action.UNCHANGED, live
+    if kind_of(ref.api_version, ref.kind).replaced_on_change:
+        # An immutable spec (a ResourceClaimTemplate): the pods that use it roll by its hash.
+        api.delete(ref)
+        return Action.REPLACED, api.create(desired)
     return Action.UPDATED, api.apply(keep_foreign_replicas(desired, live))
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import celpy
 import celpy.celtypes
+import kmock
+import kubernetes
 import kubernetes_validate
 import pytest
 import yaml
@@ -25,9 +27,12 @@ from kubernetes.utils import parse_quantity
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.gpu import CLAIM_HASH_ANNOTATION, dra_selectors
+from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import GpuAllocation, ResourceNaming, SpecError, parse_spec
+from inference_operator.reconcile import Action, Change, reconcile
 from inference_operator.settings import GpuDefaults, SettingsError
 from inference_operator.validation import evaluate_rule, validate_custom_resource
+from testsupport.cluster import Cluster
 from testsupport.crd import ROOT, crd_schema
 
 KUBERNETES_VERSIONS = sorted({"1.34", kubernetes_validate.latest_version()})
@@ -495,3 +500,33 @@ def test_the_operator_refuses_to_start_on_a_bad_gpu_setting() -> None:
     )
     assert result.returncode == 2
     assert "INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS='44,render'" in result.stderr
+
+
+# --- The claim template in a cluster: replaced when it changes (its spec is immutable)
+
+
+def test_a_changed_claim_template_is_replaced_and_the_pods_roll(cluster: Cluster) -> None:
+    api = KubeApi(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)), timeout=10)
+    template_ref = Ref("resource.k8s.io/v1", "ResourceClaimTemplate", "ml", "m")
+    deployment_ref = Ref("apps/v1", "Deployment", "ml", "m")
+
+    def reconciled(gpu: dict) -> list[Change]:
+        spec = parse_spec({"model": {"uri": "pvc://models/m"}, "resources": {"gpu": {"allocation": "dra", **gpu}}})
+        return reconcile(api, "m", "ml", "u-1", spec).changes
+
+    assert Change(Action.CREATED, "ResourceClaimTemplate", "m") in reconciled({"count": 1})
+    first = api.get(deployment_ref)["spec"]["template"]["metadata"]["annotations"][CLAIM_HASH_ANNOTATION]
+    assert Change(Action.UNCHANGED, "ResourceClaimTemplate", "m") in reconciled({"count": 1})
+    deletes_before = len([r for r in cluster.emulator if r.method == kmock.method.DELETE])
+
+    assert Change(Action.REPLACED, "ResourceClaimTemplate", "m") in reconciled({"count": 2})
+    deletes = [r for r in list(cluster.emulator) if r.method == kmock.method.DELETE][deletes_before:]
+    assert [(r.resource.plural, r.name) for r in deletes] == [("resourceclaimtemplates", "m")]
+    template = api.get(template_ref)
+    assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+    second = api.get(deployment_ref)["spec"]["template"]["metadata"]["annotations"][CLAIM_HASH_ANNOTATION]
+    assert second != first  # a new pod template: the Deployment rolls onto claims from the new template
+
+    changes = reconciled({"count": 2, "allocation": "devicePlugin"})
+    assert Change(Action.DELETED, "ResourceClaimTemplate", "m") in changes
+    assert api.get(template_ref) is None
