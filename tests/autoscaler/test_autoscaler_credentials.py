@@ -356,3 +356,24 @@ def test_operator_rolls_out_no_pod_with_an_unlabelled_hub_token(
     init = deployment["spec"]["template"]["spec"]["initContainers"][0]
     token = next(e for e in init["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+
+
+def test_a_ca_secret_must_opt_in_too() -> None:
+    """The CA is not sent anywhere, but naming any Secret must not make the operator use it."""
+    scaling = parse_spec(
+        {
+            "model": {"uri": "pvc://models/m"},
+            "autoscaling": {
+                "maxReplicas": 2,
+                "target": 1,
+                "prometheusUrl": HTTPS,
+                "prometheusAuth": {"caSecret": {"name": "some-ca", "key": "ca.crt"}},
+            },
+        }
+    ).autoscaling
+    assert scaling is not None
+    with pytest.raises(cr.CredentialsRefused) as refused:
+        cr.check(scaling, cr.CredentialPolicy(), lambda name: {"metadata": {"name": name}})
+    assert refused.value.reason == cr.SECRET_NOT_LABELLED
+    ok = cr.check(scaling, cr.CredentialPolicy(), lambda name: {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
+    assert set(ok) == {"some-ca"}
