@@ -42,7 +42,7 @@ QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE]
 # A path segment that is not `.` or `..` (RE2, as the API server's patterns: no lookahead).
 PATH_SEGMENT = r"([^/.\s][^/\s]*|\.[^/.\s][^/\s]*|\.\.[^/\s]+)"
 # hf://ORG/NAME[@REVISION]: a Hugging Face Hub repository, at a branch, tag or commit.
-HF_URI_PATTERN = r"hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(@[-A-Za-z0-9_./]+)?"
+HF_URI_PATTERN = r"hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(@[A-Za-z0-9][-A-Za-z0-9_./]*)?"
 # pvc://CLAIM/PATH becomes a volume subPath, which the API server refuses with `..` in it.
 MODEL_URI_PATTERN = (
     rf"^(pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/{PATH_SEGMENT})*/?|(s3|https?|oci)://\S+|{HF_URI_PATTERN})$"

@@ -1,0 +1,129 @@
+"""Real vLLM for the LLM tests: its venv, a tiny random-weight Llama, and a kubelet stand-in.
+
+vLLM's CPU build lives in a venv of its own (scripts/setup-vllm.sh; it pins its own torch and
+transformers). The tests play the kubelet: they take the container the operator rendered and
+run its own command line there, with the volume mount, the pod address and the device
+wiring of a real node replaced by their loopback equivalents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import cluster, operator  # noqa: F401  (fixtures)
+from testsupport.processes import wait_http
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+VENV = pathlib.Path(
+    os.environ.get("VLLM_VENV")
+    or pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    / "rocm-inference-operator"
+    / "vllm-venv"
+)
+# What a CPU node needs instead of a GPU's memory: the KV cache in host RAM (GiB).
+CPU_BACKEND_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def vllm_python() -> pathlib.Path:
+    """The vLLM venv's interpreter; CI installs it (scripts/setup.sh), elsewhere the test skips."""
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        message = f"vLLM is not installed in {VENV} (run scripts/setup-vllm.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A random-weight Llama (hidden 128, 2 heads) and a word-level tokenizer, built locally."""
+    python = vllm_python()
+    out = tmp_path_factory.mktemp("tiny-llama")
+    subprocess.run(
+        [str(python), str(ROOT / "tests" / "llm" / "tiny_llama.py"), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
+    return out
+
+
+def kubelet_command(container: dict, mounts: dict[str, pathlib.Path], host: str, port: int) -> list[str]:
+    """The container's command line as a node would run it, on loopback: the image's `python3`
+    is the vLLM venv's, volume paths are local directories, the pod's address is `host:port`."""
+    command = [str(vllm_python()) if part == "python3" else part for part in container["command"]]
+    args = []
+    for arg in container["args"]:
+        flag, _, value = arg.partition("=")
+        if flag == "--host":
+            value = host
+        elif flag == "--port":
+            value = str(port)
+        else:
+            for mount_path, local in mounts.items():
+                if value == mount_path or value.startswith(mount_path + "/"):
+                    value = str(local) + value[len(mount_path) :]
+        args.append(f"{flag}={value}" if value else flag)
+    return command + args
+
+
+def kubelet_env(container: dict, home: pathlib.Path) -> dict[str, str]:
+    """The container's environment (plain values; device selection is the node's business)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **CPU_BACKEND_ENV}
+    for var in container.get("env") or []:
+        if "value" in var and not var["name"].endswith("VISIBLE_DEVICES"):
+            env[var["name"]] = var["value"]
+    env["HOME"] = str(home)  # the pod's /tmp emptyDir
+    return env
+
+
+@contextlib.contextmanager
+def running_vllm(
+    container: dict, model_dir: pathlib.Path, mount_path: str, port: int, workdir: pathlib.Path, timeout: float = 600
+) -> Iterator[subprocess.Popen]:
+    """vLLM started from `container`, ready on 127.0.0.1:`port`; its process group is stopped
+    on the way out (the API server runs the engine in a child process)."""
+    home = workdir / "home"
+    home.mkdir(exist_ok=True)
+    log = workdir / "vllm.log"
+    command = kubelet_command(container, {mount_path: model_dir}, "127.0.0.1", port)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command,
+            env=kubelet_env(container, home),
+            cwd=workdir,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        started = time.monotonic()
+        wait_http(f"http://127.0.0.1:{port}/health", process, timeout=timeout, log=log)
+        process.startup_seconds = time.monotonic() - started  # type: ignore[attr-defined]
+        yield process
+    finally:
+        _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+    # The engine process may outlive the API server by a moment.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)

@@ -1,0 +1,261 @@
+"""LLM serving end to end: the operator's vLLM Deployment run for real, scaled on TTFT.
+
+The operator runs unmodified against the emulated API server and renders the vLLM
+Deployment. The test plays the kubelet: it starts vLLM (CPU build) with that Deployment's own
+command line (image and device wiring aside) on a tiny random-weight Llama. The real
+Prometheus scrapes vLLM's own `vllm:*` metrics. A closed-loop client sends more completions
+than the engine runs at once (`--max-num-seqs`, an engine argument from the spec), so requests
+wait and the p95 time to first token climbs past the target: the built-in autoscaler must
+scale up while the breach lasts and back down once the load is gone.
+
+One vLLM process only (it takes a core or two): scaling up does not relieve it, so the loop
+goes up to maxReplicas and stays there while the load lasts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Self
+
+import httpx
+import pytest
+
+from inference_operator.autoscaler import promql
+from inference_operator.models import Metric
+from tests.autoscaler.conftest import Target, running_prometheus
+from tests.llm.conftest import running_vllm
+from testsupport.cluster import Cluster, captured_operator_logs, wait_for
+from testsupport.processes import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NAMESPACE = "ml"
+NAME = "tiny-llm"
+MODEL = "tiny"
+MOUNT = "/mnt/models"
+DEPLOYMENTS = "apps/v1/deployments"
+DECISION = "autoscaler decision"
+TARGET_TTFT_MS = 250.0
+MAX_NUM_SEQS = 2
+
+
+def service(prometheus_url: str) -> dict:
+    return {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {
+            "model": {"uri": "pvc://models/tiny-llama", "name": MODEL},
+            "runtime": {
+                "engine": "vllm",
+                "maxModelLen": 256,
+                # Engine arguments: at most two sequences at once, so a burst has to queue.
+                "args": [f"--max-num-seqs={MAX_NUM_SEQS}", "--seed=0"],
+            },
+            "resources": {"gpu": {"count": 0}, "cpu": "2", "memory": "4Gi"},
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": 3,
+                "metric": "ttftP95Ms",
+                "target": TARGET_TTFT_MS,
+                "prometheusUrl": prometheus_url,
+                "intervalSeconds": 1,
+                "windowSeconds": 10,
+                "scaleDownStabilizationSeconds": 8,
+                "scaleUp": {"pods": 1, "percent": 1, "periodSeconds": 5},
+                "scaleDown": {"pods": 4, "percent": 100, "periodSeconds": 1},
+            },
+        },
+    }
+
+
+def replicas_of(cluster: Cluster) -> int | None:
+    cr = cluster.get_cr(NAMESPACE, NAME)
+    return None if cr is None else cr["spec"].get("replicas")
+
+
+def autoscaler_status(cluster: Cluster) -> dict:
+    cr = cluster.get_cr(NAMESPACE, NAME) or {}
+    return (cr.get("status") or {}).get("autoscaler") or {}
+
+
+@dataclass
+class ReplicaRecorder:
+    """Samples spec.replicas every 20 ms from a thread; keeps (wall time, replicas) changes."""
+
+    cluster: Cluster
+    changes: list[tuple[float, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        last = None
+        while not self._stop.wait(0.02):
+            current = replicas_of(self.cluster)
+            if current is not None and current != last:
+                self.changes.append((time.time(), current))
+                last = current
+
+    def writes(self) -> list[tuple[float, int, int]]:
+        return [(t, before, after) for (_, before), (t, after) in itertools.pairwise(self.changes)]
+
+
+class CompletionLoad:
+    """`concurrency` workers posting /v1/completions back to back, for at most `max_seconds`."""
+
+    def __init__(self, url: str, concurrency: int, max_seconds: float, max_tokens: int = 48):
+        self.url = url
+        self.concurrency = concurrency
+        self.max_seconds = max_seconds
+        self.body = {
+            "model": MODEL,
+            "prompt": "the operator scales the model server on latency",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+        self.sent = 0
+        self.failed = 0
+        self.tokens = 0
+        self.started_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        deadline = time.monotonic() + self.max_seconds
+        async with httpx.AsyncClient(timeout=60) as client:
+
+            async def worker() -> None:
+                while not self._stop.is_set() and time.monotonic() < deadline:
+                    try:
+                        response = await client.post(self.url, json=self.body)
+                        if response.status_code == 200:
+                            self.tokens += response.json()["usage"]["completion_tokens"]
+                        else:
+                            self.failed += 1
+                    except httpx.HTTPError:
+                        self.failed += 1
+                    self.sent += 1
+
+            await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+
+    def start(self) -> CompletionLoad:
+        self.started_at = time.time()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(70)
+
+
+def test_vllm_deployment_serves_and_scales_on_ttft(
+    tmp_path, tiny_llama, cluster: Cluster, operator, record_property
+) -> None:
+    test_started = time.monotonic()
+    port = free_port()
+    vllm_target = Target(f"127.0.0.1:{port}", {"namespace": NAMESPACE, "pod": f"{NAME}-0"})
+    with running_prometheus(tmp_path, [vllm_target]) as prom, captured_operator_logs() as logs:
+        assert cluster.apply_cr(service(prom.url)).status_code in (200, 201)
+        deployment = wait_for(
+            lambda: cluster.get(DEPLOYMENTS, NAMESPACE, NAME), timeout=30, message="the vLLM Deployment"
+        )
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        args = container["args"]
+        assert container["command"][-1] == "vllm.entrypoints.openai.api_server"
+        assert f"--served-model-name={MODEL}" in args and "--tensor-parallel-size=1" in args
+        assert args[-2:] == [f"--max-num-seqs={MAX_NUM_SEQS}", "--seed=0"]
+        assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
+
+        workdir = tmp_path / "pod"
+        workdir.mkdir()
+        with running_vllm(container, tiny_llama, MOUNT, port, workdir) as vllm:
+            startup_seconds = vllm.startup_seconds  # type: ignore[attr-defined]
+            base = f"http://127.0.0.1:{port}"
+            # The OpenAI API under the served model name.
+            models = httpx.get(f"{base}/v1/models", timeout=10).json()
+            assert [m["id"] for m in models["data"]] == [MODEL]
+            completion = httpx.post(
+                f"{base}/v1/completions",
+                json={"model": MODEL, "prompt": "the operator", "max_tokens": 8, "ignore_eos": True},
+                timeout=30,
+            ).json()
+            assert completion["usage"]["completion_tokens"] == 8
+
+            wait_for(lambda: prom.targets_up() == 1, timeout=30, interval=0.2, message="vLLM scraped")
+            # Idle: the loop reads TTFT p95 from vLLM's histogram and keeps one replica.
+            idle = wait_for(
+                lambda: (status := autoscaler_status(cluster)).get("currentValue") is not None and status,
+                timeout=60,
+                message="a decision on a TTFT reading",
+            )
+            assert "holding 1" in idle["reason"], idle
+            assert idle["metric"] == "ttftP95Ms"
+            assert replicas_of(cluster) == 1
+
+            with ReplicaRecorder(cluster) as recorder:
+                load = CompletionLoad(f"{base}/v1/completions", concurrency=16, max_seconds=120).start()
+                try:
+                    wait_for(lambda: (replicas_of(cluster) or 0) > 1, timeout=60, interval=0.02, message="scale-up")
+                    wait_for(lambda: replicas_of(cluster) == 3, timeout=40, interval=0.05, message="maxReplicas")
+                    at_max = logs.count(DECISION)
+                    wait_for(lambda: logs.count(DECISION) >= at_max + 3, timeout=20, message="decisions at max")
+                    loaded = autoscaler_status(cluster)
+                    waiting = prom.value(promql.metric_query(Metric.REQUESTS_WAITING, NAMESPACE, MODEL, 10))
+                finally:
+                    load.stop()
+                load_stopped = time.time()
+                wait_for(
+                    lambda: replicas_of(cluster) == 1, timeout=90, interval=0.05, message="scale-down after the load"
+                )
+            writes = recorder.writes()
+            query = promql.metric_query(Metric.TTFT_P95_MS, NAMESPACE, MODEL, 10)
+            series = prom.query_range(query, load.started_at - 2, writes[0][0] + 1, step=0.25)
+            metrics_text = httpx.get(f"{base}/metrics", timeout=10).text
+
+    # vLLM exported the metrics the autoscaler reads, under the served model name.
+    for name in (promql.VLLM_TTFT, promql.VLLM_ITL, promql.VLLM_E2E, promql.VLLM_WAITING, promql.VLLM_KV_CACHE):
+        assert name in metrics_text and f'model_name="{MODEL}"' in metrics_text, name
+    assert load.sent > 20 and load.failed == 0, (load.sent, load.failed)
+    assert waiting is not None and waiting > 0  # requests really queued behind --max-num-seqs
+
+    ups = [w for w in writes if w[2] > w[1]]
+    downs = [w for w in writes if w[2] < w[1]]
+    assert [w[1:] for w in ups] == [(1, 2), (2, 3)]
+    assert [w[1:] for w in downs] == [(3, 1)]
+    assert all(t < load_stopped for t, _, _ in ups) and all(t > load_stopped for t, _, _ in downs)
+    assert downs[0][0] - load_stopped >= 8  # the stabilization window
+    directions = [1 if after > before else -1 for _, before, after in writes]
+    assert sum(1 for a, b in itertools.pairwise(directions) if a != b) == 1  # one turn, no flapping
+
+    assert loaded["metric"] == "ttftP95Ms" and loaded["currentValue"] > TARGET_TTFT_MS
+    assert loaded["desiredReplicas"] == 3
+    assert loaded["latencyP95Ms"] >= loaded["currentValue"]  # end-to-end includes the first token
+
+    breach = next((t for t, v in series if v > TARGET_TTFT_MS), None)
+    assert breach is not None, series
+    reaction = writes[0][0] - breach
+    duration = time.monotonic() - test_started
+    record_property("vllm_startup_seconds", round(startup_seconds, 1))
+    record_property("reaction_seconds", round(reaction, 2))
+    record_property("test_seconds", round(duration, 1))
+    print(
+        f"\nvLLM: ready {startup_seconds:.1f}s after start; TTFT p95 over {TARGET_TTFT_MS:.0f} ms visible in "
+        f"Prometheus {breach - load.started_at:.2f}s after load start, first scale write {reaction:.2f}s after "
+        f"that; at max: TTFT p95 {loaded['currentValue']:.0f} ms, e2e p95 {loaded['latencyP95Ms']:.0f} ms, "
+        f"{waiting:.1f} waiting; scale-down {downs[0][0] - load_stopped:.1f}s after load stop; "
+        f"{load.sent} completions, {load.tokens} tokens; test {duration:.0f}s",
+        file=sys.__stdout__,
+    )
