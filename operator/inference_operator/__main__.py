@@ -7,6 +7,7 @@ python -m inference_operator run --all-namespaces --liveness http://0.0.0.0:8080
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TextIO
@@ -14,6 +15,7 @@ from typing import TextIO
 import yaml
 
 from .builders import Owner, build_all
+from .builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
 from .builders.gpu import gpu_view
 from .models import API_VERSION, KIND, GpuAllocation, ResourceNaming, SpecError, parse_spec
 from .settings import SUPPLEMENTAL_GROUPS_ENV, GpuDefaults, SettingsError, operator_gpu_defaults, parse_groups
@@ -27,10 +29,14 @@ class RenderError(Exception):
 
 
 def render_documents(
-    documents: Iterable[object], source: str = "<stdin>", gpu_defaults: GpuDefaults | None = None
+    documents: Iterable[object],
+    source: str = "<stdin>",
+    gpu_defaults: GpuDefaults | None = None,
+    images: Images | None = None,
 ) -> list[dict]:
     """Every object the operator would create for the InferenceServices among `documents`, with
-    `gpu_defaults` as the operator's GPU settings (its environment's when None).
+    `gpu_defaults` as the operator's GPU settings and `images` its default images (its
+    environment's when None).
 
     Each document first gets the API server's verdict (schema, defaults and CEL rules of the
     CRD): what `kubectl apply` would refuse, render refuses, naming the field.
@@ -62,6 +68,7 @@ def render_documents(
                 uid=meta.get("uid", PLACEHOLDER_UID),
                 spec=spec,
                 gpu_defaults=gpu_defaults or operator_gpu_defaults(),
+                images=images or Images.from_environment(),
             )
         except SpecError as exc:
             raise RenderError(f"{where}: {exc}") from exc
@@ -90,6 +97,15 @@ def _gpu_defaults(args: argparse.Namespace) -> GpuDefaults:
     )
 
 
+def _images(args: argparse.Namespace) -> Images:
+    """The operator's default images: environment, then flags."""
+    defaults = Images.from_environment()
+    return Images(
+        model_server=args.model_server_image or defaults.model_server,
+        vllm=args.vllm_image or defaults.vllm,
+    )
+
+
 def _render(args: argparse.Namespace, out: TextIO) -> int:
     gpu_defaults = _gpu_defaults(args)
     objects: list[dict] = []
@@ -105,7 +121,7 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
                 raise RenderError(f"{path}: not valid YAML: {exc}") from exc
             except RecursionError as exc:
                 raise RenderError(f"{path}: not valid YAML: nested too deeply") from exc
-        objects.extend(render_documents(documents, source=path, gpu_defaults=gpu_defaults))
+        objects.extend(render_documents(documents, source=path, gpu_defaults=gpu_defaults, images=_images(args)))
     if args.gpu_view:  # long CEL selectors stay on one line
         yaml.safe_dump_all(gpu_view(objects), out, sort_keys=False, width=1000)
         return 0
@@ -121,6 +137,12 @@ def _run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+    # Owners read the default images from the environment (builders.common.Images).
+    if args.model_server_image:
+        os.environ[MODEL_SERVER_IMAGE_ENV] = args.model_server_image
+    if args.vllm_image:
+        os.environ[VLLM_IMAGE_ENV] = args.vllm_image
 
     from . import handlers  # noqa: F401  (registers the handlers)
 
@@ -138,6 +160,16 @@ def _run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
     )
     return 0
+
+
+def _image_flags(command: argparse.ArgumentParser) -> None:
+    """The operator's default images (chart values images.*) for services that name none."""
+    command.add_argument(
+        "--model-server-image", metavar="IMAGE", help=f"model-server image (default ${MODEL_SERVER_IMAGE_ENV})"
+    )
+    command.add_argument(
+        "--vllm-image", metavar="IMAGE", help=f"vLLM image for engine: vllm (default ${VLLM_IMAGE_ENV})"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -172,7 +204,10 @@ def parser() -> argparse.ArgumentParser:
         help=f"the hosts' video/render GIDs, e.g. 44,992 (operator default; {SUPPLEMENTAL_GROUPS_ENV})",
     )
 
+    _image_flags(render)
+
     run = commands.add_parser("run", help="run the operator")
+    _image_flags(run)
     scope = run.add_mutually_exclusive_group(required=True)
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     scope.add_argument("-n", "--namespace", action="append", help="watch this namespace; repeatable")
