@@ -119,7 +119,7 @@ def test_vllm_gets_the_same_gpu_wiring_as_the_model_server() -> None:
     assert ca["resources"] == cb["resources"] and cb["resources"]["limits"]["amd.com/gpu"] == "2"
     devices = [e for e in cb["env"] if e["name"].endswith("VISIBLE_DEVICES")]
     assert devices == [e for e in ca["env"] if e["name"].endswith("VISIBLE_DEVICES")]
-    assert {"name": "HIP_VISIBLE_DEVICES", "value": "1,0"} in devices
+    assert {"name": "ROCR_VISIBLE_DEVICES", "value": "1,0"} in devices
     assert {"name": "dshm", "mountPath": "/dev/shm"} in cb["volumeMounts"]
     assert cb["securityContext"]["readOnlyRootFilesystem"] is True
     # A read-only root needs a writable HOME for vLLM's caches; the model is local, so no Hub.
