@@ -1,0 +1,344 @@
+"""This model server against its peers, in one interleaved run on the same ONNX model:
+
+  ours      - `python -m model_server serve` (adaptive batching);
+  kserve    - KServe's Python ModelServer with a `kserve.Model` running the session;
+  pytriton  - PyTriton: Triton's HTTP front end and dynamic batcher over the session.
+
+Every server runs the same ONNX Runtime session options on the same model file and is
+driven by `wrk` over loopback with the same Open Inference Protocol (v2) JSON request,
+at 1, 16 and 64 concurrent clients, on a ~100k- and a ~38M-parameter MLP. A round
+measures every server at every concurrency, one after another; rounds repeat and the
+medians are reported, so a busy neighbour on the machine skews all servers alike. The
+table has throughput, p50/p99 latency and CPU time per request (the server's whole
+process tree: Triton's server and Python stub processes count too), then our ratios.
+
+The peers live in venvs of their own that `bench/setup-peers.sh` creates (run here
+unless --no-setup; it also installs wrk); a peer whose venv is missing is skipped.
+
+    .venv/bin/python bench/peer_bench.py                      # ~4 min on 2 cores
+    .venv/bin/python bench/peer_bench.py --models small --rounds 3 --json peers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from testsupport.onnx_models import mlp_model
+from testsupport.processes import free_port, running, serve_command
+
+BENCH = Path(__file__).resolve().parent
+MODELS = {"small": [256, 256, 128, 16], "large": [1024, 4096, 4096, 4096, 16]}
+CONCURRENCY = [1, 16, 64]
+PEERS = ["kserve", "pytriton"]
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = io.open("%(body)s", "rb"); wrk.body = f:read("*a"); f:close()
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('WRK {"requests": %%d, "duration_us": %%d, "errors": %%d, "status_errors": %%d, ' ..
+    '"p50_us": %%d, "p99_us": %%d}\\n',
+    summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def cache_dir() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "model-server-bench"
+    return Path(os.environ.get("MODEL_SERVER_BENCH_CACHE", default))
+
+
+def params(sizes: list[int]) -> int:
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid`'s process tree (live processes only)."""
+    total = 0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------- load
+
+
+def wrk(url: str, body: Path, clients: int, seconds: float, script: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t",
+            "1",
+            "-c",
+            str(clients),
+            "-d",
+            f"{max(1, round(seconds))}s",
+            "--timeout",
+            "30s",
+            "-s",
+            str(script),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(next(line for line in out.splitlines() if line.startswith("WRK "))[4:])
+
+
+def measure(server: Server, body: Path, clients: int, warmup: float, seconds: float, script: Path) -> dict[str, Any]:
+    if warmup:
+        wrk(server.url, body, clients, warmup, script)
+    before = cpu_seconds(server.pid)
+    stats = wrk(server.url, body, clients, seconds, script)
+    cpu = cpu_seconds(server.pid) - before
+    ok = stats["requests"] - stats["status_errors"]
+    return {
+        "throughput": ok / (stats["duration_us"] / 1e6),
+        "p50_ms": stats["p50_us"] / 1000,
+        "p99_ms": stats["p99_us"] / 1000,
+        "cpu_ms_per_request": 1000 * cpu / max(1, ok),
+        "errors": stats["errors"] + stats["status_errors"],
+    }
+
+
+# --------------------------------------------------------------------------- servers
+
+
+class Server:
+    def __init__(self, name: str, pid: int, port: int) -> None:
+        self.name = name
+        self.pid = pid
+        self.url = f"http://127.0.0.1:{port}/v2/models/m/infer"
+
+
+def commands(name: str, model: Path, port: int, args: argparse.Namespace) -> list[str]:
+    if name == "ours":
+        return serve_command(
+            model,
+            port,
+            "--model-name",
+            "m",
+            "--format",
+            "onnx",
+            "--providers",
+            "CPUExecutionProvider",
+            "--no-watch",
+            "--max-batch-size",
+            str(args.max_batch_size),
+            "--max-delay-ms",
+            str(args.max_delay_ms),
+            "--intra-op-threads",
+            str(args.threads),
+            "--inter-op-threads",
+            "1" if args.threads else "0",
+            "--log-level",
+            "warning",
+        )
+    python = cache_dir() / "peers" / name / "bin" / "python"
+    return [
+        str(python),
+        str(BENCH / "peer_servers.py"),
+        name,
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--grpc-port",
+        str(free_port()),
+        "--metrics-port",
+        str(free_port()),
+        "--threads",
+        str(args.threads),
+        "--max-batch-size",
+        str(args.max_batch_size),
+        "--max-delay-ms",
+        str(args.triton_delay_ms),
+    ]
+
+
+@contextlib.contextmanager
+def started(names: list[str], model: Path, args: argparse.Namespace, logs: Path) -> Iterator[list[Server]]:
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for name in names:
+            port = free_port()
+            process = stack.enter_context(
+                running(
+                    commands(name, model, port, args),
+                    log=logs / f"{name}.log",
+                    ready_url=f"http://127.0.0.1:{port}/v2/models/m/ready",
+                    timeout=300,
+                    stop_timeout=30,
+                )
+            )
+            servers.append(Server(name, process.pid, port))
+        yield servers
+
+
+def available_peers(wanted: list[str]) -> list[str]:
+    found = []
+    for name in wanted:
+        if (cache_dir() / "peers" / name / ".complete").exists():
+            found.append(name)
+        else:
+            print(f"{name}: no venv in {cache_dir() / 'peers' / name} (bench/setup-peers.sh): skipped", flush=True)
+    return found
+
+
+# --------------------------------------------------------------------------- report
+
+
+def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("throughput", "p50_ms", "p99_ms", "cpu_ms_per_request")
+    return {
+        **{k: float(np.median([r[k] for r in rows])) for k in keys},
+        "errors": sum(r["errors"] for r in rows),
+        "throughput_range": [min(r["throughput"] for r in rows), max(r["throughput"] for r in rows)],
+    }
+
+
+def report(label: str, names: list[str], results: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """Print the table; the list of "Done when" misses."""
+    misses = []
+    print(f"\n{label}: medians")
+    print(f"  {'server':9} {'clients':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}  {'errors':>6}")
+    for c in CONCURRENCY:
+        for name in names:
+            m = results[name][c]
+            print(
+                f"  {name:9} {c:7d} {m['throughput']:9.0f} {m['p50_ms']:8.2f} {m['p99_ms']:8.2f} "
+                f"{m['cpu_ms_per_request']:10.3f}  {m['errors']:6d}"
+            )
+    peers = [n for n in names if n != "ours"]
+    if peers:
+        print("  ratios (ours / peer): throughput, p99 (lower is better for ours)")
+        for c in CONCURRENCY:
+            ours = results["ours"][c]
+            parts = []
+            for peer in peers:
+                p = results[peer][c]
+                parts.append(
+                    f"{peer} {ours['throughput'] / p['throughput']:5.2f}x, p99 {ours['p99_ms'] / p['p99_ms']:5.2f}x"
+                )
+                if ours["throughput"] < p["throughput"]:
+                    misses.append(f"{label} c={c}: throughput below {peer}")
+            best_p99 = min(results[peer][c]["p99_ms"] for peer in peers)
+            if ours["p99_ms"] > 1.2 * best_p99:
+                misses.append(f"{label} c={c}: p99 {ours['p99_ms']:.1f} ms > 1.2x the best peer's {best_p99:.1f} ms")
+            print(f"    c={c:<3} " + "   ".join(parts))
+    return misses
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="small,large", help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated; missing venvs are skipped")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    parser.add_argument("--duration", type=float, default=3.0, help="measured seconds per point and round")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="ORT intra-op threads for every server (0 = ORT default)"
+    )
+    parser.add_argument("--max-batch-size", type=int, default=16, help="ours and PyTriton")
+    parser.add_argument("--max-delay-ms", type=float, default=5.0, help="ours: the wait behind a busy runtime")
+    parser.add_argument(
+        "--triton-delay-ms",
+        type=float,
+        default=0.0,
+        help="PyTriton's max_queue_delay (Triton's default, 0, is its best here: any other value is waited "
+        "out even by a lone request)",
+    )
+    parser.add_argument("--no-setup", action="store_true", help="do not run bench/setup-peers.sh first")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+
+    if not args.no_setup:
+        subprocess.run(["bash", str(BENCH / "setup-peers.sh")], check=False)
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (bench/setup-peers.sh installs it): the figures need it", file=sys.stderr)
+        return 2
+    names = ["ours", *available_peers([p for p in args.peers.split(",") if p])]
+    load = os.getloadavg()
+    print(
+        f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; servers: {', '.join(names)}; "
+        f"ORT threads={args.threads or 'default'}; batching: max {args.max_batch_size} rows, ours "
+        f"{args.max_delay_ms} ms behind a busy runtime, pytriton max_queue_delay {args.triton_delay_ms} ms; "
+        f"wrk, 1 thread; {args.rounds} interleaved rounds of {args.duration:.0f} s per point",
+        flush=True,
+    )
+    everything: dict[str, Any] = {"names": names, "args": vars(args), "models": {}}
+    misses: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for key in [m for m in args.models.split(",") if m]:
+            sizes = MODELS[key]
+            model = mlp_model(Path(tmp) / key / "model.onnx", sizes)
+            body = Path(tmp) / f"{key}.json"
+            row = np.random.default_rng(2).standard_normal(sizes[0]).round(4).tolist()
+            body.write_text(
+                json.dumps({"inputs": [{"name": "x", "shape": [1, sizes[0]], "datatype": "FP32", "data": row}]})
+            )
+            script = Path(tmp) / f"{key}.lua"
+            script.write_text(WRK_SCRIPT % {"body": body})
+            label = f"MLP {sizes} ({params(sizes) / 1e6:.2g}M parameters)"
+            print(f"\n{label}", flush=True)
+            rounds: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in CONCURRENCY} for n in names}
+            with started(names, model, args, Path(tmp)) as servers:
+                for r in range(args.rounds):
+                    print(f"round {r + 1}/{args.rounds}, load average {os.getloadavg()[0]:.1f}", flush=True)
+                    for c in CONCURRENCY:
+                        for server in servers:
+                            m = measure(server, body, c, args.warmup, args.duration, script)
+                            rounds[server.name][c].append(m)
+                            line = f"  {server.name:9} c={c:<3} {m['throughput']:8.0f}/s  p50 {m['p50_ms']:7.2f} ms  "
+                            line += f"p99 {m['p99_ms']:7.2f} ms  CPU {m['cpu_ms_per_request']:.3f} ms/req"
+                            print(f"{line}  errors {m['errors']}", flush=True)
+            results = {n: {c: medians(rounds[n][c]) for c in CONCURRENCY} for n in names}
+            misses += report(label, names, results)
+            everything["models"][key] = {"sizes": sizes, "medians": results, "rounds": rounds}
+    if len(names) > 1:
+        print("\nours >= every peer in throughput and p99 <= 1.2x the best peer's:", "met" if not misses else "MISSED")
+        for miss in misses:
+            print(f"  {miss}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
