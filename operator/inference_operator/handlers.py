@@ -191,30 +191,35 @@ def deployment_event(
         if isvc["metadata"].get("deletionTimestamp"):
             return
         deployment: dict | None = dict(body)
-        if event["type"] == "DELETED":
-            deployment = _restore(api, isvc, logger)
         previous = isvc.get("status")
-        new_status = st.compute_status(
-            previous, deployment, isvc["metadata"].get("generation"), _spec_problem(previous)
-        )
+        problem = _spec_problem(previous)
+        if event["type"] == "DELETED":
+            deployment, refused = _restore(api, isvc, logger)
+            problem = refused or problem
+        new_status = st.compute_status(previous, deployment, isvc["metadata"].get("generation"), problem)
         _publish(api, isvc, new_status)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         raise _temporary(exc, retry) from exc
     _announce_readiness(isvc, previous, new_status)
 
 
-def _restore(api: KubeApi, isvc: dict, logger: logging.Logger) -> dict | None:
-    """Someone deleted our Deployment while its InferenceService lives: put it back."""
+def _restore(api: KubeApi, isvc: dict, logger: logging.Logger) -> tuple[dict | None, st.Problem | None]:
+    """Someone deleted our Deployment while its InferenceService lives: put it back, unless a
+    credential it would carry is no longer allowed (then the problem says why)."""
     try:
         parsed = parse_spec(isvc.get("spec") or {})
     except SpecError:
-        return None
+        return None, None
     meta = isvc["metadata"]
-    result = reconcile(api, meta["name"], meta["namespace"], meta["uid"], parsed)
+    try:
+        result = reconcile(api, meta["name"], meta["namespace"], meta["uid"], parsed)
+    except credentials.CredentialsRefused as exc:
+        logger.warning("not restored: %s", exc.message)
+        return None, st.Problem(exc.reason, exc.message)
     for change in result.writes:
         _normal_event(isvc, change.action.value, change.describe() + " (was deleted)")
     logger.info("restored %s", ", ".join(c.describe() for c in result.writes) or "nothing")
-    return result.deployment
+    return result.deployment, None
 
 
 def _ready(status: dict | None) -> str | None:

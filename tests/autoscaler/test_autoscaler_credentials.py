@@ -377,3 +377,30 @@ def test_a_ca_secret_must_opt_in_too() -> None:
     assert refused.value.reason == cr.SECRET_NOT_LABELLED
     ok = cr.check(scaling, cr.CredentialPolicy(), lambda name: {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
     assert set(ok) == {"some-ca"}
+
+
+def test_a_deleted_deployment_is_not_restored_with_a_token_no_longer_allowed(
+    cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cr, "RECHECK_SECONDS", 1)
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hf-token", "namespace": NS, "labels": {cr.MODEL_SECRET_LABEL: "true"}},
+        "data": {"token": base64.b64encode(b"hf_x").decode()},
+    }
+    assert cluster.request(
+        "POST", f"/api/v1/namespaces/{NS}/secrets", secret, content_type="application/json"
+    ).status_code in (200, 201)
+    add_hf_service(cluster)
+    wait_for(lambda: cluster.get("apps/v1/deployments", NS, NAME), timeout=30, message="Deployment rolled out")
+    # The label is withdrawn, then the Deployment deleted: it is not put back with the token.
+    cluster.patch("v1/secrets", NS, "hf-token", {"metadata": {"labels": {cr.MODEL_SECRET_LABEL: None}}})
+    assert cluster.request("DELETE", f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}").status_code == 200
+    degraded = wait_for(
+        lambda: (c := condition(cluster.get_cr(NS, NAME), "Degraded")) and c["status"] == "True" and c,
+        timeout=30,
+        message="Degraded condition",
+    )
+    assert degraded["reason"] == cr.MODEL_SECRET_NOT_LABELLED
+    assert cluster.get("apps/v1/deployments", NS, NAME) is None
