@@ -7,6 +7,7 @@ queued requests finish, bounded by `drain_timeout_s` -> exit 0.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -91,5 +92,10 @@ def serve(settings: ServerSettings) -> int:
     # underneath turns that into a normal return, so the exit code is 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
+    # The framework's objects live as long as the process: out of the collector's sight,
+    # a full collection no longer walks them all in the middle of requests (a p99 of
+    # 92 -> 29 ms at 64 clients on a small model, bench/peer_bench.py).
+    gc.collect()
+    gc.freeze()
     server.run()
     return 0 if server.started else 1
