@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import kubernetes_validate
 import pytest
+import yaml
 
 from inference_operator.builders import Owner, build_deployment
 from inference_operator.models import SpecError, parse_spec
-from testsupport.crd import validate_custom_resource
+from testsupport.crd import ROOT, validate_custom_resource
 
 UID = "7f1c3f9e-0000-4000-8000-000000000001"
 
@@ -66,3 +69,15 @@ def test_model_sha256_reaches_the_fetcher_and_only_for_one_file() -> None:
         parse_spec(service["spec"])
     with pytest.raises(SpecError):
         parse_spec({"model": {"uri": "https://h/m/model.onnx", "sha256": "not-hex"}})
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_pod_is_hardened(path: pathlib.Path) -> None:
+    """Whatever the engine or GPU mode: no API token, and a CPU limit on every container."""
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc or doc.get("kind") != "InferenceService":
+            continue
+        pod = deployment(**doc["spec"])["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        for container in pod["containers"] + pod.get("initContainers", []):
+            assert "cpu" in container["resources"]["limits"], container["name"]
