@@ -179,7 +179,8 @@ def test_dry_run_validates_and_answers_without_storing(cluster: Cluster) -> None
     assert apply(cluster, deployment(gpus=1), dryRun="All").status_code == 200
     assert stored(cluster)["metadata"]["resourceVersion"] == version
     assert cluster.emulator.dry_runs["deployments:update"] == 2
-    assert cluster.emulator.writes["deployments:update"] == 1
+    assert cluster.emulator.writes["deployments:create"] == 1  # the apply that created it
+    assert cluster.emulator.writes["deployments:update"] == 0
 
 
 def test_a_no_op_write_stores_nothing(cluster: Cluster) -> None:

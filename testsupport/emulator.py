@@ -199,6 +199,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         declare(self, "coordination.k8s.io/v1/leases", "Lease")
         declare(self, "autoscaling/v2/horizontalpodautoscalers", "HorizontalPodAutoscaler", subresources=("status",))
         declare(self, "keda.sh/v1alpha1/scaledobjects", "ScaledObject", subresources=("status",))
+        declare(self, "keda.sh/v1alpha1/triggerauthentications", "TriggerAuthentication")
         declare(self, "v1/secrets", "Secret")
         declare(self, "resource.k8s.io/v1/resourceclaimtemplates", "ResourceClaimTemplate")
 
@@ -211,7 +212,15 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         assert request.resource is not None
         sub = f"/{request.subresource}" if request.subresource else ""
         counter = self.dry_runs if request.params.get("dryRun") == "All" else self.writes
-        counter[f"{request.resource.plural}{sub}:{'update' if verb in ('apply', 'patch', 'put') else verb}"] += 1
+        key = (request.resource, request.namespace, request.name)
+        creating = (
+            counter is self.writes
+            and verb == "apply"
+            and not sub
+            and (key not in self._objects or self._objects[key].deleted)
+        )
+        counted = "create" if creating else "update" if verb in ("apply", "patch", "put") else verb
+        counter[f"{request.resource.plural}{sub}:{counted}"] += 1  # an apply that creates counts as a create
         released: tuple | None = None
         async with self._lock:
             try:

@@ -1,29 +1,39 @@
 """kopf handlers: the I/O edge between the API server and the pure parts of the operator.
 
-State lives in the objects (spec-hash annotations, status), never in this process, so any
-replica of the operator can pick up where another stopped.
+State lives in the objects (spec-hash annotations, field ownership, status), never in this
+process, so any replica of the operator can pick up where another stopped. The only memory
+kept here is what rate-limits repairs and serialises status writes; losing it is harmless.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from . import credentials, metrics, peering
+from . import credentials, metrics, ownership, peering
 from . import status as st
 from .builders import selector_string, service_url
-from .builders.common import MANAGER, Owner
-from .k8s import KubeApi, Ref, load_api_client
+from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
+from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
+from .kinds import KINDS, unavailable_message
 from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
-from .reconcile import ForeignObjectError, reconcile
+from .reconcile import ApplyRefused, ForeignObjectError, Result, reconcile
 
-# Problems a Deployment event cannot clear (a spec change, or for a refused credential the next
-# re-check, can): Deployment events keep them.
-SPEC_PROBLEMS = ("InvalidSpec", "ResourceConflict", "ApplyFailed", *credentials.REFUSALS)
+# Problems rollout news does not clear: only a spec change or the next re-check can.
+KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, *credentials.REFUSALS)
+# At most this many drift repairs of one InferenceService's objects per window; more wait,
+# so a fight with another controller costs a few writes a minute, not a write storm.
+REPAIR_BURST = 3
+REPAIR_WINDOW_SECONDS = 30.0
 
 
 @kopf.on.startup()
@@ -70,21 +80,31 @@ def _normal_event(body: kopf.Body | dict, reason: str, message: str) -> None:
     kopf.event(body, type="Normal", reason=reason, message=message)
 
 
-def _publish(api: KubeApi, body: kopf.Body | dict, new_status: dict) -> dict:
-    """Write only the status keys that changed; an unchanged status costs no write."""
-    meta = body["metadata"]
-    changes = st.status_changes(body.get("status"), new_status)
-    if changes:
-        api.patch_status(Ref(API_VERSION, KIND, meta["namespace"], meta["name"]), changes)
-    return changes
+def _isvc_ref(namespace: str, name: str) -> Ref:
+    return Ref(API_VERSION, KIND, namespace, name)
 
 
-def _spec_problem(status: dict | None) -> st.Problem | None:
-    for condition in (status or {}).get("conditions") or []:
-        if condition.get("type") == st.DEGRADED and condition.get("status") == "True":
-            if condition.get("reason") in SPEC_PROBLEMS:
-                return st.Problem(condition["reason"], condition.get("message", ""))
-    return None
+def _publish(memo: kopf.Memo, ref: Ref, compute: Callable[[dict], dict]) -> tuple[dict | None, dict]:
+    """Write only the status keys that changed, computed from the object as it is now.
+
+    Status writers (the reconcile handler and owned-object events) take a per-object lock
+    and read the object fresh, so two of them racing never send the same patch twice.
+    Returns (the previous status, the new status); an unchanged status costs no write.
+    """
+    api: KubeApi = memo.api
+    locks: collections.defaultdict[Ref, threading.Lock] = memo.setdefault(
+        "status_locks", collections.defaultdict(threading.Lock)
+    )
+    with locks[ref]:
+        fresh = api.get(ref)
+        if fresh is None:
+            return None, {}
+        previous = fresh.get("status")
+        new_status = compute(fresh)
+        changes = st.status_changes(previous, new_status)
+        if changes:
+            api.patch_status(ref, changes)
+        return previous, new_status
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -95,57 +115,61 @@ def reconcile_service(
     body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, logger: logging.Logger, retry: int = 0, **_: Any
 ) -> None:
     try:
-        _reconcile_service(memo.api, body, meta, spec, logger)
+        _reconcile_service(memo, body, meta, spec, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         raise _temporary(exc, retry) from exc
 
 
-def _reconcile_service(api: KubeApi, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: logging.Logger) -> None:
+def _reconcile_service(
+    memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: logging.Logger
+) -> None:
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
+    ref = _isvc_ref(namespace, name)
     problem: st.Problem | None = None
     recheck: float | None = None
     try:
-        parsed = parse_spec(dict(spec))
-        result = reconcile(api, name, namespace, meta["uid"], parsed)
+        owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parse_spec(dict(spec)))
+        result = reconcile(memo.api, owner)
     except credentials.CredentialsRefused as exc:
         # Cleared by labelling a Secret or configuring the operator, not only by a spec change.
-        problem, recheck = st.Problem(exc.reason, exc.message), credentials.RECHECK_SECONDS
+        problem, recheck = st.Problem(exc.reason, exc.message), float(credentials.RECHECK_SECONDS)
     except SpecError as exc:
         problem = st.Problem("InvalidSpec", str(exc))
     except ForeignObjectError as exc:
         problem = st.Problem("ResourceConflict", str(exc))
-    except ApiException as exc:
-        if exc.status not in (400, 422):
-            raise
-        problem = st.Problem("ApplyFailed", f"API rejected an owned object: {exc.body or exc.reason}")
+    except ApplyRefused as exc:
+        problem = st.Problem("ApplyFailed", f"the API server refused the desired objects, none was written: {exc}")
     if problem is not None:
-        _give_up(api, body, generation, problem, logger, recheck)
+        _give_up(memo, body, ref, generation, problem, logger, recheck)
 
     for change in result.writes:
         _normal_event(body, change.action.value, change.describe())
-    owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parsed)
-    new_status = st.compute_status(body.get("status"), result.deployment, generation, result.problem) | {
-        "observedGeneration": generation,
-        "url": service_url(owner),
-        "selector": selector_string(owner),
-    }
-    changed = _publish(api, body, new_status)
+    problem = result.problem
+    if result.unavailable:
+        problem = st.Problem("ApiUnavailable", "; ".join(unavailable_message(k) for k in result.unavailable))
+    state = st.rollout(result.deployment)
+    extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector_string(owner)}
+    previous, new_status = _publish(
+        memo, ref, lambda fresh: st.compute_status(fresh.get("status"), state, generation, problem) | extra
+    )
     logger.info(
         "reconciled generation %s: %d writes (%s), status keys changed: %s",
         generation,
         len(result.writes),
         ", ".join(c.describe() for c in result.writes) or "none",
-        ", ".join(sorted(changed)) or "none",
+        ", ".join(sorted(st.status_changes(previous, new_status))) or "none",
     )
-    if result.problem is not None:
-        # Fixed outside the spec (e.g. by labelling a Secret): look again after a while.
-        kopf.warn(body, reason=result.problem.reason, message=result.problem.message)
-        raise kopf.TemporaryError(result.problem.message, delay=credentials.RECHECK_SECONDS)
+    if problem is not None:
+        kopf.warn(body, reason=problem.reason, message=problem.message)
+        # Not permanent: the add-on may be installed, the Secret labelled, both outside the
+        # spec. Looked at again on a slow timer, not in a hot loop.
+        raise kopf.TemporaryError(problem.message, delay=credentials.RECHECK_SECONDS)
 
 
 def _give_up(
-    api: KubeApi,
+    memo: kopf.Memo,
     body: kopf.Body,
+    ref: Ref,
     generation: int | None,
     problem: st.Problem,
     logger: logging.Logger,
@@ -153,9 +177,15 @@ def _give_up(
 ) -> NoReturn:
     """Record a problem only a spec change can fix, then stop retrying until that change (or,
     with `recheck`, look again after that many seconds)."""
-    status = st.compute_status(body.get("status"), None, generation, problem)
     try:
-        _publish(api, body, status | {"observedGeneration": generation})
+        _publish(
+            memo,
+            ref,
+            lambda fresh: (
+                st.compute_status(fresh.get("status"), st.NOT_CREATED, generation, problem)
+                | {"observedGeneration": generation}
+            ),
+        )
     except ApiException as exc:
         if exc.status not in (400, 422):
             raise  # transient: retry the whole handler, which records it next time
@@ -173,68 +203,113 @@ def _controller_owner(body: kopf.Body) -> dict | None:
     return None
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": MANAGER})
-@metrics.instrumented("deployment_event")
-def deployment_event(
-    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int = 0, **_: Any
-) -> None:
-    """Mirror the Deployment's rollout into its InferenceService; recreate it if deleted."""
+def _suspect(body: kopf.Body) -> str | None:
+    """Why an owned object may have drifted, judged from the object alone (no API call)."""
+    if SPEC_HASH_ANNOTATION not in (body["metadata"].get("annotations") or {}):
+        return "annotations edited"
+    managers = ownership.foreign_spec_managers(dict(body), FIELD_MANAGER)
+    return "fields changed by " + ", ".join(managers) if managers else None
+
+
+async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: logging.Logger) -> None:
+    """Allow REPAIR_BURST repairs per window per InferenceService; later ones wait."""
+    times: collections.deque[float] = memo.setdefault("repairs", collections.defaultdict(collections.deque))[key]
+    now = time.monotonic()
+    while times and now - times[0] > REPAIR_WINDOW_SECONDS:
+        times.popleft()
+    if len(times) >= REPAIR_BURST:
+        wait = REPAIR_WINDOW_SECONDS - (now - times[0])
+        logger.warning("repairs of %s/%s rate-limited: next in %.0f s", *key, wait)
+        await asyncio.sleep(wait)
+    times.append(time.monotonic())
+
+
+def _repair(memo: kopf.Memo, isvc: dict, why: str, logger: logging.Logger) -> tuple[Result | None, st.Problem | None]:
+    """Reconcile an InferenceService whose owned object was deleted or edited by hand.
+
+    Not when a credential its pods would carry is no longer allowed: then the problem says why.
+    """
+    meta = isvc["metadata"]
+    try:
+        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=parse_spec(isvc["spec"]))
+        result = reconcile(memo.api, owner)
+    except credentials.CredentialsRefused as exc:
+        logger.warning("not repaired (%s): %s", why, exc.message)
+        return None, st.Problem(exc.reason, exc.message)
+    except (SpecError, ForeignObjectError, ApplyRefused) as exc:
+        logger.info("not repaired (%s): %s", why, exc)  # the reconcile handler reports it
+        return None, None
+    for change in result.writes:
+        _normal_event(isvc, "Repaired", f"{change.describe()}: {why}")
+    logger.info("repair after %s: %s", why, ", ".join(c.describe() for c in result.writes) or "nothing to do")
+    return result, None
+
+
+@metrics.instrumented("owned_event")
+async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Repair an owned object that was deleted or edited; mirror a Deployment's rollout."""
     owner_ref = _controller_owner(body)
     if owner_ref is None:
         return
+    is_deployment = body.get("kind") == "Deployment"
+    why = f"{body.get('kind')} deleted" if event["type"] == "DELETED" else _suspect(body)
+    if why is None and not is_deployment:
+        return
     api: KubeApi = memo.api
     namespace = body["metadata"]["namespace"]
+    ref = _isvc_ref(namespace, owner_ref["name"])
     try:
-        isvc = api.get(Ref(API_VERSION, KIND, namespace, owner_ref["name"]))
+        isvc = await asyncio.to_thread(api.get, ref)
         if isvc is None or isvc["metadata"].get("uid") != owner_ref.get("uid"):
             return
         if isvc["metadata"].get("deletionTimestamp"):
             return
-        deployment: dict | None = dict(body)
-        previous = isvc.get("status")
-        problem = _spec_problem(previous)
-        if event["type"] == "DELETED":
-            deployment, refused = _restore(api, isvc, logger)
-            problem = refused or problem
-        new_status = st.compute_status(previous, deployment, isvc["metadata"].get("generation"), problem)
-        _publish(api, isvc, new_status)
+        deployment: dict | None = dict(body) if event["type"] != "DELETED" else None
+        refused: st.Problem | None = None
+        if why is not None:
+            await _await_repair_slot(memo, (namespace, owner_ref["name"]), logger)
+            result, refused = await asyncio.to_thread(_repair, memo, isvc, why, logger)
+            if result is not None and is_deployment:
+                deployment = result.deployment
+        if not is_deployment:
+            return
+        state = st.rollout(deployment)
+        previous, new_status = await asyncio.to_thread(
+            _publish,
+            memo,
+            ref,
+            lambda fresh: st.compute_status(
+                fresh.get("status"),
+                state,
+                fresh["metadata"].get("generation"),
+                refused or st.spec_problem(fresh.get("status"), KEPT_PROBLEMS),
+            ),
+        )
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
-        raise _temporary(exc, retry) from exc
+        logger.warning("owned %s event not handled: %s", body.get("kind"), exc)
+        return
     _announce_readiness(isvc, previous, new_status)
 
 
-def _restore(api: KubeApi, isvc: dict, logger: logging.Logger) -> tuple[dict | None, st.Problem | None]:
-    """Someone deleted our Deployment while its InferenceService lives: put it back, unless a
-    credential it would carry is no longer allowed (then the problem says why)."""
-    try:
-        parsed = parse_spec(isvc.get("spec") or {})
-    except SpecError:
-        return None, None
-    meta = isvc["metadata"]
-    try:
-        result = reconcile(api, meta["name"], meta["namespace"], meta["uid"], parsed)
-    except credentials.CredentialsRefused as exc:
-        logger.warning("not restored: %s", exc.message)
-        return None, st.Problem(exc.reason, exc.message)
-    for change in result.writes:
-        _normal_event(isvc, change.action.value, change.describe() + " (was deleted)")
-    logger.info("restored %s", ", ".join(c.describe() for c in result.writes) or "nothing")
-    return result.deployment, None
-
-
-def _ready(status: dict | None) -> str | None:
-    for condition in (status or {}).get("conditions") or []:
-        if condition.get("type") == st.READY:
-            return condition.get("status")
-    return None
+# One event handler per owned kind, selected by our managed-by label.
+for _kind in KINDS:
+    if _kind.owned:
+        kopf.on.event(
+            group=_kind.group,
+            version=_kind.api_version.rpartition("/")[2],
+            plural=_kind.plural,
+            labels={"app.kubernetes.io/managed-by": MANAGER},
+            id=f"owned-{_kind.plural}",
+        )(owned_event)
 
 
 def _announce_readiness(isvc: dict, previous: dict | None, new: dict) -> None:
     """An event when the service becomes ready, a warning when a ready one stops being so."""
-    before, after = _ready(previous), _ready(new)
+    before, after = st.condition_status(previous, st.READY), st.condition_status(new, st.READY)
     if before == after or (after != "True" and before != "True"):
         return
-    condition = next(c for c in new["conditions"] if c["type"] == st.READY)
+    condition = st.find_condition(new["conditions"], st.READY)
+    assert condition is not None
     if after == "True":
         _normal_event(isvc, "Ready", condition["message"])
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ from .builders.common import MANAGER
 from .kinds import PLURALS
 
 FIELD_MANAGER = MANAGER
+# How long an add-on API found missing is believed missing before discovery is asked again.
+MISSING_API_RECHECK_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,12 @@ def load_api_client() -> kubernetes.client.ApiClient:
 
 
 class KubeApi:
-    """get / create / apply / delete / patch-status by reference, returning plain dicts."""
+    """get / apply / delete / patch-status by reference, returning plain dicts."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient, timeout: float = 30):
         self._client = api_client
         self._timeout = timeout
+        self._served: dict[tuple[str, str], tuple[bool, float]] = {}
 
     def _call(
         self,
@@ -91,18 +95,48 @@ class KubeApi:
                 return None
             raise
 
-    def create(self, obj: dict) -> dict:
-        return self._call("POST", Ref.of(obj).path(collection=True), body=obj)
-
-    def apply(self, obj: dict) -> dict:
-        """Server-side apply: we own exactly the fields we send, others keep theirs."""
+    def apply(self, obj: dict, dry_run: bool = False) -> dict:
+        """Server-side apply, which also creates a missing object. One field manager owns
+        exactly the fields we send (forcing conflicts: the operator is the authority on
+        them); a field we stop sending is removed. `dry_run` validates the whole object with
+        the API server's admission and schema and persists nothing."""
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        if dry_run:
+            query.append(("dryRun", "All"))
         return self._call(
             "PATCH",
             Ref.of(obj).path(),
             body=json.dumps(obj),
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=query,
             content_type="application/apply-patch+yaml",
         )
+
+    def replace_managed_fields(self, ref: Ref, managed_fields: list[dict], resource_version: str) -> dict:
+        """Rewrite an object's field ownership (as client-go's csaupgrade does), guarded by
+        its resourceVersion so a concurrent change makes this fail rather than be lost."""
+        patch = {"metadata": {"managedFields": managed_fields, "resourceVersion": resource_version}}
+        return self._call("PATCH", ref.path(), body=patch, content_type="application/merge-patch+json")
+
+    def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the API server serves a resource (an add-on's CRD may be missing).
+
+        A yes is remembered for good, a no for `MISSING_API_RECHECK_SECONDS`, so a cluster
+        without the add-on costs one discovery request per interval, not one per reconcile.
+        """
+        key = (api_version, plural)
+        known = self._served.get(key)
+        if known is not None and (known[0] or time.monotonic() - known[1] < MISSING_API_RECHECK_SECONDS):
+            return known[0]
+        prefix = "/api" if "/" not in api_version else "/apis"
+        try:
+            listing = self._call("GET", f"{prefix}/{api_version}")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            listing = {}
+        served = any(r.get("name") == plural for r in listing.get("resources") or [])
+        self._served[key] = (served, time.monotonic())
+        return served
 
     def delete(self, ref: Ref) -> bool:
         try:

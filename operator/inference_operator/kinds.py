@@ -72,3 +72,11 @@ PLURALS: dict[tuple[str, str], str] = {k.key: k.plural for k in KINDS}
 
 def kind_of(api_version: str, kind: str) -> Kind:
     return BY_KEY[api_version, kind]
+
+
+def unavailable_message(kind: Kind) -> str:
+    """What a user reads when an add-on's API is missing."""
+    return (
+        f"{kind.kind} ({kind.plural}.{kind.group}/{kind.api_version.rpartition('/')[2]}) is not served by this "
+        f"cluster: install {kind.addon} or choose another mode (checked again every minute)"
+    )

@@ -1,7 +1,11 @@
 """Make the cluster match one InferenceService: apply what is wanted, delete what is not.
 
-Writes are skipped when the live object already carries the hash of the desired manifest,
-so a resync of an unchanged InferenceService costs reads only.
+Every write is a server-side apply under the operator's one field manager, so a field the
+spec stops asking for is really removed. A live object is left alone when it carries the
+hash of the desired manifest, its labels and annotations are ours and no other manager owns
+part of its spec; a resync of an unchanged InferenceService therefore costs reads only.
+Before anything is written, the whole set is applied with `dryRun=All`: when the API server
+refuses one object, none is written and the refusal is reported.
 """
 
 from __future__ import annotations
@@ -12,19 +16,22 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from .builders import OWNED_KINDS, Owner, build_all
+from kubernetes.client.exceptions import ApiException
+
+from .builders import Owner, build_all
 from .builders.common import SPEC_HASH_ANNOTATION
 from .builders.keda import KEDA_API_VERSION
 from .credentials import CredentialPolicy, keda_refusal, model_refusal
-from .k8s import KubeApi, Ref
-from .kinds import kind_of
-from .models import InferenceServiceSpec
+from .k8s import FIELD_MANAGER, KubeApi, Ref
+from .kinds import KINDS, Kind, kind_of
+from .ownership import Drift, drift, metadata_differs
 from .status import Problem
 
 
 class Action(enum.StrEnum):
     CREATED = "Created"
     UPDATED = "Updated"
+    REPAIRED = "Repaired"
     REPLACED = "Replaced"
     DELETED = "Deleted"
     UNCHANGED = "Unchanged"
@@ -35,15 +42,19 @@ class Change:
     action: Action
     kind: str
     name: str
+    detail: str = ""
 
     def describe(self) -> str:
-        return f"{self.kind} {self.name} {self.action.value.lower()}"
+        text = f"{self.kind} {self.name} {self.action.value.lower()}"
+        return f"{text} ({self.detail})" if self.detail else text
 
 
 @dataclass
 class Result:
     changes: list[Change] = field(default_factory=list)
     deployment: dict | None = None
+    # Wanted kinds the cluster does not serve (an add-on is missing): not applied.
+    unavailable: list[Kind] = field(default_factory=list)
     # Something left out on purpose (a refused Prometheus credential): reported, then retried.
     problem: Problem | None = None
 
@@ -54,6 +65,24 @@ class Result:
 
 class ForeignObjectError(Exception):
     """An object with our name exists but belongs to someone else: we never take it over."""
+
+
+class ApplyRefused(Exception):
+    """The API server refused an object of the desired set (checked by a dry run first)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """What to do with one desired object given its live state."""
+
+    desired: dict
+    live: dict | None
+    action: Action
+    drift: Drift | None = None
+
+    @property
+    def ref(self) -> Ref:
+        return Ref.of(self.desired)
 
 
 def manifest_hash(obj: dict) -> str:
@@ -72,29 +101,10 @@ def owned_by(obj: dict, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def apply_object(api: KubeApi, desired: dict, owner_uid: str) -> tuple[Action, dict]:
-    """Create or server-side-apply one object unless its live hash already matches."""
-    desired = with_hash(desired)
-    ref = Ref.of(desired)
-    live = api.get(ref)
-    if live is None:
-        return Action.CREATED, api.create(desired)
-    if not owned_by(live, owner_uid):
-        raise ForeignObjectError(f"{ref.kind} {ref.name} exists and is not owned by this InferenceService")
-    live_hash = (live["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-    if live_hash == desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]:
-        return Action.UNCHANGED, live
-    if kind_of(ref.api_version, ref.kind).replaced_on_change:
-        # An immutable spec (a ResourceClaimTemplate): the pods that use it roll by its hash.
-        api.delete(ref)
-        return Action.REPLACED, api.create(desired)
-    return Action.UPDATED, api.apply(keep_foreign_replicas(desired, live))
-
-
-def keep_foreign_replicas(desired: dict, live: dict) -> dict:
+def keep_foreign_replicas(desired: dict, live: dict | None) -> dict:
     """When an HPA or KEDA owns the replica count we send none; send back the live count
     instead, or server-side apply would drop the field and the Deployment fall to 1."""
-    if desired["kind"] != "Deployment" or "replicas" in desired["spec"]:
+    if live is None or desired["kind"] != "Deployment" or "replicas" in desired["spec"]:
         return desired
     replicas = (live.get("spec") or {}).get("replicas")
     if replicas is None:
@@ -102,39 +112,90 @@ def keep_foreign_replicas(desired: dict, live: dict) -> dict:
     return {**desired, "spec": {**desired["spec"], "replicas": replicas}}
 
 
-def reconcile(
-    api: KubeApi,
-    name: str,
-    namespace: str,
-    uid: str,
-    spec: InferenceServiceSpec,
-    policy: CredentialPolicy | None = None,
-) -> Result:
-    owner = Owner(name=name, namespace=namespace, uid=uid, spec=spec)
-    result = Result()
+def plan(desired: dict, live: dict | None, owner_uid: str) -> Step:
+    """Pure: whether `live` needs a write to become `desired` (which carries its hash)."""
+    if live is None:
+        return Step(desired, None, Action.CREATED)
+    if not owned_by(live, owner_uid):
+        raise ForeignObjectError(
+            f"{desired['kind']} {desired['metadata']['name']} exists and is not owned by this InferenceService"
+        )
+    found = drift(live, desired, owner_uid, FIELD_MANAGER)
+    live_hash = (live["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+    changed = live_hash != desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    if (found is not None or changed) and kind_of(desired["apiVersion"], desired["kind"]).replaced_on_change:
+        # An immutable spec (a ResourceClaimTemplate): the pods that use it roll by its hash.
+        return Step(desired, live, Action.REPLACED)
+    if found is not None:
+        return Step(desired, live, Action.REPAIRED, found)
+    if changed:
+        return Step(desired, live, Action.UPDATED)
+    if metadata_differs(live, desired):
+        return Step(desired, live, Action.REPAIRED)
+    return Step(desired, live, Action.UNCHANGED)
+
+
+def api_message(exc: ApiException) -> str:
+    """The API server's own explanation of a refusal (its Status message), else the reason."""
+    try:
+        return str(json.loads(exc.body or "")["message"])
+    except (ValueError, KeyError, TypeError):
+        return str(exc.body or exc.reason)
+
+
+def _served(api: KubeApi, kind: Kind) -> bool:
+    return kind.addon is None or api.serves(kind.api_version, kind.plural)
+
+
+def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy | None = None) -> Result:
+    """Apply the desired set if anything differs; delete owned kinds no longer wanted.
+
+    Wanted kinds the cluster does not serve are skipped and listed in the result; the rest
+    is still applied, so a service whose autoscaler add-on is missing still serves.
+    """
+    wanted = [with_hash(obj) for obj in build_all(owner)]
     policy = policy if policy is not None else CredentialPolicy.from_env()
-
-    def read_secret(secret: str) -> dict | None:
-        return api.get(Ref("v1", "Secret", namespace, secret))
-
-    if refused := model_refusal(spec, policy, read_secret):
+    secret = lambda name: api.get(Ref("v1", "Secret", owner.namespace, name))  # noqa: E731
+    if refused := model_refusal(owner.spec, policy, secret):
         raise refused  # no pod may carry this token: change nothing, the handler reports why
-    wanted = build_all(owner)
-    refusal = keda_refusal(spec.autoscaling, policy, read_secret)
+    refusal = keda_refusal(owner.spec.autoscaling, policy, secret)
     if refusal is not None:  # KEDA would send the Secret: emit none of its objects
         wanted = [o for o in wanted if o["apiVersion"] != KEDA_API_VERSION]
-        result.problem = Problem(refusal.reason, refusal.message)
-    for obj in wanted:
-        action, live = apply_object(api, obj, uid)
-        result.changes.append(Change(action, obj["kind"], name))
-        if obj["kind"] == "Deployment":
+    missing = [kind_of(o["apiVersion"], o["kind"]) for o in wanted]
+    missing = [k for k in missing if not _served(api, k)]
+    wanted = [o for o in wanted if (o["apiVersion"], o["kind"]) not in {k.key for k in missing}]
+
+    steps = [plan(obj, api.get(Ref.of(obj)), owner.uid) for obj in wanted]
+    pending = [s for s in steps if s.action != Action.UNCHANGED]
+    for step in pending:
+        try:
+            api.apply(keep_foreign_replicas(step.desired, step.live), dry_run=True)
+        except ApiException as exc:
+            if exc.status not in (400, 422):  # others (conflicts, RBAC, throttling) are retried
+                raise
+            raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
+
+    result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
+    for step in steps:
+        live = step.live
+        if step.action == Action.REPLACED:
+            api.delete(step.ref)
+            live = None
+        if step.drift is not None and live is not None:
+            live = api.replace_managed_fields(step.ref, step.drift.managed_fields, live["metadata"]["resourceVersion"])
+        if step.action != Action.UNCHANGED:
+            live = api.apply(keep_foreign_replicas(step.desired, live))
+        detail = step.drift.describe() if step.drift else ""
+        result.changes.append(Change(step.action, step.ref.kind, step.ref.name, detail))
+        if step.ref.kind == "Deployment":
             result.deployment = live
-    wanted_kinds = {(o["apiVersion"], o["kind"]) for o in wanted}
-    for api_version, kind in OWNED_KINDS:
-        if (api_version, kind) in wanted_kinds:
+
+    wanted_kinds = {(o["apiVersion"], o["kind"]) for o in wanted} | {k.key for k in missing}
+    for kind in KINDS:
+        if not kind.owned or kind.key in wanted_kinds or not _served(api, kind):
             continue
-        ref = Ref(api_version, kind, namespace, name)
+        ref = Ref(kind.api_version, kind.kind, owner.namespace, owner.name)
         live = api.get(ref)
-        if live is not None and owned_by(live, uid) and api.delete(ref):
-            result.changes.append(Change(Action.DELETED, kind, name))
+        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
+            result.changes.append(Change(Action.DELETED, kind.kind, owner.name))
     return result

@@ -1,7 +1,9 @@
 """InferenceService status from what the cluster reports: pure, so every branch is testable.
 
 Conditions follow the Kubernetes API conventions: `type`, `status`, `reason`, `message`,
-`lastTransitionTime` (moved only when `status` flips) and `observedGeneration`.
+`lastTransitionTime` (moved only when `status` flips) and `observedGeneration`. Rollout
+progress is read from the Deployment the way `kubectl rollout status` reads it, so the
+InferenceService never says "complete" while kubectl still says "waiting".
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 
+# Problems that stop the operator from applying the spec at all: rollout progress is blocked.
+BLOCKING_PROBLEMS = ("InvalidSpec", "ResourceConflict", "ApplyFailed")
+# Problems that only a change of the InferenceService (or of the cluster's APIs) can clear:
+# Deployment events keep them rather than overwrite them with rollout news.
+SPEC_PROBLEMS = (*BLOCKING_PROBLEMS, "ApiUnavailable")
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -22,8 +30,44 @@ class Problem:
     message: str
 
 
+@dataclass(frozen=True)
+class Rollout:
+    """Where a Deployment's rollout stands, as `kubectl rollout status` would report it."""
+
+    done: bool
+    message: str
+    desired: int = 0
+    replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    available: int = 0
+    problem: Problem | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.desired > 0 and self.ready >= self.desired
+
+    @property
+    def ready_message(self) -> str:
+        return "scaled to zero replicas" if self.desired == 0 else f"{self.ready}/{self.desired} replicas ready"
+
+
+NOT_CREATED = Rollout(done=False, message="Deployment not created yet")
+
+
 def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def find_condition(conditions: list[dict] | None, type_: str) -> dict | None:
+    """The condition of `type_` in a conditions list (any object's), or None."""
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def condition_status(status: dict | None, type_: str) -> str | None:
+    """ "True", "False", "Unknown" or None (absent) for one condition of a status."""
+    condition = find_condition((status or {}).get("conditions"), type_)
+    return condition.get("status") if condition else None
 
 
 def set_condition(
@@ -37,14 +81,14 @@ def set_condition(
 ) -> list[dict]:
     """A copy of `conditions` with `type_` set; lastTransitionTime kept unless status flips."""
     value = "True" if status else "False"
-    previous = next((c for c in conditions if c.get("type") == type_), None)
+    previous = find_condition(conditions, type_)
     changed = previous is None or previous.get("status") != value
     condition = {
         "type": type_,
         "status": value,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": now if changed else previous.get("lastTransitionTime", now),
+        "lastTransitionTime": now if changed or previous is None else previous.get("lastTransitionTime", now),
     }
     if generation is not None:
         condition["observedGeneration"] = generation
@@ -52,82 +96,78 @@ def set_condition(
     return sorted([*others, condition], key=lambda c: c["type"])
 
 
-def _deployment_condition(deployment: dict, type_: str) -> dict | None:
-    for condition in (deployment.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == type_:
-            return condition
-    return None
+def rollout(deployment: dict | None) -> Rollout:
+    """The rollout state of a Deployment, with kubectl's rules (kubectl/pkg/polymorphichelpers).
 
-
-def rollout(deployment: dict | None) -> tuple[bool, bool, str, int, int, int]:
-    """(ready, progressing, message, replicas, readyReplicas, updatedReplicas) of a Deployment."""
+    Done means: the controller has observed the latest spec, every desired replica runs the
+    new template, no old replica is left, and every updated replica is available.
+    """
     if deployment is None:
-        return False, True, "Deployment not created yet", 0, 0, 0
+        return NOT_CREATED
     spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
-    desired = spec.get("replicas", 1)
-    replicas = status.get("replicas", 0)
-    ready = status.get("readyReplicas", 0)
-    updated = status.get("updatedReplicas", 0)
+    desired = int(spec.get("replicas", 1))
+    replicas = int(status.get("replicas", 0))
+    ready = int(status.get("readyReplicas", 0))
+    updated = int(status.get("updatedReplicas", 0))
+    available = int(status.get("availableReplicas", 0))
+    counts = {"desired": desired, "replicas": replicas, "ready": ready, "updated": updated, "available": available}
+
     generation = (deployment.get("metadata") or {}).get("generation")
     observed = status.get("observedGeneration")
-    caught_up = generation is None or (observed is not None and observed >= generation)
-    progressing = not caught_up or updated < desired or replicas > updated
-    is_ready = desired > 0 and ready >= desired
-    if desired == 0:
-        message = "scaled to zero replicas"
-    else:
-        message = f"{ready}/{desired} replicas ready"
-        if progressing:
-            message += f", {updated}/{desired} updated"
-    return is_ready, progressing, message, replicas, ready, updated
-
-
-def deployment_problem(deployment: dict | None) -> Problem | None:
-    """A rollout that cannot finish without help (quota, image, scheduling deadline)."""
-    if deployment is None:
-        return None
-    failure = _deployment_condition(deployment, "ReplicaFailure")
+    if generation is not None and (observed is None or observed < generation):
+        return Rollout(False, "waiting for the Deployment controller to observe the new spec", **counts)
+    failure = find_condition(status.get("conditions"), "ReplicaFailure")
     if failure and failure.get("status") == "True":
-        return Problem("ReplicaFailure", failure.get("message") or "pods cannot be created")
-    progress = _deployment_condition(deployment, "Progressing")
-    if progress and progress.get("status") == "False" and progress.get("reason") == "ProgressDeadlineExceeded":
-        return Problem("ProgressDeadlineExceeded", progress.get("message") or "rollout is stuck")
-    return None
+        problem = Problem("ReplicaFailure", failure.get("message") or "pods cannot be created")
+        return Rollout(False, problem.message, problem=problem, **counts)
+    progress = find_condition(status.get("conditions"), "Progressing")
+    if progress and progress.get("reason") == "ProgressDeadlineExceeded":
+        problem = Problem("ProgressDeadlineExceeded", progress.get("message") or "rollout exceeded its deadline")
+        return Rollout(False, problem.message, problem=problem, **counts)
+    if updated < desired:
+        return Rollout(False, f"{updated} out of {desired} new replicas have been updated", **counts)
+    if replicas > updated:
+        return Rollout(False, f"{replicas - updated} old replicas are pending termination", **counts)
+    if available < updated:
+        return Rollout(False, f"{available} of {updated} updated replicas are available", **counts)
+    return Rollout(True, "successfully rolled out", **counts)
 
 
 def compute_status(
     previous: dict | None,
-    deployment: dict | None,
+    state: Rollout,
     generation: int | None,
     problem: Problem | None = None,
     now: str | None = None,
 ) -> dict:
     """The status conditions and replica counts for the current state of the world.
 
-    `problem` comes from the reconciler (invalid spec, apply failed); it wins over what the
-    Deployment says, since a Deployment built from an older spec is not news about this one.
+    `problem` comes from the reconciler (invalid spec, apply refused, API missing); it wins
+    over what the Deployment says, since a Deployment built from an older spec is not news
+    about this one.
     """
     now = now or now_iso()
-    previous = previous or {}
-    conditions = list(previous.get("conditions") or [])
-    is_ready, progressing, message, replicas, ready, updated = rollout(deployment)
-    problem = problem or deployment_problem(deployment)
+    conditions = list((previous or {}).get("conditions") or [])
+    problem = problem or state.problem
 
-    if is_ready:
-        conditions = set_condition(conditions, READY, True, "MinimumReplicasAvailable", message, now, generation)
+    if state.is_ready:
+        ready = (True, "MinimumReplicasAvailable", state.ready_message)
+    elif state is NOT_CREATED:
+        ready = (False, problem.reason, problem.message) if problem else (False, "ReplicasNotReady", state.message)
+    elif state.desired == 0:
+        ready = (False, "ScaledToZero", state.ready_message)
     else:
-        reason = "ScaledToZero" if message.startswith("scaled to zero") else "ReplicasNotReady"
-        if problem and deployment is None:
-            reason, message = problem.reason, problem.message
-        conditions = set_condition(conditions, READY, False, reason, message, now, generation)
+        ready = (False, "ReplicasNotReady", state.ready_message)
+    conditions = set_condition(conditions, READY, *ready, now, generation)
 
-    if problem and problem.reason in ("InvalidSpec", "ResourceConflict", "ApplyFailed"):
-        progressing = False
+    if problem and problem.reason in BLOCKING_PROBLEMS:
         conditions = set_condition(conditions, PROGRESSING, False, "Blocked", problem.message, now, generation)
-    elif progressing:
-        conditions = set_condition(conditions, PROGRESSING, True, "RolloutInProgress", message, now, generation)
+    elif state.problem is not None:
+        conditions = set_condition(conditions, PROGRESSING, False, state.problem.reason, state.message, now, generation)
+    elif not state.done:
+        conditions = set_condition(conditions, PROGRESSING, True, "RolloutInProgress", state.message, now, generation)
     else:
-        conditions = set_condition(conditions, PROGRESSING, False, "RolloutComplete", message, now, generation)
+        conditions = set_condition(conditions, PROGRESSING, False, "RolloutComplete", state.message, now, generation)
 
     if problem:
         conditions = set_condition(conditions, DEGRADED, True, problem.reason, problem.message, now, generation)
@@ -136,10 +176,18 @@ def compute_status(
 
     return {
         "conditions": conditions,
-        "replicas": replicas,
-        "readyReplicas": ready,
-        "updatedReplicas": updated,
+        "replicas": state.replicas,
+        "readyReplicas": state.ready,
+        "updatedReplicas": state.updated,
     }
+
+
+def spec_problem(status: dict | None, kept: tuple[str, ...] = SPEC_PROBLEMS) -> Problem | None:
+    """The problem recorded in a status that rollout news must not clear (reasons in `kept`)."""
+    condition = find_condition((status or {}).get("conditions"), DEGRADED)
+    if condition and condition.get("status") == "True" and condition.get("reason") in kept:
+        return Problem(condition["reason"], condition.get("message", ""))
+    return None
 
 
 def status_changes(current: dict | None, desired: dict) -> dict:

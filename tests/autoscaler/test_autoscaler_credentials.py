@@ -18,6 +18,7 @@ import pytest
 from inference_operator import credentials as cr
 from inference_operator.autoscaler.loop import SCALING_ACTIVE, Autoscaler
 from inference_operator.autoscaler.prometheus import PrometheusClient
+from inference_operator.builders import Owner
 from inference_operator.k8s import KubeApi
 from inference_operator.models import SpecError, parse_spec
 from inference_operator.reconcile import reconcile
@@ -160,21 +161,21 @@ def test_keda_objects_are_left_out_while_the_credential_is_refused(cluster: Clus
     body = add_service(cluster, "http://attacker.example:8080", mode="keda")
     spec = parse_spec(body["spec"])
     api = api_of(cluster)
-    uid = body["metadata"]["uid"]
+    owner = Owner(name=NAME, namespace=NS, uid=body["metadata"]["uid"], spec=spec)
 
-    missing = reconcile(api, NAME, NS, uid, spec, cr.CredentialPolicy(allow_http=True))
+    missing = reconcile(api, owner, cr.CredentialPolicy(allow_http=True))
     assert missing.problem is not None and missing.problem.reason == cr.SECRET_NOT_FOUND
     add_secret(cluster, "db-admin", b"hunter2", labelled=False)
-    result = reconcile(api, NAME, NS, uid, spec, cr.CredentialPolicy(allow_http=True))
+    result = reconcile(api, owner, cr.CredentialPolicy(allow_http=True))
     assert result.problem is not None and result.problem.reason == cr.SECRET_NOT_LABELLED
     assert {c.kind for c in result.changes} == {"Deployment", "Service"}  # the service itself runs on
     assert cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME) is None
     assert cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME) is None
 
     cluster.patch("v1/secrets", NS, "db-admin", {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
-    still = reconcile(api, NAME, NS, uid, spec, cr.CredentialPolicy())
+    still = reconcile(api, owner, cr.CredentialPolicy())
     assert still.problem is not None and still.problem.reason == cr.INSECURE_URL  # a token in clear
-    allowed = reconcile(api, NAME, NS, uid, spec, cr.CredentialPolicy(allow_http=True))
+    allowed = reconcile(api, owner, cr.CredentialPolicy(allow_http=True))
     assert allowed.problem is None
     auth = cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME)
     assert auth is not None and auth["spec"]["secretTargetRef"][0]["name"] == "db-admin"

@@ -19,11 +19,11 @@ from inference_operator import metrics
 from inference_operator.autoscaler.loop import (
     Autoscaler,
     observation_from,
-    status_patch,
 )
 from inference_operator.autoscaler.prometheus import PrometheusClient, Sample
 from inference_operator.k8s import KubeApi
 from inference_operator.models import parse_spec
+from inference_operator.status import status_changes
 from testsupport.cluster import Cluster, running_cluster
 
 
@@ -187,7 +187,7 @@ def test_autoscaler_observation_from_answers() -> None:
 
 def test_autoscaler_status_patch_sends_only_changes() -> None:
     current = {"metric": "rps", "currentValue": 3.0, "reason": "x"}
-    assert status_patch(current, {"metric": "rps", "currentValue": 4.0, "reason": "x", "lastScaleTime": None}) == {
+    assert status_changes(current, {"metric": "rps", "currentValue": 4.0, "reason": "x", "lastScaleTime": None}) == {
         "currentValue": 4.0
     }
-    assert status_patch(current, {"currentValue": None}) == {"currentValue": None}
+    assert status_changes(current, {"currentValue": None}) == {"currentValue": None}

@@ -3,6 +3,8 @@
 The emulator keeps field ownership like a real API server (testsupport/apply.py): fields set by
 a POST stay owned by the POSTing client's manager, and a later server-side apply by the
 operator's manager never removes them; a changed port is a new list-map entry next to the old.
+The operator therefore creates and changes every object by server-side apply alone, and takes
+over fields other managers own (objects made by earlier versions, hand edits) before applying.
 """
 
 from __future__ import annotations
@@ -15,10 +17,6 @@ pytestmark = pytest.mark.integration
 
 DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
-POST_THEN_APPLY = (
-    "the operator creates owned objects with POST (manager OpenAPI-Generator, operation Update) and "
-    "changes them with server-side apply under another manager, so the creator's fields are never released"
-)
 
 
 def service(gpus: int, metrics_port: int = 9090) -> dict:
@@ -39,7 +37,6 @@ def observed(cluster: Cluster, generation: int) -> bool:
     return status.get("observedGeneration") == generation
 
 
-@pytest.mark.xfail(strict=True, reason=POST_THEN_APPLY)
 def test_gpu_count_to_zero_leaves_no_gpu_field(cluster: Cluster, operator) -> None:
     assert cluster.apply_cr(service(gpus=2)).status_code in (200, 201)
     wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "resnet"), message="Deployment")
@@ -52,7 +49,6 @@ def test_gpu_count_to_zero_leaves_no_gpu_field(cluster: Cluster, operator) -> No
     assert not pod.get("tolerations")
 
 
-@pytest.mark.xfail(strict=True, reason=POST_THEN_APPLY)
 def test_metrics_port_change_applies_cleanly(cluster: Cluster, operator) -> None:
     assert cluster.apply_cr(service(gpus=1, metrics_port=9090)).status_code in (200, 201)
     wait_for(lambda: cluster.get(SERVICES, "ml", "resnet"), message="Service")

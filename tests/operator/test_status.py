@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from inference_operator.status import Problem, compute_status, set_condition, status_changes
+from inference_operator import status as st
+from inference_operator.status import NOT_CREATED, Problem, rollout, set_condition, status_changes
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 
-def deployment(desired=2, ready=0, updated=0, replicas=None, generation=1, observed=1, conditions=()):
+def compute_status(previous, deployment, generation, problem=None, now=None):
+    return st.compute_status(previous, rollout(deployment), generation, problem, now=now)
+
+
+def deployment(desired=2, ready=0, updated=0, replicas=None, generation=1, observed=1, conditions=(), available=None):
     return {
         "metadata": {"generation": generation},
         "spec": {"replicas": desired},
@@ -16,6 +21,7 @@ def deployment(desired=2, ready=0, updated=0, replicas=None, generation=1, obser
             "replicas": desired if replicas is None else replicas,
             "readyReplicas": ready,
             "updatedReplicas": updated,
+            "availableReplicas": ready if available is None else available,
             "conditions": list(conditions),
         },
     }
@@ -30,7 +36,9 @@ def test_rollout_in_progress_then_ready() -> None:
     c = by_type(starting)
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ReplicasNotReady")
     assert c["Ready"]["message"] == "0/2 replicas ready"
-    assert c["Progressing"]["status"] == "False"
+    # Updated but not available: kubectl rollout status still waits, and so does Progressing.
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("True", "RolloutInProgress")
+    assert c["Progressing"]["message"] == "0 of 2 updated replicas are available"
 
     ready = compute_status(starting, deployment(ready=2, updated=2), 1, now=T1)
     c = by_type(ready)
@@ -38,6 +46,34 @@ def test_rollout_in_progress_then_ready() -> None:
     assert c["Ready"]["lastTransitionTime"] == T1
     assert c["Degraded"]["lastTransitionTime"] == T0  # unchanged status keeps its time
     assert (ready["replicas"], ready["readyReplicas"]) == (2, 2)
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "RolloutComplete")
+
+
+def test_pending_pods_are_progressing_as_kubectl_says() -> None:
+    # The real Deployment controller with unschedulable pods: 1 replica created and updated,
+    # none available; its own condition says Progressing=True ReplicaSetUpdated.
+    pending = deployment(
+        desired=1,
+        updated=1,
+        replicas=1,
+        ready=0,
+        conditions=[{"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}],
+    )
+    c = by_type(compute_status(None, pending, 1, now=T0))
+    assert (c["Progressing"]["status"], c["Progressing"]["message"]) == (
+        "True",
+        "0 of 1 updated replicas are available",
+    )
+    assert (c["Ready"]["status"], c["Degraded"]["status"]) == ("False", "False")
+
+
+def test_rollout_follows_kubectl_order() -> None:
+    assert rollout(deployment(updated=1, replicas=2, ready=2)).message == "1 out of 2 new replicas have been updated"
+    assert rollout(deployment(updated=2, replicas=3, ready=2)).message == "1 old replicas are pending termination"
+    assert rollout(deployment(updated=2, ready=2, available=1)).message == "1 of 2 updated replicas are available"
+    assert rollout(deployment(updated=2, ready=2)).done
+    assert not rollout(deployment(updated=2, ready=2, generation=2, observed=1)).done
+    assert rollout(None) is NOT_CREATED
 
 
 def test_stale_deployment_generation_is_progressing() -> None:
@@ -49,7 +85,7 @@ def test_stale_deployment_generation_is_progressing() -> None:
 def test_old_pods_left_means_progressing() -> None:
     c = by_type(compute_status(None, deployment(ready=2, updated=1, replicas=3), 1, now=T0))
     assert c["Progressing"]["status"] == "True"
-    assert "1/2 updated" in c["Progressing"]["message"]
+    assert c["Progressing"]["message"] == "1 out of 2 new replicas have been updated"
 
 
 def test_scaled_to_zero_is_not_ready_but_not_degraded() -> None:

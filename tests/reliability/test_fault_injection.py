@@ -65,8 +65,8 @@ def test_fault_storm_converges_without_duplicates(cluster: Cluster) -> None:
     api = cluster.emulator
     # (requests the fault applies to, how many of them fail, then the API behaves; what it is)
     faults = [
-        (api["post /apis/apps/v1/namespaces/ml/deployments"], 2, 500, "500 on Deployment create"),
-        (api["post /api/v1/namespaces/ml/services"], 2, 429, "429 + Retry-After on Service create"),
+        (api["patch /apis/apps/v1/namespaces/ml/deployments/svc-1"], 2, 500, "500 on Deployment apply"),
+        (api["patch /api/v1/namespaces/ml/services/svc-2"], 2, 429, "429 + Retry-After on Service apply"),
         (api["patch /apis/apps/v1/namespaces/ml/deployments/svc-0"], 2, 409, "409 on Deployment patch"),
         (
             api["patch", "/apis/inference.rocm.dev/v1alpha1/namespaces/ml/inferenceservices/svc-1/status"],
@@ -121,8 +121,9 @@ def test_fault_storm_converges_without_duplicates(cluster: Cluster) -> None:
 
 
 def test_operator_restart_mid_reconcile_converges(cluster: Cluster) -> None:
-    # The first Deployment create hangs for 3 s: the operator is stopped inside that reconcile.
-    cluster.emulator["post /apis/apps/v1/namespaces/ml/deployments"][:1] << slow(3)
+    # The Deployment's creating apply hangs for 3 s (request 0 is its dry run, 1 the apply):
+    # the operator is stopped inside that reconcile.
+    cluster.emulator["patch /apis/apps/v1/namespaces/ml/deployments/restart"][1:2] << slow(3)
     with KopfRunner(ARGS, timeout=60) as first:
         cluster.apply_cr(service("restart"))
         wait_for(lambda: cluster.emulator.writes["deployments:create"] >= 1, message="create in flight")

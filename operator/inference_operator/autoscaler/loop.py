@@ -31,7 +31,7 @@ from ..models import (
     Metric,
     SecretKeyRef,
 )
-from ..status import now_iso, set_condition
+from ..status import now_iso, set_condition, status_changes
 from . import promql
 from .policy import Decision, History, Observation, Policy, decide
 from .prometheus import PrometheusClient, PrometheusError, Sample
@@ -112,12 +112,6 @@ def scaling_active(
     if current is not None and (current.get("status"), current.get("reason")) == (str(active), reason):
         return None
     return set_condition(conditions, SCALING_ACTIVE, active, reason, message, now_iso(), generation)
-
-
-def status_patch(current: dict | None, desired: dict) -> dict:
-    """Keys of `desired` that differ from `current` (absent and None are the same)."""
-    current = current or {}
-    return {k: v for k, v in desired.items() if current.get(k) != v}
 
 
 class Autoscaler:
@@ -249,7 +243,7 @@ class Autoscaler:
             target=scaling.target,
         )
         desired = autoscaler_status(scaling.metric, observation, p95_ms, decision, last_scale_time)
-        changes = status_patch(previous, desired)
+        changes = status_changes(previous, desired)
         patch: dict = {"autoscaler": changes} if changes else {}
         conditions = scaling_active(status.get("conditions") or [], observation, refusal, generation or None)
         if conditions is not None:
