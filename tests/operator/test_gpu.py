@@ -512,7 +512,7 @@ def test_a_changed_claim_template_is_replaced_and_the_pods_roll(cluster: Cluster
 
     def reconciled(gpu: dict) -> list[Change]:
         spec = parse_spec({"model": {"uri": "pvc://models/m"}, "resources": {"gpu": {"allocation": "dra", **gpu}}})
-        return reconcile(api, "m", "ml", "u-1", spec).changes
+        return reconcile(api, Owner(name="m", namespace="ml", uid="u-1", spec=spec)).changes
 
     assert Change(Action.CREATED, "ResourceClaimTemplate", "m") in reconciled({"count": 1})
     first = api.get(deployment_ref)["spec"]["template"]["metadata"]["annotations"][CLAIM_HASH_ANNOTATION]
