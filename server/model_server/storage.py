@@ -483,8 +483,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# After the deadline's exception, how long unwinding may take before the process just exits
+# (a library's download threads can keep its thread pool from shutting down).
+GRACE_SECONDS = 2.0
+
+
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGALRM, _exit_now)
+    signal.setitimer(signal.ITIMER_REAL, GRACE_SECONDS)
     raise DeadlineError("not done within the deadline")
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> None:
+    log.error("fetch failed (exit %d, deadline): not done within the deadline", ExitCode.DEADLINE)
+    logging.shutdown()
+    os._exit(ExitCode.DEADLINE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,7 +76,15 @@ def hub() -> Iterator[Hub]:
                 self.send_header("Content-Length", str(len(data)))
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
-                if body:
+                if body and path.endswith("slow.bin"):  # one byte every half second
+                    try:
+                        for byte in data:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(0.5)
+                    except OSError:
+                        pass
+                elif body:
                     self.wfile.write(data)
                 return
             self.reply(b'{"error": "Repository not found"}', status=404)
@@ -174,3 +183,13 @@ def test_hf_token_is_not_sent_to_a_plain_http_endpoint(hub: Hub, tmp_path: pathl
     assert result.returncode == ExitCode.UNSAFE, result.stderr
     assert "HF_TOKEN" in result.stderr and "hf_test_token" not in result.stderr
     assert hub.requests == []
+
+
+def test_hf_download_ends_at_the_deadline(hub: Hub, tmp_path: pathlib.Path) -> None:
+    """The Hub library downloads in threads of its own; the deadline still ends the fetch."""
+    hub.files["slow.bin"] = b"x" * 600  # five minutes at one byte per half second
+    started = time.monotonic()
+    result = run_fetch(hub, "hf://org/tiny", tmp_path / "models", "--deadline", "3")
+    assert result.returncode == ExitCode.DEADLINE, result.stderr
+    assert time.monotonic() - started < 15
+    assert not (tmp_path / "models" / "slow.bin").exists()
