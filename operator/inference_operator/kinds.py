@@ -23,6 +23,8 @@ class Kind:
     # The add-on that serves this API when it is not built into Kubernetes; a cluster without
     # it answers 404, which is a condition to report, not an error to retry.
     addon: str | None = None
+    # What the spec can do instead of installing the add-on.
+    otherwise: str = "choose another mode"
     # The API server refuses any change to its spec: a changed one is deleted and created anew.
     replaced_on_change: bool = False
 
@@ -60,6 +62,7 @@ KINDS: tuple[Kind, ...] = (
         "inferencepools",
         owned=True,
         addon="the Gateway API Inference Extension CRDs",
+        otherwise="set routing.inferencePool: false",
     ),
     Kind("v1", "Secret", "secrets"),
     Kind(API_VERSION, KIND, PLURAL),
@@ -78,5 +81,5 @@ def unavailable_message(kind: Kind) -> str:
     """What a user reads when an add-on's API is missing."""
     return (
         f"{kind.kind} ({kind.plural}.{kind.group}/{kind.api_version.rpartition('/')[2]}) is not served by this "
-        f"cluster: install {kind.addon} or choose another mode (checked again every minute)"
+        f"cluster: install {kind.addon} or {kind.otherwise} (checked again every minute)"
     )
