@@ -112,7 +112,7 @@ def _publish(memo: kopf.Memo, ref: Ref, compute: Callable[[dict], dict]) -> tupl
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @metrics.instrumented("reconcile")
 def reconcile_service(
-    body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, logger: logging.Logger, retry: int = 0, **_: Any
+    body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, logger: kopf.Logger, retry: int = 0, **_: Any
 ) -> None:
     try:
         _reconcile_service(memo, body, meta, spec, logger)
@@ -120,9 +120,7 @@ def reconcile_service(
         raise _temporary(exc, retry) from exc
 
 
-def _reconcile_service(
-    memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: logging.Logger
-) -> None:
+def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: kopf.Logger) -> None:
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     ref = _isvc_ref(namespace, name)
     problem: st.Problem | None = None
@@ -172,7 +170,7 @@ def _give_up(
     ref: Ref,
     generation: int | None,
     problem: st.Problem,
-    logger: logging.Logger,
+    logger: kopf.Logger,
     recheck: float | None = None,
 ) -> NoReturn:
     """Record a problem only a spec change can fix, then stop retrying until that change (or,
@@ -211,7 +209,7 @@ def _suspect(body: kopf.Body) -> str | None:
     return "fields changed by " + ", ".join(managers) if managers else None
 
 
-async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: logging.Logger) -> None:
+async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: kopf.Logger) -> None:
     """Allow REPAIR_BURST repairs per window per InferenceService; later ones wait."""
     times: collections.deque[float] = memo.setdefault("repairs", collections.defaultdict(collections.deque))[key]
     now = time.monotonic()
@@ -224,7 +222,7 @@ async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: logg
     times.append(time.monotonic())
 
 
-def _repair(memo: kopf.Memo, isvc: dict, why: str, logger: logging.Logger) -> tuple[Result | None, st.Problem | None]:
+def _repair(memo: kopf.Memo, isvc: dict, why: str, logger: kopf.Logger) -> tuple[Result | None, st.Problem | None]:
     """Reconcile an InferenceService whose owned object was deleted or edited by hand.
 
     Not when a credential its pods would carry is no longer allowed: then the problem says why.
@@ -246,7 +244,7 @@ def _repair(memo: kopf.Memo, isvc: dict, why: str, logger: logging.Logger) -> tu
 
 
 @metrics.instrumented("owned_event")
-async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Repair an owned object that was deleted or edited; mirror a Deployment's rollout."""
     owner_ref = _controller_owner(body)
     if owner_ref is None:

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -85,7 +85,8 @@ class KubeApi:
         )
         response = self._client.call_api(*request, _request_timeout=self._timeout)
         response.read()
-        return self._client.response_deserialize(response, {"2XX": "object"}).data
+        # Deserialised as "object", the body is a dict (the client's annotation says str).
+        return cast(dict, self._client.response_deserialize(response, {"2XX": "object"}).data)
 
     def get(self, ref: Ref) -> dict | None:
         try:

@@ -73,7 +73,7 @@ def split(fields: FieldSet, keep: Callable[[Path], bool], path: Path = ()) -> tu
 def tolerated(desired: dict, owner_uid: str) -> Callable[[Path], bool]:
     """The fields others may own on an object whose desired manifest is `desired`."""
     meta = desired.get("metadata") or {}
-    ours = {
+    ours: dict[Path, set[str]] = {
         ("f:metadata", "f:labels"): {f"f:{k}" for k in meta.get("labels") or {}},
         ("f:metadata", "f:annotations"): {f"f:{k}" for k in meta.get("annotations") or {}},
         ("f:metadata", "f:ownerReferences"): {"k:" + json.dumps({"uid": owner_uid}, separators=(",", ":"))},

@@ -9,7 +9,7 @@ InferenceService never says "complete" while kubectl still says "waiting".
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -110,27 +110,27 @@ def rollout(deployment: dict | None) -> Rollout:
     ready = int(status.get("readyReplicas", 0))
     updated = int(status.get("updatedReplicas", 0))
     available = int(status.get("availableReplicas", 0))
-    counts = {"desired": desired, "replicas": replicas, "ready": ready, "updated": updated, "available": available}
+    counts = Rollout(False, "", desired=desired, replicas=replicas, ready=ready, updated=updated, available=available)
 
     generation = (deployment.get("metadata") or {}).get("generation")
     observed = status.get("observedGeneration")
     if generation is not None and (observed is None or observed < generation):
-        return Rollout(False, "waiting for the Deployment controller to observe the new spec", **counts)
+        return replace(counts, message="waiting for the Deployment controller to observe the new spec")
     failure = find_condition(status.get("conditions"), "ReplicaFailure")
     if failure and failure.get("status") == "True":
         problem = Problem("ReplicaFailure", failure.get("message") or "pods cannot be created")
-        return Rollout(False, problem.message, problem=problem, **counts)
+        return replace(counts, message=problem.message, problem=problem)
     progress = find_condition(status.get("conditions"), "Progressing")
     if progress and progress.get("reason") == "ProgressDeadlineExceeded":
         problem = Problem("ProgressDeadlineExceeded", progress.get("message") or "rollout exceeded its deadline")
-        return Rollout(False, problem.message, problem=problem, **counts)
+        return replace(counts, message=problem.message, problem=problem)
     if updated < desired:
-        return Rollout(False, f"{updated} out of {desired} new replicas have been updated", **counts)
+        return replace(counts, message=f"{updated} out of {desired} new replicas have been updated")
     if replicas > updated:
-        return Rollout(False, f"{replicas - updated} old replicas are pending termination", **counts)
+        return replace(counts, message=f"{replicas - updated} old replicas are pending termination")
     if available < updated:
-        return Rollout(False, f"{available} of {updated} updated replicas are available", **counts)
-    return Rollout(True, "successfully rolled out", **counts)
+        return replace(counts, message=f"{available} of {updated} updated replicas are available")
+    return replace(counts, done=True, message="successfully rolled out")
 
 
 def compute_status(
