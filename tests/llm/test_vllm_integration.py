@@ -161,6 +161,8 @@ class CompletionLoad:
         self._thread.join(70)
 
 
+# vLLM's start alone takes one to three minutes on a busy 2-core machine.
+@pytest.mark.timeout(900)
 def test_vllm_deployment_serves_and_scales_on_ttft(
     tmp_path, tiny_llama, cluster: Cluster, operator, record_property
 ) -> None:
