@@ -300,6 +300,8 @@ class ModelRepository:
         if not version or version == "latest":
             latest = self._latest
             if latest is None:
+                if self._failed and self.scanned and not self._loading:
+                    raise ModelNotReady(f"no model version is loaded: {_failed_to_load(sorted(self._failed))}")
                 raise ModelNotReady(self.not_ready_reason() or "no model version is loaded")
             return latest
         served = self._served.get(version)
@@ -308,7 +310,7 @@ class ModelRepository:
         if version in self._loading:
             raise ModelNotReady(f"version {version} is still loading")
         if version in self._failed:
-            raise ModelNotReady(f"version {version} failed to load: {self._failed[version].reason}")
+            raise ModelNotReady(_failed_to_load([version]))
         listed = sorted(self._served, key=version_key)
         if version in self._available:
             raise ModelNotFound(
@@ -333,3 +335,8 @@ class ModelRepository:
             f"no model found at {self.root} (expected a model file, or "
             f"{self.root}/<version>/model.onnx|model.pt|model.pt2)"
         )
+
+
+def _failed_to_load(versions: list[str]) -> str:
+    """For inference answers: the runtime's error text stays in /health/ready and the log."""
+    return f"version {', '.join(versions)} failed to load; the reason is in /health/ready and the server log"
