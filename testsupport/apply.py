@@ -33,7 +33,6 @@ appended; containers left empty by a removal are dropped.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 from collections.abc import Iterable
@@ -277,15 +276,23 @@ def apply(
     # A dropped element goes whole (nobody else owns anything in it): its fields need no visit,
     # and could not be found once its key fields were gone.
     dropped = {path for path in dropped if not any(path[:i] in dropped for i in range(1, len(path)))}
-    result = copy.deepcopy(live) if live else {}
+    result = _clone({k: v for k, v in live.items() if k != "metadata"}) if live else {}
+    if live:
+        meta = {k: v for k, v in (live.get("metadata") or {}).items() if k != "managedFields"}
+        result["metadata"] = _clone(meta)
     protected = kept | {path[:i] for path in applied_fields for i in range(1, len(path) + 1)}
     for path in sorted(dropped, key=len, reverse=True):
         _remove(result, path, kind, protected)
-    merge(result, copy.deepcopy(applied), kind)
+    merge(result, _clone(applied), kind)
     mine.fields = set(applied_fields)
     mine.api_version = api_version
     mine.time = now()
     return result, [e for e in entries if e.fields]
+
+
+def _clone(value: Any) -> Any:
+    """A deep copy of a JSON document (several times faster than copy.deepcopy)."""
+    return json.loads(json.dumps(value))
 
 
 def record_update(

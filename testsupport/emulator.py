@@ -120,7 +120,8 @@ class HistoryFreeDispatch(kmock.RawHandler):
         if isinstance(view, kmock.Root):
             result = view is self
         elif type(view) is kmock.Filter:
-            result = self._sees(view._source, request, seen) and bool(view.criteria(request))
+            result = self._sees(view._source, request, seen) and _may_match(view.criteria, request)
+            result = result and bool(view.criteria(request))
         elif type(view) is kmock.Priority:
             result = self._sees(view._source, request, seen)
         elif type(view) is kmock.Slicer:
@@ -145,6 +146,16 @@ class HistoryFreeDispatch(kmock.RawHandler):
             result = request in view
         seen[key] = result
         return result
+
+
+def _may_match(criteria: Any, request: kmock.Request) -> bool:
+    """False when the criteria's HTTP method or Kubernetes action is another member than the
+    request's: kmock's own check would say no too, after a few regexp matches per field."""
+    method = getattr(criteria, "method", ...)
+    if isinstance(method, kmock.method) and isinstance(request.method, kmock.method) and method is not request.method:
+        return False
+    action = getattr(criteria, "action", ...)
+    return not (isinstance(action, kmock.action) and action is not request.action)
 
 
 def declare(
