@@ -64,13 +64,16 @@ def inference_service(i: int, replicas: int = 1) -> dict:
 class Operator:
     """One operator process, with its CPU time and peak RSS read from /proc."""
 
-    def __init__(self, cluster: Cluster, log_path: pathlib.Path):
+    def __init__(self, cluster: Cluster, log_path: pathlib.Path, concurrency: int | None = None):
         self.log_path = log_path
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         self._log = open(log_path, "w")  # noqa: SIM115  (closed in stop())
+        args = [sys.executable, "-m", "inference_operator", "run", "--all-namespaces", "--metrics-port", "0"]
+        if concurrency is not None:
+            args += ["--concurrency", str(concurrency)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "inference_operator", "run", "--all-namespaces", "--metrics-port", "0"],
+            args,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -204,14 +207,17 @@ class Result:
 
 @contextlib.contextmanager
 def cluster_for_run() -> Iterator[tuple[Cluster, pathlib.Path]]:
+    """A fresh emulated cluster; the operators' logs go to $OPERATOR_SCALE_LOGS if set."""
     with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp, running_cluster(pathlib.Path(tmp)) as cluster:
-        yield cluster, pathlib.Path(tmp)
+        logs = pathlib.Path(os.environ.get("OPERATOR_SCALE_LOGS") or tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        yield cluster, logs
 
 
-def run(n: int, timeout: float) -> Result:
+def run(n: int, timeout: float, concurrency: int | None = None) -> Result:
     with cluster_for_run() as (cluster, tmp), httpx.Client(base_url=cluster.url, timeout=30) as client:
         path = f"/apis/inference.rocm.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
-        operator = Operator(cluster, tmp / "operator-1.log")
+        operator = Operator(cluster, tmp / "operator-1.log", concurrency)
         wait_watching(cluster)
         requests_before = requests_so_far(cluster)
         writes_before = Counter(cluster.emulator.writes)
@@ -234,7 +240,7 @@ def run(n: int, timeout: float) -> Result:
 
         # A restart resumes every object: nothing changed, so nothing may be written.
         before_resync = Counter(cluster.emulator.writes)
-        second = Operator(cluster, tmp / "operator-2.log")
+        second = Operator(cluster, tmp / "operator-2.log", concurrency)
         resync_begin = time.monotonic()
         deadline = resync_begin + timeout
         while second.log_count("reconciled generation") < n and time.monotonic() < deadline:
@@ -304,11 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counts", default="100,500,1000", help="comma-separated N values")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for convergence per phase")
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
+    parser.add_argument("--concurrency", type=int, help="the operator's --concurrency (default: its own)")
     args = parser.parse_args(argv)
     results = []
     for n in (int(c) for c in args.counts.split(",")):
         load = os.getloadavg()[0]
-        result = run(n, args.timeout)
+        result = run(n, args.timeout, args.concurrency)
         results.append(result)
         print(f"N={n} (load average before: {load:.2f}): {json.dumps(asdict(result))}", flush=True)
     print(f"\nmachine: {os.cpu_count()} cores\n")
