@@ -49,6 +49,9 @@ class Ref:
         return path
 
 
+CONNECTIONS = 64
+
+
 def load_api_client() -> kubernetes.client.ApiClient:
     """In-cluster service account when there is one, else the kubeconfig (KUBECONFIG)."""
     try:
@@ -56,7 +59,11 @@ def load_api_client() -> kubernetes.client.ApiClient:
     except kubernetes.config.ConfigException:
         # KUBECONFIG is read now, not when the kubernetes package was imported.
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    return kubernetes.client.ApiClient()
+    config = kubernetes.client.Configuration.get_default_copy()
+    # One kept-alive connection per handler thread (2 x --concurrency, see __main__); the
+    # client's default (5 per core) made the rest reconnect for every request.
+    config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0, CONNECTIONS)
+    return kubernetes.client.ApiClient(config)
 
 
 class KubeApi:
