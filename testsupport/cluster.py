@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import pathlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 import httpx
 import kmock
@@ -78,6 +79,15 @@ class Cluster:
     def get_cr(self, namespace: str, name: str) -> dict | None:
         return self.get(CR_RESOURCE, namespace, name)
 
+    def replicas(self, namespace: str, name: str) -> int | None:
+        """An InferenceService's spec.replicas (what the autoscaler writes)."""
+        cr = self.get_cr(namespace, name)
+        return None if cr is None else cr["spec"].get("replicas")
+
+    def autoscaler_status(self, namespace: str, name: str) -> dict:
+        cr = self.get_cr(namespace, name) or {}
+        return (cr.get("status") or {}).get("autoscaler") or {}
+
     def events(self, namespace: str, involving: str | None = None) -> list[dict]:
         """Kubernetes events posted in `namespace`, optionally about one object by name."""
         found = []
@@ -87,6 +97,39 @@ class Cluster:
                 if involving is None or event.get("involvedObject", {}).get("name") == involving:
                     found.append(event)
         return found
+
+
+@dataclass
+class ReplicaRecorder:
+    """Samples an InferenceService's spec.replicas every 20 ms from a thread, keeping each
+    change with its wall time: what the autoscaler wrote, and when."""
+
+    cluster: Cluster
+    namespace: str
+    name: str
+    changes: list[tuple[float, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        last = None
+        while not self._stop.wait(0.02):
+            current = self.cluster.replicas(self.namespace, self.name)
+            if current is not None and current != last:
+                self.changes.append((time.time(), current))
+                last = current
+
+    def writes(self) -> list[tuple[float, int, int]]:
+        """(time, before, after) of each change."""
+        return [(t, before, after) for (_, before), (t, after) in itertools.pairwise(self.changes)]
 
 
 def condition(obj: dict | None, type_: str) -> dict | None:

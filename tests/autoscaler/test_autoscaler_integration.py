@@ -16,7 +16,6 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Self
 
 import httpx
@@ -31,7 +30,7 @@ from tests.autoscaler.conftest import (
     tiny_mlp,
 )
 from tests.http_stub import QuietHandler, serving
-from testsupport.cluster import Cluster, captured_operator_logs, wait_for
+from testsupport.cluster import Cluster, ReplicaRecorder, captured_operator_logs, wait_for
 from testsupport.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -58,16 +57,6 @@ def service(autoscaling: dict, replicas: int = 1, name: str = NAME) -> dict:
     }
 
 
-def replicas_of(cluster: Cluster, name: str = NAME) -> int | None:
-    cr = cluster.get_cr(NAMESPACE, name)
-    return None if cr is None else cr["spec"].get("replicas")
-
-
-def autoscaler_status(cluster: Cluster, name: str = NAME) -> dict:
-    cr = cluster.get_cr(NAMESPACE, name) or {}
-    return (cr.get("status") or {}).get("autoscaler") or {}
-
-
 def scale_events(cluster: Cluster) -> list[dict]:
     """Events the operator posted about scaling (read from the requests the API server got)."""
     posted = []
@@ -76,35 +65,6 @@ def scale_events(cluster: Cluster) -> list[dict]:
         if request.method == "POST" and isinstance(event, dict) and event.get("reason") in ("ScaledUp", "ScaledDown"):
             posted.append(event)
     return posted
-
-
-@dataclass
-class ReplicaRecorder:
-    """Samples spec.replicas every 20 ms from a thread; keeps (wall time, replicas) changes."""
-
-    cluster: Cluster
-    changes: list[tuple[float, int]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def __enter__(self) -> Self:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        last = None
-        while not self._stop.wait(0.02):
-            current = replicas_of(self.cluster)
-            if current is not None and current != last:
-                self.changes.append((time.time(), current))
-                last = current
-
-    def writes(self) -> list[tuple[float, int, int]]:
-        return [(t, before, after) for (_, before), (t, after) in itertools.pairwise(self.changes)]
 
 
 class Load:
@@ -173,32 +133,37 @@ def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster
             assert cluster.apply_cr(service(autoscaling)).status_code in (200, 201)
             # Idle: the loop runs and keeps the one replica.
             idle = wait_for(
-                lambda: autoscaler_status(cluster).get("reason"), timeout=20, message="first autoscaler decision"
+                lambda: cluster.autoscaler_status(NAMESPACE, NAME).get("reason"),
+                timeout=20,
+                message="first autoscaler decision",
             )
             assert "holding 1" in idle
-            assert replicas_of(cluster) == 1
+            assert cluster.replicas(NAMESPACE, NAME) == 1
 
-            with ReplicaRecorder(cluster) as recorder:
+            with ReplicaRecorder(cluster, NAMESPACE, NAME) as recorder:
                 load = Load([s.address for s in servers], concurrency=12, max_seconds=60).start()
                 try:
                     wait_for(
-                        lambda: (replicas_of(cluster) or 0) > 1,
+                        lambda: (cluster.replicas(NAMESPACE, NAME) or 0) > 1,
                         timeout=30,
                         interval=0.02,
                         message="scale-up under load",
                     )
                     wait_for(
-                        lambda: replicas_of(cluster) == 3, timeout=30, interval=0.05, message="scale-up to maxReplicas"
+                        lambda: cluster.replicas(NAMESPACE, NAME) == 3,
+                        timeout=30,
+                        interval=0.05,
+                        message="scale-up to maxReplicas",
                     )
                     at_max = logs.count(DECISION)
                     # Keep the breach going for a few more decisions: it must stay at max.
                     wait_for(lambda: logs.count(DECISION) >= at_max + 4, timeout=20, message="decisions at max")
-                    loaded_status = autoscaler_status(cluster)
+                    loaded_status = cluster.autoscaler_status(NAMESPACE, NAME)
                 finally:
                     load.stop()
                 load_stopped = time.time()
                 wait_for(
-                    lambda: replicas_of(cluster) == 1,
+                    lambda: cluster.replicas(NAMESPACE, NAME) == 1,
                     timeout=60,
                     interval=0.05,
                     message="scale-down after the load stopped",
@@ -267,14 +232,16 @@ def test_autoscaler_holds_when_prometheus_is_down(cluster: Cluster, operator) ->
                 replicas=4,
             )
         )
-        reason = wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=30, message="autoscaler status")
+        reason = wait_for(
+            lambda: cluster.autoscaler_status(NAMESPACE, NAME).get("reason"), timeout=30, message="autoscaler status"
+        )
         assert reason.startswith("no data (")
         assert "holding 4" in reason
         seen = logs.count(DECISION)
         wait_for(lambda: logs.count(DECISION) >= seen + 5, timeout=30, message="more decisions")
-    assert replicas_of(cluster) == 4
+    assert cluster.replicas(NAMESPACE, NAME) == 4
     assert scale_events(cluster) == []
-    assert "currentValue" not in autoscaler_status(cluster)
+    assert "currentValue" not in cluster.autoscaler_status(NAMESPACE, NAME)
 
 
 class FakePrometheus:
@@ -334,9 +301,11 @@ def test_autoscaler_reads_the_bearer_token_from_a_secret(
             )
         )
         # Without the Secret the loop cannot ask, so it holds and says why.
-        reason = wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=30, message="autoscaler status")
+        reason = wait_for(
+            lambda: cluster.autoscaler_status(NAMESPACE, NAME).get("reason"), timeout=30, message="autoscaler status"
+        )
         assert "secret prom-token not found" in reason
-        assert replicas_of(cluster) == 1
+        assert cluster.replicas(NAMESPACE, NAME) == 1
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -346,10 +315,10 @@ def test_autoscaler_reads_the_bearer_token_from_a_secret(
         assert cluster.request(
             "POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", secret, content_type="application/json"
         ).status_code in (200, 201)
-        wait_for(lambda: replicas_of(cluster) == 4, timeout=30, message="scale-up to max")
+        wait_for(lambda: cluster.replicas(NAMESPACE, NAME) == 4, timeout=30, message="scale-up to max")
     assert "Bearer s3cret" in prom.auth_headers
     assert None not in prom.auth_headers
-    status = autoscaler_status(cluster)
+    status = cluster.autoscaler_status(NAMESPACE, NAME)
     assert status["metric"] == "queueDepth" and status["currentValue"] == 5.0
 
 
@@ -363,7 +332,7 @@ def test_autoscaler_modes_switch_between_loop_hpa_and_keda(cluster: Cluster, ope
     }
     with captured_operator_logs() as logs:
         cluster.apply_cr(service(base, replicas=2))
-        wait_for(lambda: autoscaler_status(cluster).get("reason"), timeout=30, message="loop running")
+        wait_for(lambda: cluster.autoscaler_status(NAMESPACE, NAME).get("reason"), timeout=30, message="loop running")
 
         cluster.patch_cr(NAMESPACE, NAME, {"spec": {"autoscaling": {"mode": "hpa"}}})
         hpa = wait_for(lambda: cluster.get(HPAS, NAMESPACE, NAME), timeout=30, message="HPA")

@@ -19,8 +19,6 @@ import itertools
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Self
 
 import httpx
 import pytest
@@ -29,7 +27,7 @@ from inference_operator.autoscaler import promql
 from inference_operator.models import Metric
 from tests.autoscaler.conftest import Target, running_prometheus
 from tests.llm.conftest import running_vllm
-from testsupport.cluster import Cluster, captured_operator_logs, wait_for
+from testsupport.cluster import Cluster, ReplicaRecorder, captured_operator_logs, wait_for
 from testsupport.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -72,45 +70,6 @@ def service(prometheus_url: str) -> dict:
             },
         },
     }
-
-
-def replicas_of(cluster: Cluster) -> int | None:
-    cr = cluster.get_cr(NAMESPACE, NAME)
-    return None if cr is None else cr["spec"].get("replicas")
-
-
-def autoscaler_status(cluster: Cluster) -> dict:
-    cr = cluster.get_cr(NAMESPACE, NAME) or {}
-    return (cr.get("status") or {}).get("autoscaler") or {}
-
-
-@dataclass
-class ReplicaRecorder:
-    """Samples spec.replicas every 20 ms from a thread; keeps (wall time, replicas) changes."""
-
-    cluster: Cluster
-    changes: list[tuple[float, int]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def __enter__(self) -> Self:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        last = None
-        while not self._stop.wait(0.02):
-            current = replicas_of(self.cluster)
-            if current is not None and current != last:
-                self.changes.append((time.time(), current))
-                last = current
-
-    def writes(self) -> list[tuple[float, int, int]]:
-        return [(t, before, after) for (_, before), (t, after) in itertools.pairwise(self.changes)]
 
 
 class CompletionLoad:
@@ -199,28 +158,40 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
             wait_for(lambda: prom.targets_up() == 1, timeout=30, interval=0.2, message="vLLM scraped")
             # Idle: the loop reads TTFT p95 from vLLM's histogram and keeps one replica.
             idle = wait_for(
-                lambda: (status := autoscaler_status(cluster)).get("currentValue") is not None and status,
+                lambda: (
+                    (status := cluster.autoscaler_status(NAMESPACE, NAME)).get("currentValue") is not None and status
+                ),
                 timeout=60,
                 message="a decision on a TTFT reading",
             )
             assert "holding 1" in idle["reason"], idle
             assert idle["metric"] == "ttftP95Ms"
-            assert replicas_of(cluster) == 1
+            assert cluster.replicas(NAMESPACE, NAME) == 1
 
-            with ReplicaRecorder(cluster) as recorder:
+            with ReplicaRecorder(cluster, NAMESPACE, NAME) as recorder:
                 load = CompletionLoad(f"{base}/v1/completions", concurrency=16, max_seconds=120).start()
                 try:
-                    wait_for(lambda: (replicas_of(cluster) or 0) > 1, timeout=60, interval=0.02, message="scale-up")
-                    wait_for(lambda: replicas_of(cluster) == 3, timeout=40, interval=0.05, message="maxReplicas")
+                    wait_for(
+                        lambda: (cluster.replicas(NAMESPACE, NAME) or 0) > 1,
+                        timeout=60,
+                        interval=0.02,
+                        message="scale-up",
+                    )
+                    wait_for(
+                        lambda: cluster.replicas(NAMESPACE, NAME) == 3, timeout=40, interval=0.05, message="maxReplicas"
+                    )
                     at_max = logs.count(DECISION)
                     wait_for(lambda: logs.count(DECISION) >= at_max + 3, timeout=20, message="decisions at max")
-                    loaded = autoscaler_status(cluster)
+                    loaded = cluster.autoscaler_status(NAMESPACE, NAME)
                     waiting = prom.value(promql.metric_query(Metric.REQUESTS_WAITING, NAMESPACE, MODEL, 10))
                 finally:
                     load.stop()
                 load_stopped = time.time()
                 wait_for(
-                    lambda: replicas_of(cluster) == 1, timeout=90, interval=0.05, message="scale-down after the load"
+                    lambda: cluster.replicas(NAMESPACE, NAME) == 1,
+                    timeout=90,
+                    interval=0.05,
+                    message="scale-down after the load",
                 )
             writes = recorder.writes()
             query = promql.metric_query(Metric.TTFT_P95_MS, NAMESPACE, MODEL, 10)
