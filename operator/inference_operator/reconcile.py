@@ -11,6 +11,7 @@ refuses one object, none is written and the refusal is reported.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import hashlib
 import json
@@ -135,6 +136,14 @@ def plan(desired: dict, live: dict | None, owner_uid: str) -> Step:
     return Step(desired, live, Action.UNCHANGED)
 
 
+def _take_over(api: KubeApi, step: Step) -> Step:
+    """Move foreign managers' fields into the operator's own (client-go's csaupgrade)."""
+    if step.drift is None or step.live is None:
+        return step
+    live = api.replace_managed_fields(step.ref, step.drift.managed_fields, step.live["metadata"]["resourceVersion"])
+    return dataclasses.replace(step, live=live)
+
+
 def api_message(exc: ApiException) -> str:
     """The API server's own explanation of a refusal (its Status message), else the reason."""
     try:
@@ -166,6 +175,10 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy | None = None
     wanted = [o for o in wanted if (o["apiVersion"], o["kind"]) not in {k.key for k in missing}]
 
     steps = [plan(obj, api.get(Ref.of(obj)), owner.uid) for obj in wanted]
+    # Foreign fields become ours first (ownership only: no spec changes), so the dry run judges
+    # the object as the apply will leave it: without a hand-added `privileged: true`, say, that
+    # would otherwise still be merged in and make our own fields invalid beside it.
+    steps = [_take_over(api, step) for step in steps]
     pending = [s for s in steps if s.action != Action.UNCHANGED]
     for step in pending:
         try:
@@ -181,8 +194,6 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy | None = None
         if step.action == Action.REPLACED:
             api.delete(step.ref)
             live = None
-        if step.drift is not None and live is not None:
-            live = api.replace_managed_fields(step.ref, step.drift.managed_fields, live["metadata"]["resourceVersion"])
         if step.action != Action.UNCHANGED:
             live = api.apply(keep_foreign_replicas(step.desired, live))
         detail = step.drift.describe() if step.drift else ""

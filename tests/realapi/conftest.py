@@ -1,0 +1,77 @@
+"""The real-apiserver tier: a real kube-apiserver and etcd (envtest's layout), the shipped CRDs,
+the chart's RBAC for the operator's user, and the real operator process.
+
+Skipped, with one line, where the binaries are not installed (testsupport/envtest.py says
+where they are looked for).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from testsupport.envtest import OPERATOR_USER, ROOT, SKIP_REASON, ApiServer, assets, running_apiserver
+from testsupport.processes import stop
+
+CRD_DIRS = (ROOT / "crds", ROOT / "charts" / "rocm-inference-operator" / "crds")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = pathlib.Path(__file__).parent
+    if assets() is None:
+        skip = pytest.mark.skip(reason=SKIP_REASON)
+        for item in items:
+            if here in pathlib.Path(str(item.fspath)).parents:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    directory = assets()
+    assert directory is not None
+    with running_apiserver(tmp_path_factory.mktemp("envtest"), directory) as server:
+        for crds in CRD_DIRS:  # as shipped: `kubectl apply -f crds/`, and the chart's copy
+            server.kubectl("apply", "--server-side", "-f", str(crds))
+        server.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        yield server
+
+
+class Operator:
+    """The operator as a process (`inference-operator run -A`), as the operator's user."""
+
+    def __init__(self, server: ApiServer, log: pathlib.Path):
+        self.server, self.log = server, log
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {"KUBECONFIG": str(self.server.kubeconfig(OPERATOR_USER)), "PATH": "/usr/bin:/bin"}
+        env.update({k: v for k, v in __import__("os").environ.items() if k.startswith(("PYTHON", "HOME", "LANG"))})
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "inference_operator", "run", "-A", "--metrics-port", "0", "-v"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def stop(self) -> int:
+        assert self.process is not None
+        code = stop(self.process, timeout=20)
+        self.process = None
+        return code
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def operator(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    running = Operator(apiserver, tmp_path_factory.mktemp("operator") / "operator.log")
+    running.start()
+    yield running
+    if running.process is not None:
+        running.stop()

@@ -1,0 +1,204 @@
+"""A real kube-apiserver and etcd on loopback, the way controller-runtime's envtest runs them.
+
+`KUBEBUILDER_ASSETS` names a directory with `kube-apiserver` and `etcd` (envtest's convention;
+`setup-envtest use -p path` prints one), else envtest's default /usr/local/kubebuilder/bin.
+No controllers run: no Deployment controller, no scheduler, no garbage collector. Tests play
+those parts where they need them (a Deployment's status is written through its subresource).
+
+Users are static tokens: `admin` (system:masters) for the test's own kubectl, and
+`inference-operator`, bound to exactly the chart's ClusterRole rules, for the operator, so
+every request the operator sends is authorized as it would be in a cluster. An audit log
+records every write the operator makes, which is how writes per reconcile are counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import httpx
+import yaml
+
+from testsupport.processes import free_port, stop
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RBAC = ROOT / "charts" / "rocm-inference-operator" / "files" / "rbac"
+ASSETS_ENV = "KUBEBUILDER_ASSETS"
+DEFAULT_ASSETS = pathlib.Path("/usr/local/kubebuilder/bin")
+OPERATOR_USER = "inference-operator"
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "users": [OPERATOR_USER], "verbs": list(WRITE_VERBS)},
+        {"level": "None"},
+    ],
+}
+
+
+def assets() -> pathlib.Path | None:
+    """The directory with kube-apiserver and etcd, or None when this machine has none."""
+    directory = pathlib.Path(os.environ.get(ASSETS_ENV) or DEFAULT_ASSETS)
+    if all((directory / name).is_file() for name in ("kube-apiserver", "etcd")):
+        return directory
+    return None
+
+
+SKIP_REASON = (
+    "real-apiserver tier: no kube-apiserver and etcd in $KUBEBUILDER_ASSETS or /usr/local/kubebuilder/bin "
+    "(envtest's layout; see tests/realapi/README.md)"
+)
+
+
+@dataclasses.dataclass
+class ApiServer:
+    url: str
+    work: pathlib.Path
+    admin_token: str
+    operator_token: str
+
+    @property
+    def audit_log(self) -> pathlib.Path:
+        return self.work / "audit.log"
+
+    def kubeconfig(self, user: str) -> pathlib.Path:
+        """A kubeconfig for `admin` or the operator's user (TLS unverified: a self-signed server)."""
+        path = self.work / f"kubeconfig-{user}.yaml"
+        if not path.exists():
+            token = self.admin_token if user == "admin" else self.operator_token
+            config = {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "envtest", "cluster": {"server": self.url, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": user, "user": {"token": token}}],
+                "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": user}}],
+                "current-context": "envtest",
+            }
+            path.write_text(yaml.safe_dump(config))
+        return path
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, verify=False, headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=30
+        )
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """kubectl as the admin; `check` raises with kubectl's own stderr."""
+        result = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig("admin")), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def operator_writes(self, namespace: str | None = None) -> Counter[str]:
+        """Writes the operator made so far (in `namespace`, or anywhere), as
+        `resource[/subresource]:verb`; dry runs left out."""
+        counts: Counter[str] = Counter()
+        if not self.audit_log.exists():
+            return counts
+        for line in self.audit_log.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("stage") != "ResponseComplete" or "dryRun=All" in event.get("requestURI", ""):
+                continue
+            if (event.get("responseStatus") or {}).get("code", 500) >= 400:
+                continue
+            ref = event.get("objectRef") or {}
+            if namespace is not None and ref.get("namespace") != namespace:
+                continue
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            counts[f"{ref.get('resource')}{sub}:{event['verb']}"] += 1
+        return counts
+
+
+def _write_rbac(server: ApiServer) -> None:
+    """The chart's cluster-wide operator rules with its default values (Hub tokens honoured, so
+    Secrets readable), bound to the operator's user."""
+    rules = []
+    for name in ("operator", "discovery", "secrets"):
+        rules += yaml.safe_load((RBAC / f"{name}.yaml").read_text())
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": OPERATOR_USER}}
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": OPERATOR_USER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_USER},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
+    }
+    documents = [{**role, "rules": rules}, binding]
+    server.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
+
+
+@contextlib.contextmanager
+def running_apiserver(work: pathlib.Path, directory: pathlib.Path) -> Iterator[ApiServer]:
+    """etcd and kube-apiserver on free loopback ports; stopped (and their data gone) after."""
+    openssl = shutil.which("openssl")
+    assert openssl, "openssl is needed for the service-account key"
+    subprocess.run([openssl, "genrsa", "-out", str(work / "sa.key"), "2048"], check=True, capture_output=True)
+    server = ApiServer(url="", work=work, admin_token="admin-" + os.urandom(8).hex(), operator_token="")
+    server.operator_token = "operator-" + os.urandom(8).hex()
+    (work / "tokens.csv").write_text(
+        f'{server.admin_token},admin,admin,"system:masters"\n{server.operator_token},{OPERATOR_USER},{OPERATOR_USER}\n'
+    )
+    (work / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    etcd = [
+        str(directory / "etcd"),
+        f"--data-dir={work / 'etcd'}",
+        f"--listen-client-urls={etcd_url}",
+        f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+    ]
+    apiserver = [
+        str(directory / "kube-apiserver"),
+        f"--etcd-servers={etcd_url}",
+        f"--secure-port={api_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--cert-dir={work / 'certs'}",
+        f"--token-auth-file={work / 'tokens.csv'}",
+        "--authorization-mode=RBAC",
+        f"--service-account-key-file={work / 'sa.key'}",
+        f"--service-account-signing-key-file={work / 'sa.key'}",
+        "--service-account-issuer=https://127.0.0.1",
+        "--service-cluster-ip-range=10.0.0.0/24",
+        "--allow-privileged=true",
+        "--disable-admission-plugins=ServiceAccount",
+        f"--audit-policy-file={work / 'audit-policy.yaml'}",
+        f"--audit-log-path={server.audit_log}",
+        "--audit-log-format=json",
+    ]
+    server.url = f"https://127.0.0.1:{api_port}"
+    with contextlib.ExitStack() as stack:
+        for args, log in ((etcd, "etcd.log"), (apiserver, "apiserver.log")):
+            out = stack.enter_context((work / log).open("wb"))
+            process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            stack.callback(stop, process)
+        with server.client() as client:
+            deadline = time.monotonic() + 120
+            while True:
+                assert process.poll() is None, (work / "apiserver.log").read_text()[-3000:]
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get("/readyz").status_code == 200:
+                        break
+                assert time.monotonic() < deadline, "kube-apiserver not ready in 120 s"
+                time.sleep(0.3)
+        _write_rbac(server)
+        yield server
