@@ -13,10 +13,14 @@ python3 -m venv .venv
 # for these machines; this wheel embeds the engine. It declares Python >= 3.12 but runs on 3.11.
 .venv/bin/python -m pip install --quiet --ignore-requires-python 'helm-sdkpy==0.1.32'
 
-# Prometheus (the autoscaler tests run it for real) and shellcheck (e2e/run.sh is checked).
+# Prometheus (the autoscaler tests run it for real), shellcheck (e2e/run.sh is checked), and
+# etcd and openssl for the real-apiserver tier (tests/realapi: it runs where a kube-apiserver is
+# in $KUBEBUILDER_ASSETS or /usr/local/kubebuilder/bin, and skips with one line elsewhere).
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ "${#missing[@]}" -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

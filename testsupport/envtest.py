@@ -48,16 +48,18 @@ AUDIT_POLICY = {
 
 
 def assets() -> pathlib.Path | None:
-    """The directory with kube-apiserver and etcd, or None when this machine has none."""
+    """The directory with kube-apiserver and etcd, or None when this machine has none (or no
+    kubectl and openssl, which the tier drives them with)."""
     directory = pathlib.Path(os.environ.get(ASSETS_ENV) or DEFAULT_ASSETS)
-    if all((directory / name).is_file() for name in ("kube-apiserver", "etcd")):
+    tools = shutil.which("kubectl") and shutil.which("openssl")
+    if tools and all((directory / name).is_file() for name in ("kube-apiserver", "etcd")):
         return directory
     return None
 
 
 SKIP_REASON = (
-    "real-apiserver tier: no kube-apiserver and etcd in $KUBEBUILDER_ASSETS or /usr/local/kubebuilder/bin "
-    "(envtest's layout; see tests/realapi/README.md)"
+    "real-apiserver tier: no kube-apiserver and etcd in $KUBEBUILDER_ASSETS or /usr/local/kubebuilder/bin, "
+    "or no kubectl/openssl (envtest's layout; see tests/realapi/README.md)"
 )
 
 

@@ -84,12 +84,13 @@ def _isvc_ref(namespace: str, name: str) -> Ref:
     return Ref(API_VERSION, KIND, namespace, name)
 
 
-def _publish(memo: kopf.Memo, ref: Ref, compute: Callable[[dict], dict]) -> tuple[dict | None, dict]:
+def _publish(memo: kopf.Memo, ref: Ref, compute: Callable[[dict], dict | None]) -> tuple[dict | None, dict]:
     """Write only the status keys that changed, computed from the object as it is now.
 
     Status writers (the reconcile handler and owned-object events) take a per-object lock
     and read the object fresh, so two of them racing never send the same patch twice.
-    Returns (the previous status, the new status); an unchanged status costs no write.
+    `compute` may return None: nothing to say now. Returns (the previous status, the new
+    status); an unchanged status costs no write.
     """
     api: KubeApi = memo.api
     locks: collections.defaultdict[Ref, threading.Lock] = memo.setdefault(
@@ -101,6 +102,8 @@ def _publish(memo: kopf.Memo, ref: Ref, compute: Callable[[dict], dict]) -> tupl
             return None, {}
         previous = fresh.get("status")
         new_status = compute(fresh)
+        if new_status is None:
+            return previous, previous or {}
         changes = st.status_changes(previous, new_status)
         if changes:
             api.patch_status(ref, changes)
@@ -272,17 +275,15 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
         if not is_deployment:
             return
         state = st.rollout(deployment)
-        previous, new_status = await asyncio.to_thread(
-            _publish,
-            memo,
-            ref,
-            lambda fresh: st.compute_status(
-                fresh.get("status"),
-                state,
-                fresh["metadata"].get("generation"),
-                refused or st.spec_problem(fresh.get("status"), KEPT_PROBLEMS),
-            ),
-        )
+
+        def mirrored(fresh: dict) -> dict | None:
+            status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
+            if refused is None and status.get("observedGeneration") != generation:
+                return None  # a reconcile of this generation is under way and publishes it all at once
+            problem = refused or st.spec_problem(status, KEPT_PROBLEMS)
+            return st.compute_status(status, state, generation, problem)
+
+        previous, new_status = await asyncio.to_thread(_publish, memo, ref, mirrored)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("owned %s event not handled: %s", body.get("kind"), exc)
         return

@@ -289,6 +289,7 @@ def test_restart_resyncs_with_no_writes(apiserver: ApiServer, operator: Operator
     created = apiserver.operator_writes(ns) - before_create
     print(f"writes to create one InferenceService: {sum(created.values())} {dict(created)}")
     assert created["deployments:patch"] == 1 and created["services:patch"] == 1, created
+    assert created["inferenceservices/status:patch"] == 1, created  # one status write, not a race of two
 
     writes = apiserver.operator_writes(ns)
     assert operator.stop() == 0
