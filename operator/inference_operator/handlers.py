@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -87,27 +86,24 @@ def _isvc_ref(namespace: str, name: str) -> Ref:
 def _publish(memo: kopf.Memo, ref: Ref, compute: Callable[[dict], dict | None]) -> tuple[dict | None, dict]:
     """Write only the status keys that changed, computed from the object as it is now.
 
-    Status writers (the reconcile handler and owned-object events) take a per-object lock
-    and read the object fresh, so two of them racing never send the same patch twice.
+    Several writers race (the reconcile handler, owned-object events, the autoscaler): each
+    decides from a fresh read and writes guarded by its resourceVersion (KubeApi.update_status),
+    so none puts back a stale conditions list and two never send the same patch twice.
     `compute` may return None: nothing to say now. Returns (the previous status, the new
     status); an unchanged status costs no write.
     """
     api: KubeApi = memo.api
-    locks: collections.defaultdict[Ref, threading.Lock] = memo.setdefault(
-        "status_locks", collections.defaultdict(threading.Lock)
-    )
-    with locks[ref]:
-        fresh = api.get(ref)
-        if fresh is None:
-            return None, {}
-        previous = fresh.get("status")
+    computed: dict = {}
+
+    def changes(fresh: dict) -> dict | None:
         new_status = compute(fresh)
-        if new_status is None:
-            return previous, previous or {}
-        changes = st.status_changes(previous, new_status)
-        if changes:
-            api.patch_status(ref, changes)
-        return previous, new_status
+        computed["status"] = fresh.get("status") if new_status is None else new_status
+        return None if new_status is None else st.status_changes(fresh.get("status"), new_status)
+
+    fresh, _ = api.update_status(ref, changes)
+    if fresh is None:
+        return None, {}
+    return fresh.get("status"), computed.get("status") or {}
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -155,13 +156,41 @@ class KubeApi:
             raise
         return True
 
-    def patch_status(self, ref: Ref, status: dict) -> dict:
-        return self._call(
-            "PATCH",
-            ref.path("status"),
-            body={"status": status},
-            content_type="application/merge-patch+json",
-        )
+    def patch_status(self, ref: Ref, status: dict, resource_version: str | None = None) -> dict:
+        """Merge-patch `status`; with `resource_version`, only if the object is still that one."""
+        body: dict = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self._call("PATCH", ref.path("status"), body=body, content_type="application/merge-patch+json")
+
+    def update_status(
+        self, ref: Ref, changes: Callable[[dict], dict | None], attempts: int = 5
+    ) -> tuple[dict | None, dict | None]:
+        """Read the object, let `changes(obj)` say which status keys to set, write them guarded by
+        the resourceVersion read; on a conflict, read and decide again.
+
+        Status has several writers (reconcile, owned-object events, the autoscaler) and lists such
+        as `conditions` are replaced whole by a merge patch: without the guard one writer could
+        put back a list another had just changed. Returns (the object read last, the keys
+        written), or (None, None) when the object is gone.
+        """
+        for _ in range(attempts):
+            obj = self.get(ref)
+            if obj is None:
+                return None, None
+            patch = changes(obj)
+            if not patch:
+                return obj, {}
+            try:
+                self.patch_status(ref, patch, obj["metadata"].get("resourceVersion"))
+            except ApiException as exc:
+                if exc.status == 409:
+                    continue
+                if exc.status == 404:
+                    return None, None
+                raise
+            return obj, patch
+        raise ApiException(status=409, reason=f"status of {ref.kind} {ref.name} kept changing")
 
     def patch(self, ref: Ref, patch: dict, subresource: str | None = None) -> dict:
         return self._call("PATCH", ref.path(subresource), body=patch, content_type="application/merge-patch+json")

@@ -243,17 +243,21 @@ class Autoscaler:
             target=scaling.target,
         )
         desired = autoscaler_status(scaling.metric, observation, p95_ms, decision, last_scale_time)
-        changes = status_changes(previous, desired)
-        patch: dict = {"autoscaler": changes} if changes else {}
-        conditions = scaling_active(status.get("conditions") or [], observation, refusal, generation or None)
-        if conditions is not None:
-            patch["conditions"] = conditions
-        if patch:
-            try:
-                await asyncio.to_thread(self.api.patch_status, self.ref, patch)
-            except ApiException as exc:
-                if exc.status != 404:
-                    self.logger.warning("autoscaler status not written: API error %s", exc.status)
+
+        def patch(fresh: dict) -> dict:
+            """From the object as it is now: the reconciler writes conditions too."""
+            status = fresh.get("status") or {}
+            changes = status_changes(status.get("autoscaler") or {}, desired)
+            found: dict = {"autoscaler": changes} if changes else {}
+            conditions = scaling_active(status.get("conditions") or [], observation, refusal, generation or None)
+            if conditions is not None:
+                found["conditions"] = conditions
+            return found
+
+        try:
+            await asyncio.to_thread(self.api.update_status, self.ref, patch)
+        except ApiException as exc:
+            self.logger.warning("autoscaler status not written: API error %s", exc.status)
         return max(0.0, scaling.interval_seconds - (self.clock() - started))
 
     def _current_replicas(self, spec_replicas: int, generation: int) -> int:
