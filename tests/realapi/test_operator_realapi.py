@@ -302,3 +302,30 @@ def test_restart_resyncs_with_no_writes(apiserver: ApiServer, operator: Operator
     owned = {k: v for k, v in resync.items() if not k.startswith(("inferenceservices", "events"))}
     print(f"writes on restart: {dict(resync) or 'none'}")
     assert owned == {} and not resync.get("inferenceservices/status:patch"), resync
+
+
+def test_objects_created_by_post_are_taken_over(apiserver: ApiServer, operator: Operator) -> None:
+    """What earlier versions left: a Deployment created by POST (its creator's manager owns every
+    field, operation Update). The next reconcile must still remove the fields the spec drops."""
+    from inference_operator.__main__ import render_documents
+
+    ns = namespace(apiserver)
+    assert operator.stop() == 0
+    try:
+        apply_cr(apiserver, ns, "resnet", resnet(gpus=2))
+        cr = isvc(apiserver, ns, "resnet")
+        legacy = [o for o in render_documents([cr]) if o["kind"] == "Deployment"]
+        apiserver.kubectl("create", "-f", "-", stdin=yaml.safe_dump(legacy[0]))  # POST, manager kubectl-create
+        managers = {m["manager"] for m in deployment(apiserver, ns, "resnet")["metadata"]["managedFields"]}
+        assert managers == {"kubectl-create"}
+        apply_cr(apiserver, ns, "resnet", resnet(gpus=0, runtime={"executionProviders": ["CPUExecutionProvider"]}))
+    finally:
+        operator.start()
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="reconciled after restart")
+    live = deployment(apiserver, ns, "resnet")
+    pod = live["spec"]["template"]["spec"]
+    assert "amd.com/gpu" not in (pod["containers"][0].get("resources") or {}).get("limits", {})
+    assert not {e["name"] for e in pod["containers"][0].get("env") or []} & {"ROCR_VISIBLE_DEVICES"}
+    assert not pod.get("tolerations")
+    spec_owners = {m["manager"] for m in live["metadata"]["managedFields"] if "f:spec" in (m.get("fieldsV1") or {})}
+    assert spec_owners == {"rocm-inference-operator"}, spec_owners
