@@ -144,6 +144,15 @@ def _take_over(api: KubeApi, step: Step) -> Step:
     return dataclasses.replace(step, live=live)
 
 
+def _dry_run_body(step: Step) -> dict:
+    """What the dry run applies. A replaced object becomes a create, so it is judged as one: the
+    same object under a name nothing has (over the live one, its immutable spec is refused)."""
+    if step.action == Action.REPLACED:
+        meta = step.desired["metadata"]
+        return {**step.desired, "metadata": {**meta, "name": f"{meta['name']}-replacement-dry-run"}}
+    return keep_foreign_replicas(step.desired, step.live)
+
+
 def api_message(exc: ApiException) -> str:
     """The API server's own explanation of a refusal (its Status message), else the reason."""
     try:
@@ -182,7 +191,7 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy | None = None
     pending = [s for s in steps if s.action != Action.UNCHANGED]
     for step in pending:
         try:
-            api.apply(keep_foreign_replicas(step.desired, step.live), dry_run=True)
+            api.apply(_dry_run_body(step), dry_run=True)
         except ApiException as exc:
             if exc.status not in (400, 422):  # others (conflicts, RBAC, throttling) are retried
                 raise
