@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 _namespaces = itertools.count()
-REPAIR_TIMEOUT = 60  # what the operator promises for a hand edit or a deletion
+REPAIR_TIMEOUT = 60  # what the operator promises for a hand edit or a deletion (measured: under 1 s)
 
 
 def namespace(server: ApiServer) -> str:
@@ -116,7 +116,7 @@ def test_every_example_is_accepted_and_realised(apiserver: ApiServer, operator: 
         apiserver.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
         names.append(doc["metadata"]["name"])
     for name in names:
-        obj = wait_for(lambda n=name: observed(apiserver, ns, n), timeout=60, message=f"{name} reconciled")
+        obj = wait_for(lambda n=name: observed(apiserver, ns, n), timeout=120, message=f"{name} reconciled")
         assert deployment(apiserver, ns, name) is not None, name
         assert service_obj(apiserver, ns, name) is not None, name
         degraded = condition(obj, "Degraded")
@@ -128,12 +128,12 @@ def test_every_example_is_accepted_and_realised(apiserver: ApiServer, operator: 
 def test_gpu_count_to_zero_leaves_no_gpu_field(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     apply_cr(apiserver, ns, "resnet", resnet(gpus=2))
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="first reconcile")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="first reconcile")
     before = deployment(apiserver, ns, "resnet")
     assert before is not None and container(before)["resources"]["limits"]["amd.com/gpu"] == "2"
 
     apply_cr(apiserver, ns, "resnet", resnet(gpus=0, runtime={"executionProviders": ["CPUExecutionProvider"]}))
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="second reconcile")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="second reconcile")
     pod = deployment(apiserver, ns, "resnet")["spec"]["template"]["spec"]
     assert "amd.com/gpu" not in (pod["containers"][0].get("resources") or {}).get("limits", {})
     env = {e["name"] for e in pod["containers"][0].get("env") or []}
@@ -144,9 +144,9 @@ def test_gpu_count_to_zero_leaves_no_gpu_field(apiserver: ApiServer, operator: O
 def test_metrics_port_change_applies_without_a_duplicate(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     apply_cr(apiserver, ns, "resnet", resnet(gpus=1, runtime={"metricsPort": 9090}))
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="first reconcile")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="first reconcile")
     apply_cr(apiserver, ns, "resnet", resnet(gpus=1, runtime={"metricsPort": 9091}))
-    obj = wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="second reconcile")
+    obj = wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="second reconcile")
     assert condition(obj, "Degraded")["status"] == "False", condition(obj, "Degraded")
     ports = {p["name"]: p["containerPort"] for p in container(deployment(apiserver, ns, "resnet"))["ports"]}
     assert ports["metrics"] == 9091 and 9090 not in ports.values()
@@ -161,7 +161,7 @@ def _image(server: ApiServer, ns: str) -> str:
 def test_hand_edits_are_reverted(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     apply_cr(apiserver, ns, "resnet", resnet(gpus=1, replicas=2))
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="first reconcile")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="first reconcile")
     wanted = _image(apiserver, ns)
     name = container(deployment(apiserver, ns, "resnet"))["name"]
 
@@ -194,7 +194,7 @@ def test_hand_edits_are_reverted(apiserver: ApiServer, operator: Operator) -> No
 def test_deleted_service_and_pdb_come_back(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     apply_cr(apiserver, ns, "resnet", resnet(gpus=1, replicas=2))
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="first reconcile")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="first reconcile")
     pdb_path = f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/resnet"
     first_svc = service_obj(apiserver, ns, "resnet")["metadata"]["uid"]
     assert get(apiserver, pdb_path) is not None
@@ -209,10 +209,10 @@ def test_deleted_service_and_pdb_come_back(apiserver: ApiServer, operator: Opera
 def test_scale_subresource_reaches_the_deployment(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     apply_cr(apiserver, ns, "resnet", resnet(gpus=1))
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="first reconcile")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="first reconcile")
     apiserver.kubectl("-n", ns, "scale", "inferenceservice/resnet", "--replicas=3")
     wait_for(
-        lambda: deployment(apiserver, ns, "resnet")["spec"]["replicas"] == 3, timeout=60, message="Deployment at 3"
+        lambda: deployment(apiserver, ns, "resnet")["spec"]["replicas"] == 3, timeout=120, message="Deployment at 3"
     )
     scale = get(apiserver, f"/apis/inference.rocm.dev/v1alpha1/namespaces/{ns}/inferenceservices/resnet/scale")
     assert scale["spec"]["replicas"] == 3
@@ -233,7 +233,7 @@ def _rollout(server: ApiServer, ns: str, status: dict) -> str:
 def test_progressing_matches_kubectl_rollout_status(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     apply_cr(apiserver, ns, "resnet", resnet(gpus=1))
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="first reconcile")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="first reconcile")
 
     pending = {
         "replicas": 1,
@@ -284,7 +284,7 @@ def test_restart_resyncs_with_no_writes(apiserver: ApiServer, operator: Operator
     ns = namespace(apiserver)
     before_create = apiserver.operator_writes(ns)
     apply_cr(apiserver, ns, "resnet", resnet(gpus=1, replicas=2))
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="reconciled")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="reconciled")
     time.sleep(2)  # let the watch events of its own writes pass
     created = apiserver.operator_writes(ns) - before_create
     print(f"writes to create one InferenceService: {sum(created.values())} {dict(created)}")
@@ -294,7 +294,7 @@ def test_restart_resyncs_with_no_writes(apiserver: ApiServer, operator: Operator
     writes = apiserver.operator_writes(ns)
     assert operator.stop() == 0
     operator.start()
-    wait_for(lambda: "reconciled generation 1: 0 writes" in operator.text(), timeout=60, message="resync")
+    wait_for(lambda: "reconciled generation 1: 0 writes" in operator.text(), timeout=120, message="resync")
     time.sleep(3)
     # Only this namespace: services of other tests run the built-in autoscaler, whose first
     # tick after a restart may write status.autoscaler (that is its job, not reconcile's).
@@ -321,7 +321,7 @@ def test_objects_created_by_post_are_taken_over(apiserver: ApiServer, operator: 
         apply_cr(apiserver, ns, "resnet", resnet(gpus=0, runtime={"executionProviders": ["CPUExecutionProvider"]}))
     finally:
         operator.start()
-    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=60, message="reconciled after restart")
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="reconciled after restart")
     live = deployment(apiserver, ns, "resnet")
     pod = live["spec"]["template"]["spec"]
     assert "amd.com/gpu" not in (pod["containers"][0].get("resources") or {}).get("limits", {})
