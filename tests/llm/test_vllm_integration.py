@@ -185,8 +185,10 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
                     loaded = cluster.autoscaler_status(NAMESPACE, NAME)
                     waiting = prom.value(promql.metric_query(Metric.REQUESTS_WAITING, NAMESPACE, MODEL, 10))
                 finally:
+                    # No request arrives after this instant; the last ones in flight still finish
+                    # (and still wait), so TTFT can only start falling from here.
+                    load_stopped = time.time()
                     load.stop()
-                load_stopped = time.time()
                 wait_for(
                     lambda: cluster.replicas(NAMESPACE, NAME) == 1,
                     timeout=90,
