@@ -211,7 +211,9 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
     ups = [w for w in writes if w[2] > w[1]]
     downs = [w for w in writes if w[2] < w[1]]
     assert [w[1:] for w in ups] == [(1, 2), (2, 3)]
-    assert [w[1:] for w in downs] == [(3, 1)]
+    # Down to one, in one step or a few as TTFT decays through the window (a scale-down step
+    # shrinks with the square root of value / target for latencies).
+    assert downs and downs[0][1] == 3 and downs[-1][2] == 1
     assert all(t < load_stopped for t, _, _ in ups) and all(t > load_stopped for t, _, _ in downs)
     assert downs[0][0] - load_stopped >= 8  # the stabilization window
     directions = [1 if after > before else -1 for _, before, after in writes]
