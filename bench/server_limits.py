@@ -24,7 +24,6 @@ import os
 import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,8 +32,9 @@ import httpx
 import numpy as np
 
 from testsupport import payloads
+from testsupport.liveness import post_and_watch_liveness
 from testsupport.onnx_models import affine_model
-from testsupport.payloads import MiB, http_post, memory, reset_peak
+from testsupport.payloads import MiB, memory, reset_peak
 from testsupport.processes import free_port, running, serve_command
 
 WIDTH = 1024
@@ -77,33 +77,9 @@ def peak_growth(url: str, pid: int, bodies: list[bytes]) -> tuple[list[int], int
 def longest_silence(url: str, body: bytes) -> tuple[int, float, float]:
     """(status, request seconds, longest stretch without a liveness answer after the body was sent)."""
     port = int(url.rsplit(":", 1)[1])
-    answers: list[float] = []
-    origin: list[float] = []
-    stop = threading.Event()
-
-    def watch() -> None:
-        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
-            while not stop.is_set():
-                conn.sendall(b"GET /health/live HTTP/1.1\r\nHost: b\r\n\r\n")
-                reply = b""
-                while not reply.endswith(b'{"live":true}'):
-                    reply += conn.recv(4096)
-                if origin:
-                    answers.append(time.perf_counter() - origin[0])
-                time.sleep(0.005)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    time.sleep(0.2)
-    with socket.create_connection(("127.0.0.1", port), timeout=300) as conn:
-        conn.sendall(http_post("/v2/models/tiny/infer", body))
-        origin.append(time.perf_counter())
-        reply = conn.recv(65536)
-        elapsed = time.perf_counter() - origin[0]
-    stop.set()
-    watcher.join(60)
-    marks = [0.0, *[t for t in answers if t < elapsed], elapsed]
-    return int(reply.split(b" ", 2)[1]), elapsed, max(b - a for a, b in zip(marks, marks[1:], strict=False))
+    status, elapsed, answers = post_and_watch_liveness(port, body, timeout=300)
+    marks = [0.0, *answers, elapsed]
+    return status, elapsed, max(b - a for a, b in zip(marks, marks[1:], strict=False))
 
 
 BODIES = {

@@ -6,11 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +18,9 @@ import pytest
 from model_server.bodies import Busy, MemoryBudget, estimate_parse_bytes
 from model_server.settings import ServerSettings, detect_memory_limit
 from testsupport import payloads
+from testsupport.liveness import post_and_watch_liveness
 from testsupport.onnx_models import affine_model
-from testsupport.payloads import MiB, http_post, memory, reset_peak
+from testsupport.payloads import MiB, memory, reset_peak
 from testsupport.processes import free_port, running, serve_command
 
 WIDTH = 1024  # model input width: the answer (one value per row) is tiny next to the body
@@ -91,43 +89,9 @@ def growth_for(server: ServerProcess, *bodies: bytes, path: str = "/v2/models/ti
     return statuses, memory(server.process.pid, "VmHWM") - before
 
 
-def post_and_watch_liveness(server: ServerProcess, body: bytes) -> tuple[int, float, list[float]]:
-    """POST `body` over a raw socket while another connection asks /health/live in a
-    loop. Returns the status, the time from the last byte sent to the answer, and the
-    moments (relative to the last byte sent) at which liveness answers arrived."""
-    answers: list[float] = []
-    stop = threading.Event()
-    ready = threading.Event()
-    origin: list[float] = []
-
-    def watch() -> None:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
-            ready.set()
-            while not stop.is_set():
-                conn.sendall(b"GET /health/live HTTP/1.1\r\nHost: test\r\n\r\n")
-                reply = b""
-                while not reply.endswith(b'{"live":true}'):
-                    reply += conn.recv(4096)
-                if origin:
-                    answers.append(time.perf_counter() - origin[0])
-                time.sleep(0.005)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    ready.wait(10)
-    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as conn:
-        conn.sendall(http_post("/v2/models/tiny/infer", body))
-        origin.append(time.perf_counter())
-        reply = conn.recv(65536)
-        elapsed = time.perf_counter() - origin[0]
-    stop.set()
-    watcher.join(30)
-    return int(reply.split(b" ", 2)[1]), elapsed, [t for t in answers if t < elapsed]
-
-
 def test_liveness_answers_while_a_large_body_is_parsed(server):
     body = v2_body(b"1,", 16 * MiB)
-    status, elapsed, answers = post_and_watch_liveness(server, body)
+    status, elapsed, answers = post_and_watch_liveness(server.port, body, timeout=120)
     assert status == 200
     # The longest stretch after the body arrived without a liveness answer: when the
     # parse ran on the event loop, it was nearly all of the request's time.
