@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from our_server import our_server_command
 
 from testsupport.onnx_models import mlp_model
-from testsupport.processes import free_port, running, serve_command
+from testsupport.processes import free_port, running
 
 BENCH = Path(__file__).resolve().parent
 MODELS = {"small": [256, 256, 128, 16], "large": [1024, 4096, 4096, 4096, 16]}
@@ -149,26 +150,8 @@ class Server:
 
 def commands(name: str, model: Path, port: int, args: argparse.Namespace) -> list[str]:
     if name == "ours":
-        return serve_command(
-            model,
-            port,
-            "--model-name",
-            "m",
-            "--format",
-            "onnx",
-            "--providers",
-            "CPUExecutionProvider",
-            "--no-watch",
-            "--max-batch-size",
-            str(args.max_batch_size),
-            "--max-delay-ms",
-            str(args.max_delay_ms),
-            "--intra-op-threads",
-            str(args.threads),
-            "--inter-op-threads",
-            "1" if args.threads else "0",
-            "--log-level",
-            "warning",
+        return our_server_command(
+            model, port, args, "--model-name", "m", "--inter-op-threads", "1" if args.threads else "0"
         )
     python = cache_dir() / "peers" / name / "bin" / "python"
     return [

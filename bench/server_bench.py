@@ -33,10 +33,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from our_server import our_server_command
 from pydantic import BaseModel
 
 from testsupport.onnx_models import mlp_model
-from testsupport.processes import free_port, running, serve_command
+from testsupport.processes import free_port, running
 
 DEFAULT_SIZES = [1024, 4096, 4096, 4096, 16]
 CONCURRENCY = [1, 16, 64]
@@ -266,26 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         ports = {"b": free_port(), "c": free_port()}
         commands = {
-            "b": serve_command(
-                model,
-                ports["b"],
-                "--format",
-                "onnx",
-                "--providers",
-                "CPUExecutionProvider",
-                "--no-watch",
-                "--max-batch-size",
-                str(args.max_batch_size),
-                "--max-delay-ms",
-                str(args.max_delay_ms),
-                "--max-queue",
-                "256",
-                "--intra-op-threads",
-                str(args.threads),
-                "--batch-workers",
-                str(args.batch_workers),
-                "--log-level",
-                "warning",
+            "b": our_server_command(
+                model, ports["b"], args, "--max-queue", "256", "--batch-workers", str(args.batch_workers)
             ),
             "c": [
                 sys.executable,
