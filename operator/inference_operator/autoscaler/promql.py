@@ -55,11 +55,15 @@ def latency_ms(quantile: float, namespace: str, model: str, window_seconds: int)
     `>= 0` drops the NaN and the `or` branch answers 0 as long as the pods are scraped at all.
     No series (nothing scraped) still gives an empty result.
     """
-    sel = selector(namespace, model)
-    window = f"[{window_seconds}s]"
+    return _quantile_ms(LATENCY_HISTOGRAM, quantile, selector(namespace, model), QUEUE_DEPTH, window_seconds)
+
+
+def _quantile_ms(histogram: str, quantile: float, sel: str, present: str, window_seconds: int) -> str:
+    """A quantile of `histogram` in ms, or 0 wherever the always-present gauge `present` is
+    scraped (see latency_ms for why)."""
     return (
-        f"(histogram_quantile({quantile}, sum by (le) (rate({LATENCY_HISTOGRAM}_bucket{sel}{window})))"
-        f" * 1000 >= 0) or (sum({QUEUE_DEPTH}{sel}) * 0)"
+        f"(histogram_quantile({quantile}, sum by (le) (rate({histogram}_bucket{sel}[{window_seconds}s])))"
+        f" * 1000 >= 0) or (sum({present}{sel}) * 0)"
     )
 
 
@@ -92,11 +96,7 @@ def gpu_utilization(namespace: str, model: str, window_seconds: int) -> str:
 def vllm_latency_ms(histogram: str, quantile: float, namespace: str, model: str, window_seconds: int) -> str:
     """A quantile of one of vLLM's latency histograms in ms; 0 while the pods are scraped but
     idle (the same NaN guard as latency_ms, on vLLM's always-present waiting gauge)."""
-    sel = vllm_selector(namespace, model)
-    return (
-        f"(histogram_quantile({quantile}, sum by (le) (rate({histogram}_bucket{sel}[{window_seconds}s])))"
-        f" * 1000 >= 0) or (sum({VLLM_WAITING}{sel}) * 0)"
-    )
+    return _quantile_ms(histogram, quantile, vllm_selector(namespace, model), VLLM_WAITING, window_seconds)
 
 
 def requests_waiting(namespace: str, model: str, window_seconds: int) -> str:
