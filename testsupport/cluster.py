@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import logging
@@ -44,6 +45,24 @@ class Cluster:
             obj,
             content_type="application/json",
         )
+
+    def add_secret(
+        self, namespace: str, name: str, data: dict[str, bytes], labels: dict[str, str] | None = None
+    ) -> None:
+        """Create an Opaque Secret holding `data` (base64-encoded here), with `labels` if given."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if labels is not None:
+            metadata["labels"] = labels
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata,
+            "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+        }
+        response = self.request(
+            "POST", f"/api/v1/namespaces/{namespace}/secrets", secret, content_type="application/json"
+        )
+        assert response.status_code in (200, 201), response.text
 
     def patch(self, resource: str, namespace: str, name: str, patch: dict, subresource: str = "") -> httpx.Response:
         prefix = "/api" if resource.count("/") == 1 else "/apis"

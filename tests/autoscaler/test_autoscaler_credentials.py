@@ -7,7 +7,6 @@ with which Authorization header) is seen exactly. KEDA objects go through `recon
 
 from __future__ import annotations
 
-import base64
 import logging
 
 import httpx
@@ -33,15 +32,7 @@ def api_of(cluster: Cluster) -> KubeApi:
 
 
 def add_secret(cluster: Cluster, name: str, value: bytes, labelled: bool) -> None:
-    labels = {cr.SECRET_LABEL: "true"} if labelled else {}
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": NS, "labels": labels},
-        "data": {"token": base64.b64encode(value).decode()},
-    }
-    response = cluster.request("POST", f"/api/v1/namespaces/{NS}/secrets", secret, content_type="application/json")
-    assert response.status_code in (200, 201), response.text
+    cluster.add_secret(NS, name, {"token": value}, labels={cr.SECRET_LABEL: "true"} if labelled else {})
 
 
 def add_service(cluster: Cluster, url: str, mode: str = "builtin") -> dict:
@@ -332,15 +323,7 @@ def test_operator_rolls_out_no_pod_with_an_unlabelled_hub_token(
     cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cr, "RECHECK_SECONDS", 1)
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "hf-token", "namespace": NS},
-        "data": {"token": base64.b64encode(b"hf_x").decode()},
-    }
-    assert cluster.request(
-        "POST", f"/api/v1/namespaces/{NS}/secrets", secret, content_type="application/json"
-    ).status_code in (200, 201)
+    cluster.add_secret(NS, "hf-token", {"token": b"hf_x"})
     add_hf_service(cluster)
     degraded = wait_for(
         lambda: (c := condition(cluster.get_cr(NS, NAME), "Degraded")) and c["status"] == "True" and c,
@@ -384,15 +367,7 @@ def test_a_deleted_deployment_is_not_restored_with_a_token_no_longer_allowed(
     cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cr, "RECHECK_SECONDS", 1)
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "hf-token", "namespace": NS, "labels": {cr.MODEL_SECRET_LABEL: "true"}},
-        "data": {"token": base64.b64encode(b"hf_x").decode()},
-    }
-    assert cluster.request(
-        "POST", f"/api/v1/namespaces/{NS}/secrets", secret, content_type="application/json"
-    ).status_code in (200, 201)
+    cluster.add_secret(NS, "hf-token", {"token": b"hf_x"}, labels={cr.MODEL_SECRET_LABEL: "true"})
     add_hf_service(cluster)
     wait_for(lambda: cluster.get("apps/v1/deployments", NS, NAME), timeout=30, message="Deployment rolled out")
     # The label is withdrawn, then the Deployment deleted: it is not put back with the token.

@@ -10,7 +10,6 @@ after the load is gone and the stabilization window has passed, without flapping
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import json
 import sys
@@ -306,15 +305,7 @@ def test_autoscaler_reads_the_bearer_token_from_a_secret(
         )
         assert "secret prom-token not found" in reason
         assert cluster.replicas(NAMESPACE, NAME) == 1
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "prom-token", "namespace": NAMESPACE, "labels": {credentials.SECRET_LABEL: "true"}},
-            "data": {"token": base64.b64encode(b"s3cret\n").decode()},
-        }
-        assert cluster.request(
-            "POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", secret, content_type="application/json"
-        ).status_code in (200, 201)
+        cluster.add_secret(NAMESPACE, "prom-token", {"token": b"s3cret\n"}, labels={credentials.SECRET_LABEL: "true"})
         wait_for(lambda: cluster.replicas(NAMESPACE, NAME) == 4, timeout=30, message="scale-up to max")
     assert "Bearer s3cret" in prom.auth_headers
     assert None not in prom.auth_headers
