@@ -45,7 +45,7 @@ class Clock:
         return self.now
 
 
-def scripted(values: dict[str, float]):
+def scripted(values: dict[str, float | None]):
     """A PrometheusClient factory whose server answers by which query it is asked."""
 
     def answer(request: httpx.Request) -> httpx.Response:
@@ -58,6 +58,22 @@ def scripted(values: dict[str, float]):
         return PrometheusClient(url, transport=httpx.MockTransport(answer), **kw)
 
     return factory
+
+
+def make_loop(
+    cluster: Cluster, values: dict[str, float | None], clock: Clock | None = None, events: list | None = None
+) -> Autoscaler:
+    """The loop for ml/mlp against the emulated cluster, with Prometheus answering `values`
+    and events appended to `events` (dropped when None)."""
+    return Autoscaler(
+        make_api(cluster),
+        "ml",
+        "mlp",
+        logging.getLogger("test"),
+        post_event=lambda r, m: None if events is None else events.append((r, m)),
+        clock=clock or Clock(),
+        prometheus_factory=scripted(values),
+    )
 
 
 def create(cluster: Cluster, replicas: int, **autoscaling) -> dict:
@@ -84,15 +100,7 @@ def create(cluster: Cluster, replicas: int, **autoscaling) -> dict:
 async def test_autoscaler_tick_writes_scale_status_and_one_event(cluster: Cluster) -> None:
     body = create(cluster, replicas=2, scaleUp={"pods": 1, "percent": 10, "periodSeconds": 60})
     events: list[tuple[str, str]] = []
-    loop = Autoscaler(
-        make_api(cluster),
-        "ml",
-        "mlp",
-        logging.getLogger("test"),
-        post_event=lambda r, m: events.append((r, m)),
-        clock=Clock(),
-        prometheus_factory=scripted({"value": 15.0, "age": 0.4, "p95": 42.0}),
-    )
+    loop = make_loop(cluster, {"value": 15.0, "age": 0.4, "p95": 42.0}, events=events)
     try:
         delay = await loop.tick(body, parse_spec(body["spec"]))
     finally:
@@ -126,15 +134,7 @@ async def test_autoscaler_tick_trusts_its_own_write_over_a_stale_body(cluster: C
     body = create(cluster, replicas=4, scaleDownStabilizationSeconds=0)
     events: list[tuple[str, str]] = []
     clock = Clock()
-    loop = Autoscaler(
-        make_api(cluster),
-        "ml",
-        "mlp",
-        logging.getLogger("test"),
-        post_event=lambda r, m: events.append((r, m)),
-        clock=clock,
-        prometheus_factory=scripted({"value": 0.0, "age": 0.4, "p95": 0.0}),
-    )
+    loop = make_loop(cluster, {"value": 0.0, "age": 0.4, "p95": 0.0}, clock=clock, events=events)
     spec = parse_spec(body["spec"])
     try:
         await loop.tick(body, spec)
@@ -157,15 +157,7 @@ async def test_autoscaler_tick_trusts_its_own_write_over_a_stale_body(cluster: C
 
 async def test_autoscaler_tick_holds_on_stale_series(cluster: Cluster) -> None:
     body = create(cluster, replicas=4, scaleDownStabilizationSeconds=0)
-    loop = Autoscaler(
-        make_api(cluster),
-        "ml",
-        "mlp",
-        logging.getLogger("test"),
-        post_event=lambda r, m: None,
-        clock=Clock(),
-        prometheus_factory=scripted({"value": 0.0, "age": None, "p95": 0.0}),
-    )
+    loop = make_loop(cluster, {"value": 0.0, "age": None, "p95": 0.0})
     try:
         await loop.tick(body, parse_spec(body["spec"]))
     finally:
