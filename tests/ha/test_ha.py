@@ -80,6 +80,18 @@ def _only_active_reconciles(cluster: Cluster, active: Replica, standby: Replica)
     assert "reconciled generation 1" in active.output()
 
 
+def _standby_creates_second(cluster: Cluster, standby: Replica, since: float, timeout: float, message: str) -> float:
+    """Add the service `second` and wait for the standby, resumed, to reconcile it; returns
+    the seconds from `since` (the active replica's exit) to its Deployment."""
+    assert cluster.apply_cr(service("second")).status_code in (200, 201)
+    wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "second"), timeout=timeout, message=message)
+    takeover = time.monotonic() - since
+    # The Deployment is written before the handler finishes (status, then the count).
+    wait_for(lambda: standby.reconciles() >= 1, timeout=30, message="replica-b's reconcile count")
+    assert "Resuming operations after the pause" in standby.output()
+    return takeover
+
+
 def test_only_the_active_replica_reconciles_and_the_standby_takes_over_on_exit(
     cluster: Cluster, replicas: tuple[Replica, Replica]
 ) -> None:
@@ -88,14 +100,8 @@ def test_only_the_active_replica_reconciles_and_the_standby_takes_over_on_exit(
 
     stopped = time.monotonic()
     assert active.stop(signal.SIGTERM) == 0, active.output()[-3000:]
-    assert cluster.apply_cr(service("second")).status_code in (200, 201)
-    wait_for(
-        lambda: cluster.get(DEPLOYMENTS, "ml", "second"), timeout=30, message="Deployment second, created by replica-b"
-    )
-    takeover = time.monotonic() - stopped
+    takeover = _standby_creates_second(cluster, standby, stopped, 30, "Deployment second, created by replica-b")
     print(f"takeover after a clean exit: {takeover:.1f}s")  # noqa: T201  (shown with -s)
-    wait_for(lambda: standby.reconciles() >= 1, timeout=30, message="replica-b's reconcile count")
-    assert "Resuming operations after the pause" in standby.output()
     assert "replica-a" not in peers(cluster, PEERING)
     status = wait_for(
         lambda: (cluster.get_cr("ml", "second").get("status") or {}).get("url"), timeout=30, message="status of second"
@@ -112,14 +118,11 @@ def test_the_standby_takes_over_when_the_active_replica_is_killed(
     killed = time.monotonic()
     active.kill()  # SIGKILL: no goodbye in the peering; its keep-alive has to expire
     assert "replica-a" in peers(cluster, PEERING)
-    assert cluster.apply_cr(service("second")).status_code in (200, 201)
-    wait_for(
-        lambda: cluster.get(DEPLOYMENTS, "ml", "second"),
-        timeout=LIFETIME + 30,
-        message="Deployment second, created by replica-b after replica-a's keep-alive expired",
+    takeover = _standby_creates_second(
+        cluster,
+        standby,
+        killed,
+        LIFETIME + 30,
+        "Deployment second, created by replica-b after replica-a's keep-alive expired",
     )
-    takeover = time.monotonic() - killed
     print(f"takeover after a kill (keep-alive lifetime {LIFETIME}s): {takeover:.1f}s")  # noqa: T201
-    # The Deployment is written before the handler finishes (status, then the count).
-    wait_for(lambda: standby.reconciles() >= 1, timeout=30, message="replica-b's reconcile count")
-    assert "Resuming operations after the pause" in standby.output()
