@@ -319,12 +319,8 @@ def add_hf_service(cluster: Cluster, endpoint: str | None = None) -> dict:
     return got
 
 
-def test_operator_rolls_out_no_pod_with_an_unlabelled_hub_token(
-    cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(cr, "RECHECK_SECONDS", 1)
-    cluster.add_secret(NS, "hf-token", {"token": b"hf_x"})
-    add_hf_service(cluster)
+def held_for_an_unlabelled_token(cluster: Cluster) -> None:
+    """The service turns Degraded for the hub token's missing opt-in label, with no Deployment."""
     degraded = wait_for(
         lambda: (c := condition(cluster.get_cr(NS, NAME), "Degraded")) and c["status"] == "True" and c,
         timeout=30,
@@ -332,6 +328,15 @@ def test_operator_rolls_out_no_pod_with_an_unlabelled_hub_token(
     )
     assert degraded["reason"] == cr.MODEL_SECRET_NOT_LABELLED
     assert cluster.get("apps/v1/deployments", NS, NAME) is None
+
+
+def test_operator_rolls_out_no_pod_with_an_unlabelled_hub_token(
+    cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cr, "RECHECK_SECONDS", 1)
+    cluster.add_secret(NS, "hf-token", {"token": b"hf_x"})
+    add_hf_service(cluster)
+    held_for_an_unlabelled_token(cluster)
 
     cluster.patch("v1/secrets", NS, "hf-token", {"metadata": {"labels": {cr.MODEL_SECRET_LABEL: "true"}}})
     deployment = wait_for(
@@ -373,10 +378,4 @@ def test_a_deleted_deployment_is_not_restored_with_a_token_no_longer_allowed(
     # The label is withdrawn, then the Deployment deleted: it is not put back with the token.
     cluster.patch("v1/secrets", NS, "hf-token", {"metadata": {"labels": {cr.MODEL_SECRET_LABEL: None}}})
     assert cluster.request("DELETE", f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}").status_code == 200
-    degraded = wait_for(
-        lambda: (c := condition(cluster.get_cr(NS, NAME), "Degraded")) and c["status"] == "True" and c,
-        timeout=30,
-        message="Degraded condition",
-    )
-    assert degraded["reason"] == cr.MODEL_SECRET_NOT_LABELLED
-    assert cluster.get("apps/v1/deployments", NS, NAME) is None
+    held_for_an_unlabelled_token(cluster)

@@ -69,8 +69,12 @@ def _quantile_ms(histogram: str, quantile: float, sel: str, present: str, window
 
 def queue_depth(namespace: str, model: str, window_seconds: int) -> str:
     """Queued requests per pod, averaged over the window (a single gauge reading is noisy)."""
-    sel = selector(namespace, model)
-    return f"avg(sum by (instance) (avg_over_time({QUEUE_DEPTH}{sel}[{window_seconds}s])))"
+    return _per_pod_mean(QUEUE_DEPTH, selector(namespace, model), window_seconds)
+
+
+def _per_pod_mean(gauge: str, sel: str, window_seconds: int) -> str:
+    """`gauge` summed per pod (scrape target), averaged over the window, then over the pods."""
+    return f"avg(sum by (instance) (avg_over_time({gauge}{sel}[{window_seconds}s])))"
 
 
 def rps(namespace: str, model: str, window_seconds: int) -> str:
@@ -101,14 +105,12 @@ def vllm_latency_ms(histogram: str, quantile: float, namespace: str, model: str,
 
 def requests_waiting(namespace: str, model: str, window_seconds: int) -> str:
     """Requests queued in vLLM's scheduler per pod (not yet running), averaged over the window."""
-    sel = vllm_selector(namespace, model)
-    return f"avg(sum by (instance) (avg_over_time({VLLM_WAITING}{sel}[{window_seconds}s])))"
+    return _per_pod_mean(VLLM_WAITING, vllm_selector(namespace, model), window_seconds)
 
 
 def kv_cache_usage(namespace: str, model: str, window_seconds: int) -> str:
     """KV-cache use in percent (vLLM exports a 0..1 fraction), averaged over pods and window."""
-    sel = vllm_selector(namespace, model)
-    return f"100 * avg(sum by (instance) (avg_over_time({VLLM_KV_CACHE}{sel}[{window_seconds}s])))"
+    return "100 * " + _per_pod_mean(VLLM_KV_CACHE, vllm_selector(namespace, model), window_seconds)
 
 
 def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int) -> str:
