@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from inference_operator import status as st
 from inference_operator.status import NOT_CREATED, Problem, rollout, set_condition, status_changes
 
@@ -94,33 +96,37 @@ def test_scaled_to_zero_is_not_ready_but_not_degraded() -> None:
     assert c["Degraded"]["status"] == "False"
 
 
-def test_deployment_failures_are_degraded() -> None:
-    stuck = deployment(
-        ready=0,
-        conditions=[
+@pytest.mark.parametrize(
+    ("failing", "reason"),
+    [
+        (
             {
                 "type": "Progressing",
                 "status": "False",
                 "reason": "ProgressDeadlineExceeded",
                 "message": "ReplicaSet has timed out progressing.",
-            }
-        ],
-    )
-    c = by_type(compute_status(None, stuck, 1, now=T0))
-    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "ProgressDeadlineExceeded")
-
-    quota = deployment(
-        conditions=[
+            },
+            "ProgressDeadlineExceeded",
+        ),
+        (
             {
                 "type": "ReplicaFailure",
                 "status": "True",
                 "reason": "FailedCreate",
                 "message": "exceeded quota: amd.com/gpu",
-            }
-        ]
+            },
+            "ReplicaFailure",
+        ),
+    ],
+    ids=["deadline", "replica-failure"],
+)
+def test_deployment_failures_are_degraded(failing: dict, reason: str) -> None:
+    c = by_type(compute_status(None, deployment(ready=0, conditions=[failing]), 1, now=T0))
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"], c["Degraded"]["message"]) == (
+        "True",
+        reason,
+        failing["message"],
     )
-    c = by_type(compute_status(None, quota, 1, now=T0))
-    assert (c["Degraded"]["reason"], c["Degraded"]["message"]) == ("ReplicaFailure", "exceeded quota: amd.com/gpu")
 
 
 def test_spec_problem_wins_and_blocks_progress() -> None:
