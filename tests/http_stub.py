@@ -6,7 +6,9 @@ import contextlib
 import http.server
 import ssl
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Self
 
 
 class QuietHandler(http.server.BaseHTTPRequestHandler):
@@ -39,3 +41,32 @@ def serving(
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+class Exporter:
+    """A Prometheus target per path on 127.0.0.1: `page(path, elapsed)` is the exposition text
+    a path serves `elapsed` seconds after start (None: no such path, 404); a path in `broken`
+    answers 503, as a pod that stopped answering scrapes."""
+
+    def __init__(self, page: Callable[[str, float], str | None]) -> None:
+        self.started = time.monotonic()
+        self.broken: set[str] = set()
+        exporter = self
+
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:
+                body = None if self.path in exporter.broken else page(self.path, time.monotonic() - exporter.started)
+                if body is None:
+                    self.send_error(503 if self.path in exporter.broken else 404)
+                    return
+                self.reply(body.encode(), "text/plain; version=0.0.4")
+
+        self._serving = serving(Handler)
+
+    def __enter__(self) -> Self:
+        server = self._serving.__enter__()
+        self.address = f"127.0.0.1:{server.server_address[1]}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._serving.__exit__(*exc)

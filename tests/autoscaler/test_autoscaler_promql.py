@@ -7,16 +7,14 @@ namespace and model, idle services, services with no series, and services whose 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from typing import Self
 
 import pytest
 
 from inference_operator.autoscaler import promql
 from inference_operator.models import ENGINE_METRICS, Engine, Metric
 from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
-from tests.http_stub import QuietHandler, serving
+from tests.http_stub import Exporter
 from testsupport.cluster import wait_for
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
@@ -79,35 +77,15 @@ PODS = {
 }
 
 
-class Exporter:
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.broken: set[str] = set()
-        exporter = self
-
-        class Handler(QuietHandler):
-            def do_GET(self) -> None:
-                if self.path not in PODS or self.path in exporter.broken:
-                    self.send_error(503)
-                    return
-                body = exposition(**PODS[self.path][2], elapsed=time.monotonic() - exporter.started)
-                self.reply(body.encode(), "text/plain; version=0.0.4")
-
-        self._serving = serving(Handler)
-
-    def __enter__(self) -> Self:
-        server = self._serving.__enter__()
-        self.address = f"127.0.0.1:{server.server_address[1]}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._serving.__exit__(*exc)
+def page(path: str, elapsed: float) -> str | None:
+    """The exposition each fake pod serves."""
+    return exposition(**PODS[path][2], elapsed=elapsed) if path in PODS else None
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory) -> Iterator[tuple[Prometheus, Exporter]]:
     tmp = tmp_path_factory.mktemp("promql")
-    with Exporter() as exporter:
+    with Exporter(page) as exporter:
         # One exporter plays every pod, so each target gets the distinct `instance` a pod has.
         targets = [
             Target(exporter.address, {"namespace": ns, "pod": pod, "instance": pod}, path)

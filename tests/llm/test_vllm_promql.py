@@ -8,16 +8,14 @@ namespaces and models, and an idle service.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from typing import Self
 
 import pytest
 
 from inference_operator.autoscaler import promql
 from inference_operator.models import Engine, Metric
 from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
-from tests.http_stub import QuietHandler, serving
+from tests.http_stub import Exporter
 from testsupport.cluster import wait_for
 
 # vLLM's own bucket bounds for TTFT (a subset) and the request latency.
@@ -63,34 +61,15 @@ PODS = {
 }
 
 
-class Exporter:
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        exporter = self
-
-        class Handler(QuietHandler):
-            def do_GET(self) -> None:
-                if self.path not in PODS:
-                    self.send_error(404)
-                    return
-                body = exposition(**PODS[self.path][2], t=time.monotonic() - exporter.started)
-                self.reply(body.encode(), "text/plain; version=0.0.4")
-
-        self._serving = serving(Handler)
-
-    def __enter__(self) -> Self:
-        server = self._serving.__enter__()
-        self.address = f"127.0.0.1:{server.server_address[1]}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._serving.__exit__(*exc)
+def page(path: str, elapsed: float) -> str | None:
+    """The exposition each fake pod serves."""
+    return exposition(**PODS[path][2], t=elapsed) if path in PODS else None
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     tmp = tmp_path_factory.mktemp("vllm-promql")
-    with Exporter() as exporter:
+    with Exporter(page) as exporter:
         targets = [
             Target(exporter.address, {"namespace": ns, "pod": pod, "instance": pod}, path)
             for path, (ns, pod, _) in PODS.items()
