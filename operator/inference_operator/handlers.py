@@ -208,9 +208,16 @@ def _suspect(body: kopf.Body) -> str | None:
     return "fields changed by " + ", ".join(managers) if managers else None
 
 
+def _repair_times(memo: kopf.Memo, key: tuple[str, str]) -> collections.deque[float]:
+    """When this InferenceService's recent repairs wrote something (only those count)."""
+    repairs: collections.defaultdict = memo.setdefault("repairs", collections.defaultdict(collections.deque))
+    return repairs[key]
+
+
 async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: kopf.Logger) -> None:
-    """Allow REPAIR_BURST repairs per window per InferenceService; later ones wait."""
-    times: collections.deque[float] = memo.setdefault("repairs", collections.defaultdict(collections.deque))[key]
+    """Allow REPAIR_BURST writing repairs per window per InferenceService; later ones wait. A
+    look that finds nothing to repair (a stale event, an HPA's scaling) costs no slot."""
+    times = _repair_times(memo, key)
     now = time.monotonic()
     while times and now - times[0] > REPAIR_WINDOW_SECONDS:
         times.popleft()
@@ -218,7 +225,6 @@ async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: kopf
         wait = REPAIR_WINDOW_SECONDS - (now - times[0])
         logger.warning("repairs of %s/%s rate-limited: next in %.0f s", *key, wait)
         await asyncio.sleep(wait)
-    times.append(time.monotonic())
 
 
 def _repair(memo: kopf.Memo, isvc: dict, why: str, logger: kopf.Logger) -> tuple[Result | None, st.Problem | None]:
@@ -266,6 +272,8 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
         if why is not None:
             await _await_repair_slot(memo, (namespace, owner_ref["name"]), logger)
             result, refused = await asyncio.to_thread(_repair, memo, isvc, why, logger)
+            if result is not None and result.writes:
+                _repair_times(memo, (namespace, owner_ref["name"])).append(time.monotonic())
             if result is not None and is_deployment:
                 deployment = result.deployment
         if not is_deployment:

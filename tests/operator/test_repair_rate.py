@@ -1,0 +1,45 @@
+"""Drift repairs are rate-limited per InferenceService, counting only repairs that wrote."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import kopf
+import pytest
+
+from inference_operator import handlers
+
+
+async def test_the_fourth_writing_repair_in_a_window_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(handlers.asyncio, "sleep", sleep)
+    memo, key, logger = kopf.Memo(), ("ml", "resnet"), logging.getLogger("test")
+    for _ in range(handlers.REPAIR_BURST):
+        await handlers._await_repair_slot(memo, key, logger)
+        handlers._repair_times(memo, key).append(time.monotonic())
+    assert waits == []
+    # Looks that found nothing to write (stale events, an HPA scaling) take no slot: still free
+    # for another InferenceService, and this one waits out the rest of its window.
+    await handlers._await_repair_slot(memo, ("ml", "other"), logger)
+    assert waits == []
+    await handlers._await_repair_slot(memo, key, logger)
+    assert len(waits) == 1 and 0 < waits[0] <= handlers.REPAIR_WINDOW_SECONDS
+
+
+async def test_slots_free_up_after_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr(handlers.asyncio, "sleep", sleep)
+    memo, key, logger = kopf.Memo(), ("ml", "resnet"), logging.getLogger("test")
+    old = time.monotonic() - handlers.REPAIR_WINDOW_SECONDS - 1
+    handlers._repair_times(memo, key).extend([old] * handlers.REPAIR_BURST)
+    await handlers._await_repair_slot(memo, key, logger)
+    assert waits == [] and not handlers._repair_times(memo, key)
