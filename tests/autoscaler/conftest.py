@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.operator.conftest import cluster, operator  # noqa: F401  (fixtures)
+from testsupport.cluster import wait_for
 from testsupport.onnx_models import save_model
 from testsupport.processes import free_port, running, serve_command, wait_http
 
@@ -122,6 +123,27 @@ def running_prometheus(tmp_path: pathlib.Path, targets: list[Target]) -> Iterato
     ]
     with running(command, log=log, cwd=home, ready_url=f"{url}/-/ready", timeout=30) as process:
         yield Prometheus(url=url, process=process, log=log)
+
+
+@contextlib.contextmanager
+def scraping_pods(
+    tmp_path: pathlib.Path, address: str, pods: dict[str, tuple[str, str, object]], gauge: str, window: int
+) -> Iterator[Prometheus]:
+    """Real Prometheus scraping one exporter at `address` that plays every pod (path → (namespace,
+    pod, …)), each target with the distinct `instance` a pod has; ready once every target is up
+    and `gauge` has a full `window` of samples, so rates are no longer extrapolated."""
+    targets = [
+        Target(address, {"namespace": ns, "pod": pod, "instance": pod}, path) for path, (ns, pod, _) in pods.items()
+    ]
+    with running_prometheus(tmp_path, targets) as prom:
+        wait_for(lambda: prom.targets_up() == len(pods), timeout=20, interval=0.2, message="all targets up")
+        wait_for(
+            lambda: (prom.value(f"min(count_over_time({gauge}[{window}s]))") or 0) >= window,
+            timeout=30,
+            interval=0.5,
+            message="a full window",
+        )
+        yield prom
 
 
 def tiny_mlp(path: pathlib.Path, width: int = 2048, depth: int = 10, inputs: int = 64) -> pathlib.Path:

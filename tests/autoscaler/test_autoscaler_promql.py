@@ -13,7 +13,7 @@ import pytest
 
 from inference_operator.autoscaler import promql
 from inference_operator.models import ENGINE_METRICS, Engine, Metric
-from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
+from tests.autoscaler.conftest import Prometheus, scraping_pods
 from tests.http_stub import Exporter
 from testsupport.cluster import wait_for
 
@@ -85,22 +85,11 @@ def page(path: str, elapsed: float) -> str | None:
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory) -> Iterator[tuple[Prometheus, Exporter]]:
     tmp = tmp_path_factory.mktemp("promql")
-    with Exporter(page) as exporter:
-        # One exporter plays every pod, so each target gets the distinct `instance` a pod has.
-        targets = [
-            Target(exporter.address, {"namespace": ns, "pod": pod, "instance": pod}, path)
-            for path, (ns, pod, _) in PODS.items()
-        ]
-        with running_prometheus(tmp, targets) as prom:
-            wait_for(lambda: prom.targets_up() == len(PODS), timeout=20, interval=0.2, message="all targets up")
-            # Let the rate window fill, so rates are no longer extrapolated from a partial window.
-            wait_for(
-                lambda: (prom.value(f"min(count_over_time(model_server_queue_depth[{WINDOW}s]))") or 0) >= WINDOW,
-                timeout=30,
-                interval=0.5,
-                message="a full window",
-            )
-            yield prom, exporter
+    with (
+        Exporter(page) as exporter,
+        scraping_pods(tmp, exporter.address, PODS, "model_server_queue_depth", WINDOW) as prom,
+    ):
+        yield prom, exporter
 
 
 @pytest.mark.integration

@@ -14,9 +14,8 @@ import pytest
 
 from inference_operator.autoscaler import promql
 from inference_operator.models import Engine, Metric
-from tests.autoscaler.conftest import Prometheus, Target, running_prometheus
+from tests.autoscaler.conftest import Prometheus, scraping_pods
 from tests.http_stub import Exporter
-from testsupport.cluster import wait_for
 
 # vLLM's own bucket bounds for TTFT (a subset) and the request latency.
 BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
@@ -69,20 +68,11 @@ def page(path: str, elapsed: float) -> str | None:
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     tmp = tmp_path_factory.mktemp("vllm-promql")
-    with Exporter(page) as exporter:
-        targets = [
-            Target(exporter.address, {"namespace": ns, "pod": pod, "instance": pod}, path)
-            for path, (ns, pod, _) in PODS.items()
-        ]
-        with running_prometheus(tmp, targets) as prom:
-            wait_for(lambda: prom.targets_up() == len(PODS), timeout=20, interval=0.2, message="all targets up")
-            wait_for(
-                lambda: (prom.value(f"min(count_over_time(vllm:num_requests_waiting[{WINDOW}s]))") or 0) >= WINDOW,
-                timeout=30,
-                interval=0.5,
-                message="a full window",
-            )
-            yield prom
+    with (
+        Exporter(page) as exporter,
+        scraping_pods(tmp, exporter.address, PODS, "vllm:num_requests_waiting", WINDOW) as prom,
+    ):
+        yield prom
 
 
 @pytest.mark.integration
