@@ -179,9 +179,9 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy | None = None
     refusal = keda_refusal(owner.spec.autoscaling, policy, secret)
     if refusal is not None:  # KEDA would send the Secret: emit none of its objects
         wanted = [o for o in wanted if o["apiVersion"] != KEDA_API_VERSION]
-    missing = [kind_of(o["apiVersion"], o["kind"]) for o in wanted]
-    missing = [k for k in missing if not _served(api, k)]
-    wanted = [o for o in wanted if (o["apiVersion"], o["kind"]) not in {k.key for k in missing}]
+    missing = [k for k in (kind_of(o["apiVersion"], o["kind"]) for o in wanted) if not _served(api, k)]
+    missing_keys = {k.key for k in missing}
+    wanted = [o for o in wanted if (o["apiVersion"], o["kind"]) not in missing_keys]
 
     steps = [plan(obj, api.get(Ref.of(obj)), owner.uid) for obj in wanted]
     # Foreign fields become ours first (ownership only: no spec changes), so the dry run judges
@@ -210,7 +210,7 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy | None = None
         if step.ref.kind == "Deployment":
             result.deployment = live
 
-    wanted_kinds = {(o["apiVersion"], o["kind"]) for o in wanted} | {k.key for k in missing}
+    wanted_kinds = {(o["apiVersion"], o["kind"]) for o in wanted} | missing_keys
     for kind in KINDS:
         if not kind.owned or kind.key in wanted_kinds or not _served(api, kind):
             continue

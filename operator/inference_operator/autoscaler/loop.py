@@ -31,7 +31,7 @@ from ..models import (
     Metric,
     SecretKeyRef,
 )
-from ..status import now_iso, set_condition, status_changes
+from ..status import find_condition, now_iso, set_condition, status_changes
 from . import promql
 from .policy import Decision, History, Observation, Policy, decide
 from .prometheus import PrometheusClient, PrometheusError, Sample
@@ -108,7 +108,7 @@ def scaling_active(
         active, reason, message = True, "MetricAvailable", "the metric is queried from Prometheus"
     else:
         active, reason, message = False, "MetricUnavailable", observation.note or "no value"
-    current = next((c for c in conditions if c.get("type") == SCALING_ACTIVE), None)
+    current = find_condition(conditions, SCALING_ACTIVE)
     if current is not None and (current.get("status"), current.get("reason")) == (str(active), reason):
         return None
     return set_condition(conditions, SCALING_ACTIVE, active, reason, message, now_iso(), generation)
