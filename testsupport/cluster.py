@@ -137,14 +137,18 @@ class ReplicaRecorder:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+        # The caller may have seen a change the thread had not sampled yet when told to stop;
+        # one last sample keeps it (a one-step scale-down would otherwise go unrecorded).
+        self._sample()
 
     def _run(self) -> None:
-        last = None
         while not self._stop.wait(0.02):
-            current = self.cluster.replicas(self.namespace, self.name)
-            if current is not None and current != last:
-                self.changes.append((time.time(), current))
-                last = current
+            self._sample()
+
+    def _sample(self) -> None:
+        current = self.cluster.replicas(self.namespace, self.name)
+        if current is not None and (not self.changes or current != self.changes[-1][1]):
+            self.changes.append((time.time(), current))
 
     def writes(self) -> list[tuple[float, int, int]]:
         """(time, before, after) of each change."""
