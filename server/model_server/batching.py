@@ -1,16 +1,24 @@
 """Adaptive dynamic batching: concurrent requests are stacked into one backend call.
 
 Requests wait in a bounded queue; a dispatcher takes the oldest one plus every
-queued request of the same shape, up to `max_batch_size` rows. When a runtime
-thread is idle the batch leaves at once (a lone request pays no batching window);
-while every thread is busy, the batch keeps forming and leaves when the runtime
-frees up, when it is full, or once its oldest request has waited `max_delay`,
-whichever comes first (then it is queued behind the running batch, so the runtime
-does not wait for the event loop between batches). This is the scheduling of
-Triton's dynamic batcher and TF-Serving's batch scheduler: load, not a fixed
-window, sets the batch size. Each caller gets back exactly its own rows. A full
-queue raises `QueueFull` at once (backpressure instead of unbounded latency);
-closing flushes the queue.
+queued request of the same shape, up to `max_batch_size` rows. Load, not a fixed
+window, sets the batch size (the scheduling of Triton's dynamic batcher and
+TF-Serving's batch scheduler), with one rule for the callers a batch just answered:
+
+- an idle runtime takes a lone request at once (no batching window);
+- behind a busy runtime the batch keeps forming until the runtime frees up; a full
+  batch is queued behind the running one at once, so the runtime does not wait for
+  the event loop between full batches;
+- when a batch of r rows finishes, its callers usually send their next request within
+  a round trip: the idle runtime waits for that many rows to arrive again, so
+  closed-loop clients keep meeting in one full batch instead of settling into
+  half-size groups that take turns on the runtime (the same rows in twice the calls).
+  The wait is bounded by half the batch's run time (`regroup_window`: it pays only
+  where the runtime, not the HTTP path, is the bottleneck) and by `max_delay`, which
+  no request waits beyond for company.
+
+Each caller gets back exactly its own rows. A full queue raises `QueueFull` at once
+(backpressure instead of unbounded latency); closing flushes the queue.
 """
 
 from __future__ import annotations
@@ -91,17 +99,37 @@ def dispatch_delay(
     max_batch: int,
     max_delay: float,
     runtime_idle: bool,
+    returning_rows: int = 0,
+    regroup_until: float = 0.0,
     closing: bool = False,
 ) -> float:
-    """Seconds the forming batch should keep waiting for company; 0 = dispatch now.
+    """Seconds the forming batch should keep waiting for company: 0 = dispatch now,
+    `math.inf` = until the runtime frees up (a finishing batch re-evaluates).
 
-    An idle runtime never waits (waiting cannot make the batch finish sooner), a full
-    batch never waits, and neither does anything while closing; behind a busy runtime
-    the batch waits until its oldest request (enqueued at `oldest`) is `max_delay` old.
+    A full batch never waits, nor does anything while closing. Behind a busy runtime a
+    batch cannot start sooner by leaving early, so it keeps forming. An idle runtime
+    waits only for `returning_rows`, the rows of a just-finished batch whose callers
+    have not sent their next request yet, until `regroup_until` and while the oldest
+    request (enqueued at `oldest`) is younger than `max_delay`; a lone caller's next
+    request finds nothing to wait for.
     """
-    if runtime_idle or closing or queued_rows >= max_batch:
+    if closing or queued_rows >= max_batch:
         return 0.0
-    return max(0.0, oldest + max_delay - now)
+    if not runtime_idle:
+        return math.inf
+    if returning_rows <= 0:
+        return 0.0
+    return max(0.0, min(regroup_until, oldest + max_delay) - now)
+
+
+REGROUP_FRACTION = 0.5
+
+
+def regroup_window(batch_seconds: float, max_delay: float) -> float:
+    """How long after a batch finishes the idle runtime may wait for its callers' next
+    requests: a fraction of what a batch takes to run (waiting longer than that idles
+    the runtime for more than regrouping can save), never beyond `max_delay`."""
+    return min(max_delay, REGROUP_FRACTION * batch_seconds)
 
 
 def batch_key(inputs: Mapping[str, np.ndarray]) -> Hashable:
@@ -182,7 +210,11 @@ class DynamicBatcher:
         self._workers: list[asyncio.Task] = []
         self._running: set[asyncio.Task] = set()
         self._closing = False
-        self._batch_seconds = 0.0  # moving average, for Retry-After
+        self._batch_seconds = 0.0  # moving average, for Retry-After and the regroup window
+        # Rows whose batch finished and whose callers have not sent another request yet,
+        # and until when the idle runtime waits for them (see `dispatch_delay`).
+        self._returning = 0
+        self._regroup_until = 0.0
 
     # ------------------------------------------------------------------ public
 
@@ -213,6 +245,7 @@ class DynamicBatcher:
         request = _Request(inputs, rows, batch_key(inputs), future, self._clock())
         self._queue.append(request)
         self._rows_by_key[request.key] += rows
+        self._returning = max(0, self._returning - rows)
         self._observer.queued(+1)
         self._wakeup.set()
         return await future
@@ -273,10 +306,12 @@ class DynamicBatcher:
                 max_batch=self._max_batch,
                 max_delay=self._max_delay,  # re-read: `flush` may have set it to zero
                 runtime_idle=lane.idle,
+                returning_rows=self._returning,
+                regroup_until=self._regroup_until,
                 closing=self._closing,
             )
             if delay > 0:
-                await self._sleep(delay)
+                await self._sleep(None if delay == math.inf else delay)
                 continue
             batch = self._take(head.key)
             if batch:
@@ -308,6 +343,12 @@ class DynamicBatcher:
             self._fail(batch, exc)
         finally:
             lane.in_flight -= 1
+            # Callers of batches whose regroup window has passed are not waited for any more
+            # (they may never come back); this batch's callers are.
+            now = self._clock()
+            returning = self._returning if now < self._regroup_until else 0
+            self._returning = min(self._max_batch, returning + sum(request.rows for request in batch))
+            self._regroup_until = now + regroup_window(self._batch_seconds, self._max_delay)
             self._wakeup.set()
 
     def _take(self, key: Hashable) -> list[_Request]:
@@ -346,7 +387,7 @@ class DynamicBatcher:
         padded = bucket_for(total, self._buckets) if self._buckets else total
         if padded > total:
             inputs = pad_rows(inputs, padded)
-        started = time.perf_counter()
+        started = self._clock()
         try:
             outputs = await loop.run_in_executor(executor, runner, inputs)
             if padded > total:
@@ -365,9 +406,9 @@ class DynamicBatcher:
             # One bad request must not fail its neighbours: rerun them one by one.
             await self._execute_each(batch, runner, executor)
             return
-        elapsed = time.perf_counter() - started
+        elapsed = self._clock() - started
         self._observer.batch(sum(rows), elapsed)
-        self._batch_seconds = 0.8 * self._batch_seconds + 0.2 * elapsed
+        self._batch_seconds = 0.8 * self._batch_seconds + 0.2 * elapsed if self._batch_seconds else elapsed
         for request, part in zip(batch, parts, strict=True):
             if not request.future.done():
                 request.future.set_result(part)

@@ -73,7 +73,8 @@ class ServerSettings(BaseSettings):
         default=5.0,
         ge=0,
         le=10_000,
-        description="longest wait of a batch forming behind a busy runtime (an idle runtime never waits)",
+        description="longest a request waits for company: an idle runtime waits only for the callers of the batch "
+        "it just answered, at most half a batch's run time (behind a busy runtime, batches form until it frees up)",
     )
     max_queue: int = Field(default=256, ge=1)
     batch_workers: int = Field(default=1, ge=1, le=16, description="concurrent backend calls")

@@ -3,26 +3,42 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from model_server.batching import DynamicBatcher, batch_key, dispatch_delay, merge, split
+from model_server.batching import DynamicBatcher, batch_key, dispatch_delay, merge, regroup_window, split
 from model_server.errors import BackendInputError, QueueFull, ShuttingDown
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class Recorder:
     """y = 2x + row index within the batch (so a wrong split is visible), and
-    remembers the row count of every call."""
+    remembers the row count of every call. Each call takes `seconds` of a fake clock
+    (or, without one, really sleeps them)."""
 
-    def __init__(self, gate: threading.Event | None = None) -> None:
+    def __init__(self, gate: threading.Event | None = None, clock: FakeClock | None = None, seconds: float = 0.0):
         self.calls: list[int] = []
         self.gate = gate
+        self.clock, self.seconds = clock, seconds
 
     def __call__(self, inputs):
         if self.gate is not None:
             self.gate.wait(5)
+        if self.clock is not None:
+            self.clock.now += self.seconds
+        elif self.seconds:
+            time.sleep(self.seconds)
         x = inputs["x"]
         self.calls.append(x.shape[0])
         return {"y": x * 2, "rows": np.full(x.shape[0], x.shape[0])}
@@ -55,14 +71,6 @@ async def settle(condition, turns: int = 200) -> bool:
         if condition():
             return True
     return False
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_merge_and_split_are_inverse():
@@ -218,22 +226,22 @@ async def test_cancelled_request_is_dropped_before_running():
     assert run.calls == [1] and float(out["y"][0, 0]) == 4.0
 
 
-async def test_flush_stops_waiting_for_a_full_batch():
+async def test_flush_stops_waiting_for_company():
+    clock = FakeClock()
     gate = threading.Event()
-    run = Recorder(gate)
-    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_s=30.0, max_queue=64)
+    run = Recorder(gate, clock=clock, seconds=10.0)
+    batcher = DynamicBatcher(run, max_batch_size=64, max_delay_s=30.0, max_queue=64, clock=clock)
     batcher.start()
-    busy = asyncio.ensure_future(batcher.submit(rows(9), 1))
+    first = asyncio.ensure_future(batcher.submit(rows(1), 1))
     assert await settle(lambda: batcher.depth == 0)
-    pending = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in range(3)]
-    await asyncio.sleep(0.02)
-    assert batcher.depth == 3 and run.calls == []
-    batcher.flush()
-    assert await settle(lambda: batcher.depth == 0)  # queued behind the busy runtime at once
+    behind = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in (2, 3)]
     gate.set()
-    results = await asyncio.wait_for(asyncio.gather(*pending), 5)
-    assert run.calls == [1, 3] and [float(r["y"][0, 0]) for r in results] == [0, 2, 4]
-    await busy
+    await asyncio.wait_for(first, 5)
+    # The first caller has not come back: the idle runtime waits for it (5 s of the fake clock).
+    assert not await settle(lambda: batcher.depth == 0, turns=50)
+    batcher.flush()  # draining: nobody else is coming
+    await asyncio.wait_for(asyncio.gather(*behind), 5)
+    assert run.calls == [1, 2]
     await batcher.close(1)
 
 
@@ -264,24 +272,42 @@ def test_policy_idle_runtime_dispatches_at_once_whatever_the_window():
         )
 
 
-def test_policy_busy_runtime_waits_out_the_window_of_the_oldest_request():
+def test_policy_busy_runtime_batch_keeps_forming_until_it_frees():
     wait = dict(queued_rows=3, max_batch=16, max_delay=0.005, runtime_idle=False)
-    assert dispatch_delay(now=10.002, oldest=10.0, **wait) == pytest.approx(0.003)
-    assert dispatch_delay(now=10.005, oldest=10.0, **wait) == 0.0
-    assert dispatch_delay(now=10.9, oldest=10.0, **wait) == 0.0
+    # Leaving early cannot make it start sooner, however old the oldest request is.
+    assert dispatch_delay(now=10.002, oldest=10.0, **wait) == math.inf
+    assert dispatch_delay(now=10.9, oldest=10.0, **wait) == math.inf
     assert dispatch_delay(now=10.0, oldest=10.0, **wait, closing=True) == 0.0
 
 
 def test_policy_full_batch_never_waits():
     assert dispatch_delay(now=0, oldest=0, queued_rows=16, max_batch=16, max_delay=1, runtime_idle=False) == 0.0
-    assert dispatch_delay(now=0, oldest=0, queued_rows=15, max_batch=16, max_delay=1, runtime_idle=False) == 1.0
+    assert dispatch_delay(now=0, oldest=0, queued_rows=15, max_batch=16, max_delay=1, runtime_idle=False) == math.inf
+    full = dict(queued_rows=16, max_batch=16, max_delay=1, runtime_idle=True, returning_rows=8, regroup_until=5)
+    assert dispatch_delay(now=0, oldest=0, **full) == 0.0
+
+
+def test_policy_idle_runtime_waits_only_for_the_callers_of_the_batch_that_just_finished():
+    regroup = dict(queued_rows=4, max_batch=16, max_delay=0.005, runtime_idle=True, regroup_until=10.005)
+    assert dispatch_delay(now=10.001, oldest=10.001, returning_rows=12, **regroup) == pytest.approx(0.004)
+    # No request waits more than max_delay in all, whatever is still to come back.
+    assert dispatch_delay(now=10.001, oldest=9.999, returning_rows=12, **regroup) == pytest.approx(0.003)
+    assert dispatch_delay(now=10.006, oldest=10.001, returning_rows=12, **regroup) == 0.0
+    # Everyone came back (a lone client's next request, too): nothing to wait for.
+    assert dispatch_delay(now=10.001, oldest=10.001, returning_rows=0, **regroup) == 0.0
+    assert dispatch_delay(now=10.001, oldest=10.001, returning_rows=12, closing=True, **regroup) == 0.0
+    # max_delay 0 turns every wait off.
+    no_wait = {**regroup, "max_delay": 0.0}
+    assert dispatch_delay(now=10.001, oldest=10.001, returning_rows=12, **no_wait) == 0.0
 
 
 async def test_idle_runtime_runs_a_lone_request_without_the_batching_window():
-    run, obs = Recorder(), Observer()
-    batcher = DynamicBatcher(run, max_batch_size=16, max_delay_s=3600, max_queue=8, observer=obs, clock=FakeClock())
+    clock = FakeClock()
+    run, obs = Recorder(clock=clock, seconds=60.0), Observer()
+    batcher = DynamicBatcher(run, max_batch_size=16, max_delay_s=3600, max_queue=8, observer=obs, clock=clock)
     batcher.start()
     first = await asyncio.wait_for(batcher.submit(rows(1), 1), 30)  # not an hour
+    # Its caller is the one the regroup waits for (a 30 s window on the fake clock): back, it runs at once.
     second = await asyncio.wait_for(batcher.submit(rows(2), 1), 30)
     await batcher.close(1)
     assert run.calls == [1, 1] and obs.batches == [1, 1]
@@ -305,24 +331,79 @@ async def test_requests_coalesce_behind_a_busy_runtime_and_leave_when_it_frees()
     assert [r["rows"].tolist() for r in results[1:]] == [[5]] * 5
 
 
-async def test_busy_runtime_window_expiry_queues_the_batch_behind_the_running_one():
+def test_regroup_window_is_half_a_batch_and_never_beyond_max_delay():
+    assert regroup_window(batch_seconds=0.004, max_delay=0.005) == pytest.approx(0.002)  # a big model
+    assert regroup_window(batch_seconds=0.0002, max_delay=0.005) == pytest.approx(0.0001)  # a tiny one
+    assert regroup_window(batch_seconds=0.5, max_delay=0.005) == 0.005
+    assert regroup_window(batch_seconds=0.5, max_delay=0.0) == 0.0
+
+
+async def test_behind_a_busy_runtime_only_a_full_batch_is_queued_ahead():
     gate, clock = threading.Event(), FakeClock()
     run = Recorder(gate)
-    batcher = DynamicBatcher(run, max_batch_size=16, max_delay_s=0.005, max_queue=64, clock=clock)
+    batcher = DynamicBatcher(run, max_batch_size=4, max_delay_s=0.005, max_queue=64, clock=clock)
     batcher.start()
     busy = asyncio.ensure_future(batcher.submit(rows(0), 1))
     assert await settle(lambda: batcher.depth == 0)
     early = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in (1, 2)]
+    clock.now += 1.0  # far past max_delay: still forming, the runtime is busy
     assert not await settle(lambda: batcher.depth < 2, turns=50)
-    clock.now += 0.006  # the oldest waiting request is now older than max_delay
-    late = asyncio.ensure_future(batcher.submit(rows(3), 1))  # any event re-evaluates
-    assert await settle(lambda: batcher.depth == 0)  # 1, 2 and 3 left as one batch
-    last = asyncio.ensure_future(batcher.submit(rows(4), 1))
+    late = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in (3, 4)]
+    assert await settle(lambda: batcher.depth == 0)  # full: queued behind the running batch
+    last = asyncio.ensure_future(batcher.submit(rows(5), 1))
     assert not await settle(lambda: batcher.depth == 0, turns=50)  # one batch waits per thread, no more
     gate.set()
-    await asyncio.wait_for(asyncio.gather(busy, *early, late, last), 30)
+    clock.now += 1.0  # nobody else comes back: the regroup wait is over
+    await asyncio.wait_for(asyncio.gather(busy, *early, *late, last), 30)
     await batcher.close(1)
-    assert run.calls == [1, 3, 1]
+    assert run.calls == [1, 4, 1]
+
+
+async def test_closed_loop_clients_keep_meeting_in_one_full_batch():
+    """Eight clients, each sending its next request a moment after its answer (as over
+    HTTP, one after another): the idle runtime waits for them instead of taking the
+    first one back alone and letting the rest form behind it."""
+    run, obs = Recorder(seconds=0.04), Observer()  # a 40 ms batch: a 20 ms regroup window
+    batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=1.0, max_queue=64, observer=obs)
+    batcher.start()
+
+    async def client(i: int) -> None:
+        for _ in range(5):
+            await batcher.submit(rows(i), 1)
+            await asyncio.sleep(0.0005 * i)  # the round trip: 0 to 3.5 ms
+
+    await asyncio.wait_for(asyncio.gather(*(client(i) for i in range(8))), 30)
+    await batcher.close(1)
+    assert obs.batches == [8] * 5
+
+
+async def test_callers_that_do_not_come_back_hold_a_batch_only_half_a_batch_time():
+    run = Recorder(seconds=0.04)
+    batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=10.0, max_queue=64)
+    batcher.start()
+    first = asyncio.ensure_future(batcher.submit(rows(1), 1))
+    assert await settle(lambda: batcher.depth == 0)
+    behind = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in (2, 3)]
+    await first  # its caller never sends again (open-loop traffic)
+    began = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(*behind), 5)
+    # ~20 ms of waiting plus a 40 ms batch, nowhere near max_delay (10 s).
+    assert time.monotonic() - began < 2.0
+    assert run.calls == [1, 2]
+    await batcher.close(1)
+
+
+async def test_callers_that_left_long_ago_do_not_make_a_later_lone_client_wait():
+    clock = FakeClock()
+    run = Recorder(clock=clock, seconds=1.0)  # a 0.5 s regroup window on the fake clock
+    batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=3600, max_queue=64, clock=clock)
+    batcher.start()
+    await asyncio.wait_for(asyncio.gather(*(batcher.submit(rows(i), 1) for i in range(8))), 5)
+    clock.now += 60  # the burst's callers are gone; a lone client comes
+    for i in range(3):
+        await asyncio.wait_for(batcher.submit(rows(i), 1), 5)  # each at once, not after an hour
+    assert run.calls == [8, 1, 1, 1]
+    await batcher.close(1)
 
 
 async def test_instances_each_take_a_request_when_idle():
