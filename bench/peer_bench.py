@@ -7,16 +7,23 @@
 Every server runs the same ONNX Runtime session options on the same model file and is
 driven by `wrk` over loopback with the same Open Inference Protocol (v2) JSON request,
 at 1, 16 and 64 concurrent clients, on a ~100k- and a ~38M-parameter MLP. A round
-measures every server at every concurrency, one after another; rounds repeat and the
-medians are reported, so a busy neighbour on the machine skews all servers alike. The
-table has throughput, p50/p99 latency and CPU time per request (the server's whole
-process tree: Triton's server and Python stub processes count too), then our ratios.
+measures every server at every concurrency, one after another (the order rotating from
+round to round); rounds repeat and the medians are reported, so a busy neighbour on the
+machine skews all servers alike. The table has throughput, p50/p99 latency and CPU time
+per request (the server's whole process tree: Triton's server and Python stub processes
+count too), then our ratios.
 
 The peers live in venvs of their own that `bench/setup-peers.sh` creates (run here
 unless --no-setup; it also installs wrk); a peer whose venv is missing is skipped.
 
-    .venv/bin/python bench/peer_bench.py                      # ~4 min on 2 cores
+    .venv/bin/python bench/peer_bench.py                      # ~8 min on 2 cores
     .venv/bin/python bench/peer_bench.py --models small --rounds 3 --json peers.json
+    .venv/bin/python bench/peer_bench.py --peers '' --baseline 0197ee7   # a change, before/after
+
+`--baseline REF` also runs this server as it was at git ref REF (its `server/` directory,
+extracted with `git archive`) with the same flags, as `baseline`: a change measured side by
+side with what it replaced. For both, the mean rows per runtime call (from the server's own
+`model_server_batch_size` histogram) are reported as `batch`.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,17 +133,22 @@ def wrk(url: str, body: Path, clients: int, seconds: float, script: Path) -> dic
 def measure(server: Server, body: Path, clients: int, warmup: float, seconds: float, script: Path) -> dict[str, Any]:
     if warmup:
         wrk(server.url, body, clients, warmup, script)
+    batches_before = batch_totals(server) if server.metrics_url else None
     before = cpu_seconds(server.pid)
     stats = wrk(server.url, body, clients, seconds, script)
     cpu = cpu_seconds(server.pid) - before
     ok = stats["requests"] - stats["status_errors"]
-    return {
+    result = {
         "throughput": ok / (stats["duration_us"] / 1e6),
         "p50_ms": stats["p50_us"] / 1000,
         "p99_ms": stats["p99_us"] / 1000,
         "cpu_ms_per_request": 1000 * cpu / max(1, ok),
         "errors": stats["errors"] + stats["status_errors"],
     }
+    if batches_before is not None:
+        rows, calls = (after - was for after, was in zip(batch_totals(server), batches_before, strict=True))
+        result["batch"] = rows / calls if calls else float("nan")
+    return result
 
 
 # --------------------------------------------------------------------------- servers
@@ -146,10 +159,27 @@ class Server:
         self.name = name
         self.pid = pid
         self.url = f"http://127.0.0.1:{port}/v2/models/m/infer"
+        # Ours (and its baseline) count the rows of each runtime call; the peers do not.
+        self.metrics_url = f"http://127.0.0.1:{port}/metrics" if name in OURS else None
+
+
+OURS = ("ours", "baseline")
+
+
+def batch_totals(server: Server) -> tuple[float, float]:
+    """(rows, runtime calls) so far, from `model_server_batch_size`'s sum and count."""
+    assert server.metrics_url is not None
+    totals = {"_sum": 0.0, "_count": 0.0}
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            for suffix in totals:
+                if line.startswith(f"model_server_batch_size{suffix}"):
+                    totals[suffix] += float(line.rsplit(" ", 1)[1])
+    return totals["_sum"], totals["_count"]
 
 
 def commands(name: str, model: Path, port: int, args: argparse.Namespace) -> list[str]:
-    if name == "ours":
+    if name in OURS:  # the baseline differs only in PYTHONPATH (see `environment`)
         return our_server_command(
             model, port, args, "--model-name", "m", "--inter-op-threads", "1" if args.threads else "0"
         )
@@ -175,8 +205,27 @@ def commands(name: str, model: Path, port: int, args: argparse.Namespace) -> lis
     ]
 
 
+def environment(name: str, baseline: Path | None) -> dict[str, str] | None:
+    """The baseline imports `model_server` from its extracted tree, ahead of this checkout's."""
+    if name != "baseline":
+        return None
+    assert baseline is not None
+    path = os.pathsep.join([str(baseline / "server"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def extract_baseline(ref: str, into: Path) -> Path:
+    """This repository's `server/` as of `ref`, extracted under `into`."""
+    root = BENCH.parent
+    archive = subprocess.run(["git", "-C", str(root), "archive", ref, "server"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
 @contextlib.contextmanager
-def started(names: list[str], model: Path, args: argparse.Namespace, logs: Path) -> Iterator[list[Server]]:
+def started(
+    names: list[str], model: Path, args: argparse.Namespace, logs: Path, baseline: Path | None = None
+) -> Iterator[list[Server]]:
     with contextlib.ExitStack() as stack:
         servers = []
         for name in names:
@@ -184,6 +233,7 @@ def started(names: list[str], model: Path, args: argparse.Namespace, logs: Path)
             process = stack.enter_context(
                 running(
                     commands(name, model, port, args),
+                    env=environment(name, baseline),
                     log=logs / f"{name}.log",
                     ready_url=f"http://127.0.0.1:{port}/v2/models/m/ready",
                     timeout=300,
@@ -208,7 +258,7 @@ def available_peers(wanted: list[str]) -> list[str]:
 
 
 def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("throughput", "p50_ms", "p99_ms", "cpu_ms_per_request")
+    keys = ("throughput", "p50_ms", "p99_ms", "cpu_ms_per_request") + (("batch",) if "batch" in rows[0] else ())
     return {
         **{k: float(np.median([r[k] for r in rows])) for k in keys},
         "errors": sum(r["errors"] for r in rows),
@@ -220,15 +270,26 @@ def report(label: str, names: list[str], results: dict[str, dict[int, dict[str, 
     """Print the table; the list of "Done when" misses."""
     misses = []
     print(f"\n{label}: medians")
-    print(f"  {'server':9} {'clients':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}  {'errors':>6}")
+    header = f"  {'server':9} {'clients':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>10}  {'errors':>6}"
+    print(f"{header} {'batch':>6}")
     for c in CONCURRENCY:
         for name in names:
             m = results[name][c]
+            batch = f"{m['batch']:6.1f}" if "batch" in m else f"{'':6}"
             print(
                 f"  {name:9} {c:7d} {m['throughput']:9.0f} {m['p50_ms']:8.2f} {m['p99_ms']:8.2f} "
-                f"{m['cpu_ms_per_request']:10.3f}  {m['errors']:6d}"
+                f"{m['cpu_ms_per_request']:10.3f}  {m['errors']:6d} {batch}"
             )
-    peers = [n for n in names if n != "ours"]
+    if "baseline" in names:
+        print("  ours / baseline: throughput, p50, p99, batch")
+        for c in CONCURRENCY:
+            ours, was = results["ours"][c], results["baseline"][c]
+            print(
+                f"    c={c:<3} {ours['throughput'] / was['throughput']:5.2f}x, "
+                f"p50 {ours['p50_ms'] / was['p50_ms']:5.2f}x, p99 {ours['p99_ms'] / was['p99_ms']:5.2f}x, "
+                f"batch {was['batch']:.1f} -> {ours['batch']:.1f}"
+            )
+    peers = [n for n in names if n not in OURS]
     if peers:
         print("  ratios (ours / peer): throughput, p99 (lower is better for ours)")
         for c in CONCURRENCY:
@@ -267,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         help="PyTriton's max_queue_delay (Triton's default, 0, is its best here: any other value is waited "
         "out even by a lone request)",
     )
+    parser.add_argument("--baseline", metavar="REF", help="also run this server as of git ref REF, as `baseline`")
     parser.add_argument("--no-setup", action="store_true", help="do not run bench/setup-peers.sh first")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
@@ -276,18 +338,21 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("wrk") is None:
         print("wrk is not installed (bench/setup-peers.sh installs it): the figures need it", file=sys.stderr)
         return 2
-    names = ["ours", *available_peers([p for p in args.peers.split(",") if p])]
+    peers = available_peers([p for p in args.peers.split(",") if p])
+    names = ["ours", *(["baseline"] if args.baseline else []), *peers]
     load = os.getloadavg()
     print(
         f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; servers: {', '.join(names)}; "
         f"ORT threads={args.threads or 'default'}; batching: max {args.max_batch_size} rows, ours "
         f"{args.max_delay_ms} ms behind a busy runtime, pytriton max_queue_delay {args.triton_delay_ms} ms; "
-        f"wrk, 1 thread; {args.rounds} interleaved rounds of {args.duration:.0f} s per point",
+        f"wrk, 1 thread; {args.rounds} interleaved rounds of {args.duration:.0f} s per point"
+        + (f"; baseline: server/ at {args.baseline}" if args.baseline else ""),
         flush=True,
     )
     everything: dict[str, Any] = {"names": names, "args": vars(args), "models": {}}
     misses: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
+        baseline = extract_baseline(args.baseline, Path(tmp)) if args.baseline else None
         for key in [m for m in args.models.split(",") if m]:
             sizes = MODELS[key]
             model = mlp_model(Path(tmp) / key / "model.onnx", sizes)
@@ -301,11 +366,12 @@ def main(argv: list[str] | None = None) -> int:
             label = f"MLP {sizes} ({params(sizes) / 1e6:.2g}M parameters)"
             print(f"\n{label}", flush=True)
             rounds: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in CONCURRENCY} for n in names}
-            with started(names, model, args, Path(tmp)) as servers:
+            with started(names, model, args, Path(tmp), baseline) as servers:
                 for r in range(args.rounds):
                     print(f"round {r + 1}/{args.rounds}, load average {os.getloadavg()[0]:.1f}", flush=True)
                     for c in CONCURRENCY:
-                        for server in servers:
+                        # The order rotates each round, so no server is always measured first.
+                        for server in servers[r % len(servers) :] + servers[: r % len(servers)]:
                             m = measure(server, body, c, args.warmup, args.duration, script)
                             rounds[server.name][c].append(m)
                             line = f"  {server.name:9} c={c:<3} {m['throughput']:8.0f}/s  p50 {m['p50_ms']:7.2f} ms  "
@@ -314,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             results = {n: {c: medians(rounds[n][c]) for c in CONCURRENCY} for n in names}
             misses += report(label, names, results)
             everything["models"][key] = {"sizes": sizes, "medians": results, "rounds": rounds}
-    if len(names) > 1:
+    if any(n not in OURS for n in names):
         print("\nours >= every peer in throughput and p99 <= 1.2x the best peer's:", "met" if not misses else "MISSED")
         for miss in misses:
             print(f"  {miss}")
