@@ -25,10 +25,10 @@ from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
 from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
 from .kinds import KINDS, unavailable_message
 from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
-from .reconcile import ApplyRefused, ForeignObjectError, Result, reconcile
+from .reconcile import ApplyRefused, ForeignObjectError, Result, api_message, reconcile
 
 # Problems rollout news does not clear: only a spec change or the next re-check can.
-KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, *credentials.REFUSALS)
+KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, st.API_ERROR, *credentials.REFUSALS)
 # At most this many drift repairs of one InferenceService's objects per window; more wait,
 # so a fight with another controller costs a few writes a minute, not a write storm.
 REPAIR_BURST = 3
@@ -116,7 +116,27 @@ def reconcile_service(
     try:
         _reconcile_service(memo, body, meta, spec, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        if isinstance(exc, ApiException) and retry >= 1:  # a second failure in a row: say so
+            _report_api_error(memo, body, meta, exc, logger)
         raise _temporary(exc, retry) from exc
+
+
+def _report_api_error(
+    memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, exc: ApiException, logger: kopf.Logger
+) -> None:
+    """Degraded=ApiError with the API server's message (and a Warning event), so a failure no
+    retry fixes is visible in `kubectl get/describe`; best effort, the retry goes on anyway."""
+    problem = st.api_error_problem(exc.status or 0, str(exc.reason), api_message(exc))
+    if problem is None:
+        return
+    generation = meta.get("generation")
+    ref = _isvc_ref(meta["namespace"], meta["name"])
+
+    try:
+        _publish(memo, ref, lambda fresh: st.with_api_error(fresh.get("status"), problem, generation))
+    except (ApiException, urllib3.exceptions.HTTPError) as write_error:
+        logger.warning("could not record %s in status: %s", problem.reason, write_error)
+    kopf.warn(body, reason=problem.reason, message=problem.message)
 
 
 def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: kopf.Logger) -> None:

@@ -20,6 +20,20 @@ BLOCKING_PROBLEMS = ("InvalidSpec", "ResourceConflict", "ApplyFailed")
 # Problems that only a change of the InferenceService (or of the cluster's APIs) can clear:
 # Deployment events keep them rather than overwrite them with rollout news.
 SPEC_PROBLEMS = (*BLOCKING_PROBLEMS, "ApiUnavailable")
+# The API server keeps failing a write the operator retries (a full Service IP range, RBAC,
+# an admission webhook down): only a reconcile that gets through clears it.
+API_ERROR = "ApiError"
+# Failures that retrying clears by itself, not news for the user.
+ROUTINE_API_STATUSES = (409, 429)
+
+
+def api_error_problem(status: int, reason: str, message: str, limit: int = 1024) -> Problem | None:
+    """The Degraded problem for an API error that persisted across a retry, or None when it
+    is routine (a conflict, throttling)."""
+    if status in ROUTINE_API_STATUSES:
+        return None
+    text = f"the API server keeps failing a write ({status} {reason}): {message}"
+    return Problem(API_ERROR, text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 @dataclass(frozen=True)
@@ -194,3 +208,15 @@ def status_changes(current: dict | None, desired: dict) -> dict:
     """The top-level status keys whose value differs: what a merge patch has to send."""
     current = current or {}
     return {key: value for key, value in desired.items() if current.get(key) != value}
+
+
+def with_api_error(previous: dict | None, problem: Problem, generation: int | None, now: str | None = None) -> dict:
+    """`previous` status with Degraded set to `problem`; everything else as it was, except that
+    an object never reconciled before also gets Ready=False for the same reason."""
+    now = now or now_iso()
+    status = dict(previous or {})
+    conditions = list(status.get("conditions") or [])
+    if find_condition(conditions, READY) is None:
+        conditions = set_condition(conditions, READY, False, problem.reason, problem.message, now, generation)
+    conditions = set_condition(conditions, DEGRADED, True, problem.reason, problem.message, now, generation)
+    return status | {"conditions": conditions}

@@ -153,3 +153,37 @@ def test_unchanged_status_needs_no_write() -> None:
         "conditions",
         "readyReplicas",
     }
+
+
+def test_routine_api_errors_are_not_reported_and_others_name_the_server_message() -> None:
+    assert st.api_error_problem(409, "Conflict", "the object has been modified") is None
+    assert st.api_error_problem(429, "Too Many Requests", "throttled") is None
+    problem = st.api_error_problem(500, "Internal Server Error", "failed to allocate a serviceIP: range is full")
+    assert problem is not None and problem.reason == "ApiError"
+    assert "500 Internal Server Error" in problem.message and "range is full" in problem.message
+    huge = st.api_error_problem(403, "Forbidden", "x" * 10_000)
+    assert huge is not None and len(huge.message) == 1024 and huge.message.endswith("...")
+
+
+def test_api_error_sets_degraded_and_keeps_the_rest_of_the_status() -> None:
+    problem = Problem("ApiError", "the API server keeps failing a write (500 ...)")
+    reconciled = compute_status(None, deployment(desired=1, ready=1, updated=1), 3, now=T0)
+    reconciled |= {"url": "http://m.ns.svc.cluster.local", "observedGeneration": 3}
+    after = st.with_api_error(reconciled, problem, 4, now=T1)
+    assert after["url"] == reconciled["url"] and after["observedGeneration"] == 3  # not reconciled yet
+    assert st.find_condition(after["conditions"], "Ready") == st.find_condition(reconciled["conditions"], "Ready")
+    degraded = st.find_condition(after["conditions"], "Degraded")
+    assert degraded == {
+        "type": "Degraded",
+        "status": "True",
+        "reason": "ApiError",
+        "message": problem.message,
+        "lastTransitionTime": T1,
+        "observedGeneration": 4,
+    }
+    # Never reconciled: Ready=False says why, too.
+    fresh = st.with_api_error(None, problem, 1, now=T0)
+    assert [(c["type"], c["status"], c["reason"]) for c in fresh["conditions"]] == [
+        ("Degraded", "True", "ApiError"),
+        ("Ready", "False", "ApiError"),
+    ]

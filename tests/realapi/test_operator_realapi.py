@@ -280,6 +280,58 @@ def test_keda_mode_without_keda_is_degraded_with_the_reason(apiserver: ApiServer
     assert deployment(apiserver, ns, "resnet") is not None  # the service itself still runs
 
 
+def test_a_write_the_api_keeps_failing_is_reported_and_retried(apiserver: ApiServer, operator: Operator) -> None:
+    """A Service the API server keeps refusing with a 5xx (here: an admission webhook that is
+    down, as in a cluster whose policy engine is broken; a full Service IP range answers the
+    same way) shows as Degraded=ApiError with the server's message, and heals once it works."""
+    ns = namespace(apiserver)
+    apiserver.kubectl("label", "namespace", ns, f"webhook-down={ns}")
+    webhook = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": f"down-{ns}"},
+        "webhooks": [
+            {
+                "name": "services.down.example.com",
+                "clientConfig": {"url": "https://127.0.0.1:1/validate"},  # nothing listens there
+                "rules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["services"]}
+                ],
+                "namespaceSelector": {"matchLabels": {"webhook-down": ns}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 1,
+            }
+        ],
+    }
+    apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(webhook))
+    try:
+        apply_cr(apiserver, ns, "resnet", resnet(gpus=1))
+        degraded = wait_for(
+            lambda: (c := condition(isvc(apiserver, ns, "resnet"), "Degraded")) and c["status"] == "True" and c,
+            timeout=60,
+            message="Degraded=True",
+        )
+        assert degraded["reason"] == "ApiError", degraded
+        assert "failed calling webhook" in degraded["message"] and "500" in degraded["message"], degraded
+        ready = condition(isvc(apiserver, ns, "resnet"), "Ready")
+        assert ready is not None and ready["status"] == "False", ready
+        assert service_obj(apiserver, ns, "resnet") is None
+        events = json.loads(apiserver.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+        assert any(e["reason"] == "ApiError" and e["type"] == "Warning" for e in events), events
+    finally:
+        apiserver.kubectl("delete", "validatingwebhookconfiguration", f"down-{ns}")
+    # The retries go on with backoff (1, 2, 4 ... s): the next one gets through.
+    wait_for(lambda: service_obj(apiserver, ns, "resnet"), timeout=60, message="the Service, after the webhook went")
+    healed = wait_for(
+        lambda: (c := condition(isvc(apiserver, ns, "resnet"), "Degraded")) and c["status"] == "False" and c,
+        timeout=30,
+        message="Degraded=False",
+    )
+    assert healed["reason"] == "AsExpected"
+
+
 def test_restart_resyncs_with_no_writes(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     before_create = apiserver.operator_writes(ns)
