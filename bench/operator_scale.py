@@ -1,24 +1,32 @@
-"""The operator at scale: N InferenceServices against the emulated API server.
+"""The operator at scale: N InferenceServices against the emulated and a real API server.
 
-python bench/operator_scale.py                      # N = 100, 500, 1000
-python bench/operator_scale.py --counts 200 --json result.json
+python bench/operator_scale.py                      # N = 100, 500, 1000 on each API available
+python bench/operator_scale.py --api real --counts 200 --json result.json
 
-The real operator process (`python -m inference_operator run --all-namespaces`) runs against
-testsupport's emulated API server (served from a thread of this process, on loopback). For each
-N, on a fresh cluster:
+The real operator process (`python -m inference_operator run --all-namespaces`) runs against:
+
+- `emulated`: testsupport's emulated API server, served from a thread of this process;
+- `real`: a real kube-apiserver and etcd on loopback (the real-apiserver tier's binaries,
+  `KUBEBUILDER_ASSETS`; skipped with a line when absent), the shipped CRDs, and the operator
+  as its own user bound to the chart's RBAC. An audit log of every request that user makes
+  gives the request and write counts.
+
+For each API and N, on a fresh API server:
 
 1. N InferenceServices are created back to back; each counts as converged when its status has
-   `observedGeneration == generation` and a URL and its Deployment and Service exist (the
-   emulator runs no Deployment controller, so Ready stays False). Reported: time until all
-   converged, per-CR latency from its create (p50/p99), API requests and writes per CR after
-   the operator settles, the operator's CPU time and peak RSS (/proc).
+   `observedGeneration == generation` and a URL and its Deployment and Service exist (no
+   Deployment controller runs, so Ready stays False). Reported: time until all converged,
+   per-CR latency from its create (p50/p99; polled every 0.2 s, 0.5 s on the real server),
+   API requests and writes per CR after the operator settles, the operator's CPU time and
+   peak RSS (/proc).
 2. Restart: SIGTERM (idle exit time), a new process resumes every object; the writes it makes
    are reported (a resync of unchanged objects must write nothing).
 3. Shutdown under backlog: every spec is changed at once and SIGTERM is sent 1 s later, while
    most reconciles are still queued; reported: time until the process exited.
 
-Numbers depend on the machine: the emulator (one core's worth of Python in this process) and
-the operator share it. Run on a quiet machine and note its load.
+Numbers depend on the machine: the API server (the emulator is one core's worth of Python in
+this process; kube-apiserver and etcd are processes of their own) shares it with the operator.
+Run on a quiet machine and note its load.
 """
 
 from __future__ import annotations
@@ -34,13 +42,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import httpx
 import kmock
 
 from testsupport.cluster import Cluster, running_cluster
+from testsupport.envtest import OPERATOR_USER, ApiServer, AuditTail, assets, install_crds, running_apiserver
 
 NAMESPACE = "bench"
 DEPLOYMENTS = "apps/v1/deployments"
@@ -64,9 +74,9 @@ def inference_service(i: int, replicas: int = 1) -> dict:
 class Operator:
     """One operator process, with its CPU time and peak RSS read from /proc."""
 
-    def __init__(self, cluster: Cluster, log_path: pathlib.Path, concurrency: int | None = None):
+    def __init__(self, kubeconfig: pathlib.Path, log_path: pathlib.Path, concurrency: int | None = None):
         self.log_path = log_path
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         self._log = open(log_path, "w")  # noqa: SIM115  (closed in stop())
         args = [sys.executable, "-m", "inference_operator", "run", "--all-namespaces", "--metrics-port", "0"]
@@ -108,76 +118,207 @@ class Operator:
         return elapsed
 
 
+class Api(Protocol):
+    """What the benchmark needs of an API server, emulated or real."""
+
+    label: str
+    poll_seconds: float
+    kubeconfig: pathlib.Path  # the operator's
+    client: httpx.Client  # the benchmark's own (an administrator)
+
+    def requests(self) -> int:
+        """Requests the operator has sent so far (and, emulated, the benchmark's writes)."""
+        ...
+
+    def writes(self) -> Counter[str]:
+        """Writes so far, as `resource[/subresource]:verb`."""
+        ...
+
+    def watching(self) -> bool:
+        """Whether the operator watches InferenceServices yet."""
+        ...
+
+    def converged(self, names: set[str]) -> set[str]:
+        """Which of `names` have converged (see the module's docstring)."""
+        ...
+
+
+def is_converged(cr: dict, deployment: object, service: object) -> bool:
+    status = cr.get("status") or {}
+    return (
+        status.get("observedGeneration") == cr["metadata"].get("generation")
+        and bool(status.get("url"))
+        and deployment is not None
+        and service is not None
+    )
+
+
 # Parsed once: the poll below runs in this process, next to the emulator's thread.
 CR_KEY = kmock.resource("inference.rocm.dev/v1alpha1/inferenceservices")
 DEPLOYMENT_KEY = kmock.resource(DEPLOYMENTS)
 SERVICE_KEY = kmock.resource(SERVICES)
 
 
-def live(cluster: Cluster, resource: kmock.resource, name: str) -> dict | None:
-    try:
-        obj = cluster.emulator.objects[resource, NAMESPACE, name]
-    except KeyError:
-        return None
-    return None if obj.deleted else obj.raw
+@dataclass
+class EmulatedApi:
+    """testsupport's emulator, read in memory (no requests of the benchmark's own polling)."""
+
+    cluster: Cluster
+    client: httpx.Client
+    label: str = "emulated"
+    poll_seconds: float = 0.2
+
+    @property
+    def kubeconfig(self) -> pathlib.Path:
+        return self.cluster.kubeconfig
+
+    def _live(self, resource: kmock.resource, name: str) -> dict | None:
+        try:
+            obj = self.cluster.emulator.objects[resource, NAMESPACE, name]
+        except KeyError:
+            return None
+        return None if obj.deleted else obj.raw
+
+    def requests(self) -> int:
+        return len(self.cluster.emulator._requests)  # noqa: SLF001  (kmock keeps every request)
+
+    def writes(self) -> Counter[str]:
+        return Counter(self.cluster.emulator.writes)
+
+    def watching(self) -> bool:
+        return any(
+            request.params.get("watch") == "true"
+            and request.resource
+            and request.resource.plural == "inferenceservices"
+            for request in list(self.cluster.emulator._requests)  # noqa: SLF001
+        )
+
+    def converged(self, names: set[str]) -> set[str]:
+        return {
+            name
+            for name in names
+            if (cr := self._live(CR_KEY, name))
+            and is_converged(cr, self._live(DEPLOYMENT_KEY, name), self._live(SERVICE_KEY, name))
+        }
 
 
-def converged(cluster: Cluster, name: str) -> bool:
-    cr = live(cluster, CR_KEY, name)
-    if not cr:
-        return False
-    status = cr.get("status") or {}
-    return (
-        status.get("observedGeneration") == cr["metadata"].get("generation")
-        and bool(status.get("url"))
-        and live(cluster, DEPLOYMENT_KEY, name) is not None
-        and live(cluster, SERVICE_KEY, name) is not None
-    )
+METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
 
 
-def wait_all(cluster: Cluster, started: dict[str, float], timeout: float) -> dict[str, float]:
+@dataclass
+class RealApi:
+    """A real kube-apiserver: the operator's requests and writes from its audit log, state from
+    LISTs (metadata only where that is enough)."""
+
+    server: ApiServer
+    client: httpx.Client
+    label: str = "real kube-apiserver"
+    poll_seconds: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.audit = AuditTail(self.server.audit_log)
+
+    @property
+    def kubeconfig(self) -> pathlib.Path:
+        return self.server.kubeconfig(OPERATOR_USER)
+
+    def requests(self) -> int:
+        self.audit.read()
+        return self.audit.requests
+
+    def writes(self) -> Counter[str]:
+        self.audit.read()
+        return Counter(self.audit.writes)
+
+    def watching(self) -> bool:
+        self.audit.read()
+        return "inferenceservices" in self.audit.watched
+
+    def _names(self, path: str) -> set[str]:
+        items = self.client.get(path, headers=METADATA_ONLY).raise_for_status().json()["items"] or []
+        return {item["metadata"]["name"] for item in items}
+
+    def converged(self, names: set[str]) -> set[str]:
+        crs = self.client.get(CR_PATH).raise_for_status().json()["items"] or []
+        deployments = self._names(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")
+        services = self._names(f"/api/v1/namespaces/{NAMESPACE}/services")
+        return {
+            name
+            for cr in crs
+            if (name := cr["metadata"]["name"]) in names
+            and is_converged(cr, name if name in deployments else None, name if name in services else None)
+        }
+
+
+CR_PATH = f"/apis/inference.rocm.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
+
+
+@contextlib.contextmanager
+def emulated_api() -> Iterator[tuple[Api, pathlib.Path]]:
+    """A fresh emulated cluster; the operators' logs go to $OPERATOR_SCALE_LOGS if set."""
+    with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp, running_cluster(pathlib.Path(tmp)) as cluster:
+        with httpx.Client(base_url=cluster.url, timeout=30) as client:
+            yield EmulatedApi(cluster, client), logs_dir(tmp)
+
+
+@contextlib.contextmanager
+def real_api() -> Iterator[tuple[Api, pathlib.Path]]:
+    """A fresh kube-apiserver and etcd with the shipped CRDs and the benchmark's namespace."""
+    directory = assets()
+    assert directory is not None
+    with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp:
+        with running_apiserver(pathlib.Path(tmp), directory, audit_reads=True) as server:
+            install_crds(server)
+            server.kubectl("create", "namespace", NAMESPACE)
+            with server.client() as client:
+                yield RealApi(server, client), logs_dir(tmp)
+
+
+def logs_dir(tmp: str) -> pathlib.Path:
+    logs = pathlib.Path(os.environ.get("OPERATOR_SCALE_LOGS") or tmp)
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs
+
+
+APIS: dict[str, Callable[[], contextlib.AbstractContextManager[tuple[Api, pathlib.Path]]]] = {
+    "emulated": emulated_api,
+    "real": real_api,
+}
+
+
+def wait_all(api: Api, started: dict[str, float], timeout: float) -> dict[str, float]:
     """name → seconds from its start until converged, for every name that converged in time."""
     pending = dict(started)
     done: dict[str, float] = {}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         now = time.monotonic()
-        for name in [n for n in pending if converged(cluster, n)]:
+        for name in api.converged(set(pending)):
             done[name] = now - pending.pop(name)
-        time.sleep(0.2)
+        time.sleep(api.poll_seconds)
     return done
 
 
-def requests_so_far(cluster: Cluster) -> int:
-    return len(cluster.emulator._requests)  # noqa: SLF001  (kmock keeps every request)
-
-
-def settle(cluster: Cluster, quiet: float = 2.0, timeout: float = 60) -> None:
+def settle(api: Api, quiet: float = 2.0, timeout: float = 60) -> None:
     """Wait until the operator has sent no request for `quiet` seconds."""
     deadline = time.monotonic() + timeout
-    last, since = requests_so_far(cluster), time.monotonic()
+    last, since = api.requests(), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.25)
-        now = requests_so_far(cluster)
+        now = api.requests()
         if now != last:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet:
             return
 
 
-def wait_watching(cluster: Cluster, timeout: float = 60) -> None:
+def wait_watching(api: Api, timeout: float = 60) -> None:
     """Until the operator watches InferenceServices (its start-up is not part of the figures)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for request in list(cluster.emulator._requests):  # noqa: SLF001
-            if (
-                request.params.get("watch") == "true"
-                and request.resource
-                and request.resource.plural == "inferenceservices"
-            ):
-                return
+    while not api.watching():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the operator never started watching InferenceServices")
         time.sleep(0.1)
-    raise RuntimeError("the operator never started watching InferenceServices")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -187,6 +328,7 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class Result:
+    api: str
     n: int
     converged: int
     all_converged_s: float
@@ -205,63 +347,55 @@ class Result:
     writes_by_kind: dict
 
 
-@contextlib.contextmanager
-def cluster_for_run() -> Iterator[tuple[Cluster, pathlib.Path]]:
-    """A fresh emulated cluster; the operators' logs go to $OPERATOR_SCALE_LOGS if set."""
-    with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp, running_cluster(pathlib.Path(tmp)) as cluster:
-        logs = pathlib.Path(os.environ.get("OPERATOR_SCALE_LOGS") or tmp)
-        logs.mkdir(parents=True, exist_ok=True)
-        yield cluster, logs
-
-
-def run(n: int, timeout: float, concurrency: int | None = None) -> Result:
-    with cluster_for_run() as (cluster, tmp), httpx.Client(base_url=cluster.url, timeout=30) as client:
-        path = f"/apis/inference.rocm.dev/v1alpha1/namespaces/{NAMESPACE}/inferenceservices"
-        operator = Operator(cluster, tmp / "operator-1.log", concurrency)
-        wait_watching(cluster)
-        requests_before = requests_so_far(cluster)
-        writes_before = Counter(cluster.emulator.writes)
+def run(api_name: str, n: int, timeout: float, concurrency: int | None = None) -> Result:
+    with APIS[api_name]() as (api, logs):
+        names = [inference_service(i)["metadata"]["name"] for i in range(n)]
+        operator = Operator(api.kubeconfig, logs / "operator-1.log", concurrency)
+        wait_watching(api)
+        requests_before = api.requests()
+        writes_before = api.writes()
         started: dict[str, float] = {}
         begin = time.monotonic()
         for i in range(n):
             obj = inference_service(i)
-            response = client.post(path, json=obj)
-            response.raise_for_status()
+            api.client.post(CR_PATH, json=obj).raise_for_status()
             started[obj["metadata"]["name"]] = time.monotonic()
-        latencies = wait_all(cluster, started, timeout)
+        latencies = wait_all(api, started, timeout)
         all_converged = time.monotonic() - begin
-        settle(cluster)
+        settle(api)
         operator.sample()
-        writes = Counter(cluster.emulator.writes) - writes_before
-        writes["inferenceservices:create"] -= n  # the benchmark's own
-        operator_requests = requests_so_far(cluster) - requests_before - n
+        writes = api.writes() - writes_before
+        operator_requests = api.requests() - requests_before
+        if api_name == "emulated":  # the emulator also counts the benchmark's own creates
+            writes["inferenceservices:create"] -= n
+            operator_requests -= n
         cpu, rss = operator.cpu_seconds, operator.peak_rss_mb
         idle_shutdown = operator.stop()
 
         # A restart resumes every object: nothing changed, so nothing may be written.
-        before_resync = Counter(cluster.emulator.writes)
-        second = Operator(cluster, tmp / "operator-2.log", concurrency)
+        before_resync = api.writes()
+        second = Operator(api.kubeconfig, logs / "operator-2.log", concurrency)
         resync_begin = time.monotonic()
         deadline = resync_begin + timeout
         while second.log_count("reconciled generation") < n and time.monotonic() < deadline:
             time.sleep(0.2)
         resync_s = time.monotonic() - resync_begin
-        settle(cluster)
-        resync_writes = sum((Counter(cluster.emulator.writes) - before_resync).values())
+        settle(api)
+        resync_writes = sum((api.writes() - before_resync).values())
 
         # Shutdown under backlog: every spec changes, SIGTERM 1 s later.
-        for i in range(n):
-            name = inference_service(i)["metadata"]["name"]
-            client.patch(
-                f"{path}/{name}",
+        for name in names:
+            api.client.patch(
+                f"{CR_PATH}/{name}",
                 json={"spec": {"replicas": 2}},
                 headers={"Content-Type": "application/merge-patch+json"},
             ).raise_for_status()
         time.sleep(1.0)
-        backlog = sum(not converged(cluster, inference_service(i)["metadata"]["name"]) for i in range(n))
+        backlog = n - len(api.converged(set(names)))
         backlog_shutdown = second.stop()
 
     return Result(
+        api=api.label,
         n=n,
         converged=len(latencies),
         all_converged_s=round(all_converged, 2),
@@ -283,6 +417,7 @@ def run(n: int, timeout: float, concurrency: int | None = None) -> Result:
 
 def table(results: list[Result]) -> str:
     columns = [
+        ("API", "api"),
         ("N", "n"),
         ("converged", "converged"),
         ("all converged s", "all_converged_s"),
@@ -311,13 +446,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for convergence per phase")
     parser.add_argument("--json", type=pathlib.Path, help="also write the results here")
     parser.add_argument("--concurrency", type=int, help="the operator's --concurrency (default: its own)")
+    parser.add_argument(
+        "--api",
+        choices=["auto", *APIS],
+        default="auto",
+        help="auto: the emulator, then a real kube-apiserver when KUBEBUILDER_ASSETS has one",
+    )
     args = parser.parse_args(argv)
+    if args.api == "auto":
+        apis = ["emulated"] + (["real"] if assets() else [])
+        if not assets():
+            print("real kube-apiserver: skipped, no kube-apiserver and etcd in $KUBEBUILDER_ASSETS", flush=True)
+    else:
+        apis = [args.api]
+        if args.api == "real" and not assets():
+            parser.error("--api real: no kube-apiserver and etcd in $KUBEBUILDER_ASSETS (or kubectl/openssl missing)")
     results = []
-    for n in (int(c) for c in args.counts.split(",")):
-        load = os.getloadavg()[0]
-        result = run(n, args.timeout, args.concurrency)
-        results.append(result)
-        print(f"N={n} (load average before: {load:.2f}): {json.dumps(asdict(result))}", flush=True)
+    for api_name in apis:
+        for n in (int(c) for c in args.counts.split(",")):
+            load = os.getloadavg()[0]
+            result = run(api_name, n, args.timeout, args.concurrency)
+            results.append(result)
+            print(f"{api_name} N={n} (load average before: {load:.2f}): {json.dumps(asdict(result))}", flush=True)
     print(f"\nmachine: {os.cpu_count()} cores\n")
     print(table(results))
     if args.json:

@@ -31,20 +31,69 @@ from testsupport.processes import free_port, stop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RBAC = ROOT / "charts" / "rocm-inference-operator" / "files" / "rbac"
+CRD_DIRS = (ROOT / "crds", ROOT / "charts" / "rocm-inference-operator" / "crds")
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 DEFAULT_ASSETS = pathlib.Path("/usr/local/kubebuilder/bin")
 OPERATOR_USER = "inference-operator"
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {"level": "Metadata", "users": [OPERATOR_USER], "verbs": list(WRITE_VERBS)},
-        {"level": "None"},
-    ],
-}
+
+def audit_policy(reads: bool = False) -> dict:
+    """The operator's writes (and, with `reads`, every request it makes) at Metadata level."""
+    operator_rule: dict = {"level": "Metadata", "users": [OPERATOR_USER]}
+    if not reads:
+        operator_rule["verbs"] = list(WRITE_VERBS)
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [operator_rule, {"level": "None"}],
+    }
+
+
+def write_key(event: dict) -> str | None:
+    """`resource[/subresource]:verb` of an audit event that is a completed, successful, real
+    (not dry-run) write; None for anything else."""
+    if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITE_VERBS:
+        return None
+    if "dryRun=All" in event.get("requestURI", "") or (event.get("responseStatus") or {}).get("code", 500) >= 400:
+        return None
+    ref = event.get("objectRef") or {}
+    sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+    return f"{ref.get('resource')}{sub}:{event['verb']}"
+
+
+class AuditTail:
+    """Reads an audit log incrementally: requests (distinct audit IDs), writes by kind, and
+    whether a watch on a resource was started, without re-reading what was read before."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self._ids: set[str] = set()
+        self.writes: Counter[str] = Counter()
+        self.watched: set[str] = set()
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as log:
+            log.seek(self._offset)
+            chunk = log.read()
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            event = json.loads(line)
+            self._ids.add(event.get("auditID", ""))
+            if event.get("verb") == "watch":
+                self.watched.add((event.get("objectRef") or {}).get("resource", ""))
+            if key := write_key(event):
+                self.writes[key] += 1
+
+    @property
+    def requests(self) -> int:
+        return len(self._ids)
 
 
 def assets() -> pathlib.Path | None:
@@ -117,15 +166,10 @@ class ApiServer:
             return counts
         for line in self.audit_log.read_text().splitlines():
             event = json.loads(line)
-            if event.get("stage") != "ResponseComplete" or "dryRun=All" in event.get("requestURI", ""):
+            if namespace is not None and (event.get("objectRef") or {}).get("namespace") != namespace:
                 continue
-            if (event.get("responseStatus") or {}).get("code", 500) >= 400:
-                continue
-            ref = event.get("objectRef") or {}
-            if namespace is not None and ref.get("namespace") != namespace:
-                continue
-            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-            counts[f"{ref.get('resource')}{sub}:{event['verb']}"] += 1
+            if key := write_key(event):
+                counts[key] += 1
         return counts
 
 
@@ -147,9 +191,17 @@ def _write_rbac(server: ApiServer) -> None:
     server.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
 
 
+def install_crds(server: ApiServer) -> None:
+    """The CRDs as shipped (`kubectl apply -f crds/`, and the chart's copy), once Established."""
+    for crds in CRD_DIRS:
+        server.kubectl("apply", "--server-side", "-f", str(crds))
+    server.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+
 @contextlib.contextmanager
-def running_apiserver(work: pathlib.Path, directory: pathlib.Path) -> Iterator[ApiServer]:
-    """etcd and kube-apiserver on free loopback ports; stopped (and their data gone) after."""
+def running_apiserver(work: pathlib.Path, directory: pathlib.Path, audit_reads: bool = False) -> Iterator[ApiServer]:
+    """etcd and kube-apiserver on free loopback ports; stopped (and their data gone) after.
+    The audit log has the operator's writes, and all its requests with `audit_reads`."""
     openssl = shutil.which("openssl")
     assert openssl, "openssl is needed for the service-account key"
     subprocess.run([openssl, "genrsa", "-out", str(work / "sa.key"), "2048"], check=True, capture_output=True)
@@ -158,7 +210,7 @@ def running_apiserver(work: pathlib.Path, directory: pathlib.Path) -> Iterator[A
     (work / "tokens.csv").write_text(
         f'{server.admin_token},admin,admin,"system:masters"\n{server.operator_token},{OPERATOR_USER},{OPERATOR_USER}\n'
     )
-    (work / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+    (work / "audit-policy.yaml").write_text(yaml.safe_dump(audit_policy(audit_reads)))
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     etcd_url = f"http://127.0.0.1:{etcd_port}"
     etcd = [
@@ -180,7 +232,7 @@ def running_apiserver(work: pathlib.Path, directory: pathlib.Path) -> Iterator[A
         f"--service-account-key-file={work / 'sa.key'}",
         f"--service-account-signing-key-file={work / 'sa.key'}",
         "--service-account-issuer=https://127.0.0.1",
-        "--service-cluster-ip-range=10.0.0.0/24",
+        "--service-cluster-ip-range=10.0.0.0/16",  # room for the operator benchmark's 1,000 Services
         "--allow-privileged=true",
         "--disable-admission-plugins=ServiceAccount",
         f"--audit-policy-file={work / 'audit-policy.yaml'}",

@@ -14,10 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from testsupport.envtest import OPERATOR_USER, ROOT, SKIP_REASON, ApiServer, assets, running_apiserver
+from testsupport.envtest import OPERATOR_USER, SKIP_REASON, ApiServer, assets, install_crds, running_apiserver
 from testsupport.processes import stop
-
-CRD_DIRS = (ROOT / "crds", ROOT / "charts" / "rocm-inference-operator" / "crds")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,9 +32,7 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     directory = assets()
     assert directory is not None
     with running_apiserver(tmp_path_factory.mktemp("envtest"), directory) as server:
-        for crds in CRD_DIRS:  # as shipped: `kubectl apply -f crds/`, and the chart's copy
-            server.kubectl("apply", "--server-side", "-f", str(crds))
-        server.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        install_crds(server)
         yield server
 
 
