@@ -54,6 +54,33 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         memo.api = KubeApi(load_api_client())
 
 
+# kopf (1.45) names the task that waits on a watch stream's pause toggle so.
+PAUSE_WAITER_PREFIX = "pause-waiter for "
+
+
+@kopf.on.cleanup()
+async def release_abandoned_watch_waiters(logger: kopf.Logger, **_: Any) -> None:
+    """Cancel the pause waiters of watch streams that kopf abandoned.
+
+    A watcher cancelled while it waits for a free worker (`queueing.worker_limit`, busy with a
+    backlog) leaves its watch stream suspended, and the stream's pause-waiter task alive; kopf
+    then waits 5 s for such leftover tasks before cancelling them. Cleanup runs once every
+    watcher is gone, so cancelling them here is what closing the stream would have done:
+    SIGTERM with a backlog exits in about 1.5 s instead of 6.5 s (bench/operator_scale.py).
+    """
+    current = asyncio.current_task()
+    waiters = [
+        task
+        for task in asyncio.all_tasks()
+        if task is not current and not task.done() and task.get_name().startswith(PAUSE_WAITER_PREFIX)
+    ]
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    if waiters:
+        logger.debug("released %d abandoned watch-stream waiters", len(waiters))
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """The same sources as the kubernetes client: in-cluster account, else KUBECONFIG."""
