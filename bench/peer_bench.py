@@ -320,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=0, help="ORT intra-op threads for every server (0 = ORT default)"
     )
     parser.add_argument("--max-batch-size", type=int, default=16, help="ours and PyTriton")
-    parser.add_argument("--max-delay-ms", type=float, default=5.0, help="ours: the wait behind a busy runtime")
+    parser.add_argument(
+        "--max-delay-ms", type=float, default=5.0, help="ours: the longest a request waits for company (maxDelayMs)"
+    )
     parser.add_argument(
         "--triton-delay-ms",
         type=float,
@@ -344,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; servers: {', '.join(names)}; "
         f"ORT threads={args.threads or 'default'}; batching: max {args.max_batch_size} rows, ours "
-        f"{args.max_delay_ms} ms behind a busy runtime, pytriton max_queue_delay {args.triton_delay_ms} ms; "
+        f"maxDelayMs {args.max_delay_ms}, pytriton max_queue_delay {args.triton_delay_ms} ms; "
         f"wrk, 1 thread; {args.rounds} interleaved rounds of {args.duration:.0f} s per point"
         + (f"; baseline: server/ at {args.baseline}" if args.baseline else ""),
         flush=True,

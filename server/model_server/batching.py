@@ -14,8 +14,8 @@ TF-Serving's batch scheduler), with one rule for the callers a batch just answer
   closed-loop clients keep meeting in one full batch instead of settling into
   half-size groups that take turns on the runtime (the same rows in twice the calls).
   The wait is bounded by half the batch's run time (`regroup_window`: it pays only
-  where the runtime, not the HTTP path, is the bottleneck) and by `max_delay`, which
-  no request waits beyond for company.
+  where the runtime, not the HTTP path, is the bottleneck) and by `max_delay`: the
+  runtime never stands idle longer than that while requests wait.
 
 Each caller gets back exactly its own rows. A full queue raises `QueueFull` at once
 (backpressure instead of unbounded latency); closing flushes the queue.
@@ -94,10 +94,8 @@ class _Lane:
 def dispatch_delay(
     *,
     now: float,
-    oldest: float,
     queued_rows: int,
     max_batch: int,
-    max_delay: float,
     runtime_idle: bool,
     returning_rows: int = 0,
     regroup_until: float = 0.0,
@@ -109,9 +107,8 @@ def dispatch_delay(
     A full batch never waits, nor does anything while closing. Behind a busy runtime a
     batch cannot start sooner by leaving early, so it keeps forming. An idle runtime
     waits only for `returning_rows`, the rows of a just-finished batch whose callers
-    have not sent their next request yet, until `regroup_until` and while the oldest
-    request (enqueued at `oldest`) is younger than `max_delay`; a lone caller's next
-    request finds nothing to wait for.
+    have not sent their next request yet, and only until `regroup_until` (see
+    `regroup_window`); a lone caller's next request finds nothing to wait for.
     """
     if closing or queued_rows >= max_batch:
         return 0.0
@@ -119,7 +116,7 @@ def dispatch_delay(
         return math.inf
     if returning_rows <= 0:
         return 0.0
-    return max(0.0, min(regroup_until, oldest + max_delay) - now)
+    return max(0.0, regroup_until - now)
 
 
 REGROUP_FRACTION = 0.5
@@ -254,6 +251,7 @@ class DynamicBatcher:
         """Stop waiting for batches to fill: used while draining, when no more
         requests are coming to fill them."""
         self._max_delay = 0.0
+        self._returning = 0
         self._wakeup.set()
 
     def stop_accepting(self) -> None:
@@ -301,10 +299,8 @@ class DynamicBatcher:
             head = self._queue[0]
             delay = dispatch_delay(
                 now=self._clock(),
-                oldest=head.enqueued,
                 queued_rows=self._rows_by_key[head.key],
                 max_batch=self._max_batch,
-                max_delay=self._max_delay,  # re-read: `flush` may have set it to zero
                 runtime_idle=lane.idle,
                 returning_rows=self._returning,
                 regroup_until=self._regroup_until,
