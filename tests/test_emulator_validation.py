@@ -101,3 +101,20 @@ def test_a_patch_breaking_a_cel_rule_is_refused_and_defaults_are_stored(cluster:
     response = cluster.patch_cr("ml", "resnet", {"spec": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}})
     assert response.status_code == 422
     assert "autoscaling" not in cluster.get_cr("ml", "resnet")["spec"]
+
+
+def test_services_take_cluster_ips_from_a_range_that_can_be_full(cluster: Cluster) -> None:
+    cluster.emulator.service_ip_range = 2
+    headless = service("headless")
+    headless["spec"]["clusterIP"] = "None"
+    assert post(cluster, SERVICES, headless).status_code == 200  # takes no address
+    for name in ("a", "b"):
+        assert post(cluster, SERVICES, service(name)).status_code == 200
+    full = post(cluster, SERVICES + "?dryRun=All", service("c"))  # a dry run is refused alike
+    assert full.status_code == 500 and 'serviceIP for Service "c": range is full' in full.json()["message"]
+    assert post(cluster, SERVICES, service("c")).status_code == 500
+    assert cluster.get("v1/services", "ml", "c") is None
+    assert cluster.request("DELETE", f"{SERVICES}/a").status_code == 200  # frees its address
+    assert post(cluster, SERVICES + "?dryRun=All", service("c")).status_code == 200  # reserves nothing
+    assert post(cluster, SERVICES, service("c")).status_code == 200
+    assert post(cluster, SERVICES, service("d")).status_code == 500

@@ -25,6 +25,12 @@ an emulator that does less hides the operator's bugs. This one adds:
   create and on every update that changes the spec (unchanged specs are not judged again, like
   validation ratcheting), and are stored with the schema's defaults filled.
 
+- Service cluster IPs: every Service but a headless one takes an address from a range of
+  `service_ip_range` addresses (the API server's `--service-cluster-ip-range`; 65,534 as a /16)
+  and frees it when deleted; with the range full, creating one (dry runs too) answers the real
+  server's 500 "failed to allocate a serviceIP ...: range is full". The address itself is not
+  written into the object.
+
 It also counts write requests per resource and verb (`writes`), which the tests use to prove
 that a resync writes nothing.
 
@@ -178,6 +184,8 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
     # False: as an API server still serving an older CRD without today's rules (objects that
     # slipped in before a rule existed); only the schema-free checks (names, labels) apply.
     crd_validation: bool = True
+    # Addresses for Services (see the module docstring); a test may shrink it to fill it.
+    service_ip_range: int = 65_534
     writes: collections.Counter = attrs.field(factory=collections.Counter, init=False)
     dry_runs: collections.Counter = attrs.field(factory=collections.Counter, init=False)
     _last_version: int = attrs.field(default=0, init=False)
@@ -187,6 +195,8 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
     )
     # What a write request answers (dry runs are never stored), by id(request).
     _answers: dict[int, dict] = attrs.field(factory=dict, init=False)
+    # Services holding a cluster IP, by key.
+    _cluster_ips: set[tuple] = attrs.field(factory=set, init=False)
     # validate_custom_resource's verdict and defaulted spec, by the spec's JSON.
     _cr_verdicts: dict[str, tuple[list[str], Any]] = attrs.field(factory=dict, init=False)
 
@@ -248,6 +258,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
                 async with self._lock:
                     raw = self._objects[released].raw
                     self._objects[released].delete()
+                    self._cluster_ips.discard(released)
                     await self._buses[released[0]].put({"type": "DELETED", "object": raw})
 
     async def _render_error(self, exc: Exception) -> Any:
@@ -419,6 +430,8 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
             if _spec_of(new) != _spec_of(live):
                 meta["generation"] = live["metadata"].get("generation", 1) + 1
         meta["resourceVersion"] = self._next_version()
+        if creating and str(resource.plural) == "services" and (new.get("spec") or {}).get("clusterIP") != "None":
+            self._allocate_cluster_ip(key, dry_run)
         self._answers[id(request)] = new
         if dry_run:
             return None
@@ -549,6 +562,13 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         errors, spec = self._cr_verdicts[key]
         return name_problems + list(errors), copy.deepcopy(spec)
 
+    def _allocate_cluster_ip(self, key: tuple, dry_run: bool) -> None:
+        if len(self._cluster_ips) >= self.service_ip_range:
+            message = f'Internal error occurred: failed to allocate a serviceIP for Service "{key[2]}": range is full'
+            raise _error(500, "InternalError", message)
+        if not dry_run:
+            self._cluster_ips.add(key)
+
     async def _delete(self, key: tuple, live: dict, dry_run: bool, request: kmock.Request) -> tuple | None:
         stored = self._objects[key]
         self._answers[id(request)] = live
@@ -563,6 +583,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
             await self._buses[key[0]].put({"type": "MODIFIED", "object": new})
             return None
         stored.delete()
+        self._cluster_ips.discard(key)
         await self._buses[key[0]].put({"type": "DELETED", "object": live})
         return None
 

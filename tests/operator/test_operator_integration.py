@@ -190,3 +190,38 @@ def test_transient_api_error_is_retried(cluster: Cluster, operator) -> None:
     assert cluster.get(SERVICES, "ml", "resnet") is not None
     assert condition(cluster.get_cr("ml", "resnet"), "Degraded")["status"] == "False"
     assert cluster.emulator.writes["services:create"] == 1
+
+
+def test_a_full_service_ip_range_is_reported_and_heals(cluster: Cluster, operator) -> None:
+    """The API server answers 500 "range is full" for a Service while its cluster IP range is
+    exhausted: the InferenceService says so (Degraded=ApiError, with the server's message), the
+    operator keeps retrying, and the Service comes once an address is free."""
+    cluster.emulator.service_ip_range = 1
+    first, second = resnet(), resnet()
+    second["metadata"]["name"] = "bert"
+    assert cluster.apply_cr(first).status_code in (200, 201)
+    wait_for(lambda: cluster.get(SERVICES, "ml", "resnet"), message="the first Service")
+    assert cluster.apply_cr(second).status_code in (200, 201)
+    degraded = wait_for(
+        lambda: (c := condition(cluster.get_cr("ml", "bert"), "Degraded")) and c["status"] == "True" and c,
+        timeout=30,
+        message="Degraded=True on the second",
+    )
+    assert degraded["reason"] == "ApiError" and "range is full" in degraded["message"], degraded
+    assert condition(cluster.get_cr("ml", "bert"), "Ready")["reason"] == "ApiError"
+    assert cluster.get(SERVICES, "ml", "bert") is None
+    assert any(e["type"] == "Warning" and e["reason"] == "ApiError" for e in cluster.events("ml", "bert"))
+
+    # The first InferenceService goes, and with it (the garbage collector's part) its Service.
+    for path in (
+        "/apis/inference.rocm.dev/v1alpha1/namespaces/ml/inferenceservices/resnet",
+        "/api/v1/namespaces/ml/services/resnet",
+    ):
+        assert cluster.request("DELETE", path).status_code == 200
+    wait_for(lambda: cluster.get(SERVICES, "ml", "bert"), timeout=30, message="the second Service, on a retry")
+    healed = wait_for(
+        lambda: (c := condition(cluster.get_cr("ml", "bert"), "Degraded")) and c["status"] == "False" and c,
+        timeout=30,
+        message="Degraded=False",
+    )
+    assert healed["reason"] == "AsExpected"
