@@ -322,7 +322,7 @@ async def test_closed_loop_clients_keep_meeting_in_one_full_batch():
     """Eight clients, each sending its next request a moment after its answer (as over
     HTTP, one after another): the idle runtime waits for them instead of taking the
     first one back alone and letting the rest form behind it."""
-    run, obs = Recorder(seconds=0.04), Observer()  # a 40 ms batch: a 20 ms regroup window
+    run, obs = Recorder(seconds=0.1), Observer()  # a 100 ms batch: a 50 ms regroup window
     batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=1.0, max_queue=64, observer=obs)
     batcher.start()
 
