@@ -4,22 +4,13 @@ server-side apply, dry runs, optimistic concurrency and watches from a resourceV
 from __future__ import annotations
 
 import json
-import pathlib
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
-from testsupport.cluster import Cluster, running_cluster
+from testsupport.cluster import Cluster
 
 DEPLOYMENTS = "/apis/apps/v1/namespaces/ml/deployments"
 SERVICES = "/api/v1/namespaces/ml/services"
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as cluster:
-        yield cluster
 
 
 def deployment(gpus: int = 0, metrics_port: int = 9090, name: str = "resnet") -> dict:

@@ -3,21 +3,12 @@ ports, and InferenceServices the CRD's schema or CEL rules reject."""
 
 from __future__ import annotations
 
-import pathlib
-from collections.abc import Iterator
-
 import pytest
 
-from testsupport.cluster import Cluster, running_cluster
+from testsupport.cluster import Cluster
 
 SERVICES = "/api/v1/namespaces/ml/services"
 DEPLOYMENTS = "/apis/apps/v1/namespaces/ml/deployments"
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as cluster:
-        yield cluster
 
 
 def service(name: str, ports: list[dict] | None = None, labels: dict | None = None) -> dict:

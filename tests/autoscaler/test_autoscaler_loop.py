@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import pathlib
-from collections.abc import Iterator
 
 import httpx
 import kubernetes
-import pytest
 
 from inference_operator import metrics
 from inference_operator.autoscaler.loop import (
@@ -24,13 +21,7 @@ from inference_operator.autoscaler.prometheus import PrometheusClient, Sample
 from inference_operator.k8s import KubeApi
 from inference_operator.models import parse_spec
 from inference_operator.status import status_changes
-from testsupport.cluster import Cluster, running_cluster
-
-
-@pytest.fixture
-def cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
-    with running_cluster(tmp_path) as cluster:
-        yield cluster
+from testsupport.cluster import Cluster
 
 
 def make_api(cluster: Cluster) -> KubeApi:
