@@ -144,13 +144,13 @@ class Api(Protocol):
         ...
 
 
-def is_converged(cr: dict, deployment: object, service: object) -> bool:
+def is_converged(cr: dict, has_deployment: bool, has_service: bool) -> bool:
     status = cr.get("status") or {}
     return (
         status.get("observedGeneration") == cr["metadata"].get("generation")
         and bool(status.get("url"))
-        and deployment is not None
-        and service is not None
+        and has_deployment
+        and has_service
     )
 
 
@@ -199,7 +199,9 @@ class EmulatedApi:
             name
             for name in names
             if (cr := self._live(CR_KEY, name))
-            and is_converged(cr, self._live(DEPLOYMENT_KEY, name), self._live(SERVICE_KEY, name))
+            and is_converged(
+                cr, self._live(DEPLOYMENT_KEY, name) is not None, self._live(SERVICE_KEY, name) is not None
+            )
         }
 
 
@@ -246,8 +248,7 @@ class RealApi:
         return {
             name
             for cr in crs
-            if (name := cr["metadata"]["name"]) in names
-            and is_converged(cr, name if name in deployments else None, name if name in services else None)
+            if (name := cr["metadata"]["name"]) in names and is_converged(cr, name in deployments, name in services)
         }
 
 
