@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import kopf
@@ -83,8 +85,24 @@ async def release_abandoned_watch_waiters(logger: kopf.Logger, **_: Any) -> None
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The same sources as the kubernetes client: in-cluster account, else KUBECONFIG."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    """The same sources as the kubernetes client: in-cluster account, else KUBECONFIG.
+
+    In a pod the API server is reached at the address the kubelet puts in the environment, as
+    client-go and the kubernetes client do: kopf's own choice, https://kubernetes.default.svc,
+    needs cluster DNS, so an operator would stop with CoreDNS."""
+    info = kopf.login_with_service_account(**kwargs)
+    if info is None:
+        return kopf.login_with_kubeconfig(**kwargs)
+    server = in_cluster_server(os.environ)
+    return dataclasses.replace(info, server=server) if server else info
+
+
+def in_cluster_server(environ: Mapping[str, str]) -> str | None:
+    """`https://host:port` from KUBERNETES_SERVICE_HOST/PORT (IPv6 in brackets), None without."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 def _temporary(exc: ApiException | urllib3.exceptions.HTTPError, retry: int = 0) -> kopf.TemporaryError:
