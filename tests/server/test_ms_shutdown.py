@@ -4,6 +4,7 @@ and SIGTERM draining every accepted request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -128,3 +129,41 @@ def test_shutdown_drain_budget_counts_from_the_listener_closing():
     assert shutdown.drain_budget() == 8
     now[0] += 60
     assert shutdown.drain_budget() == 0.5  # the queues always get a moment
+
+
+@pytest.mark.slow
+def test_while_draining_responses_close_kept_alive_connections(tmp_path):
+    """During the shutdown delay (the pod is leaving the Service) the server still answers, and
+    each answer closes its connection, so a client's next request opens a new connection
+    instead of racing the listener's close on a kept-alive one."""
+    repo = tmp_path / "models"
+    slow_scale_model(repo / "1" / "model.onnx", 3.0, iterations=10)
+    port = free_port()
+    env = {**os.environ, "MODEL_NAME": "drainer", "MODEL_SERVER_SHUTDOWN_DELAY_S": "20"}
+    cmd = serve_command(repo, port, "--format", "onnx", "--drain-timeout", "5")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    body = {"data": [[1.0, 2.0, 3.0, 4.0]]}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get("/health/ready").status_code == 200:
+                        break
+                assert time.monotonic() < deadline, "server not ready"
+                time.sleep(0.1)
+            serving = client.post("/infer", json=body)
+            assert serving.status_code == 200
+            assert serving.headers.get("connection", "").lower() != "close"  # kept alive while serving
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while client.get("/health/ready").status_code != 503:
+                assert time.monotonic() < deadline, "readiness never turned false"
+                time.sleep(0.05)
+            for _ in range(3):  # each on a new connection, each answered and closed
+                draining = client.post("/infer", json=body)
+                assert draining.status_code == 200
+                assert draining.headers["connection"] == "close"
+    finally:
+        proc.kill()
+        proc.wait(10)
