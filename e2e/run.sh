@@ -76,7 +76,12 @@ done
 
 log "building images"
 docker build -q -f operator/Dockerfile -t "${OPERATOR_IMAGE}" .
-docker build -q -f e2e/model-server-cpu.Dockerfile -t "${SERVER_IMAGE}" .
+# The shipped model-server Dockerfile, its CPU variant (kind nodes have no GPU): the same
+# build arguments the real-pods tier (tests/pods) uses with podman.
+docker build -q -f server/Dockerfile -t "${SERVER_IMAGE}" \
+    --build-arg BASE_IMAGE=python:3.11-slim-bookworm --build-arg SYSTEM_PACKAGES= \
+    --build-arg ORT_PACKAGE=onnxruntime --build-arg ORT_VERSION= \
+    --build-arg ORT_PROVIDER=CPUExecutionProvider .
 "${PYTHON}" e2e/make_model.py "${WORK}/model" >/dev/null
 printf 'FROM busybox:1.36\nCOPY . /models/\n' >"${WORK}/model/Dockerfile"
 docker build -q -t "${MODEL_IMAGE}" "${WORK}/model"

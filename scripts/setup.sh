@@ -21,6 +21,20 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# The real-pods tier (tests/pods) runs pods where the node binaries (kubelet, kube-proxy, ...) are
+# in the same directory, as root: then it needs a container runtime, CNI plugins, podman to build
+# the images, debootstrap for their Debian base, iptables and busybox-static (the pause image).
+assets="${KUBEBUILDER_ASSETS:-/usr/local/kubebuilder/bin}"
+if [ -x "$assets/kubelet" ] && [ "$(id -u)" -eq 0 ]; then
+    command -v containerd >/dev/null 2>&1 || missing+=(containerd)
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+    command -v podman >/dev/null 2>&1 || missing+=(podman)
+    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+    command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+    command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
+    [ -x /bin/busybox ] || missing+=(busybox-static)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

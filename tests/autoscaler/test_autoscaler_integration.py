@@ -9,15 +9,12 @@ after the load is gone and the stabilization window has passed, without flapping
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import sys
-import threading
 import time
 from typing import Self
 
-import httpx
 import pytest
 
 from inference_operator import credentials
@@ -30,6 +27,7 @@ from tests.autoscaler.conftest import (
 )
 from tests.http_stub import QuietHandler, serving
 from testsupport.cluster import Cluster, ReplicaRecorder, captured_operator_logs, wait_for
+from testsupport.load import Load
 from testsupport.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -66,46 +64,6 @@ def scale_events(cluster: Cluster) -> list[dict]:
     return posted
 
 
-class Load:
-    """A closed-loop async client: `concurrency` workers posting /infer round-robin, bounded."""
-
-    def __init__(self, addresses: list[str], concurrency: int, max_seconds: float):
-        self.addresses = addresses
-        self.concurrency = concurrency
-        self.max_seconds = max_seconds
-        self.sent = 0
-        self.failed = 0
-        self.started_at = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    async def _run(self) -> None:
-        body = {"data": [0.1] * 64}
-        deadline = time.monotonic() + self.max_seconds
-        async with httpx.AsyncClient(timeout=10) as client:
-
-            async def worker(i: int) -> None:
-                url = f"http://{self.addresses[i % len(self.addresses)]}/infer"
-                while not self._stop.is_set() and time.monotonic() < deadline:
-                    try:
-                        response = await client.post(url, json=body)
-                        self.failed += response.status_code != 200
-                    except httpx.HTTPError:
-                        self.failed += 1
-                    self.sent += 1
-
-            await asyncio.gather(*(worker(i) for i in range(self.concurrency)))
-
-    def start(self) -> Load:
-        self.started_at = time.time()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
-
 def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster, operator, record_property) -> None:
     target_ms = 20.0
     interval = 1
@@ -140,7 +98,7 @@ def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster
             assert cluster.replicas(NAMESPACE, NAME) == 1
 
             with ReplicaRecorder(cluster, NAMESPACE, NAME) as recorder:
-                load = Load([s.address for s in servers], concurrency=12, max_seconds=60).start()
+                load = Load([f"http://{s.address}/infer" for s in servers], concurrency=12, max_seconds=60).start()
                 try:
                     wait_for(
                         lambda: (cluster.replicas(NAMESPACE, NAME) or 0) > 1,

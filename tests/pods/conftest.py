@@ -1,0 +1,261 @@
+"""The real-pods tier: the project's images built with podman, a real single-node cluster
+(testsupport.nodecluster), the chart installed with the real Helm engine, and pods that run.
+Skipped with one line where the binaries or root are missing."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import pathlib
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.autoscaler.conftest import prometheus_binary
+from testsupport import images, nodecluster
+from testsupport.cluster import wait_for
+from testsupport.nodecluster import NODE_IP, NodeCluster
+from testsupport.processes import free_port, running
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rocm-inference-operator"
+OPERATOR_NAMESPACE = "inference-system"
+# Measured figures, printed at the end of the run (pytest's terminal summary).
+FIGURES: dict[str, float] = {}
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    reason = nodecluster.missing()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"{nodecluster.SKIP_REASON} ({reason})")
+    for item in items:
+        if item.path.parent == pathlib.Path(__file__).parent:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def image_archives(tmp_path_factory: pytest.TempPathFactory) -> list[pathlib.Path]:
+    return images.build_all(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture(scope="module")
+def node(image_archives: list[pathlib.Path]) -> Iterator[NodeCluster]:
+    # Short: containerd's socket paths must fit in a sockaddr_un.
+    work = pathlib.Path(tempfile.mkdtemp(prefix="rio-tier-"))
+    with nodecluster.running_cluster(work, image_archives) as cluster:
+        yield cluster
+
+
+def kubectl_json(node: NodeCluster, *args: str) -> Any:
+    return json.loads(node.kubectl(*args, "-o", "json").stdout)
+
+
+def apply(node: NodeCluster, *objects: dict) -> None:
+    node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(objects))
+
+
+def namespace(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": RESTRICTED}}
+
+
+def helm_install(node: NodeCluster, release: str, values: dict, work: pathlib.Path) -> dict:
+    """`helm install` of the chart as shipped, by the real Helm engine (tests/chart/helm_cli.py)."""
+    values_file = work / "values.json"
+    values_file.write_text(json.dumps(values))
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.chart.helm_cli", "install", release, str(CHART),
+         "--namespace", OPERATOR_NAMESPACE, "--kubeconfig", str(node.kubeconfig("admin")), "-f", str(values_file)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
+        env={**os.environ, "HELM_CACHE_HOME": str(work / "helm"), "HELM_CONFIG_HOME": str(work / "helm"),
+             "HELM_DATA_HOME": str(work / "helm")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@dataclass
+class FileServer:
+    url: str
+    ca: pathlib.Path
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+
+@contextlib.contextmanager
+def file_server(directory: pathlib.Path, node: NodeCluster, tls: bool = True) -> Iterator[FileServer]:
+    """Serves `directory` on the node's bridge address (pods reach it; nothing else can), over
+    https with a certificate from the tier's CA unless `tls` is false."""
+    pki = node.work / "pki"
+    (pki / "files.cnf").write_text(f"subjectAltName=IP:{NODE_IP}\n")
+    for args in (
+        ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=files", "-keyout", "files.key", "-out", "files.csr"],
+        ["x509", "-req", "-in", "files.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+         "-extfile", "files.cnf", "-out", "files.crt"],
+    ):  # fmt: skip
+        subprocess.run(["openssl", *args], cwd=pki, check=True, capture_output=True, timeout=60)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki / "files.crt", pki / "files.key")
+    handler = lambda *a: _Quiet(*a, directory=str(directory))  # noqa: E731
+    server = http.server.ThreadingHTTPServer((NODE_IP, 0), handler)
+    if tls:
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        scheme = "https" if tls else "http"
+        yield FileServer(url=f"{scheme}://{NODE_IP}:{server.server_address[1]}", ca=pki / "ca.crt")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class PodPrometheus:
+    url: str
+
+    def value(self, promql: str) -> float | None:
+        payload = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5).json()
+        result = payload["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+
+
+def scrape_targets(node: NodeCluster, namespaces: list[str]) -> list[dict]:
+    """The pods the chart's PodMonitor selects (annotation prometheus.io/scrape, running, with an
+    IP), as Prometheus HTTP service-discovery target groups labelled namespace and pod."""
+    groups = []
+    with node.client() as client:
+        for ns in namespaces:
+            for pod in client.get(f"/api/v1/namespaces/{ns}/pods").json()["items"]:
+                notes = pod["metadata"].get("annotations") or {}
+                ip = (pod.get("status") or {}).get("podIP")
+                if notes.get("prometheus.io/scrape") != "true" or not ip or pod["status"].get("phase") != "Running":
+                    continue
+                labels = {"namespace": ns, "pod": pod["metadata"]["name"]}
+                labels["__metrics_path__"] = notes.get("prometheus.io/path", "/metrics")
+                groups.append({"targets": [f"{ip}:{notes.get('prometheus.io/port', '9090')}"], "labels": labels})
+    return groups
+
+
+@contextlib.contextmanager
+def pod_prometheus(node: NodeCluster, work: pathlib.Path, namespaces: list[str]) -> Iterator[PodPrometheus]:
+    """The real Prometheus on the node's address, scraping every second the pods the chart's
+    PodMonitor would select. Debian's Prometheus has no Kubernetes discovery built in, so the pods
+    come from the API server through HTTP service discovery served by the test (refreshed every
+    second)."""
+    home = work / "prometheus"
+    home.mkdir(exist_ok=True)
+
+    class Discovery(_Quiet):
+        def do_GET(self) -> None:  # noqa: N802
+            body = json.dumps(scrape_targets(node, namespaces)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    discovery = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Discovery)
+    threading.Thread(target=discovery.serve_forever, daemon=True).start()
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+        "scrape_configs": [
+            {
+                "job_name": "pods",
+                "http_sd_configs": [
+                    {"url": f"http://127.0.0.1:{discovery.server_address[1]}/targets", "refresh_interval": "1s"}
+                ],
+            }
+        ],
+    }
+    (home / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    url = f"http://{NODE_IP}:{port}"
+    command = [
+        prometheus_binary(),
+        f"--config.file={home / 'prometheus.yml'}",
+        f"--storage.tsdb.path={home / 'data'}",
+        f"--web.listen-address={NODE_IP}:{port}",
+        "--log.level=warn",
+    ]
+    try:
+        with running(command, log=home / "prometheus.log", cwd=home, ready_url=f"{url}/-/ready", timeout=30):
+            yield PodPrometheus(url=url)
+    finally:
+        discovery.shutdown()
+        discovery.server_close()
+
+
+def pods(node: NodeCluster, ns: str, selector: str) -> list[dict]:
+    return kubectl_json(node, "get", "pods", "-n", ns, "-l", selector)["items"]
+
+
+def ready(pod: dict) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions
+    )
+
+
+def wait_ready_pods(node: NodeCluster, ns: str, selector: str, count: int, timeout: float) -> list[dict]:
+    return wait_for(
+        lambda: [p for p in pods(node, ns, selector) if ready(p)] if sum(
+            ready(p) for p in pods(node, ns, selector)) == count else None,
+        timeout=timeout, interval=0.5, message=f"{count} Ready pods {selector} in {ns}",
+    )  # fmt: skip
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(autouse=True)
+def cluster_state_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """When a test here fails, print what a person would look at: pods, events, the
+    InferenceServices and the logs of every container that is not ready."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is None or not report.failed or "node" not in request.fixturenames:
+        return
+    node: NodeCluster = request.getfixturevalue("node")
+    sections = [
+        node.kubectl("get", "pods,ris,deployments", "-A", "-o", "wide", check=False).stdout,
+        node.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-6000:],
+        node.kubectl("get", "ris", "-A", "-o", "yaml", check=False).stdout[-4000:],
+    ]
+    for pod in kubectl_json(node, "get", "pods", "-A")["items"]:
+        statuses = pod["status"].get("initContainerStatuses", []) + pod["status"].get("containerStatuses", [])
+        for status in statuses:
+            if not status.get("ready"):
+                ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+                out = node.kubectl("logs", "-n", ns, name, "-c", status["name"], "--tail=40", check=False)
+                sections.append(f"--- logs {ns}/{name}/{status['name']}\n{out.stdout}{out.stderr}")
+    print("\n\n".join(sections))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FIGURES:
+        terminalreporter.section("real-pods tier figures")
+        for name, value in FIGURES.items():
+            terminalreporter.write_line(f"{name}: {value:.1f}")

@@ -1,0 +1,318 @@
+"""End to end on a real node: the chart's operator pods, an InferenceService whose model is fetched
+by its init container over https, inference through the Service's ClusterIP, the built-in
+autoscaler on real Prometheus, a rolling update under load, a leader killed, and deletion.
+
+The tests run in order on one cluster and one InferenceService (each step starts from where the
+last one left it), in namespaces that enforce Pod Security `restricted`."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.autoscaler.conftest import tiny_mlp
+from tests.pods.conftest import (
+    FIGURES,
+    OPERATOR_NAMESPACE,
+    FileServer,
+    PodPrometheus,
+    apply,
+    helm_install,
+    file_server,
+    kubectl_json,
+    namespace,
+    pod_prometheus,
+    pods,
+    ready,
+    wait_ready_pods,
+)
+from testsupport import images
+from testsupport.cluster import condition, wait_for
+from testsupport.load import Load
+from testsupport.nodecluster import NodeCluster
+
+pytestmark = [pytest.mark.pods, pytest.mark.slow]
+
+NS = "e2e"
+NAME = "mlp"
+RELEASE = "rio"
+SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=predictor"
+OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
+TARGET_MS = 40.0
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("files")
+    for version in ("1", "2"):
+        (root / "mlp" / version).mkdir(parents=True)
+        tiny_mlp(root / "mlp" / version / "model.onnx")
+    return root
+
+
+@pytest.fixture(scope="module")
+def files(node: NodeCluster, models: pathlib.Path) -> Iterator[FileServer]:
+    # Plain http until the chart can name a CA bundle for model downloads.
+    with file_server(models, node, tls=False) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def prometheus(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodPrometheus]:
+    with pod_prometheus(node, tmp_path_factory.mktemp("prom"), [NS]) as prom:
+        yield prom
+
+
+@pytest.fixture(scope="module")
+def release(node: NodeCluster, files: FileServer, prometheus: PodPrometheus, tmp_path_factory) -> dict:
+    apply(node, namespace(OPERATOR_NAMESPACE), namespace(NS))
+    node.kubectl("create", "configmap", "model-fetch-ca", "-n", OPERATOR_NAMESPACE, f"--from-file=ca.crt={files.ca}")
+    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "images": {"modelServer": images.MODEL_SERVER_IMAGE},
+        "ha": {"peeringLifetimeSeconds": 10},
+        "prometheus": {"allowedUrls": [prometheus.url]},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+    }
+    return helm_install(node, RELEASE, values, tmp_path_factory.mktemp("helm"))
+
+
+def inference_service(files: FileServer, prometheus: PodPrometheus, version: str = "1") -> dict:
+    return {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {
+            "model": {"uri": f"{files.url}/mlp/{version}/model.onnx", "name": NAME, "version": version},
+            "runtime": {
+                "image": images.MODEL_SERVER_IMAGE,
+                "imagePullPolicy": "Never",
+                "executionProviders": ["CPUExecutionProvider"],
+                "batching": {"maxBatchSize": 8, "maxDelayMs": 2},
+            },
+            "resources": {"gpu": {"count": 0}, "cpu": "300m", "memory": "1Gi"},
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": 3,
+                "metric": "latencyP95Ms",
+                "target": TARGET_MS,
+                "prometheusUrl": prometheus.url,
+                "intervalSeconds": 1,
+                "windowSeconds": 10,
+                "scaleDownStabilizationSeconds": 5,
+                "scaleUp": {"pods": 1, "percent": 1, "periodSeconds": 3},
+                "scaleDown": {"pods": 4, "percent": 100, "periodSeconds": 1},
+            },
+        },
+    }
+
+
+def ris(node: NodeCluster) -> dict:
+    return kubectl_json(node, "get", "ris", NAME, "-n", NS)
+
+
+def cluster_ip(node: NodeCluster) -> str:
+    service = kubectl_json(node, "get", "service", NAME, "-n", NS)
+    return f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+
+
+def operator_pods(node: NodeCluster) -> list[dict]:
+    return [p for p in pods(node, OPERATOR_NAMESPACE, OPERATOR_SELECTOR) if ready(p)]
+
+
+def leader(node: NodeCluster) -> str:
+    """The operator pod kopf lets act: the live peer with the highest priority."""
+    peerings = kubectl_json(node, "get", "clusterkopfpeerings")["items"]
+    peers = {k: v for p in peerings for k, v in (p.get("status") or {}).items() if isinstance(v, dict)}
+    live = {p["metadata"]["name"] for p in operator_pods(node)}
+    candidates = {name: peer["priority"] for name, peer in peers.items() if name in live}
+    return max(candidates, key=lambda name: candidates[name]) if candidates else ""
+
+
+def logs(node: NodeCluster, pod: str) -> str:
+    return node.kubectl("logs", "-n", OPERATOR_NAMESPACE, pod, check=False).stdout
+
+
+def test_the_chart_runs_two_operator_pods_and_one_leads(node: NodeCluster, release: dict) -> None:
+    replicas = wait_ready_pods(node, OPERATOR_NAMESPACE, OPERATOR_SELECTOR, 2, timeout=120)
+    names = sorted(p["metadata"]["name"] for p in replicas)
+    active = wait_for(lambda: leader(node), timeout=60, message="a peering leader")
+    (standby,) = [n for n in names if n != active]
+    try:
+        wait_for(
+            lambda: f"Pausing operations in favour of [<Peer {active}:" in logs(node, standby),
+            timeout=60,
+            message="the standby pausing in favour of the leader",
+        )
+    except AssertionError as exc:
+        peering = node.kubectl("get", "clusterkopfpeerings", "-o", "yaml").stdout
+        raise AssertionError(
+            f"{exc}\n{peering}\n{active}:\n{logs(node, active)}\n{standby}:\n{logs(node, standby)}"
+        ) from None
+
+
+def test_an_inference_service_fetches_its_model_and_turns_ready(
+    node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
+) -> None:
+    applied = time.monotonic()
+    apply(node, inference_service(files, prometheus))
+    wait_ready_pods(node, NS, SELECTOR, 1, timeout=120)
+    FIGURES["tier start to first Ready model pod (s)"] = time.monotonic() - node.started
+    FIGURES["InferenceService applied to Ready pod (s)"] = time.monotonic() - applied
+    wait_for(lambda: (condition(ris(node), "Ready") or {}).get("status") == "True", timeout=60, message="Ready")
+    table = node.kubectl("get", "ris", "-n", NS).stdout
+    assert NAME in table and "True" in table and f"http://{NAME}.{NS}.svc.cluster.local" in table, table
+    (pod,) = pods(node, NS, SELECTOR)
+    (fetch,) = pod["status"]["initContainerStatuses"]
+    assert fetch["state"]["terminated"]["exitCode"] == 0
+
+
+def test_inference_over_the_cluster_ip_from_the_host_and_from_a_pod(node: NodeCluster, release: dict) -> None:
+    address = cluster_ip(node)
+    simple = httpx.post(f"http://{address}/infer", json={"data": [[0.1] * 64]}, timeout=10)
+    assert simple.status_code == 200, simple.text
+    v2 = httpx.post(
+        f"http://{address}/v2/models/{NAME}/infer",
+        json={"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.1] * 64}]},
+        timeout=10,
+    )
+    assert v2.status_code == 200, v2.text
+    assert v2.json()["outputs"][0]["shape"] == [1, 1]
+    script = (
+        "import json, urllib.request; "
+        f"r = urllib.request.urlopen(urllib.request.Request('http://{address}/v2/models/{NAME}/infer', "
+        "data=json.dumps({'inputs': [{'name': 'x', 'shape': [1, 64], 'datatype': 'FP32', 'data': [0.1] * 64}]})"
+        ".encode(), headers={'Content-Type': 'application/json'}), timeout=10); "
+        "print(r.status, json.loads(r.read())['outputs'][0]['shape'])"
+    )
+    client = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "client", "namespace": NS},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "client",
+                    "image": images.MODEL_SERVER_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", script],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+    apply(node, client)
+    phase = wait_for(
+        lambda: (
+            kubectl_json(node, "get", "pod", "client", "-n", NS)["status"].get("phase") in ("Succeeded", "Failed")
+            and kubectl_json(node, "get", "pod", "client", "-n", NS)["status"]["phase"]
+        ),
+        timeout=60,
+        message="the client pod to finish",
+    )
+    output = node.kubectl("logs", "client", "-n", NS).stdout
+    assert phase == "Succeeded" and output.strip() == "200 [1, 1]", output
+
+
+def test_a_pod_that_breaks_restricted_is_refused(node: NodeCluster, release: dict) -> None:
+    rogue = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "rogue", "namespace": NS},
+        "spec": {"containers": [{"name": "c", "image": images.MODEL_SERVER_IMAGE, "imagePullPolicy": "Never"}]},
+    }
+    done = node.kubectl("apply", "-f", "-", stdin=json.dumps(rogue), check=False)
+    assert done.returncode != 0 and "violates PodSecurity" in done.stderr, done.stderr
+
+
+def test_the_autoscaler_scales_up_under_load_and_back_down(
+    node: NodeCluster, release: dict, prometheus: PodPrometheus
+) -> None:
+    wait_for(lambda: prometheus.value(f'sum(up{{namespace="{NS}"}})') == 1, timeout=30, message="the pod scraped")
+    started = time.monotonic()
+    load = Load([f"http://{cluster_ip(node)}/infer"], concurrency=12, max_seconds=120).start()
+    try:
+        wait_for(lambda: ris(node)["spec"].get("replicas", 1) > 1, timeout=60, interval=0.5, message="scale-up")
+        up_at = time.monotonic() - started
+        wait_ready_pods(node, NS, SELECTOR, ris(node)["spec"]["replicas"], timeout=90)
+        status = ris(node)["status"]["autoscaler"]
+        assert status["latencyP95Ms"] > TARGET_MS, status
+        assert status["desiredReplicas"] > 1
+    finally:
+        load.stop()
+    FIGURES["load start to first scale-up (s)"] = up_at
+    assert load.sent > 50 and load.failed == 0, (load.sent, load.failures)
+    wait_for(lambda: ris(node)["spec"].get("replicas") == 1, timeout=90, interval=0.5, message="scale-down")
+    wait_ready_pods(node, NS, SELECTOR, 1, timeout=90)
+
+
+def test_a_rolling_update_under_load_fails_no_request(
+    node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
+) -> None:
+    before = {p["metadata"]["name"] for p in pods(node, NS, SELECTOR)}
+    spec = inference_service(files, prometheus, version="2")
+    spec["spec"]["autoscaling"]["target"] = 10_000  # steady: no scaling during the rollout
+    load = Load([f"http://{cluster_ip(node)}/infer"], concurrency=2, max_seconds=150).start()
+    try:
+        time.sleep(2)
+        apply(node, spec)
+        wait_for(
+            lambda: (
+                (after := [p for p in pods(node, NS, SELECTOR) if ready(p)])
+                and not {p["metadata"]["name"] for p in after} & before
+                and len(pods(node, NS, SELECTOR)) == 1
+            ),
+            timeout=120,
+            interval=0.5,
+            message="the new version rolled out and the old pod gone",
+        )
+        time.sleep(2)
+    finally:
+        load.stop()
+    assert load.sent > 20 and load.failed == 0, (load.sent, load.failures)
+    (pod,) = pods(node, NS, SELECTOR)
+    assert "/mlp/2/model.onnx" in json.dumps(pod["spec"]["initContainers"])
+
+
+def test_killing_the_leader_hands_over_and_a_change_made_meanwhile_is_applied(node: NodeCluster, release: dict) -> None:
+    active = leader(node)
+    assert active
+    node.kubectl("delete", "pod", active, "-n", OPERATOR_NAMESPACE, "--grace-period=0", "--force", "--wait=false")
+    killed = time.monotonic()
+    node.kubectl("annotate", "ris", NAME, "-n", NS, "e2e/while-leaderless=1")
+    node.kubectl(
+        "patch", "ris", NAME, "-n", NS, "--type=merge", "-p", '{"spec":{"runtime":{"batching":{"maxBatchSize":4}}}}'
+    )
+    wait_for(
+        lambda: _max_batch(node) == "4",
+        timeout=60,
+        interval=0.5,
+        message="the change applied by the new leader",
+    )
+    FIGURES["leader pod killed to the change applied (s)"] = time.monotonic() - killed
+    assert leader(node) not in ("", active)
+
+
+def _max_batch(node: NodeCluster) -> str | None:
+    container = kubectl_json(node, "get", "deployment", NAME, "-n", NS)["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    return args[args.index("--max-batch-size") + 1] if "--max-batch-size" in args else None
+
+
+def test_deleting_the_inference_service_removes_every_owned_object_and_pod(node: NodeCluster, release: dict) -> None:
+    node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=60s")
+    owned = f"inference.rocm.dev/inference-service={NAME}"
+    wait_for(
+        lambda: not kubectl_json(node, "get", "deployments,services,pods,poddisruptionbudgets,replicasets", "-n", NS,
+                                 "-l", owned)["items"],
+        timeout=90, interval=0.5, message="every owned object and pod gone",
+    )  # fmt: skip

@@ -1,0 +1,56 @@
+"""A bounded closed-loop HTTP load: `concurrency` workers posting one body round-robin to a list
+of URLs until stopped or `max_seconds` have passed, counting what failed and why."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from typing import Any, Self
+
+import httpx
+
+
+class Load:
+    def __init__(
+        self, urls: list[str], concurrency: int, max_seconds: float, body: Any = None, timeout: float = 10
+    ) -> None:
+        self.urls = urls
+        self.concurrency = concurrency
+        self.max_seconds = max_seconds
+        self.body = {"data": [0.1] * 64} if body is None else body
+        self.timeout = timeout
+        self.sent = 0
+        self.failed = 0
+        self.failures: Counter[str] = Counter()  # "503", "ConnectError", ...
+        self.started_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        deadline = time.monotonic() + self.max_seconds
+        async with httpx.AsyncClient(timeout=self.timeout) as client:
+
+            async def worker(i: int) -> None:
+                url = self.urls[i % len(self.urls)]
+                while not self._stop.is_set() and time.monotonic() < deadline:
+                    try:
+                        response = await client.post(url, json=self.body)
+                        if response.status_code != 200:
+                            self.failures[str(response.status_code)] += 1
+                    except httpx.HTTPError as exc:
+                        self.failures[type(exc).__name__] += 1
+                    self.sent += 1
+                    self.failed = sum(self.failures.values())
+
+            await asyncio.gather(*(worker(i) for i in range(self.concurrency)))
+
+    def start(self) -> Self:
+        self.started_at = time.time()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
