@@ -18,7 +18,14 @@ from .builders import Owner, build_all
 from .builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
 from .builders.gpu import gpu_view
 from .models import API_VERSION, KIND, GpuAllocation, ResourceNaming, SpecError, parse_spec
-from .settings import SUPPLEMENTAL_GROUPS_ENV, GpuDefaults, SettingsError, operator_gpu_defaults, parse_groups
+from .settings import (
+    SUPPLEMENTAL_GROUPS_ENV,
+    GpuDefaults,
+    SettingsError,
+    operator_fetch_settings,
+    operator_gpu_defaults,
+    parse_groups,
+)
 
 if TYPE_CHECKING:
     import kopf
@@ -164,7 +171,9 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     try:
-        operator_gpu_defaults()  # a bad chart value stops the operator here, named, not per reconcile
+        # A bad chart value stops the operator here, named, not per reconcile.
+        operator_gpu_defaults()
+        operator_fetch_settings()
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,12 +8,19 @@ wins.
     INFERENCE_OPERATOR_GPU_ALLOCATION           devicePlugin | dra            (default devicePlugin)
     INFERENCE_OPERATOR_GPU_RESOURCE_NAMING      single | mixed                (default single)
     INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS  comma-separated GIDs, or ""   (default 44,109)
+
+How model-fetch init containers reach model sources (chart values `modelFetch.*`). These are the
+platform's, never the InferenceService's: a proxy or a CA is what decides who sees a Hub token.
+
+    INFERENCE_OPERATOR_FETCH_HTTPS_PROXY / _HTTP_PROXY / _NO_PROXY   proxy settings (default none)
+    INFERENCE_OPERATOR_FETCH_CA_BUNDLE   PEM certificates trusted besides the public roots
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -75,6 +82,53 @@ def parse_groups(raw: str, name: str) -> tuple[int, ...]:
     if any(g < 0 or g > MAX_GID for g in groups):
         raise SettingsError(f"{name}={raw!r}: group IDs must be between 0 and {MAX_GID}")
     return groups
+
+
+FETCH_HTTPS_PROXY_ENV = "INFERENCE_OPERATOR_FETCH_HTTPS_PROXY"
+FETCH_HTTP_PROXY_ENV = "INFERENCE_OPERATOR_FETCH_HTTP_PROXY"
+FETCH_NO_PROXY_ENV = "INFERENCE_OPERATOR_FETCH_NO_PROXY"
+FETCH_CA_BUNDLE_ENV = "INFERENCE_OPERATOR_FETCH_CA_BUNDLE"
+# An environment variable's value must fit the kernel's limit for one string (128 KiB).
+MAX_CA_BUNDLE_BYTES = 64 * 1024
+_PROXY = re.compile(r"^https?://[^\s/?#]+/?$")
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """Proxy and extra CA certificates for the model-fetch init containers."""
+
+    https_proxy: str = ""
+    http_proxy: str = ""
+    no_proxy: str = ""
+    ca_bundle: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> FetchSettings:
+        """Pure: the settings the variables in `environ` describe; a bad value names its variable."""
+        proxies = {}
+        for name in (FETCH_HTTPS_PROXY_ENV, FETCH_HTTP_PROXY_ENV):
+            value = environ.get(name, "").strip()
+            if value and not _PROXY.match(value):
+                raise SettingsError(f"{name}={value!r}: must be a proxy URL, http(s)://host[:port]")
+            proxies[name] = value
+        no_proxy = environ.get(FETCH_NO_PROXY_ENV, "").strip()
+        if any(c.isspace() for c in no_proxy):
+            raise SettingsError(f"{FETCH_NO_PROXY_ENV}: a comma-separated list of hosts, without spaces")
+        bundle = environ.get(FETCH_CA_BUNDLE_ENV, "").strip()
+        if bundle and ("-----BEGIN CERTIFICATE-----" not in bundle or len(bundle.encode()) > MAX_CA_BUNDLE_BYTES):
+            raise SettingsError(f"{FETCH_CA_BUNDLE_ENV}: PEM certificates of at most {MAX_CA_BUNDLE_BYTES} bytes")
+        return cls(
+            https_proxy=proxies[FETCH_HTTPS_PROXY_ENV],
+            http_proxy=proxies[FETCH_HTTP_PROXY_ENV],
+            no_proxy=no_proxy,
+            ca_bundle=bundle + "\n" if bundle else "",
+        )
+
+
+@functools.cache
+def operator_fetch_settings() -> FetchSettings:
+    """The running operator's model-fetch settings: its environment, read once."""
+    return FetchSettings.from_env(os.environ)
 
 
 @functools.cache

@@ -28,6 +28,8 @@ Options (each also an environment variable, which the operator's init container 
     --deadline SECONDS            MODEL_FETCH_DEADLINE_SECONDS  default 3600
     --allow-redirect-host HOST    MODEL_FETCH_REDIRECT_HOSTS    comma-separated
                                   MODEL_FETCH_ALLOW_HTTP_TOKEN  send HF_TOKEN to a plain-http HF_ENDPOINT
+                                  MODEL_FETCH_CA_BUNDLE         PEM certificates trusted besides the
+                                                                public roots (a platform's own CA)
 
 Credentials: S3 from the usual AWS_* variables (needs `boto3`, the `s3` extra); the Hub from
 HF_TOKEN (a token for private or gated repositories) and HF_ENDPOINT (a mirror's URL, default
@@ -500,6 +502,34 @@ def _exit_now(signum: int, frame: FrameType | None) -> None:
     os._exit(ExitCode.DEADLINE)
 
 
+ENV_CA_BUNDLE = "MODEL_FETCH_CA_BUNDLE"
+# Where each client library of the fetcher looks for its trusted certificates.
+CA_FILE_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "AWS_CA_BUNDLE")
+
+
+def trust_ca_bundle(environ: dict[str, str] | os._Environ[str]) -> Path | None:
+    """Trust the certificates in MODEL_FETCH_CA_BUNDLE besides the public roots, in every client
+    the fetcher uses (httpx, boto3, huggingface_hub), through the variables each reads. The
+    bundle is written to a temporary file; None when there is no bundle."""
+    pem = environ.get(ENV_CA_BUNDLE, "").strip()
+    if not pem:
+        return None
+    import ssl
+
+    import certifi
+
+    try:
+        ssl.create_default_context(cadata=pem)
+    except (ssl.SSLError, ValueError) as exc:
+        raise UsageError(f"{ENV_CA_BUNDLE}: not PEM certificates ({exc})") from None
+    fd, name = tempfile.mkstemp(prefix="model-fetch-ca-", suffix=".pem")
+    with os.fdopen(fd, "w") as bundle:
+        bundle.write(Path(certifi.where()).read_text() + "\n" + pem + "\n")
+    for variable in CA_FILE_VARIABLES:
+        environ[variable] = name
+    return Path(name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)  # exits 2 on bad arguments, like a UsageError
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -515,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, args.deadline + 1)
     try:
+        trust_ca_bundle(os.environ)
         files = fetch(args.uri, args.dest, limits)
     except FetchError as exc:
         log.error("fetch failed (exit %d, %s): %s", exc.code, exc.code.name.lower(), exc)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..models import API_VERSION, DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, KIND, Engine, InferenceServiceSpec, check_name
-from ..settings import GpuDefaults, operator_gpu_defaults
+from ..settings import FetchSettings, GpuDefaults, operator_fetch_settings, operator_gpu_defaults
 
 MANAGER = "rocm-inference-operator"
 COMPONENT = "predictor"
@@ -51,6 +51,8 @@ class Owner:
     images: Images = field(default_factory=Images.from_environment)
     # What the spec leaves unset about GPUs: the operator's settings (chart values gpu.*).
     gpu_defaults: GpuDefaults = field(default_factory=operator_gpu_defaults)
+    # How model-fetch init containers reach model sources (chart values modelFetch.*).
+    fetch: FetchSettings = field(default_factory=operator_fetch_settings)
 
     def __post_init__(self) -> None:
         check_name(self.name)  # every object is named after it: refuse a name a Service cannot take
@@ -69,10 +71,9 @@ class Owner:
 
     @property
     def fetcher_image(self) -> str:
-        """The image of the model-fetch init container: one with `model_server.storage`."""
-        runtime = self.spec.runtime
-        if runtime.engine == Engine.MODEL_SERVER and runtime.image:
-            return runtime.image
+        """The image of the model-fetch init container: always the operator's model-server
+        image, never the spec's. That container may hold a credential the operator wires in (a
+        Hub token); an image of the InferenceService author's choosing would simply read it."""
         return self.images.model_server
 
 

@@ -17,6 +17,21 @@ MODEL_DIR = "/mnt/models"
 MODEL_VOLUME = "model-store"
 FETCH_CONTAINER = "model-fetch"
 TMP_VOLUME = "tmp"
+# PEM certificates the fetcher trusts besides the public roots (model_server.storage reads it).
+CA_BUNDLE_ENV = "MODEL_FETCH_CA_BUNDLE"
+# What an s3:// fetch may take from the InferenceService's own variables: the credentials and
+# the endpoint of the user's bucket, which the operator holds none of.
+S3_USER_ENV = frozenset(
+    {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+    }
+)
 # Characters kept in a cache directory name; anything else becomes "_".
 _UNSAFE = re.compile(r"[^A-Za-z0-9._@-]+")
 
@@ -54,10 +69,36 @@ def hub_env(owner: Owner) -> list[dict]:
     return env
 
 
-def model_storage(owner: Owner, env: list[dict], security_context: dict) -> ModelStorage:
+def fetch_env(owner: Owner, user_env: list[dict]) -> list[dict]:
+    """The fetch container's environment: the operator's proxy and CA settings, the Hub's
+    variables for hf://, and of the InferenceService's own variables only S3's, for s3://.
+
+    Nothing else of `runtime.env` reaches it: a proxy, a CA file, a Python start-up hook or a
+    preloaded library chosen by the InferenceService author would see or send elsewhere a
+    credential the operator wires in."""
+    scheme = owner.spec.model.uri.split("://", 1)[0]
+    settings = owner.fetch
+    env: list[dict] = []
+    for names, value in (
+        (("HTTPS_PROXY", "https_proxy"), settings.https_proxy),
+        (("HTTP_PROXY", "http_proxy"), settings.http_proxy),
+        (("NO_PROXY", "no_proxy"), settings.no_proxy),
+    ):
+        env += [{"name": name, "value": value} for name in names if value]
+    if settings.ca_bundle:
+        env.append({"name": CA_BUNDLE_ENV, "value": settings.ca_bundle})
+    if scheme == "hf":
+        env = [*hub_env(owner), *env]
+    if scheme == "s3":
+        env += [var for var in user_env if var["name"] in S3_USER_ENV]
+    return env
+
+
+def model_storage(owner: Owner, user_env: list[dict], security_context: dict) -> ModelStorage:
     """Volumes, init container and mount that put the model at MODEL_DIR, by URI scheme.
 
-    `env` is passed to the init container (the user's variables, e.g. AWS_* for s3://).
+    `user_env` is the serving container's environment; see `fetch_env` for what of it the
+    init container gets.
     """
     model = owner.spec.model
     uri = model.uri
@@ -78,8 +119,9 @@ def model_storage(owner: Owner, env: list[dict], security_context: dict) -> Mode
     else:
         volumes.append({"name": MODEL_VOLUME, "emptyDir": {}})
     init: dict[str, object] = {"name": FETCH_CONTAINER}
-    init_env = list(env)
-    mounts = [fetch_mount]
+    init_env: list[dict] = []
+    # /tmp: huggingface_hub's lock files and token, and the fetcher's CA bundle file.
+    mounts = [fetch_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
     if scheme == "oci":
         # A "modelcar" image: the model lives under /models of the image named by the URI.
         init |= {"image": rest, "command": ["sh", "-c", f"cp -R /models/. {MODEL_DIR}/"]}
@@ -88,10 +130,7 @@ def model_storage(owner: Owner, env: list[dict], security_context: dict) -> Mode
         if model.sha256:  # checked before the file is renamed into place
             command += ["--sha256", model.sha256]
         init |= {"image": owner.fetcher_image, "command": command}
-    if scheme == "hf":
-        # huggingface_hub keeps its lock files and token under HF_HOME: a writable emptyDir.
-        init_env = [*hub_env(owner), *init_env]
-        mounts.append({"name": TMP_VOLUME, "mountPath": "/tmp"})
+        init_env = fetch_env(owner, user_env)
     init |= {
         "volumeMounts": mounts,
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
