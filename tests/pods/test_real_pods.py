@@ -57,8 +57,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def files(node: NodeCluster, models: pathlib.Path) -> Iterator[FileServer]:
-    # Plain http until the chart can name a CA bundle for model downloads.
-    with file_server(models, node, tls=False) as server:
+    with file_server(models, node) as server:
         yield server
 
 
@@ -71,13 +70,14 @@ def prometheus(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture(scope="module")
 def release(node: NodeCluster, files: FileServer, prometheus: PodPrometheus, tmp_path_factory) -> dict:
     apply(node, namespace(OPERATOR_NAMESPACE), namespace(NS))
-    node.kubectl("create", "configmap", "model-fetch-ca", "-n", OPERATOR_NAMESPACE, f"--from-file=ca.crt={files.ca}")
     repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
     values = {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "images": {"modelServer": images.MODEL_SERVER_IMAGE},
         "ha": {"peeringLifetimeSeconds": 10},
         "prometheus": {"allowedUrls": [prometheus.url]},
+        # The file server's certificate is from the tier's CA: the platform's own CA, as a chart value.
+        "modelFetch": {"caBundle": files.ca.read_text()},
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
     }
     return helm_install(node, RELEASE, values, tmp_path_factory.mktemp("helm"))
@@ -131,8 +131,9 @@ def leader(node: NodeCluster) -> str:
     peerings = kubectl_json(node, "get", "clusterkopfpeerings")["items"]
     peers = {k: v for p in peerings for k, v in (p.get("status") or {}).items() if isinstance(v, dict)}
     live = {p["metadata"]["name"] for p in operator_pods(node)}
-    candidates = {name: peer["priority"] for name, peer in peers.items() if name in live}
-    return max(candidates, key=lambda name: candidates[name]) if candidates else ""
+    if not live or not live <= set(peers):
+        return ""  # a replica not yet in the peering could still outrank the others
+    return max(live, key=lambda name: peers[name]["priority"])
 
 
 def logs(node: NodeCluster, pod: str) -> str:
