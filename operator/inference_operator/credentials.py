@@ -10,9 +10,11 @@ and receive that Secret as a bearer token. So a credential is used only when all
 - the Secret opts in: it carries the label `inference.rocm.dev/prometheus-credentials: "true"`,
   which only someone who may write Secrets can set;
 - the URL is https, unless the operator allows plain http (`..._PROMETHEUS_ALLOW_HTTP`);
-- the URL is on the operator's allow-list when one is set (`..._PROMETHEUS_ALLOWED_URLS`, a
-  comma-separated list of URL prefixes; with a list, every query, with or without a
-  credential, must match it).
+- the URL is on the operator's allow-list (`..._PROMETHEUS_ALLOWED_URLS`, a comma-separated
+  list of URL prefixes; every query, with or without a credential, must match it). Unset, it
+  names the usual in-cluster Prometheus Services (`DEFAULT_ALLOWED_URLS`, also the chart's
+  default); empty, it allows nothing; only an explicit `*` allows any URL. A URL of the
+  author's choosing is a request from inside the cluster (SSRF): the list decides where.
 
 Kubernetes RBAC cannot restrict `get` by label, so the label is checked after the read; a
 Secret without it is neither sent nor kept. The same rules decide whether the operator emits a
@@ -70,11 +72,23 @@ def _truthy(text: str | None, default: bool) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
+ANY_URL = "*"
+# The Prometheus Operator's and kube-prometheus-stack's in-cluster Services, namespace monitoring:
+# what the operator allows when nothing is configured (the chart's prometheus.allowedUrls too).
+DEFAULT_ALLOWED_URLS = tuple(
+    f"http://{service}.monitoring{suffix}:9090"
+    for service in ("prometheus-operated", "kube-prometheus-stack-prometheus")
+    for suffix in ("", ".svc", ".svc.cluster.local")
+)
+
+
 def _url_list(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ...]) -> tuple[str, ...]:
     text = env.get(name)
     text = default if text is None else text
     urls = tuple(u.strip() for u in text.replace("\n", ",").split(",") if u.strip())
     for url in urls:
+        if url == ANY_URL and "http" in schemes:
+            continue
         parts = urlsplit(url)
         if parts.scheme not in schemes or not parts.hostname or parts.username is not None:
             raise ValueError(f"{name}: {url!r} is not an {'/'.join(schemes)} URL without user info")
@@ -85,7 +99,7 @@ def _url_list(env: Mapping[str, str], name: str, default: str, schemes: tuple[st
 class CredentialPolicy:
     enabled: bool = True
     allow_http: bool = False
-    allowed_urls: tuple[str, ...] = ()
+    allowed_urls: tuple[str, ...] = DEFAULT_ALLOWED_URLS
     hub_tokens: bool = True
     hub_endpoints: tuple[str, ...] = (PUBLIC_HUB,)
 
@@ -95,7 +109,7 @@ class CredentialPolicy:
         return cls(
             enabled=_truthy(env.get(ENV_ENABLED), True),
             allow_http=_truthy(env.get(ENV_ALLOW_HTTP), False),
-            allowed_urls=_url_list(env, ENV_ALLOWED_URLS, "", ("http", "https")),
+            allowed_urls=_url_list(env, ENV_ALLOWED_URLS, ",".join(DEFAULT_ALLOWED_URLS), ("http", "https")),
             hub_tokens=_truthy(env.get(ENV_HUB_TOKENS), True),
             hub_endpoints=_url_list(env, ENV_HUB_ENDPOINTS, PUBLIC_HUB, ("https",)),
         )
@@ -108,8 +122,9 @@ def _origin_and_path(url: str) -> tuple[str, str | None, int | None, str]:
 
 
 def url_allowed(url: str, allowed: tuple[str, ...]) -> bool:
-    """Same scheme, host and port as an entry, and a path under the entry's on a `/` boundary."""
-    if not allowed:
+    """Same scheme, host and port as an entry, and a path under the entry's on a `/` boundary;
+    any URL only with an explicit `*` entry, none with an empty list."""
+    if ANY_URL in allowed:
         return True
     if urlsplit(url).username is not None:
         return False  # `https://allowed@elsewhere` names elsewhere

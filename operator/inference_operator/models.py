@@ -672,7 +672,15 @@ class AutoscalingSpec(_Spec):
         description="Target value of the metric per replica (ms for latency, requests for queueDepth, req/s for "
         "rps, percent for gpuUtilization).",
     )
-    prometheus_url: Annotated[str, Field(pattern=r"^https?://.+")] = DEFAULT_PROMETHEUS_URL
+    prometheus_url: str = Field(
+        DEFAULT_PROMETHEUS_URL,
+        # A base URL: the operator appends /api/v1/query itself. No user info, query or fragment,
+        # so the URL cannot steer a request anywhere but a Prometheus query path.
+        pattern=r"^https?://[^/?#@\s]+(/[^?#\s]*)?$",
+        max_length=2048,
+        description="Base URL of the Prometheus HTTP API (scheme, host, port, optional path prefix); "
+        "it must be on the operator's allowed list (chart value prometheus.allowedUrls).",
+    )
     prometheus_auth: PrometheusAuth | None = None
     interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
     window_seconds: int = Field(60, ge=10, le=3600, description="Range of the PromQL rate() window.")

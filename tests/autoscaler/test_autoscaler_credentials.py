@@ -8,6 +8,7 @@ with which Authorization header) is seen exactly. KEDA objects go through `recon
 from __future__ import annotations
 
 import logging
+import pathlib
 
 import httpx
 import kopf
@@ -23,7 +24,10 @@ from inference_operator.models import SpecError, parse_spec
 from inference_operator.reconcile import reconcile
 from testsupport.cluster import Cluster, condition, wait_for
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 NS, NAME = "ml", "mlp"
+# Any URL: these cases are about the other rules (the allow-list has its own).
+ANY = (cr.ANY_URL,)
 HTTPS = "https://prometheus.monitoring:9090"
 
 
@@ -106,12 +110,17 @@ def scaling_active(cluster: Cluster) -> dict:
     ("url", "labelled", "policy", "reason"),
     [
         # The attack: any Secret of the namespace, to a URL of the author's choosing, in clear.
-        ("http://attacker.example:8080", False, cr.CredentialPolicy(), cr.INSECURE_URL),
-        ("http://attacker.example:8080", False, cr.CredentialPolicy(allow_http=True), cr.SECRET_NOT_LABELLED),
-        (HTTPS, False, cr.CredentialPolicy(), cr.SECRET_NOT_LABELLED),
-        ("http://prometheus.monitoring:9090", True, cr.CredentialPolicy(), cr.INSECURE_URL),
+        ("http://attacker.example:8080", False, cr.CredentialPolicy(allowed_urls=ANY), cr.INSECURE_URL),
+        (
+            "http://attacker.example:8080",
+            False,
+            cr.CredentialPolicy(allowed_urls=ANY, allow_http=True),
+            cr.SECRET_NOT_LABELLED,
+        ),
+        (HTTPS, False, cr.CredentialPolicy(allowed_urls=ANY), cr.SECRET_NOT_LABELLED),
+        ("http://prometheus.monitoring:9090", True, cr.CredentialPolicy(allowed_urls=ANY), cr.INSECURE_URL),
         ("https://attacker.example", True, cr.CredentialPolicy(allowed_urls=(HTTPS,)), cr.URL_NOT_ALLOWED),
-        (HTTPS, True, cr.CredentialPolicy(enabled=False), cr.DISABLED),
+        (HTTPS, True, cr.CredentialPolicy(allowed_urls=ANY, enabled=False), cr.DISABLED),
     ],
 )
 async def test_a_refused_credential_is_never_sent_and_the_reason_is_in_status(
@@ -144,7 +153,7 @@ async def test_an_opted_in_secret_goes_to_an_allowed_https_url(cluster: Cluster)
 async def test_plain_http_is_allowed_only_when_the_operator_says_so(cluster: Cluster) -> None:
     add_secret(cluster, "db-admin", b"s3cret", labelled=True)
     body = add_service(cluster, "http://prometheus.monitoring:9090")
-    recorder = await one_tick(cluster, body, cr.CredentialPolicy(allow_http=True))
+    recorder = await one_tick(cluster, body, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert recorder.tokens == {"Bearer s3cret"}
 
 
@@ -154,19 +163,19 @@ def test_keda_objects_are_left_out_while_the_credential_is_refused(cluster: Clus
     api = api_of(cluster)
     owner = Owner(name=NAME, namespace=NS, uid=body["metadata"]["uid"], spec=spec)
 
-    missing = reconcile(api, owner, cr.CredentialPolicy(allow_http=True))
+    missing = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert missing.problem is not None and missing.problem.reason == cr.SECRET_NOT_FOUND
     add_secret(cluster, "db-admin", b"hunter2", labelled=False)
-    result = reconcile(api, owner, cr.CredentialPolicy(allow_http=True))
+    result = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert result.problem is not None and result.problem.reason == cr.SECRET_NOT_LABELLED
     assert {c.kind for c in result.changes} == {"Deployment", "Service"}  # the service itself runs on
     assert cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME) is None
     assert cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME) is None
 
     cluster.patch("v1/secrets", NS, "db-admin", {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
-    still = reconcile(api, owner, cr.CredentialPolicy())
+    still = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY))
     assert still.problem is not None and still.problem.reason == cr.INSECURE_URL  # a token in clear
-    allowed = reconcile(api, owner, cr.CredentialPolicy(allow_http=True))
+    allowed = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert allowed.problem is None
     auth = cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME)
     assert auth is not None and auth["spec"]["secretTargetRef"][0]["name"] == "db-admin"
@@ -193,7 +202,7 @@ def test_allow_list_matches_origin_and_path_boundary(url: str, allowed: bool) ->
 
 
 def test_policy_from_the_operator_environment() -> None:
-    assert cr.CredentialPolicy.from_env({}) == cr.CredentialPolicy(enabled=True, allow_http=False, allowed_urls=())
+    assert cr.CredentialPolicy.from_env({}) == cr.CredentialPolicy(allowed_urls=cr.DEFAULT_ALLOWED_URLS)
     policy = cr.CredentialPolicy.from_env(
         {
             cr.ENV_ENABLED: "false",
@@ -362,9 +371,11 @@ def test_a_ca_secret_must_opt_in_too() -> None:
     ).autoscaling
     assert scaling is not None
     with pytest.raises(cr.CredentialsRefused) as refused:
-        cr.check(scaling, cr.CredentialPolicy(), lambda name: {"metadata": {"name": name}})
+        cr.check(scaling, cr.CredentialPolicy(allowed_urls=ANY), lambda name: {"metadata": {"name": name}})
     assert refused.value.reason == cr.SECRET_NOT_LABELLED
-    ok = cr.check(scaling, cr.CredentialPolicy(), lambda name: {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
+    ok = cr.check(
+        scaling, cr.CredentialPolicy(allowed_urls=ANY), lambda name: {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}}
+    )
     assert set(ok) == {"some-ca"}
 
 
@@ -379,3 +390,49 @@ def test_a_deleted_deployment_is_not_restored_with_a_token_no_longer_allowed(
     cluster.patch("v1/secrets", NS, "hf-token", {"metadata": {"labels": {cr.MODEL_SECRET_LABEL: None}}})
     assert cluster.request("DELETE", f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}").status_code == 200
     held_for_an_unlabelled_token(cluster)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/iam/security-credentials/node-role?x=",  # the query the attack used
+        "http://prometheus:9090/#fragment",
+        "http://user:pass@prometheus:9090",
+        "http://prometheus:9090@169.254.169.254/",
+        "http://prometheus:9090/api v1",
+        "ftp://prometheus:9090",
+        "http://" + "p" * 2100,
+    ],
+)
+def test_prometheus_url_is_a_base_url_only(url: str) -> None:
+    with pytest.raises(SpecError, match="prometheusUrl"):
+        parse_spec(
+            {"model": {"uri": "pvc://m/x"}, "autoscaling": {"maxReplicas": 2, "target": 50, "prometheusUrl": url}}
+        )
+
+
+def test_prometheus_url_may_carry_a_path_prefix() -> None:
+    spec = parse_spec(
+        {
+            "model": {"uri": "pvc://m/x"},
+            "autoscaling": {"maxReplicas": 2, "target": 50, "prometheusUrl": "https://thanos/tenant-a"},
+        }
+    )
+    assert spec.autoscaling is not None and spec.autoscaling.prometheus_url == "https://thanos/tenant-a"
+
+
+def test_an_empty_allow_list_allows_nothing_and_only_a_star_allows_anything() -> None:
+    assert not cr.url_allowed("http://prometheus-operated.monitoring:9090", ())
+    assert cr.url_allowed("http://10.0.0.1:1234/x", (cr.ANY_URL,))
+    assert cr.CredentialPolicy.from_env({cr.ENV_ALLOWED_URLS: ""}).allowed_urls == ()
+    assert cr.CredentialPolicy.from_env({cr.ENV_ALLOWED_URLS: "*"}).allowed_urls == (cr.ANY_URL,)
+    default = cr.CredentialPolicy.from_env({})
+    assert cr.url_allowed("http://prometheus-operated.monitoring.svc:9090", default.allowed_urls)
+    assert not cr.url_allowed("http://169.254.169.254/latest/meta-data", default.allowed_urls)
+
+
+def test_the_charts_default_allow_list_is_the_operators() -> None:
+    import yaml
+
+    values = yaml.safe_load((ROOT / "charts" / "rocm-inference-operator" / "values.yaml").read_text())
+    assert tuple(values["prometheus"]["allowedUrls"]) == cr.DEFAULT_ALLOWED_URLS

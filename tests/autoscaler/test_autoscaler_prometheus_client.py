@@ -67,7 +67,7 @@ def test_autoscaler_parse_malformed_answer_is_a_prometheus_error(data: dict) -> 
 class Script:
     """A fake Prometheus that answers from a list of (status, body) and records requests."""
 
-    def __init__(self, *answers: tuple[int, dict | str] | Exception):
+    def __init__(self, *answers: tuple[int, dict | list | str] | Exception):
         self.answers = list(answers)
         self.requests: list[httpx.Request] = []
 
@@ -77,7 +77,7 @@ class Script:
         if isinstance(answer, Exception):
             raise answer
         status, body = answer
-        if isinstance(body, dict):
+        if isinstance(body, dict | list):
             return httpx.Response(status, json=body)
         return httpx.Response(status, text=body)
 
@@ -114,9 +114,37 @@ async def test_autoscaler_client_gives_up_after_retries() -> None:
 async def test_autoscaler_client_does_not_retry_a_rejected_query() -> None:
     script = Script((400, {"status": "error", "errorType": "bad_data", "error": "parse error"}))
     async with client(script, retries=3) as prom:
-        with pytest.raises(PrometheusError, match="parse error"):
+        with pytest.raises(PrometheusError, match="bad_data") as refused:
             await prom.query("sum(")
+    assert "parse error" not in str(refused.value)  # Prometheus' words are the server's, not ours
     assert len(script.requests) == 1
+
+
+SECRET = "AKIA-node-role-SECRET"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (200, {"Code": "Success", "AccessKeyId": SECRET}),  # an instance metadata service
+        (200, {"status": "error", "errorType": SECRET, "error": SECRET}),
+        (200, {"status": "success", "data": {"resultType": SECRET, "result": SECRET}}),
+        (200, {"status": "success", "data": {"resultType": "vector", "result": [{"value": [SECRET, SECRET]}]}}),
+        (200, [SECRET]),
+        (400, {"status": "error", "errorType": "bad_data", "error": SECRET}),
+        (200, SECRET),
+        (404, SECRET),
+        (500, SECRET),
+    ],
+)
+async def test_what_the_url_answers_never_appears_in_an_error(answer) -> None:
+    """SSRF: prometheusUrl is the InferenceService author's. Whatever answers there, the error
+    (which goes to status, events and logs) names what failed and never quotes the answer."""
+    async with client(Script(answer), retries=0) as prom:
+        with pytest.raises(PrometheusError) as failed:
+            await prom.query("up")
+    assert SECRET not in str(failed.value)
+    assert len(str(failed.value)) < 200
 
 
 async def test_autoscaler_client_reports_auth_failure_without_retrying() -> None:

@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from inference_operator.credentials import DEFAULT_ALLOWED_URLS
 from inference_operator.models import parse_spec
 from tests.chart import helm as h
 from testsupport.cluster import Cluster
@@ -254,7 +255,7 @@ def _operator_env(objects: list[dict]) -> dict[str, str]:
             {
                 "AUTH": "true",
                 "ALLOW_HTTP": "false",
-                "ALLOWED_URLS": "",
+                "ALLOWED_URLS": ",".join(DEFAULT_ALLOWED_URLS),
                 "HUB_TOKENS": "true",
                 "HUB_TOKEN_ENDPOINTS": "https://huggingface.co",
             },

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,8 +198,14 @@ class Autoscaler:
         except CredentialsRefused as exc:
             await self.aclose()
             return observation_from(at, None, None, ready, error=f"{exc.reason}: {exc.message}"), None, exc
-        except (PrometheusError, ApiException, ValueError, UnicodeDecodeError) as exc:
+        except PrometheusError as exc:  # bounded messages: never what the URL answered
             return observation_from(at, None, None, ready, error=str(exc) or type(exc).__name__), None, None
+        except ApiException as exc:
+            error = f"API error {exc.status} reading a Prometheus credential Secret"
+            return observation_from(at, None, None, ready, error=error), None, None
+        except (ValueError, ssl.SSLError) as exc:  # the Secret's text is never quoted
+            error = f"unusable Prometheus credential ({type(exc).__name__})"
+            return observation_from(at, None, None, ready, error=error), None, None
         value, age = answers[0], answers[1]
         p95 = answers[2] if len(answers) > 2 else value
         observation = observation_from(at, value, age, ready)

@@ -18,8 +18,18 @@ import httpx
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 
 
+# Prometheus' own error types (its API documentation); any other is reported as "unknown".
+ERROR_TYPES = frozenset(
+    {"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found", "not_acceptable"}
+)
+
+
 class PrometheusError(Exception):
-    """Prometheus could not answer: unreachable, failing, or the query is invalid."""
+    """Prometheus could not answer: unreachable, failing, or the query is invalid.
+
+    The message names what failed (an HTTP status, an error class, Prometheus' error type from
+    a fixed list) and never carries what the server sent: the URL is the InferenceService
+    author's, and whatever answers there must not reach status, events or logs (SSRF)."""
 
 
 @dataclass(frozen=True)
@@ -34,18 +44,23 @@ def parse_response(payload: dict) -> Sample | None:
     The autoscaler's queries aggregate to one series; if a query ever yields more, the
     largest value is taken, which errs towards scaling up rather than down.
     """
+    if not isinstance(payload, dict):
+        raise PrometheusError("not a Prometheus API answer")
     if payload.get("status") != "success":
-        raise PrometheusError(f"{payload.get('errorType', 'error')}: {payload.get('error', payload)}")
-    data: dict[str, Any] = payload.get("data") or {}
+        error_type = payload.get("errorType")
+        raise PrometheusError(f"query failed: {error_type if error_type in ERROR_TYPES else 'unknown'} error")
+    data = payload.get("data")
+    data = data if isinstance(data, dict) else {}
     kind, result = data.get("resultType"), data.get("result")
     if kind not in ("scalar", "vector"):
-        raise PrometheusError(f"unexpected result type {kind!r}")
+        named = repr(kind) if kind in ("matrix", "string") else "none"
+        raise PrometheusError(f"unexpected result type {named}: not a scalar or vector")
     try:
         points: list[Any] = [result] if kind == "scalar" else [item["value"] for item in result or []]
         # Prometheus spells NaN/+Inf the way float() reads them.
         samples = [Sample(float(text), float(timestamp)) for timestamp, text in points]
-    except (TypeError, ValueError, KeyError) as exc:
-        raise PrometheusError(f"malformed {kind} result {result!r}: {exc}") from None
+    except (TypeError, ValueError, KeyError):
+        raise PrometheusError(f"malformed {kind} result") from None
     if not samples:
         return None
     finite = [s for s in samples if not math.isnan(s.value)]
@@ -96,7 +111,7 @@ class PrometheusClient:
             try:
                 response = await self._http.get("/api/v1/query", params={"query": promql})
             except httpx.TransportError as exc:
-                last = PrometheusError(f"{self.url} unreachable: {type(exc).__name__}: {exc}")
+                last = PrometheusError(f"{self.url} unreachable ({type(exc).__name__})")
                 continue
             if response.status_code in RETRYABLE_STATUS:
                 last = PrometheusError(f"{self.url} answered {response.status_code}")
@@ -110,8 +125,8 @@ class PrometheusClient:
                 raise PrometheusError(f"{self.url} answered {response.status_code}")
             try:
                 payload = response.json()
-            except ValueError as exc:
-                raise PrometheusError(f"{self.url} answered non-JSON: {exc}") from None
+            except ValueError:
+                raise PrometheusError(f"{self.url} answered, but not with JSON") from None
             return parse_response(payload)
         assert last is not None
         raise last
