@@ -451,6 +451,19 @@ def encode_json_tensor(name: str, arr: np.ndarray) -> dict[str, Any]:
     return {"name": name, "datatype": datatype, "shape": list(arr.shape), "data": data}
 
 
+# The longest JSON text of one number orjson writes (a float64 such as -1.2345678901234567e-308,).
+JSON_NUMBER_BYTES = 24
+
+
+def encoded_size(arr: np.ndarray, binary: bool) -> int:
+    """An upper bound on the bytes `arr` takes in a response, binary or JSON, before encoding it."""
+    if v2_datatype(arr.dtype) == "BYTES":
+        texts = sum(len(v) if isinstance(v, bytes | str) else len(str(v)) for v in arr.reshape(-1).tolist())
+        # binary: a 4-byte length each; JSON: quotes, a comma and at most 6 bytes per escaped byte
+        return 4 * arr.size + texts if binary else 3 * arr.size + 6 * texts
+    return arr.nbytes if binary else JSON_NUMBER_BYTES * arr.size
+
+
 def encode_binary_tensor(arr: np.ndarray) -> bytes:
     """numpy -> bytes for the binary-data extension (little-endian, row-major)."""
     if v2_datatype(arr.dtype) == "BYTES":

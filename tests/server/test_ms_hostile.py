@@ -166,3 +166,37 @@ async def test_a_model_that_failed_to_load_is_a_503_without_the_runtime_error(tm
         assert r.status_code == 503
         assert "version 1 failed to load" in r.json()["error"]
         assert "ONNX" not in r.text and str(tmp_path) not in r.text
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_an_output_requested_twice_is_a_400_before_any_work(server, binary):
+    """One output asked for 10,000 times turned a 0.6 MB request into a 961 MB answer."""
+    outputs = [{"name": "y", "parameters": {"binary_data": binary}}] * 10_000
+    with httpx.Client(base_url=server.url) as client:
+        response = client.post("/v2/models/tiny/infer", json={"inputs": [X_OK], "outputs": outputs})
+    assert response.status_code == 400, response.text[:200]
+    assert "['y'] requested more than once" in response.json()["error"]
+    assert len(response.content) < 1000
+
+
+def test_a_response_over_the_memory_budget_is_refused_and_binary_still_served(tmp_path):
+    path = affine_model(tmp_path / "repo" / "1" / "model.onnx", np.ones((4, 64), np.float32), np.zeros(64, np.float32))
+    settings = make_settings(path.parent.parent, max_delay_ms=0, parse_memory_bytes=2 << 20, max_body_bytes=1 << 20)
+    rows = 2_000  # 128,000 output numbers: up to 3 MB as JSON, 512 kB binary
+    blob = np.ones((rows, 4), np.float32).tobytes()
+    content, headers = binary_request([rows, 4], blob)
+    with running_server(settings) as running, httpx.Client(base_url=running.url) as client:
+        as_json = client.post("/v2/models/tiny/infer", content=content, headers=headers)
+        assert as_json.status_code == 400, as_json.text[:200]
+        assert "binary" in as_json.json()["error"] and "MiB" in as_json.json()["error"]
+        header = json.loads(content[: int(headers["Inference-Header-Content-Length"])])
+        header["outputs"] = [{"name": "y", "parameters": {"binary_data": True}}]
+        head = json.dumps(header).encode()
+        as_binary = client.post(
+            "/v2/models/tiny/infer",
+            content=head + blob,
+            headers={**headers, "Inference-Header-Content-Length": str(len(head))},
+        )
+        assert as_binary.status_code == 200
+        size = json.loads(as_binary.content[: int(as_binary.headers["Inference-Header-Content-Length"])])
+        assert size["outputs"][0]["parameters"]["binary_data_size"] == rows * 64 * 4

@@ -4,6 +4,7 @@ and the binary tensor data extension (`Inference-Header-Content-Length`)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from ..tensors import (
     decode_json_tensor,
     encode_binary_tensor,
     encode_json_tensor,
+    encoded_size,
+    v2_datatype,
 )
 from .common import (
     INFER_ERRORS,
@@ -224,6 +227,10 @@ async def run_infer(state: AppState, request: Request, name: str, version: str |
         tracker.version = served.version
         wanted = req.outputs
         known = [s.name for s in served.outputs]
+        if wanted:
+            repeated = sorted(n for n, count in Counter(o.name for o in wanted).items() if count > 1)
+            if repeated:  # each would be encoded again: a small request for a huge answer
+                raise InvalidInput(f"output(s) {repeated} requested more than once")
         if wanted and known:
             unknown = [o.name for o in wanted if o.name not in known]
             if unknown:
@@ -240,18 +247,31 @@ def _response(state: State, req: InferenceRequest, served: ServedVersion, output
         selected = [(o.name, _binary_requested(o.parameters) or binary_default) for o in req.outputs]
     else:
         selected = [(n, binary_default) for n in outputs]
+    for out_name, _ in selected:
+        if out_name not in outputs:
+            raise InvalidInput(f"unknown output '{out_name}'; model outputs are {list(outputs)}")
+    size = sum(encoded_size(outputs[n], as_binary) for n, as_binary in selected)
+    limit = state.settings.parse_memory_bytes
+    if size > limit:  # the same memory budget as request bodies
+        raise InvalidInput(
+            f"the response would take about {size >> 20} MiB, over this server's {limit >> 20} MiB: "
+            "ask for binary outputs (binary_data) or send fewer rows"
+        )
     tensors = []
     blobs = []
     for out_name, as_binary in selected:
-        if out_name not in outputs:
-            raise InvalidInput(f"unknown output '{out_name}'; model outputs are {list(outputs)}")
         arr = outputs[out_name]
-        encoded = encode_json_tensor(out_name, arr)
         if as_binary:
             blob = encode_binary_tensor(arr)
-            del encoded["data"]
-            encoded["parameters"] = {"binary_data_size": len(blob)}
+            encoded: dict[str, Any] = {
+                "name": out_name,
+                "datatype": v2_datatype(arr.dtype),
+                "shape": list(arr.shape),
+                "parameters": {"binary_data_size": len(blob)},
+            }
             blobs.append(blob)
+        else:
+            encoded = encode_json_tensor(out_name, arr)
         tensors.append(encoded)
     payload: dict[str, Any] = {
         "model_name": state.settings.name,
