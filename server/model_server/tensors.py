@@ -119,12 +119,24 @@ def is_batchable(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) ->
 # --------------------------------------------------------------------------- decoding
 
 
+#: Deeper nesting than any tensor's rank: refused before it can exhaust the interpreter's stack.
+MAX_NESTING = 64
+
+
 def _flatten(data: Any) -> Iterator[Any]:
-    if isinstance(data, (list, tuple)):
-        for item in data:
-            yield from _flatten(item)
-    else:
-        yield data
+    """The leaves of nested lists, in order; iterative, so a hostile depth is a 400, not a
+    RecursionError (500)."""
+    stack: list[Iterator[Any]] = [iter((data,))]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, (list, tuple)):
+                if len(stack) > MAX_NESTING:
+                    raise InvalidInput(f"data is nested more than {MAX_NESTING} lists deep")
+                stack.append(iter(item))
+                break
+            yield item
+        else:
+            stack.pop()
 
 
 def _valid_element(value: Any, datatype: str) -> bool:

@@ -200,3 +200,37 @@ def test_a_response_over_the_memory_budget_is_refused_and_binary_still_served(tm
         assert as_binary.status_code == 200
         size = json.loads(as_binary.content[: int(as_binary.headers["Inference-Header-Content-Length"])])
         assert size["outputs"][0]["parameters"]["binary_data_size"] == rows * 64 * 4
+
+
+@pytest.mark.parametrize("shape", [[True, 4], ["1", 4], [1.0, 4], [None, 4]])
+def test_a_shape_of_anything_but_integers_is_a_400(server, shape):
+    with httpx.Client(base_url=server.url) as client:
+        response = client.post("/v2/models/tiny/infer", json={"inputs": [{**X_OK, "shape": shape}]})
+    assert response.status_code in (400, 422), response.text
+    assert "shape" in response.text
+
+
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, None])
+def test_binary_output_flags_take_json_booleans_only(server, value):
+    """ "binary_data_output": "false" used to return binary."""
+    with httpx.Client(base_url=server.url) as client:
+        top = client.post("/v2/models/tiny/infer", json={"inputs": [X_OK], "parameters": {"binary_data_output": value}})
+        per_output = client.post(
+            "/v2/models/tiny/infer",
+            json={"inputs": [X_OK], "outputs": [{"name": "y", "parameters": {"binary_data": value}}]},
+        )
+    for response, name in ((top, "binary_data_output"), (per_output, "binary_data")):
+        assert response.status_code == 400, response.text
+        assert f"parameter {name} must be true or false" in response.json()["error"]
+
+
+@pytest.mark.parametrize("path", ["/v2/models/tiny/infer", "/infer"])
+def test_deeply_nested_data_is_a_400_not_a_500(server, path):
+    deep = "[" * 978 + '"a"' + "]" * 978
+    if path == "/infer":
+        body = '{"data": ' + deep + "}"
+    else:
+        body = '{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ' + deep + "}]}"
+    with httpx.Client(base_url=server.url) as client:
+        response = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500, response.text[:300]

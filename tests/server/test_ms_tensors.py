@@ -172,3 +172,14 @@ def test_integers_beyond_int64_keep_every_digit():
     for bad in ([2**64], [1e20], [-1]):
         with pytest.raises(InvalidInput, match="must lie in"):
             decode_json_tensor("t", "UINT64", [1], bad)
+
+
+def test_bytes_data_nested_deeper_than_the_stack_is_invalid_input_not_a_recursion_error():
+    from model_server.errors import InvalidInput
+    from model_server.tensors import decode_json_tensor
+
+    deep: object = "a"
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(InvalidInput, match="nested more than"):
+        decode_json_tensor("x", "BYTES", [1], deep)

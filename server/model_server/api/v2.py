@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictInt, field_validator
 from starlette.responses import Response
 
 from .. import __version__
@@ -45,7 +45,7 @@ EXTENSIONS = ["binary_tensor_data"]
 
 class TensorInput(BaseModel):
     name: str
-    shape: list[int]
+    shape: list[StrictInt]  # JSON integers only: true or "1" is no dimension
     datatype: str
     parameters: dict[str, Any] | None = None
     data: Any = None
@@ -72,8 +72,23 @@ class InferenceRequest(BaseModel):
     outputs: list[RequestedOutput] | None = None
 
 
+def json_type(value: object) -> str:
+    return {str: "a string", int: "a number", float: "a number", list: "a list", dict: "an object"}.get(
+        type(value), "null" if value is None else "a value"
+    )
+
+
+def _flag(params: dict[str, Any] | None, name: str) -> bool:
+    """A boolean parameter: absent is false, anything but a JSON boolean is a 400 (the string
+    "false" must not mean true)."""
+    value = (params or {}).get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"parameter {name} must be true or false, got {json_type(value)}")
+    return value
+
+
 def _binary_requested(params: dict[str, Any] | None) -> bool:
-    return bool(params and params.get("binary_data"))
+    return _flag(params, "binary_data")
 
 
 # --------------------------------------------------------------------------- server
@@ -240,9 +255,7 @@ async def run_infer(state: AppState, request: Request, name: str, version: str |
 
 
 def _response(state: State, req: InferenceRequest, served: ServedVersion, outputs: dict[str, np.ndarray]) -> Response:
-    binary_default = _binary_requested(req.parameters) or bool(
-        req.parameters and req.parameters.get("binary_data_output")
-    )
+    binary_default = _binary_requested(req.parameters) or _flag(req.parameters, "binary_data_output")
     if req.outputs:
         selected = [(o.name, _binary_requested(o.parameters) or binary_default) for o in req.outputs]
     else:
