@@ -386,7 +386,8 @@ class BatchingSpec(_Spec):
 
 class EnvVar(_Spec):
     name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)
-    value: str = ""
+    # 64 variables of at most 4 KiB: a pod spec stays far below etcd's object size limit.
+    value: str = Field("", max_length=4096)
 
 
 def _cel_list(values: tuple[str, ...]) -> str:

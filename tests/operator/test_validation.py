@@ -157,3 +157,13 @@ def test_same_verdict_as_a_real_api_server(patch: dict[str, Any], field: str | N
 def test_names_refused_as_by_a_real_api_server(name: str) -> None:
     errors = validate_custom_resource(cr({"model": {"uri": "pvc://m"}}, metadata={"name": name}))
     assert errors == [NAME_MESSAGE]
+
+
+def test_runtime_env_values_are_bounded() -> None:
+    """64 values of 200 kB each rendered a 25.6 MB Deployment (in 11 s): refused by the schema."""
+    from inference_operator.models import SpecError, parse_spec
+
+    base = {"model": {"uri": "pvc://m/x"}, "resources": {"gpu": {"count": 0}}}
+    parse_spec({**base, "runtime": {"env": [{"name": "A", "value": "x" * 4096}]}})
+    with pytest.raises(SpecError, match="runtime.env"):
+        parse_spec({**base, "runtime": {"env": [{"name": "A", "value": "x" * 4097}]}})
