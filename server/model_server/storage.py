@@ -46,6 +46,7 @@ allowed); 4 not a model (HTML); 5 over the size cap; 6 past the deadline; 7 chec
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -55,6 +56,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
@@ -398,6 +400,8 @@ def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Pat
         commit = api.repo_info(repo, revision=revision).sha
         if not commit:
             raise FetchError(f"{uri}: the Hub named no commit for {revision!r}")
+        if not COMMIT_SHA.fullmatch(commit):  # it becomes a path under HF_HOME and dest_dir
+            raise UnsafeError(f"{uri}: the Hub named a commit that is no 40-digit hex sha")
         tree = [
             f
             for f in api.list_repo_tree(repo, revision=commit, recursive=True)
@@ -409,14 +413,69 @@ def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Pat
         limits.expect(sum(f.size or 0 for f in tree), uri)
         limits.remaining()
         dest_dir.mkdir(parents=True, exist_ok=True)
-        huggingface_hub.snapshot_download(
-            repo, revision=commit, local_dir=dest_dir, endpoint=endpoint, token=token, max_workers=4
-        )
+        # The tree's sizes are the Hub's word: the bytes actually written are watched too.
+        oversize: TooLargeError | None = None
+        try:
+            with _size_watch(dest_dir, limits.max_bytes - limits.written):
+                huggingface_hub.snapshot_download(
+                    repo, revision=commit, local_dir=dest_dir, endpoint=endpoint, token=token, max_workers=4
+                )
+        except TooLargeError as exc:
+            oversize = exc
+        for rel, f in zip(relatives, tree, strict=True):
+            path = contained(dest_dir, rel, "repository file")
+            if f.size is not None and path.exists() and path.stat().st_size != f.size:
+                actual = path.stat().st_size
+                path.unlink()  # not the file the Hub declared: nothing of it is kept
+                oversize = oversize or TooLargeError(f"{uri}: {rel} is {actual} bytes, the Hub declared {f.size}")
+        if oversize is not None:
+            raise oversize
     except (hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError, hf_errors.GatedRepoError) as exc:
         raise FetchError(f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
     except (hf_errors.HfHubHTTPError, hf_errors.LocalEntryNotFoundError) as exc:
         raise FetchError(f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
     return [contained(dest_dir, rel, "repository file") for rel in relatives]
+
+
+COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+SIZE_WATCH_INTERVAL_S = 0.2
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for directory, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(directory, name)).st_size
+    return total
+
+
+@contextlib.contextmanager
+def _size_watch(root: Path, cap: int) -> Iterator[None]:
+    """Stop the process (exit TOO_LARGE) once what a library writes under `root` passes `cap`:
+    a source that sends more than it declared cannot fill the volume."""
+    before = _tree_bytes(root)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(SIZE_WATCH_INTERVAL_S):
+            written = _tree_bytes(root) - before
+            if written > cap:
+                log.error(
+                    "fetch failed (exit %d, too_large): %d bytes written, over the cap", ExitCode.TOO_LARGE, written
+                )
+                logging.shutdown()
+                os._exit(ExitCode.TOO_LARGE)  # the library's download threads cannot be stopped otherwise
+
+    watcher = threading.Thread(target=watch, name="size-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+    if _tree_bytes(root) - before > cap:
+        raise TooLargeError(f"more than the size cap of {cap} bytes written")
 
 
 # --- command line ----------------------------------------------------------------------------

@@ -39,6 +39,8 @@ class Hub:
     url: str
     files: dict[str, bytes]
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
+    commit: str = COMMIT  # what the revision resolves to (a hostile Hub may name anything)
+    declared: dict[str, int] = field(default_factory=dict)  # sizes the tree claims, if not the real ones
 
     def resolves(self, method: str) -> list[str]:
         return [path for m, path, _ in self.requests if m == method and "/resolve/" in path]
@@ -59,11 +61,16 @@ def hub() -> Iterator[Hub]:
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             state.requests.append((self.command, path, self.headers.get("Authorization")))
             if path.startswith("/api/models/org/tiny/revision/"):
-                info = {"id": "org/tiny", "sha": COMMIT, "siblings": [{"rfilename": f} for f in state.files]}
+                info = {"id": "org/tiny", "sha": state.commit, "siblings": [{"rfilename": f} for f in state.files]}
                 return self.reply(json.dumps(info).encode())
             if path == f"/api/models/org/tiny/tree/{COMMIT}":
                 tree = [
-                    {"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data), "path": name}
+                    {
+                        "type": "file",
+                        "oid": hashlib.sha1(data).hexdigest(),
+                        "size": state.declared.get(name, len(data)),
+                        "path": name,
+                    }
                     for name, data in state.files.items()
                 ]
                 return self.reply(json.dumps(tree).encode())
@@ -193,3 +200,22 @@ def test_hf_download_ends_at_the_deadline(hub: Hub, tmp_path: pathlib.Path) -> N
     assert result.returncode == ExitCode.DEADLINE, result.stderr
     assert time.monotonic() - started < 15
     assert not (tmp_path / "models" / "slow.bin").exists()
+
+
+def test_a_commit_that_is_no_sha_is_refused_before_anything_is_written(hub: Hub, tmp_path: pathlib.Path) -> None:
+    """A hostile endpoint's commit becomes a path: ../../../../tmp/x wrote outside the model directory."""
+    hub.commit = "../../../../" + str(tmp_path / "escaped").lstrip("/")
+    done = run_fetch(hub, "hf://org/tiny", tmp_path / "models")
+    assert done.returncode == ExitCode.UNSAFE, done.stderr
+    assert "40-digit hex sha" in done.stderr
+    assert not (tmp_path / "escaped").exists()
+    assert not hub.resolves("GET")
+
+
+def test_a_file_larger_than_declared_is_stopped_at_the_cap(hub: Hub, tmp_path: pathlib.Path) -> None:
+    """The tree says 10 bytes, the file sends 5 MiB: --max-bytes 1Mi held only the declared sizes."""
+    hub.files["model.safetensors"] = bytes(5 << 20)
+    hub.declared["model.safetensors"] = 10
+    done = run_fetch(hub, "hf://org/tiny", tmp_path / "models", "--max-bytes", "1Mi")
+    assert done.returncode == ExitCode.TOO_LARGE, done.stderr
+    assert not (tmp_path / "models" / "model.safetensors").exists()  # nothing of it is kept
