@@ -320,23 +320,25 @@ class ModelRepository:
         raise ModelNotFound(f"model '{self.settings.name}' has no version '{version}'; served versions: {listed}")
 
     def not_ready_reason(self) -> str | None:
+        """Why nothing is served, for anyone who can reach the server: no path on disk and no
+        runtime error text (both are in the log, where `version ... failed to load` names them)."""
         if self._served:
             return None
         if not self.scanned or self._loading:
-            return f"loading model from {self.root}"
+            return "loading the model"
         if self._failed:
-            return "; ".join(f"version {v} failed to load: {f.reason}" for v, f in self._failed.items())
+            return "; ".join(f"version {v} failed to load (the reason is in the server log)" for v in self._failed)
         if self.settings.model_version:
+            version = self.settings.model_version
             return (
-                f"version {self.settings.model_version} (--model-version) not found at {self.root} "
-                f"(expected {self.root}/{self.settings.model_version}/model.onnx|model.pt|model.pt2)"
+                f"version {version} (--model-version) not found in the model directory "
+                f"(expected {version}/model.onnx|model.pt|model.pt2)"
             )
         return (
-            f"no model found at {self.root} (expected a model file, or "
-            f"{self.root}/<version>/model.onnx|model.pt|model.pt2)"
+            "no model found in the model directory (expected a model file, or <version>/model.onnx|model.pt|model.pt2)"
         )
 
 
 def _failed_to_load(versions: list[str]) -> str:
-    """For inference answers: the runtime's error text stays in /health/ready and the log."""
-    return f"version {', '.join(versions)} failed to load; the reason is in /health/ready and the server log"
+    """For inference answers: the runtime's error text stays in the log."""
+    return f"version {', '.join(versions)} failed to load; the reason is in the server log"

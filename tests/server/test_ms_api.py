@@ -313,6 +313,9 @@ async def test_model_fault_broken_file_keeps_server_live_but_not_ready(tmp_path)
     assert "1" in ready.json()["failed"]
     assert v2_ready.status_code == 400 and v2_ready.json()["ready"] is False
     assert infer.status_code == 503 and "failed to load" in infer.json()["error"]
+    # Nothing internal on the public port: no path of the model directory, no runtime error text.
+    for response in (ready, v2_ready, infer):
+        assert str(tmp_path) not in response.text and "garbage" not in response.text, response.text
 
 
 async def test_model_fault_missing_model_explains_the_expected_layout(tmp_path):
@@ -321,6 +324,7 @@ async def test_model_fault_missing_model_explains_the_expected_layout(tmp_path):
         ready = httpx.get(f"{running.url}/health/ready")
     assert ready.status_code == 503
     assert "no model found" in ready.json()["reason"] and "<version>/model.onnx" in ready.json()["reason"]
+    assert str(tmp_path) not in ready.text
 
 
 async def test_fixed_batch_model_runs_unbatched(tmp_path):

@@ -29,7 +29,8 @@ async def ready(state: State) -> Response:
         "model": state.settings.name,
         "versions": served,
         "latest": served[-1] if served else None,
-        "failed": repository.failures,
+        # The versions only: the runtime's error text names paths (it is in the log).
+        "failed": sorted(repository.failures, key=version_key),
     }
     if reason:
         body["reason"] = reason
