@@ -24,6 +24,7 @@ from .settings import (
     SettingsError,
     operator_fetch_settings,
     operator_gpu_defaults,
+    operator_pod_policy,
     parse_groups,
 )
 
@@ -174,7 +175,9 @@ def _run(args: argparse.Namespace) -> int:
         # A bad chart value stops the operator here, named, not per reconcile.
         operator_gpu_defaults()
         operator_fetch_settings()
-    except SettingsError as exc:
+        images = Images.from_environment()
+        operator_pod_policy((images.model_server, images.vllm))
+    except (SettingsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

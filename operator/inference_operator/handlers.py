@@ -20,7 +20,7 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from . import credentials, metrics, ownership, peering
+from . import credentials, metrics, ownership, peering, policy
 from . import status as st
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
@@ -28,6 +28,7 @@ from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
 from .kinds import KINDS, unavailable_message
 from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
 from .reconcile import ApplyRefused, ForeignObjectError, Result, api_message, reconcile
+from .settings import operator_pod_policy
 
 # Problems rollout news does not clear: only a spec change or the next re-check can.
 KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, st.API_ERROR, *credentials.REFUSALS)
@@ -191,7 +192,10 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
     recheck: float | None = None
     try:
         owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parse_spec(dict(spec)))
+        policy.check(owner.spec, operator_pod_policy((owner.images.model_server, owner.images.vllm)))
         result = reconcile(memo.api, owner)
+    except policy.PolicyViolation as exc:
+        problem = st.Problem(exc.reason, str(exc))
     except credentials.CredentialsRefused as exc:
         # Cleared by labelling a Secret or configuring the operator, not only by a spec change.
         problem, recheck = st.Problem(exc.reason, exc.message), float(credentials.RECHECK_SECONDS)

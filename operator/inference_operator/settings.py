@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .models import GpuAllocation, ResourceNaming
+from .policy import PodPolicy
 
 ALLOCATION_ENV = "INFERENCE_OPERATOR_GPU_ALLOCATION"
 RESOURCE_NAMING_ENV = "INFERENCE_OPERATOR_GPU_RESOURCE_NAMING"
@@ -135,3 +136,9 @@ def operator_fetch_settings() -> FetchSettings:
 def operator_gpu_defaults() -> GpuDefaults:
     """The running operator's defaults: its environment, read once."""
     return GpuDefaults.from_env(os.environ)
+
+
+@functools.cache
+def operator_pod_policy(own_images: tuple[str, ...]) -> PodPolicy:
+    """The platform's pod policy (chart values policy.*): the environment, read once."""
+    return PodPolicy.from_env(os.environ, own_images)

@@ -16,7 +16,7 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 
 # Problems that stop the operator from applying the spec at all: rollout progress is blocked.
-BLOCKING_PROBLEMS = ("InvalidSpec", "ResourceConflict", "ApplyFailed")
+BLOCKING_PROBLEMS = ("InvalidSpec", "PolicyViolation", "ResourceConflict", "ApplyFailed")
 # Problems that only a change of the InferenceService (or of the cluster's APIs) can clear:
 # Deployment events keep them rather than overwrite them with rollout news.
 SPEC_PROBLEMS = (*BLOCKING_PROBLEMS, "ApiUnavailable")

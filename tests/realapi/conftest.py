@@ -46,6 +46,8 @@ class Operator:
     def start(self) -> None:
         env = {"KUBECONFIG": str(self.server.kubeconfig(OPERATOR_USER)), "PATH": "/usr/bin:/bin"}
         env.update({k: v for k, v in __import__("os").environ.items() if k.startswith(("PYTHON", "HOME", "LANG"))})
+        # The platform's registries: the examples' modelcar images come from ghcr.io/example/.
+        env["INFERENCE_OPERATOR_POLICY_IMAGE_REGISTRIES"] = "ghcr.io/rocm-inference/,ghcr.io/example/"
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "inference_operator", "run", "-A", "--metrics-port", "0", "-v"],

@@ -1,0 +1,115 @@
+"""The platform's pod policy: an InferenceService author cannot run pods as another
+ServiceAccount, at a system priority, with the API token mounted, or from an image outside the
+platform's registries. Refused whole with Degraded=PolicyViolation; nothing rolled out."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference_operator import policy as pol
+from inference_operator import settings
+from inference_operator.models import parse_spec
+from testsupport.cluster import DEPLOYMENTS, Cluster, condition, wait_for
+
+OWN = ("ghcr.io/rocm-inference/model-server:0.1.0", "docker.io/vllm/vllm-openai-rocm:v0.32.0")
+DEFAULT = pol.PodPolicy.from_env({}, OWN)
+
+
+def spec(runtime: dict | None = None, scheduling: dict | None = None, uri: str = "pvc://models/m"):
+    return parse_spec(
+        {
+            "model": {"uri": uri},
+            "runtime": runtime or {},
+            "scheduling": scheduling or {},
+            "resources": {"gpu": {"count": 0}},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("hostile", "field"),
+    [
+        (
+            spec(scheduling={"serviceAccountName": "cluster-admin-sa"}),
+            "scheduling.serviceAccountName 'cluster-admin-sa'",
+        ),
+        (spec(scheduling={"priorityClassName": "system-node-critical"}), "scheduling.priorityClassName"),
+        (spec(scheduling={"automountServiceAccountToken": True}), "scheduling.automountServiceAccountToken"),
+        (spec(runtime={"image": "attacker/steal"}), "runtime.image 'attacker/steal'"),
+        (spec(runtime={"image": "ghcr.io/rocm-inference-evil/x:1"}), "runtime.image"),
+        (spec(runtime={"image": "ghcr.io/attacker/x:1"}), "runtime.image"),
+        (spec(uri="oci://docker.io/attacker/modelcar:1"), "model.uri"),
+    ],
+)
+def test_the_default_policy_refuses_what_would_escalate(hostile, field: str) -> None:
+    (found,) = pol.violations(hostile, DEFAULT)
+    assert found.startswith(field), found
+    with pytest.raises(pol.PolicyViolation, match=field.split()[0]):
+        pol.check(hostile, DEFAULT)
+
+
+def test_the_default_policy_allows_the_ordinary_spec() -> None:
+    assert pol.violations(spec(), DEFAULT) == []
+    assert pol.violations(spec(scheduling={"serviceAccountName": "default"}), DEFAULT) == []
+    assert pol.violations(spec(runtime={"image": "ghcr.io/rocm-inference/model-server:0.2.0"}), DEFAULT) == []
+    assert pol.violations(spec(runtime={"image": "vllm/vllm-openai-rocm:v0.33.0"}), DEFAULT) == []  # Docker Hub
+
+
+def test_the_platform_widens_the_policy() -> None:
+    wide = pol.PodPolicy.from_env(
+        {
+            pol.SERVICE_ACCOUNTS_ENV: "default, model-reader",
+            pol.PRIORITY_CLASSES_ENV: "inference-high",
+            pol.IMAGE_REGISTRIES_ENV: "registry.corp/ml/",
+            pol.ALLOW_TOKEN_ENV: "true",
+        },
+        OWN,
+    )
+    allowed = spec(
+        runtime={"image": "registry.corp/ml/server@sha256:" + "a" * 64},
+        scheduling={
+            "serviceAccountName": "model-reader",
+            "priorityClassName": "inference-high",
+            "automountServiceAccountToken": True,
+        },
+    )
+    assert pol.violations(allowed, wide) == []
+    assert pol.violations(spec(runtime={"image": "registry.corp/mlx/server:1"}), wide)  # a prefix on a / only
+    assert pol.violations(spec(scheduling={"priorityClassName": "system-node-critical"}), wide)
+    anything = pol.PodPolicy.from_env({pol.IMAGE_REGISTRIES_ENV: "*"}, OWN)
+    assert pol.violations(spec(runtime={"image": "attacker/steal"}), anything) == []
+    with pytest.raises(ValueError, match=pol.ALLOW_TOKEN_ENV):
+        pol.PodPolicy.from_env({pol.ALLOW_TOKEN_ENV: "yes please"}, OWN)
+
+
+def test_images_name_their_registry() -> None:
+    assert pol.normalized_image("ubuntu") == "docker.io/library/ubuntu"
+    assert pol.normalized_image("attacker/steal") == "docker.io/attacker/steal"
+    assert pol.normalized_image("localhost/x:dev") == "localhost/x:dev"
+    assert pol.normalized_image("registry:5000/x") == "registry:5000/x"
+    assert pol.repository_prefix("ghcr.io/rocm-inference/model-server:0.1.0") == "ghcr.io/rocm-inference/"
+
+
+def test_the_operator_reports_a_violation_and_rolls_nothing_out(cluster: Cluster, operator, monkeypatch) -> None:
+    monkeypatch.delenv(pol.IMAGE_REGISTRIES_ENV, raising=False)
+    settings.operator_pod_policy.cache_clear()
+    body = {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "rogue", "namespace": "ml"},
+        "spec": {
+            "model": {"uri": "pvc://models/m"},
+            "resources": {"gpu": {"count": 0}},
+            "scheduling": {"serviceAccountName": "cluster-admin-sa", "priorityClassName": "system-node-critical"},
+        },
+    }
+    assert cluster.apply_cr(body).status_code in (200, 201)
+    degraded = wait_for(
+        lambda: (c := condition(cluster.get_cr("ml", "rogue"), "Degraded")) and c["status"] == "True" and c,
+        timeout=30,
+        message="Degraded=PolicyViolation",
+    )
+    assert degraded["reason"] == "PolicyViolation"
+    assert "serviceAccountName 'cluster-admin-sa'" in degraded["message"]
+    assert "priorityClassName 'system-node-critical'" in degraded["message"]
+    assert cluster.get(DEPLOYMENTS, "ml", "rogue") is None
