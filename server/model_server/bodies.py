@@ -17,7 +17,7 @@ import contextlib
 import gc
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -131,11 +131,19 @@ class BodyDecoder:
         length = _content_length(request)
         if length is not None and length <= INLINE_BYTES:
             return decode(await request.body())
-        reserved = length if length is not None else self.max_body_bytes
-        await self.buffer.acquire(reserved, self.wait_s)
+        # Reserved as the bytes arrive, not as declared: a connection that sends headers
+        # announcing 50 MB and then nothing holds nothing, so it cannot starve the others; a
+        # 503 means bytes other requests really hold.
+        reserved = 0
+
+        async def take(size: int) -> None:
+            nonlocal reserved
+            await self.buffer.acquire(size, self.wait_s)
+            reserved += size
+
         handed_over = False
         try:
-            body = await _read(request, length)
+            body = await _read(request, length, take)
             if len(body) <= INLINE_BYTES:
                 return decode(body)
             loop = asyncio.get_running_loop()
@@ -175,25 +183,16 @@ def _content_length(request: Request) -> int | None:
         return None
 
 
-async def _read(request: Request, length: int | None) -> bytearray:
-    """The body in one buffer of its final size (no join of chunks: one copy, not two)."""
-    if length is None:
-        grown = bytearray()
-        async for chunk in request.stream():
-            grown += chunk
-        return grown
-    buffer = bytearray(length)
-    view = memoryview(buffer)
-    filled = 0
+async def _read(request: Request, length: int | None, take: Callable[[int], Awaitable[None]]) -> bytearray:
+    """The body in one growing buffer (no join of chunks), each chunk's bytes taken from the
+    budget before they are kept: memory follows what arrived, not what was announced."""
+    body = bytearray()
     async for chunk in request.stream():
-        end = filled + len(chunk)
-        if end > length:
+        if length is not None and len(body) + len(chunk) > length:
             raise PayloadTooLarge("request body is longer than its Content-Length")
-        view[filled:end] = chunk
-        filled = end
-    view.release()
-    del buffer[filled:]
-    return buffer
+        await take(len(chunk))
+        body += chunk
+    return body
 
 
 _gc_lock = threading.Lock()

@@ -211,3 +211,37 @@ async def test_budget_is_first_come_first_served_and_waits_are_bounded():
         await budget.acquire(101, timeout=1)
     budget.release(90)
     assert budget.free == 100
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_connections_that_announce_a_body_and_send_none_hold_no_budget(tmp_path: Path, chunked: bool) -> None:
+    """Four connections sending only headers with `Content-Length: 53687091` (or a chunked
+    header) reserved the buffer budget before any byte arrived: real 200 kB requests got 503
+    "busy parsing other large bodies" for as long as they were held. Now they hold nothing."""
+    import socket
+    import time
+
+    from tests.server.helpers import make_settings, running_server
+
+    path = affine_model(tmp_path / "repo" / "1" / "model.onnx", np.ones((4, 3), np.float32), np.zeros(3, np.float32))
+    settings = make_settings(path.parent.parent, parse_memory_bytes=64 * MiB, max_body_bytes=60 * MiB)
+    announce = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {53_687_091}"
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [12_000, 4], "data": [0.5] * 48_000}]}
+    with running_server(settings) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        idle = []
+        for _ in range(4):
+            conn = socket.create_connection((host, int(port)))
+            conn.sendall(
+                f"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"{announce}\r\n\r\n".encode()
+            )
+            idle.append(conn)
+        try:
+            time.sleep(0.5)  # the server has read every header and is waiting for the bodies
+            with httpx.Client(base_url=server.url, timeout=8) as client:
+                answers = [client.post("/v2/models/tiny/infer", json=body) for _ in range(3)]
+            assert [a.status_code for a in answers] == [200, 200, 200], answers[0].text[:200]
+        finally:
+            for conn in idle:
+                conn.close()
