@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from .errors import PayloadTooLarge, ServerError
+from .errors import ClientClosed, PayloadTooLarge, ServerError
 
 T = TypeVar("T")
 
@@ -128,6 +128,12 @@ class BodyDecoder:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def decode(self, request: Request, decode: Callable[[bytes | bytearray], T]) -> T:
+        try:
+            return await self._decode(request, decode)
+        except ClientDisconnect:
+            raise ClientClosed("the client closed the connection before its body arrived") from None
+
+    async def _decode(self, request: Request, decode: Callable[[bytes | bytearray], T]) -> T:
         length = _content_length(request)
         if length is not None and length <= INLINE_BYTES:
             return decode(await request.body())

@@ -27,6 +27,14 @@ class PayloadTooLarge(ServerError):
     status = 413
 
 
+class ClientClosed(ServerError):
+    """The client went away (or was cut off for sending its body too slowly) before its body
+    arrived: counted as a client error (nginx's 499), not as the server's 500; nobody reads
+    the answer."""
+
+    status = 499
+
+
 class UnsupportedMediaType(ServerError):
     """A body that says it is not JSON (text/plain, a form, ...)."""
 

@@ -172,3 +172,39 @@ def test_keep_alive_clients_are_served_across_requests(server):
         second = client.post("/infer", json={"data": [1, 2, 3, 4]})
     assert first.status_code == second.status_code == 200
     assert first.json()["result"] == second.json()["result"] == [10.0, 10.0, 10.0]
+
+
+@pytest.mark.parametrize("path", ["/infer", "/v2/models/m/infer"])
+def test_a_client_gone_mid_body_is_a_499_and_no_error_in_the_log(tmp_path, path):
+    """It was logged as ERROR with a traceback (fast path) and counted as code="500", which
+    feeds the chart's 5xx alert."""
+    import socket
+    import time
+
+    import httpx
+    import numpy as np
+
+    from testsupport.onnx_models import affine_model
+    from testsupport.processes import free_port, running, serve_command
+
+    model = affine_model(tmp_path / "repo" / "1" / "model.onnx", np.ones((4, 3), np.float32), np.zeros(3, np.float32))
+    port = free_port()
+    log = tmp_path / "server.log"
+    command = serve_command(model.parent.parent, port, "--model-name", "m", "--providers", "CPUExecutionProvider")
+    with running(command, log=log, ready_url=f"http://127.0.0.1:{port}/health/ready"):
+        for declared in (1_000, 300_000):  # read inline, and through the body budget
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {declared}\r\n\r\n".encode()
+                + b'{"data": [1, 2'
+            )
+            time.sleep(0.3)
+            conn.close()
+        time.sleep(0.5)
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    counted = [line for line in metrics.splitlines() if line.startswith("model_server_requests_total{")]
+    assert any('code="499"' in line and line.endswith(" 2.0") for line in counted), counted
+    assert not any('code="500"' in line for line in counted), counted
+    text = log.read_text()
+    assert "Traceback" not in text and "ERROR" not in text, text[-2000:]
