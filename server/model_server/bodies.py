@@ -127,13 +127,25 @@ class BodyDecoder:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def decode(self, request: Request, decode: Callable[[bytes | bytearray], T]) -> T:
+    async def decode(
+        self,
+        request: Request,
+        decode: Callable[[bytes | bytearray], T],
+        estimate: Callable[[bytes | bytearray], int] = estimate_parse_bytes,
+    ) -> T:
+        """`decode(body)` within the budgets; `estimate(body)` bounds what decoding takes (the
+        JSON estimate by default; a binary body's own, which knows its BYTES elements)."""
         try:
-            return await self._decode(request, decode)
+            return await self._decode(request, decode, estimate)
         except ClientDisconnect:
             raise ClientClosed("the client closed the connection before its body arrived") from None
 
-    async def _decode(self, request: Request, decode: Callable[[bytes | bytearray], T]) -> T:
+    async def _decode(
+        self,
+        request: Request,
+        decode: Callable[[bytes | bytearray], T],
+        estimate: Callable[[bytes | bytearray], int],
+    ) -> T:
         length = _content_length(request)
         if length is not None and length <= INLINE_BYTES:
             return decode(await request.body())
@@ -153,7 +165,7 @@ class BodyDecoder:
             if len(body) <= INLINE_BYTES:
                 return decode(body)
             loop = asyncio.get_running_loop()
-            cost = await loop.run_in_executor(self._pool, estimate_parse_bytes, body)  # passes over the body
+            cost = await loop.run_in_executor(self._pool, estimate, body)  # passes over the body
             if cost > self.parse.total:
                 raise PayloadTooLarge(
                     f"parsing this {len(body)}-byte body would take about {cost >> 20} MiB, more than the "

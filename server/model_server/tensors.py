@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidInput
+from .errors import InvalidInput, PayloadTooLarge
 
 #: Open Inference Protocol datatypes and their numpy dtypes.
 V2_DATATYPES: dict[str, np.dtype] = {
@@ -304,6 +304,22 @@ def decode_json_tensor(name: str, datatype: str, shape: Sequence[int], data: Any
     return arr.reshape(shape)
 
 
+#: What one BYTES element costs once decoded besides its text: a bytes object (33 bytes), its
+#: slot in the list and in the object array, and the allocator's rounding.
+BYTES_ELEMENT_BYTES = 96
+#: BYTES elements one request may carry: each is a Python object, made one at a time (about a
+#: second of CPU per million).
+MAX_BYTES_ELEMENTS = 1 << 20
+
+
+def check_bytes_elements(name: str, count: int) -> None:
+    if count > MAX_BYTES_ELEMENTS:
+        raise PayloadTooLarge(
+            f"input '{name}': {count} BYTES elements, over the limit of {MAX_BYTES_ELEMENTS} per request; "
+            "send fewer, longer elements"
+        )
+
+
 def decode_binary_tensor(name: str, datatype: str, shape: Sequence[int], buf: bytes | memoryview) -> np.ndarray:
     """A tensor sent with the binary-data extension -> numpy array (copy, writable)."""
     shape = check_shape(name, shape)
@@ -311,9 +327,12 @@ def decode_binary_tensor(name: str, datatype: str, shape: Sequence[int], buf: by
         raise InvalidInput(f"input '{name}': unsupported datatype '{datatype}'")
     count = math.prod(shape)
     if datatype == "BYTES":
+        check_bytes_elements(name, count)
         items: list[bytes] = []
         offset = 0
         while offset < len(buf):
+            if len(items) == count:  # more elements than the shape holds: stop making objects
+                raise InvalidInput(f"input '{name}': shape {list(shape)} needs {count} values, data has more")
             if offset + 4 > len(buf):
                 raise InvalidInput(f"input '{name}': truncated BYTES element header")
             (length,) = struct.unpack_from("<I", buf, offset)

@@ -236,3 +236,38 @@ def test_deeply_nested_data_is_a_400_not_a_500(server, path):
     with httpx.Client(base_url=server.url) as client:
         response = client.post(path, content=body, headers={"content-type": "application/json"})
     assert 400 <= response.status_code < 500, response.text[:300]
+
+
+def bytes_body(count: int, element: bytes = b"ab") -> tuple[bytes, dict[str, str]]:
+    blob = (len(element).to_bytes(4, "little") + element) * count
+    return binary_request([count], blob, datatype="BYTES")
+
+
+def test_binary_bytes_elements_are_counted_before_decoding():
+    """One 63 MiB binary BYTES tensor of 2-byte elements peaked at 844 MiB: one Python object
+    per element. The estimate now counts them, so a body too costly for the budget is a 413
+    before any is made, and a request over the element limit is a 413 too."""
+    from model_server.api.v2 import estimate_request_bytes
+    from model_server.bodies import estimate_parse_bytes
+    from model_server.tensors import BYTES_ELEMENT_BYTES, MAX_BYTES_ELEMENTS, decode_binary_tensor
+
+    content, headers = bytes_body(100_000)
+    estimate = estimate_request_bytes(content, headers["Inference-Header-Content-Length"])
+    assert estimate >= 100_000 * BYTES_ELEMENT_BYTES > estimate_parse_bytes(content) / 2
+    with pytest.raises(Exception, match="over the limit") as refused:
+        decode_binary_tensor("x", "BYTES", [MAX_BYTES_ELEMENTS + 1], b"")
+    assert getattr(refused.value, "status", None) == 413
+
+
+def test_a_bytes_body_whose_elements_exceed_the_budget_is_a_413_without_decoding(tmp_path):
+    from model_server.tensors import MAX_BYTES_ELEMENTS
+
+    path = affine_model(tmp_path / "repo" / "1" / "model.onnx", np.ones((4, 3), np.float32), np.zeros(3, np.float32))
+    settings = make_settings(path.parent.parent, parse_memory_bytes=32 << 20, max_body_bytes=8 << 20)
+    with running_server(settings) as running, httpx.Client(base_url=running.url, timeout=30) as client:
+        content, headers = bytes_body(1_000_000)  # 6 MB of body, ~100 MB once decoded
+        response = client.post("/v2/models/tiny/infer", content=content, headers=headers)
+        assert response.status_code == 413, response.text[:300]
+        content, headers = bytes_body(MAX_BYTES_ELEMENTS + 1, b"")
+        response = client.post("/v2/models/tiny/infer", content=content, headers=headers)
+        assert response.status_code == 413, response.text[:300]
