@@ -90,9 +90,16 @@ def test_images_name_their_registry() -> None:
     assert pol.repository_prefix("ghcr.io/rocm-inference/model-server:0.1.0") == "ghcr.io/rocm-inference/"
 
 
-def test_the_operator_reports_a_violation_and_rolls_nothing_out(cluster: Cluster, operator, monkeypatch) -> None:
+@pytest.fixture
+def default_policy(monkeypatch):
+    """The operator as the chart installs it by default (the test session widens the registries)."""
     monkeypatch.delenv(pol.IMAGE_REGISTRIES_ENV, raising=False)
     settings.operator_pod_policy.cache_clear()
+    yield
+    settings.operator_pod_policy.cache_clear()  # read again, with the session's environment
+
+
+def test_the_operator_reports_a_violation_and_rolls_nothing_out(cluster: Cluster, default_policy, operator) -> None:
     body = {
         "apiVersion": "inference.rocm.dev/v1alpha1",
         "kind": "InferenceService",
