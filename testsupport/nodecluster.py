@@ -691,10 +691,11 @@ def _bring_up(
     )
     processes: list[subprocess.Popen[bytes]] = []
 
+    def start(name: str, *args: str) -> None:
+        processes.append(_start(stack, state, work, name, list(args)))
+
     # containerd first, so the images are in place before anything asks for them.
-    processes.append(
-        _start(stack, state, work, "containerd", ["containerd", "--config", str(_containerd_config(work, cni))])
-    )
+    start("containerd", "containerd", "--config", str(_containerd_config(work, cni)))
     _cni_config(work)
     _wait("containerd", lambda: cluster.ctr("version").returncode == 0, 30, processes, work)
     for archive in [pause, *images]:
@@ -702,122 +703,80 @@ def _bring_up(
 
     etcd_port, peer_port = free_port(), free_port()
     etcd_url = f"http://127.0.0.1:{etcd_port}"
-    processes.append(
-        _start(
-            stack,
-            state,
-            work,
-            "etcd",
-            [
-                str(directory / "etcd"),
-                f"--data-dir={work / 'etcd'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-            ],
-        )
+    start(
+        "etcd",
+        str(directory / "etcd"),
+        f"--data-dir={work / 'etcd'}",
+        f"--listen-client-urls={etcd_url}",
+        f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
     )
-    processes.append(
-        _start(
-            stack,
-            state,
-            work,
-            "kube-apiserver",
-            [
-                str(directory / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                f"--secure-port={api_port}",
-                f"--bind-address={NODE_IP}",
-                f"--advertise-address={NODE_IP}",
-                f"--tls-cert-file={pki / 'apiserver.crt'}",
-                f"--tls-private-key-file={pki / 'apiserver.key'}",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                f"--token-auth-file={work / 'tokens.csv'}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                f"--service-account-key-file={pki / 'sa.key'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--allow-privileged=false",
-                # The node by its address: its name is in no DNS.
-                "--kubelet-preferred-address-types=InternalIP",
-                f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
-                f"--kubelet-client-key={pki / 'kubelet-client.key'}",
-                "--profiling=false",
-            ],
-        )
+    start(
+        "kube-apiserver",
+        str(directory / "kube-apiserver"),
+        f"--etcd-servers={etcd_url}",
+        f"--secure-port={api_port}",
+        f"--bind-address={NODE_IP}",
+        f"--advertise-address={NODE_IP}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={work / 'tokens.csv'}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        f"--service-account-key-file={pki / 'sa.key'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=false",
+        # The node by its address: its name is in no DNS.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+        "--profiling=false",
     )
     with cluster.client() as client:
         _wait("kube-apiserver", lambda: client.get("/readyz").status_code == 200, 120, processes, work)
-    processes.append(
-        _start(
-            stack,
-            state,
-            work,
-            "kube-controller-manager",
-            [
-                str(directory / "kube-controller-manager"),
-                f"--kubeconfig={kubeconfigs['controller']}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                "--leader-elect=false",
-                f"--root-ca-file={pki / 'ca.crt'}",
-                f"--service-account-private-key-file={pki / 'sa.key'}",
-                "--use-service-account-credentials=false",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
-                "--concurrent-gc-syncs=5",
-                "--node-monitor-grace-period=40s",
-                "--profiling=false",
-            ],
-        )
+    start(
+        "kube-controller-manager",
+        str(directory / "kube-controller-manager"),
+        f"--kubeconfig={kubeconfigs['controller']}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={free_port()}",
+        "--leader-elect=false",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        "--use-service-account-credentials=false",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+        "--concurrent-gc-syncs=5",
+        "--node-monitor-grace-period=40s",
+        "--profiling=false",
     )
-    processes.append(
-        _start(
-            stack,
-            state,
-            work,
-            "kube-scheduler",
-            [
-                str(directory / "kube-scheduler"),
-                f"--kubeconfig={kubeconfigs['scheduler']}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                "--leader-elect=false",
-                "--profiling=false",
-            ],
-        )
+    start(
+        "kube-scheduler",
+        str(directory / "kube-scheduler"),
+        f"--kubeconfig={kubeconfigs['scheduler']}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={free_port()}",
+        "--leader-elect=false",
+        "--profiling=false",
     )
-    processes.append(
-        _start(
-            stack,
-            state,
-            work,
-            "kubelet",
-            [
-                str(directory / "kubelet"),
-                f"--config={_kubelet_config(work, run / 'containerd.sock', pki / 'ca.crt', free_port())}",
-                f"--kubeconfig={kubeconfigs['node']}",
-                f"--root-dir={work / 'kubelet'}",
-                f"--cert-dir={work / 'kubelet-pki'}",
-                f"--hostname-override={NODE_NAME}",
-                f"--node-ip={NODE_IP}",
-                "--v=1",
-            ],
-        )
+    start(
+        "kubelet",
+        str(directory / "kubelet"),
+        f"--config={_kubelet_config(work, run / 'containerd.sock', pki / 'ca.crt', free_port())}",
+        f"--kubeconfig={kubeconfigs['node']}",
+        f"--root-dir={work / 'kubelet'}",
+        f"--cert-dir={work / 'kubelet-pki'}",
+        f"--hostname-override={NODE_NAME}",
+        f"--node-ip={NODE_IP}",
+        "--v=1",
     )
-    processes.append(
-        _start(
-            stack,
-            state,
-            work,
-            "kube-proxy",
-            [
-                str(directory / "kube-proxy"),
-                f"--config={_kube_proxy_config(work, kubeconfigs['proxy'])}",
-            ],
-        )
+    start(
+        "kube-proxy",
+        str(directory / "kube-proxy"),
+        f"--config={_kube_proxy_config(work, kubeconfigs['proxy'])}",
     )
     _wait("the node to be Ready", lambda: _node_ready(cluster), 120, processes, work)
     _wait(
