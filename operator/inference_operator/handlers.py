@@ -304,7 +304,13 @@ def _repair(memo: kopf.Memo, isvc: dict, why: str, logger: kopf.Logger) -> tuple
     meta = isvc["metadata"]
     try:
         owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=parse_spec(isvc["spec"]))
+        # A repair renders the current spec: the platform's policy holds here too, or deleting
+        # an owned object would roll out what the reconcile handler refused.
+        policy.check(owner.spec, operator_pod_policy((owner.images.model_server, owner.images.vllm)))
         result = reconcile(memo.api, owner)
+    except policy.PolicyViolation as exc:
+        logger.warning("not repaired (%s): %s", why, exc)
+        return None, st.Problem(exc.reason, str(exc))
     except credentials.CredentialsRefused as exc:
         logger.warning("not repaired (%s): %s", why, exc.message)
         return None, st.Problem(exc.reason, exc.message)

@@ -4,6 +4,8 @@ platform's registries. Refused whole with Degraded=PolicyViolation; nothing roll
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from inference_operator import policy as pol
@@ -120,3 +122,26 @@ def test_the_operator_reports_a_violation_and_rolls_nothing_out(cluster: Cluster
     assert "serviceAccountName 'cluster-admin-sa'" in degraded["message"]
     assert "priorityClassName 'system-node-critical'" in degraded["message"]
     assert cluster.get(DEPLOYMENTS, "ml", "rogue") is None
+
+
+def test_a_deleted_deployment_is_not_repaired_into_a_refused_spec(cluster: Cluster, default_policy, operator) -> None:
+    """The spec turned hostile after a rollout: the reconcile handler refuses it, and deleting
+    the Deployment must not make the repair path roll it out."""
+    body = {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "turned", "namespace": "ml"},
+        "spec": {"model": {"uri": "pvc://models/m"}, "resources": {"gpu": {"count": 0}}},
+    }
+    assert cluster.apply_cr(body).status_code in (200, 201)
+    wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "turned"), timeout=30, message="the first rollout")
+    cluster.patch_cr("ml", "turned", {"spec": {"scheduling": {"serviceAccountName": "cluster-admin-sa"}}})
+    wait_for(
+        lambda: (c := condition(cluster.get_cr("ml", "turned"), "Degraded")) and c["reason"] == "PolicyViolation",
+        timeout=30,
+        message="Degraded=PolicyViolation",
+    )
+    assert cluster.request("DELETE", "/apis/apps/v1/namespaces/ml/deployments/turned").status_code == 200
+    time.sleep(3)  # the repair path had every chance to act
+    deployment = cluster.get(DEPLOYMENTS, "ml", "turned")
+    assert deployment is None or "serviceAccountName" not in deployment["spec"]["template"]["spec"]
