@@ -9,6 +9,7 @@ import http.server
 import json
 import os
 import pathlib
+import shutil
 import ssl
 import subprocess
 import sys
@@ -58,8 +59,11 @@ def image_archives(tmp_path_factory: pytest.TempPathFactory) -> list[pathlib.Pat
 def node(image_archives: list[pathlib.Path]) -> Iterator[NodeCluster]:
     # Short: containerd's socket paths must fit in a sockaddr_un.
     work = pathlib.Path(tempfile.mkdtemp(prefix="rio-tier-"))
-    with nodecluster.running_cluster(work, image_archives) as cluster:
-        yield cluster
+    try:
+        with nodecluster.running_cluster(work, image_archives) as cluster:
+            yield cluster
+    finally:  # containerd's images and etcd's data: 1.4 GB a run
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def kubectl_json(node: NodeCluster, *args: str) -> Any:

@@ -6,6 +6,7 @@ sysctls the kubelet changed."""
 from __future__ import annotations
 
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,3 +51,4 @@ def test_a_tier_killed_half_way_leaves_nothing_after_teardown() -> None:
         nodecluster.teardown(work)
     assert nodecluster.leftovers(work) == []
     assert sysctls() == before
+    shutil.rmtree(work)  # no mount is left under it, so this removes it all
