@@ -224,9 +224,15 @@ class LogCapture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
         self.lines: list[str] = []
+        self.times: list[float] = []  # each line's wall-clock time, as `time.time()` reads it
 
     def emit(self, record: logging.LogRecord) -> None:
+        self.times.append(record.created)
         self.lines.append(record.getMessage())
+
+    def timed(self, fragment: str) -> list[tuple[float, str]]:
+        """The lines holding `fragment`, with the time each was logged."""
+        return [(t, line) for t, line in zip(list(self.times), list(self.lines), strict=False) if fragment in line]
 
     def count(self, fragment: str) -> int:
         return sum(fragment in line for line in list(self.lines))

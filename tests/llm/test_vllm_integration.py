@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import sys
 import threading
 import time
@@ -70,6 +71,18 @@ def service(prometheus_url: str) -> dict:
             },
         },
     }
+
+
+def _recommendation(line: str) -> int:
+    match = re.search(r"\(recommendation (\d+)\)", line)
+    assert match, line
+    return int(match.group(1))
+
+
+def _breach_reported(status: dict) -> dict | None:
+    """The autoscaler status if it reports TTFT p95 above target, else None."""
+    value = status.get("currentValue")
+    return status if value is not None and value > TARGET_TTFT_MS else None
 
 
 class CompletionLoad:
@@ -182,7 +195,14 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
                     )
                     at_max = logs.count(DECISION)
                     wait_for(lambda: logs.count(DECISION) >= at_max + 3, timeout=20, message="decisions at max")
-                    loaded = cluster.autoscaler_status(NAMESPACE, NAME)
+                    # A reading of the breach at max. TTFT p95 under a closed loop is not steady:
+                    # it can dip below target for a decision or two while the load runs.
+                    loaded = wait_for(
+                        lambda: _breach_reported(cluster.autoscaler_status(NAMESPACE, NAME)),
+                        timeout=30,
+                        interval=0.1,
+                        message="the status reporting the breach at max",
+                    )
                     waiting = prom.value(promql.metric_query(Metric.REQUESTS_WAITING, NAMESPACE, MODEL, 10))
                 finally:
                     # No request arrives after this instant; the last ones in flight still finish
@@ -215,11 +235,16 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
     # shrinks with the square root of value / target for latencies).
     assert downs and downs[0][1] == 3 and downs[-1][2] == 1
     assert all(t < load_stopped for t, _, _ in ups) and all(t > load_stopped for t, _, _ in downs)
-    assert downs[0][0] - load_stopped >= 8  # the stabilization window
+    # The stabilization window: the first scale-down comes 8 s or more after the last decision
+    # that still recommended the replicas it removes. (Not 8 s after the load stopped: TTFT p95
+    # may dip below target while the load still runs, and the window starts from there.) The
+    # log line is written a few milliseconds after the decision's clock reading, hence the slack.
+    recommended_at = [t for t, line in logs.timed(DECISION) if _recommendation(line) >= downs[0][1]]
+    assert recommended_at and downs[0][0] - max(recommended_at) >= 8 - 0.25, (downs[0][0], recommended_at[-3:])
     directions = [1 if after > before else -1 for _, before, after in writes]
     assert sum(1 for a, b in itertools.pairwise(directions) if a != b) == 1  # one turn, no flapping
 
-    assert loaded["metric"] == "ttftP95Ms" and loaded["currentValue"] > TARGET_TTFT_MS
+    assert loaded["metric"] == "ttftP95Ms"
     assert loaded["desiredReplicas"] == 3
     # The status also carries vLLM's end-to-end p95 (a quantile of another histogram, with other
     # buckets: interpolated, it need not exceed the TTFT p95).
