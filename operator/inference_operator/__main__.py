@@ -7,26 +7,19 @@ python -m inference_operator run --all-namespaces --liveness http://0.0.0.0:8080
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 import yaml
 
-from .builders import Owner, build_all
-from .builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
+from . import config
+from .builders import build_all
+from .builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV
 from .builders.gpu import gpu_view
 from .models import API_VERSION, KIND, GpuAllocation, ResourceNaming, SpecError, parse_spec
-from .settings import (
-    SUPPLEMENTAL_GROUPS_ENV,
-    GpuDefaults,
-    SettingsError,
-    operator_fetch_settings,
-    operator_gpu_defaults,
-    operator_pod_policy,
-    parse_groups,
-)
+from .settings import SUPPLEMENTAL_GROUPS_ENV, GpuDefaults, SettingsError, parse_groups
 
 if TYPE_CHECKING:
     import kopf
@@ -40,18 +33,15 @@ class RenderError(Exception):
 
 
 def render_documents(
-    documents: Iterable[object],
-    source: str = "<stdin>",
-    gpu_defaults: GpuDefaults | None = None,
-    images: Images | None = None,
+    documents: Iterable[object], source: str = "<stdin>", operator: config.OperatorConfig | None = None
 ) -> list[dict]:
-    """Every object the operator would create for the InferenceServices among `documents`, with
-    `gpu_defaults` as the operator's GPU settings and `images` its default images (its
-    environment's when None).
+    """Every object the operator configured as `operator` (built-in defaults when None) would
+    create for the InferenceServices among `documents`.
 
     Each document first gets the API server's verdict (schema, defaults and CEL rules of the
     CRD): what `kubectl apply` would refuse, render refuses, naming the field.
     """
+    operator = operator or config.OperatorConfig()
     objects: list[dict] = []
     for index, doc in enumerate(documents, start=1):
         if doc is None:
@@ -73,26 +63,24 @@ def render_documents(
             raise RenderError(f"{where}: metadata.name is required (render does not generate names)")
         try:
             spec = parse_spec(doc.get("spec") or {})
-            owner = Owner(
-                name=name,
-                namespace=meta.get("namespace", "default"),
-                uid=meta.get("uid", PLACEHOLDER_UID),
-                spec=spec,
-                gpu_defaults=gpu_defaults or operator_gpu_defaults(),
-                images=images or Images.from_environment(),
-            )
+            owner = operator.owner(name, meta.get("namespace", "default"), meta.get("uid", PLACEHOLDER_UID), spec)
         except SpecError as exc:
             raise RenderError(f"{where}: {exc}") from exc
         objects.extend(build_all(owner))
     return objects
 
 
-def _gpu_defaults(args: argparse.Namespace) -> GpuDefaults:
-    """The operator's GPU settings as a cluster would have them: environment, then flags."""
+def _render_config(args: argparse.Namespace) -> config.OperatorConfig:
+    """The operator's settings as a cluster would have them: environment, then flags."""
     try:
-        defaults = operator_gpu_defaults()
-    except SettingsError as exc:
+        loaded = config.load(args.model_server_image, args.vllm_image)
+    except ValueError as exc:
         raise RenderError(str(exc)) from exc
+    return dataclasses.replace(loaded, gpu=_gpu_defaults(args, loaded.gpu))
+
+
+def _gpu_defaults(args: argparse.Namespace, defaults: GpuDefaults) -> GpuDefaults:
+    """The GPU flags over the environment's settings."""
     groups = defaults.supplemental_groups
     if args.gpu_supplemental_groups is not None:
         try:
@@ -108,17 +96,8 @@ def _gpu_defaults(args: argparse.Namespace) -> GpuDefaults:
     )
 
 
-def _images(args: argparse.Namespace) -> Images:
-    """The operator's default images: environment, then flags."""
-    defaults = Images.from_environment()
-    return Images(
-        model_server=args.model_server_image or defaults.model_server,
-        vllm=args.vllm_image or defaults.vllm,
-    )
-
-
 def _render(args: argparse.Namespace, out: TextIO) -> int:
-    gpu_defaults = _gpu_defaults(args)
+    operator = _render_config(args)
     objects: list[dict] = []
     for path in args.filename:
         try:
@@ -132,7 +111,7 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
                 raise RenderError(f"{path}: not valid YAML: {exc}") from exc
             except RecursionError as exc:
                 raise RenderError(f"{path}: not valid YAML: nested too deeply") from exc
-        objects.extend(render_documents(documents, source=path, gpu_defaults=gpu_defaults, images=_images(args)))
+        objects.extend(render_documents(documents, source=path, operator=operator))
     if args.gpu_view:  # long CEL selectors stay on one line
         yaml.safe_dump_all(gpu_view(objects), out, sort_keys=False, width=1000)
         return 0
@@ -173,19 +152,10 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         # A bad chart value stops the operator here, named, not per reconcile.
-        operator_gpu_defaults()
-        operator_fetch_settings()
-        images = Images.from_environment()
-        operator_pod_policy((images.model_server, images.vllm))
-    except (SettingsError, ValueError) as exc:
+        operator = config.load(args.model_server_image, args.vllm_image)
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-    # Owners read the default images from the environment (builders.common.Images).
-    if args.model_server_image:
-        os.environ[MODEL_SERVER_IMAGE_ENV] = args.model_server_image
-    if args.vllm_image:
-        os.environ[VLLM_IMAGE_ENV] = args.vllm_image
 
     from . import handlers  # noqa: F401  (registers the handlers)
 
@@ -202,6 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         priority=args.priority,
         liveness_endpoint=args.liveness,
+        memo=kopf.Memo(config=operator),
     )
     return 0
 

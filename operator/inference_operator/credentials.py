@@ -30,7 +30,6 @@ set HF_TOKEN or HF_ENDPOINT (models.OPERATOR_ENV).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -104,8 +103,8 @@ class CredentialPolicy:
     hub_endpoints: tuple[str, ...] = (PUBLIC_HUB,)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> CredentialPolicy:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> CredentialPolicy:
+        """Pure: the policy the variables in `env` describe; a malformed list raises ValueError."""
         return cls(
             enabled=_truthy(env.get(ENV_ENABLED), True),
             allow_http=_truthy(env.get(ENV_ALLOW_HTTP), False),

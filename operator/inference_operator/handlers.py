@@ -11,16 +11,15 @@ import asyncio
 import collections
 import dataclasses
 import logging
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from . import credentials, metrics, ownership, peering, policy
+from . import config, credentials, metrics, ownership, policy
 from . import status as st
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
@@ -28,7 +27,6 @@ from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
 from .kinds import KINDS, unavailable_message
 from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
 from .reconcile import ApplyRefused, ForeignObjectError, Result, api_message, reconcile
-from .settings import operator_pod_policy
 
 # Problems rollout news does not clear: only a spec change or the next re-check can.
 KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, st.API_ERROR, *credentials.REFUSALS)
@@ -49,12 +47,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    # `run` puts its configuration in the memo; `kopf run -m` (tests) gets it read here. Either
+    # way it is read once: a bad value stops the operator now, not on every reconcile.
+    if getattr(memo, "config", None) is None:
+        memo.config = config.load()
+    operator_config: config.OperatorConfig = memo.config
     # HA: a priority of this replica's own and the keep-alive lifetime (see peering.py).
-    peering.apply_peering_env(settings)
-    # A malformed Prometheus allow-list stops the operator here, not on every reconcile.
-    credentials.CredentialPolicy.from_env()
+    operator_config.peering.apply(settings)
     if getattr(memo, "api", None) is None:
-        memo.api = KubeApi(load_api_client())
+        memo.api = KubeApi(load_api_client(operator_config.kubeconfig))
 
 
 # kopf (1.45) names the task that waits on a watch stream's pause toggle so.
@@ -85,25 +86,18 @@ async def release_abandoned_watch_waiters(logger: kopf.Logger, **_: Any) -> None
 
 
 @kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
     """The same sources as the kubernetes client: in-cluster account, else KUBECONFIG.
 
     In a pod the API server is reached at the address the kubelet puts in the environment, as
-    client-go and the kubernetes client do: kopf's own choice, https://kubernetes.default.svc,
-    needs cluster DNS, so an operator would stop with CoreDNS."""
-    info = kopf.login_with_service_account(**kwargs)
+    client-go and the kubernetes client do (`OperatorConfig.api_server`): kopf's own choice,
+    https://kubernetes.default.svc, needs cluster DNS, so an operator would stop with CoreDNS.
+    Login runs after the startup handlers, so the memo has the configuration."""
+    info = kopf.login_with_service_account(memo=memo, **kwargs)
     if info is None:
-        return kopf.login_with_kubeconfig(**kwargs)
-    server = in_cluster_server(os.environ)
+        return kopf.login_with_kubeconfig(memo=memo, **kwargs)
+    server = memo.config.api_server
     return dataclasses.replace(info, server=server) if server else info
-
-
-def in_cluster_server(environ: Mapping[str, str]) -> str | None:
-    """`https://host:port` from KUBERNETES_SERVICE_HOST/PORT (IPv6 in brackets), None without."""
-    host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "")
-    if not host or not port:
-        return None
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 def _temporary(exc: ApiException | urllib3.exceptions.HTTPError, retry: int = 0) -> kopf.TemporaryError:
@@ -185,15 +179,21 @@ def _report_api_error(
     kopf.warn(body, reason=problem.reason, message=problem.message)
 
 
+def _reconcile_checked(memo: kopf.Memo, name: str, namespace: str, uid: str, spec: dict) -> tuple[Owner, Result]:
+    """Parse the spec, hold it to the platform's pod policy, then reconcile it."""
+    operator_config: config.OperatorConfig = memo.config
+    owner = operator_config.owner(name, namespace, uid, parse_spec(spec))
+    policy.check(owner.spec, operator_config.pod_policy)
+    return owner, reconcile(memo.api, owner, operator_config.credentials)
+
+
 def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: kopf.Logger) -> None:
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     ref = _isvc_ref(namespace, name)
     problem: st.Problem | None = None
     recheck: float | None = None
     try:
-        owner = Owner(name=name, namespace=namespace, uid=meta["uid"], spec=parse_spec(dict(spec)))
-        policy.check(owner.spec, operator_pod_policy((owner.images.model_server, owner.images.vllm)))
-        result = reconcile(memo.api, owner)
+        owner, result = _reconcile_checked(memo, name, namespace, meta["uid"], dict(spec))
     except policy.PolicyViolation as exc:
         problem = st.Problem(exc.reason, str(exc))
     except credentials.CredentialsRefused as exc:
@@ -303,11 +303,9 @@ def _repair(memo: kopf.Memo, isvc: dict, why: str, logger: kopf.Logger) -> tuple
     """
     meta = isvc["metadata"]
     try:
-        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=parse_spec(isvc["spec"]))
         # A repair renders the current spec: the platform's policy holds here too, or deleting
         # an owned object would roll out what the reconcile handler refused.
-        policy.check(owner.spec, operator_pod_policy((owner.images.model_server, owner.images.vllm)))
-        result = reconcile(memo.api, owner)
+        _, result = _reconcile_checked(memo, meta["name"], meta["namespace"], meta["uid"], isvc["spec"])
     except policy.PolicyViolation as exc:
         logger.warning("not repaired (%s): %s", why, exc)
         return None, st.Problem(exc.reason, str(exc))

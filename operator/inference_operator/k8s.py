@@ -8,7 +8,6 @@ machinery, so auth, TLS and kubeconfig handling stay the library's.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,13 +52,14 @@ class Ref:
 CONNECTIONS = 64
 
 
-def load_api_client() -> kubernetes.client.ApiClient:
-    """In-cluster service account when there is one, else the kubeconfig (KUBECONFIG)."""
+def load_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
+    """In-cluster service account when there is one, else the kubeconfig at `kubeconfig`
+    (the operator passes its KUBECONFIG; the kubernetes package reads that variable only once,
+    when it is imported)."""
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
-        # KUBECONFIG is read now, not when the kubernetes package was imported.
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        kubernetes.config.load_kube_config(config_file=kubeconfig)
     config = kubernetes.client.Configuration.get_default_copy()
     # One kept-alive connection per handler thread (2 x --concurrency, see __main__); the
     # client's default (5 per core) made the rest reconnect for every request.

@@ -28,6 +28,9 @@ from .kinds import KINDS, Kind, kind_of
 from .ownership import Drift, drift, metadata_differs
 from .status import Problem
 
+# The credential rules with nothing configured (the operator passes its own).
+DEFAULT_POLICY = CredentialPolicy()
+
 
 class Action(enum.StrEnum):
     CREATED = "Created"
@@ -165,14 +168,13 @@ def _served(api: KubeApi, kind: Kind) -> bool:
     return kind.addon is None or api.serves(kind.api_version, kind.plural)
 
 
-def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy | None = None) -> Result:
+def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy = DEFAULT_POLICY) -> Result:
     """Apply the desired set if anything differs; delete owned kinds no longer wanted.
 
     Wanted kinds the cluster does not serve are skipped and listed in the result; the rest
     is still applied, so a service whose autoscaler add-on is missing still serves.
     """
     wanted = [with_hash(obj) for obj in build_all(owner)]
-    policy = policy if policy is not None else CredentialPolicy.from_env()
     secret = lambda name: api.get(Ref("v1", "Secret", owner.namespace, name))  # noqa: E731
     if refused := model_refusal(owner.spec, policy, secret):
         raise refused  # no pod may carry this token: change nothing, the handler reports why

@@ -1,4 +1,5 @@
-"""Operator-wide defaults for what a spec leaves unset, read once from the operator's environment.
+"""Operator-wide defaults for what a spec leaves unset, from the operator's environment (pure:
+`config.load()` passes the environment in, once, at start).
 
 A cluster has one GPU stack: either the device plugin (with one resource naming strategy) or
 the DRA driver, and its hosts have one set of device-node groups. The chart states these once
@@ -18,15 +19,12 @@ platform's, never the InferenceService's: a proxy or a CA is what decides who se
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from .models import GpuAllocation, ResourceNaming
-from .policy import PodPolicy
 
 ALLOCATION_ENV = "INFERENCE_OPERATOR_GPU_ALLOCATION"
 RESOURCE_NAMING_ENV = "INFERENCE_OPERATOR_GPU_RESOURCE_NAMING"
@@ -124,21 +122,3 @@ class FetchSettings:
             no_proxy=no_proxy,
             ca_bundle=bundle + "\n" if bundle else "",
         )
-
-
-@functools.cache
-def operator_fetch_settings() -> FetchSettings:
-    """The running operator's model-fetch settings: its environment, read once."""
-    return FetchSettings.from_env(os.environ)
-
-
-@functools.cache
-def operator_gpu_defaults() -> GpuDefaults:
-    """The running operator's defaults: its environment, read once."""
-    return GpuDefaults.from_env(os.environ)
-
-
-@functools.cache
-def operator_pod_policy(own_images: tuple[str, ...]) -> PodPolicy:
-    """The platform's pod policy (chart values policy.*): the environment, read once."""
-    return PodPolicy.from_env(os.environ, own_images)

@@ -237,11 +237,14 @@ class FakePrometheus:
         self._serving.__exit__(*exc)
 
 
-def test_autoscaler_reads_the_bearer_token_from_a_secret(
-    cluster: Cluster, operator, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The fake Prometheus speaks plain http on loopback: the operator must be told that is fine.
+@pytest.fixture
+def allow_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake Prometheus speaks plain http on loopback: the operator, when it starts, must be
+    told that is fine."""
     monkeypatch.setenv(credentials.ENV_ALLOW_HTTP, "true")
+
+
+def test_autoscaler_reads_the_bearer_token_from_a_secret(cluster: Cluster, allow_http: None, operator) -> None:
     with FakePrometheus(token="s3cret", value=5.0) as prom:  # 5 > 4 * target: scale up
         cluster.apply_cr(
             service(

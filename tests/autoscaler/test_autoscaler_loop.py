@@ -18,6 +18,7 @@ from inference_operator.autoscaler.loop import (
     observation_from,
 )
 from inference_operator.autoscaler.prometheus import PrometheusClient, Sample
+from inference_operator.credentials import ANY_URL, CredentialPolicy
 from inference_operator.k8s import KubeApi
 from inference_operator.models import parse_spec
 from inference_operator.status import status_changes
@@ -62,6 +63,7 @@ def make_loop(
         "mlp",
         logging.getLogger("test"),
         post_event=lambda r, m: None if events is None else events.append((r, m)),
+        policy=CredentialPolicy(allowed_urls=(ANY_URL,)),
         clock=clock or Clock(),
         prometheus_factory=scripted(values),
     )

@@ -5,7 +5,11 @@ from __future__ import annotations
 import kopf
 import pytest
 
-from inference_operator.peering import LIFETIME_ENV, MAX_PRIORITY, PRIORITY_ENV, apply_peering_env
+from inference_operator.peering import LIFETIME_ENV, MAX_PRIORITY, PRIORITY_ENV, PeeringSettings
+
+
+def apply_peering_env(settings: kopf.OperatorSettings, environ: dict[str, str]) -> None:
+    PeeringSettings.from_env(environ).apply(settings)
 
 
 def settings() -> kopf.OperatorSettings:

@@ -9,7 +9,6 @@ import time
 import pytest
 
 from inference_operator import policy as pol
-from inference_operator import settings
 from inference_operator.models import parse_spec
 from testsupport.cluster import DEPLOYMENTS, Cluster, condition, wait_for
 
@@ -95,10 +94,7 @@ def test_images_name_their_registry() -> None:
 @pytest.fixture
 def default_policy(monkeypatch):
     """The operator as the chart installs it by default (the test session widens the registries)."""
-    monkeypatch.delenv(pol.IMAGE_REGISTRIES_ENV, raising=False)
-    settings.operator_pod_policy.cache_clear()
-    yield
-    settings.operator_pod_policy.cache_clear()  # read again, with the session's environment
+    monkeypatch.delenv(pol.IMAGE_REGISTRIES_ENV, raising=False)  # read when the operator starts
 
 
 def test_the_operator_reports_a_violation_and_rolls_nothing_out(cluster: Cluster, default_policy, operator) -> None:

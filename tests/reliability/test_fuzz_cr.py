@@ -13,6 +13,7 @@ import contextvars
 import copy
 import itertools
 import logging
+import os
 import re
 from collections.abc import Iterator
 
@@ -26,6 +27,7 @@ from kopf._core.engines import posting
 
 from inference_operator import credentials, handlers
 from inference_operator.builders import Owner, build_all
+from inference_operator.config import OperatorConfig
 from inference_operator.k8s import KubeApi
 from inference_operator.models import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, SpecError, parse_spec
 from tests.strategies import JUNK, from_schema, leaf_paths
@@ -131,8 +133,8 @@ def shared_cluster(tmp_path_factory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def direct_memo(shared_cluster: Cluster) -> Iterator[kopf.Memo]:
-    config = kubernetes.client.Configuration(host=shared_cluster.url)
-    memo = kopf.Memo(api=KubeApi(kubernetes.client.ApiClient(config)))
+    client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=shared_cluster.url))
+    memo = kopf.Memo(api=KubeApi(client), config=OperatorConfig.from_environ(os.environ))
     # kopf.info()/warn() outside the reactor: give them a queue to post into.
     loop = asyncio.new_event_loop()
     tokens = [

@@ -52,6 +52,7 @@ async def autoscaler(
         # kopf.event, not kopf.info: the operator posts only warnings from log lines
         # (settings.posting.level), and kopf.info obeys that level too.
         post_event=lambda reason, message: kopf.event(body, type="Normal", reason=reason, message=message),
+        policy=memo.config.credentials,
     )
     try:
         while not stopped:

@@ -125,9 +125,9 @@ class Autoscaler:
         name: str,
         logger: logging.Logger | logging.LoggerAdapter[Any],
         post_event: EventPoster,
+        policy: CredentialPolicy,
         clock: Callable[[], float] = time.monotonic,
         prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,
-        policy: CredentialPolicy | None = None,
     ):
         self.api = api
         self.namespace = namespace
@@ -136,7 +136,7 @@ class Autoscaler:
         self.post_event = post_event
         self.clock = clock
         self.prometheus_factory = prometheus_factory
-        self.policy = policy if policy is not None else CredentialPolicy.from_env()
+        self.policy = policy  # the operator's (OperatorConfig.credentials)
         self.history = History()
         self._client: PrometheusClient | None = None
         self._client_key: tuple | None = None

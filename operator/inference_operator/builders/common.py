@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..models import API_VERSION, DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, KIND, Engine, InferenceServiceSpec, check_name
-from ..settings import FetchSettings, GpuDefaults, operator_fetch_settings, operator_gpu_defaults
+from ..settings import FetchSettings, GpuDefaults
 
 MANAGER = "rocm-inference-operator"
 COMPONENT = "predictor"
 SPEC_HASH_ANNOTATION = "inference.rocm.dev/spec-hash"
 OWNER_LABEL = "inference.rocm.dev/inference-service"
-# The operator's default images (`run --model-server-image/--vllm-image` set these; the chart
-# sets them from its values).
+# The operator's default images (the chart sets them from its values; `run --model-server-image`
+# and `--vllm-image` override them).
 MODEL_SERVER_IMAGE_ENV = "INFERENCE_OPERATOR_MODEL_SERVER_IMAGE"
 VLLM_IMAGE_ENV = "INFERENCE_OPERATOR_VLLM_IMAGE"
 
@@ -28,31 +27,35 @@ class Images:
     vllm: str = DEFAULT_VLLM_IMAGE
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None) -> Images:
-        env = os.environ if environ is None else environ
+    def from_environment(cls, environ: Mapping[str, str]) -> Images:
         return cls(
-            model_server=env.get(MODEL_SERVER_IMAGE_ENV) or DEFAULT_IMAGE,
-            vllm=env.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
+            model_server=environ.get(MODEL_SERVER_IMAGE_ENV) or DEFAULT_IMAGE,
+            vllm=environ.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
         )
+
+    @property
+    def all(self) -> tuple[str, str]:
+        return self.model_server, self.vllm
 
 
 @dataclass(frozen=True)
 class Owner:
     """The InferenceService an object belongs to: enough to name, label and own it.
 
-    `images` are the operator's defaults, read from its environment where the Owner is made,
-    so the builders themselves stay pure functions of the Owner.
+    `images`, `gpu_defaults` and `fetch` are the operator's settings (`config.OperatorConfig`,
+    whose `owner()` makes Owners), so the builders stay pure functions of the Owner. Left out,
+    they are the built-in defaults.
     """
 
     name: str
     namespace: str
     uid: str
     spec: InferenceServiceSpec
-    images: Images = field(default_factory=Images.from_environment)
+    images: Images = field(default_factory=Images)
     # What the spec leaves unset about GPUs: the operator's settings (chart values gpu.*).
-    gpu_defaults: GpuDefaults = field(default_factory=operator_gpu_defaults)
+    gpu_defaults: GpuDefaults = field(default_factory=GpuDefaults)
     # How model-fetch init containers reach model sources (chart values modelFetch.*).
-    fetch: FetchSettings = field(default_factory=operator_fetch_settings)
+    fetch: FetchSettings = field(default_factory=FetchSettings)
 
     def __post_init__(self) -> None:
         check_name(self.name)  # every object is named after it: refuse a name a Service cannot take
