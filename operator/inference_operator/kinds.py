@@ -1,15 +1,19 @@
 """Every kind of object the operator reads or writes, in one table.
 
 Paths (plural names), the set of owned kinds and the order they are applied in, which kinds
-come from an optional add-on, and the chart's RBAC rules are all derived from this table, so a
-new kind is added here once.
+come from an optional add-on, how reconcile treats each (replace, credentials, replicas) and
+the chart's RBAC rules are all derived from this table, so a new kind is added here once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .models import API_VERSION, KIND, PLURAL
+
+ManifestT = TypeVar("ManifestT", bound=Mapping[str, Any])
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,12 @@ class Kind:
     otherwise: str = "choose another mode"
     # The API server refuses any change to its spec: a changed one is deleted and created anew.
     replaced_on_change: bool = False
+    # Its objects hand a Prometheus credential to another program (KEDA reads the Secret and
+    # sends it): none is emitted while the operator's credential policy refuses that.
+    sends_credentials: bool = False
+    # An autoscaler may own the replica count: a desired object without one gets the live count
+    # back, or server-side apply would remove the field and the count fall to 1.
+    keeps_live_replicas: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -50,12 +60,19 @@ KINDS: tuple[Kind, ...] = (
         addon="Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+)",
         replaced_on_change=True,
     ),
-    Kind("apps/v1", "Deployment", "deployments", owned=True),
+    Kind("apps/v1", "Deployment", "deployments", owned=True, keeps_live_replicas=True),
     Kind("v1", "Service", "services", owned=True),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", owned=True),
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", owned=True),
-    Kind("keda.sh/v1alpha1", "TriggerAuthentication", "triggerauthentications", owned=True, addon="KEDA"),
-    Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", owned=True, addon="KEDA"),
+    Kind(
+        "keda.sh/v1alpha1",
+        "TriggerAuthentication",
+        "triggerauthentications",
+        owned=True,
+        addon="KEDA",
+        sends_credentials=True,
+    ),
+    Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", owned=True, addon="KEDA", sends_credentials=True),
     Kind(
         "inference.networking.k8s.io/v1",
         "InferencePool",
@@ -69,12 +86,22 @@ KINDS: tuple[Kind, ...] = (
 )
 
 BY_KEY: dict[tuple[str, str], Kind] = {k.key: k for k in KINDS}
+APPLY_ORDER: dict[tuple[str, str], int] = {k.key: position for position, k in enumerate(KINDS)}
 OWNED_KINDS: list[tuple[str, str]] = [k.key for k in KINDS if k.owned]
 PLURALS: dict[tuple[str, str], str] = {k.key: k.plural for k in KINDS}
 
 
 def kind_of(api_version: str, kind: str) -> Kind:
     return BY_KEY[api_version, kind]
+
+
+def kind_of_object(obj: Mapping[str, Any]) -> Kind:
+    return BY_KEY[obj["apiVersion"], obj["kind"]]
+
+
+def in_apply_order(objects: Iterable[ManifestT]) -> list[ManifestT]:
+    """`objects` sorted as the table lists their kinds (stable within a kind)."""
+    return sorted(objects, key=lambda obj: APPLY_ORDER[obj["apiVersion"], obj["kind"]])
 
 
 def unavailable_message(kind: Kind) -> str:

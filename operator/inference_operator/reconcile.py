@@ -21,10 +21,9 @@ from kubernetes.client.exceptions import ApiException
 
 from .builders import Owner, build_all
 from .builders.common import SPEC_HASH_ANNOTATION
-from .builders.keda import KEDA_API_VERSION
-from .credentials import CredentialPolicy, keda_refusal, model_refusal
+from .credentials import CredentialPolicy, CredentialsRefused, keda_refusal, model_refusal
 from .k8s import FIELD_MANAGER, KubeApi, Ref
-from .kinds import KINDS, Kind, kind_of
+from .kinds import KINDS, Kind, in_apply_order, kind_of_object
 from .ownership import Drift, drift, metadata_differs
 from .status import Problem
 
@@ -107,8 +106,8 @@ def owned_by(obj: dict, uid: str) -> bool:
 
 def keep_foreign_replicas(desired: dict, live: dict | None) -> dict:
     """When an HPA or KEDA owns the replica count we send none; send back the live count
-    instead, or server-side apply would drop the field and the Deployment fall to 1."""
-    if live is None or desired["kind"] != "Deployment" or "replicas" in desired["spec"]:
+    instead (for the kinds whose table entry says so: `Kind.keeps_live_replicas`)."""
+    if live is None or not kind_of_object(desired).keeps_live_replicas or "replicas" in desired["spec"]:
         return desired
     replicas = (live.get("spec") or {}).get("replicas")
     if replicas is None:
@@ -127,7 +126,7 @@ def plan(desired: dict, live: dict | None, owner_uid: str) -> Step:
     found = drift(live, desired, owner_uid, FIELD_MANAGER)
     live_hash = (live["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
     changed = live_hash != desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
-    if (found is not None or changed) and kind_of(desired["apiVersion"], desired["kind"]).replaced_on_change:
+    if (found is not None or changed) and kind_of_object(desired).replaced_on_change:
         # An immutable spec (a ResourceClaimTemplate): the pods that use it roll by its hash.
         return Step(desired, live, Action.REPLACED)
     if found is not None:
@@ -174,24 +173,48 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy = DEFAULT_POL
     Wanted kinds the cluster does not serve are skipped and listed in the result; the rest
     is still applied, so a service whose autoscaler add-on is missing still serves.
     """
-    wanted = [with_hash(obj) for obj in build_all(owner)]
+    wanted, refusal = desired_objects(api, owner, policy)
+    missing = unserved_kinds(api, wanted)
+    wanted = [obj for obj in wanted if kind_of_object(obj) not in missing]
+    # Foreign fields become ours first (ownership only: no spec changes), so the dry run judges
+    # the object as the apply will leave it: without a hand-added `privileged: true`, say, that
+    # would otherwise still be merged in and make our own fields invalid beside it.
+    steps = [_take_over(api, plan(obj, api.get(Ref.of(obj)), owner.uid)) for obj in wanted]
+    dry_run(api, steps)
+    result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
+    for step in steps:
+        result.changes.append(apply_step(api, step, result))
+    kept = {kind_of_object(obj) for obj in wanted} | set(missing)
+    result.changes.extend(prune(api, owner, kept))
+    return result
+
+
+def desired_objects(
+    api: KubeApi, owner: Owner, policy: CredentialPolicy
+) -> tuple[list[dict], CredentialsRefused | None]:
+    """What the spec asks for, hashed and in the table's apply order, less the kinds that would
+    hand out a credential the policy refuses (and that refusal, to report)."""
+    wanted = in_apply_order(with_hash(obj) for obj in build_all(owner))
     secret = lambda name: api.get(Ref("v1", "Secret", owner.namespace, name))  # noqa: E731
     if refused := model_refusal(owner.spec, policy, secret):
         raise refused  # no pod may carry this token: change nothing, the handler reports why
     refusal = keda_refusal(owner.spec.autoscaling, policy, secret)
     if refusal is not None:  # KEDA would send the Secret: emit none of its objects
-        wanted = [o for o in wanted if o["apiVersion"] != KEDA_API_VERSION]
-    missing = [k for k in (kind_of(o["apiVersion"], o["kind"]) for o in wanted) if not _served(api, k)]
-    missing_keys = {k.key for k in missing}
-    wanted = [o for o in wanted if (o["apiVersion"], o["kind"]) not in missing_keys]
+        wanted = [obj for obj in wanted if not kind_of_object(obj).sends_credentials]
+    return wanted, refusal
 
-    steps = [plan(obj, api.get(Ref.of(obj)), owner.uid) for obj in wanted]
-    # Foreign fields become ours first (ownership only: no spec changes), so the dry run judges
-    # the object as the apply will leave it: without a hand-added `privileged: true`, say, that
-    # would otherwise still be merged in and make our own fields invalid beside it.
-    steps = [_take_over(api, step) for step in steps]
-    pending = [s for s in steps if s.action != Action.UNCHANGED]
-    for step in pending:
+
+def unserved_kinds(api: KubeApi, objects: list[dict]) -> list[Kind]:
+    """The kinds among `objects` whose add-on this cluster does not serve, once each."""
+    kinds = dict.fromkeys(kind_of_object(obj) for obj in objects)
+    return [kind for kind in kinds if not _served(api, kind)]
+
+
+def dry_run(api: KubeApi, steps: list[Step]) -> None:
+    """Apply every pending step with `dryRun=All`; the first refusal stops all writes."""
+    for step in steps:
+        if step.action == Action.UNCHANGED:
+            continue
         try:
             api.apply(_dry_run_body(step), dry_run=True)
         except ApiException as exc:
@@ -199,25 +222,28 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy = DEFAULT_POL
                 raise
             raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
 
-    result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
-    for step in steps:
-        live = step.live
-        if step.action == Action.REPLACED:
-            api.delete(step.ref)
-            live = None
-        if step.action != Action.UNCHANGED:
-            live = api.apply(keep_foreign_replicas(step.desired, live))
-        detail = step.drift.describe() if step.drift else ""
-        result.changes.append(Change(step.action, step.ref.kind, step.ref.name, detail))
-        if step.ref.kind == "Deployment":
-            result.deployment = live
 
-    wanted_kinds = {(o["apiVersion"], o["kind"]) for o in wanted} | missing_keys
+def apply_step(api: KubeApi, step: Step, result: Result) -> Change:
+    """Carry out one step (a replaced object is deleted first); record the live Deployment."""
+    live = step.live
+    if step.action == Action.REPLACED:
+        api.delete(step.ref)
+        live = None
+    if step.action != Action.UNCHANGED:
+        live = api.apply(keep_foreign_replicas(step.desired, live))
+    if step.ref.kind == "Deployment":
+        result.deployment = live
+    return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else "")
+
+
+def prune(api: KubeApi, owner: Owner, kept: set[Kind]) -> list[Change]:
+    """Delete this InferenceService's objects of owned kinds it no longer wants (never another's)."""
+    deleted = []
     for kind in KINDS:
-        if not kind.owned or kind.key in wanted_kinds or not _served(api, kind):
+        if not kind.owned or kind in kept or not _served(api, kind):
             continue
         ref = Ref(kind.api_version, kind.kind, owner.namespace, owner.name)
         live = api.get(ref)
         if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            result.changes.append(Change(Action.DELETED, kind.kind, owner.name))
-    return result
+            deleted.append(Change(Action.DELETED, kind.kind, owner.name))
+    return deleted

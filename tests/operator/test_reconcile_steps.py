@@ -1,0 +1,103 @@
+"""reconcile() as named steps whose per-kind behaviour comes from the kinds table: the apply
+order, the kinds dropped when a credential is refused, the kinds whose live replica count is
+kept. Checked against a recording API, so the order of calls is seen exactly."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from inference_operator import reconcile as rc
+from inference_operator.builders import Owner, build_all
+from inference_operator.credentials import CredentialPolicy
+from inference_operator.k8s import Ref
+from inference_operator.kinds import APPLY_ORDER, BY_KEY, KINDS, in_apply_order
+from inference_operator.models import parse_spec
+
+KEDA_SPEC = {
+    "model": {"uri": "pvc://models/resnet"},
+    "resources": {"gpu": {"count": 1, "allocation": "dra"}},
+    "autoscaling": {
+        "mode": "keda",
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "metric": "queueDepth",
+        "target": 4,
+        "prometheusUrl": "https://prometheus.example",
+        "prometheusAuth": {"bearerTokenSecret": {"name": "prom", "key": "token"}},
+    },
+}
+
+
+class RecordingApi:
+    """Answers like an empty cluster that serves every kind; records writes in order."""
+
+    def __init__(self, objects: dict[tuple[str, str], dict] | None = None) -> None:
+        self.objects = objects or {}
+        self.applied: list[tuple[str, bool]] = []
+        self.deleted: list[str] = []
+
+    def get(self, ref: Ref) -> dict | None:
+        return copy.deepcopy(self.objects.get((ref.kind, ref.name)))
+
+    def serves(self, api_version: str, plural: str) -> bool:
+        return True
+
+    def apply(self, obj: dict, dry_run: bool = False) -> dict:
+        self.applied.append((obj["kind"], dry_run))
+        return obj
+
+    def delete(self, ref: Ref) -> bool:
+        self.deleted.append(ref.kind)
+        return self.objects.pop((ref.kind, ref.name), None) is not None
+
+
+def owner(spec: dict[str, Any] = KEDA_SPEC) -> Owner:
+    return Owner(name="resnet", namespace="ml", uid="u-1", spec=parse_spec(spec))
+
+
+SECRET = {"metadata": {"name": "prom", "labels": {"inference.rocm.dev/prometheus-credentials": "true"}}}
+
+
+def test_objects_are_applied_in_the_order_of_the_kinds_table_whatever_build_all_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built = build_all(owner())
+    kinds = [o["kind"] for o in built]
+    assert {"ResourceClaimTemplate", "Deployment", "TriggerAuthentication", "ScaledObject"} <= set(kinds)
+    monkeypatch.setattr(rc, "build_all", lambda _: list(reversed(built)))  # the worst order
+    api = RecordingApi({("Secret", "prom"): SECRET})
+    rc.reconcile(api, owner(), CredentialPolicy(allowed_urls=("https://prometheus.example",)))
+    expected = [k.kind for k in KINDS if k.kind in kinds]
+    assert [kind for kind, dry in api.applied if dry] == expected  # the dry run too
+    assert [kind for kind, dry in api.applied if not dry] == expected
+
+
+def test_the_table_puts_what_is_referenced_before_what_references_it() -> None:
+    position = {k.kind: APPLY_ORDER[k.key] for k in KINDS}
+    assert position["ResourceClaimTemplate"] < position["Deployment"]  # the pods name the template
+    assert position["TriggerAuthentication"] < position["ScaledObject"]  # the ScaledObject names it
+    objects = [{"apiVersion": k.api_version, "kind": k.kind} for k in reversed(KINDS)]
+    assert [o["kind"] for o in in_apply_order(objects)] == [k.kind for k in KINDS]
+
+
+def test_a_refused_credential_drops_exactly_the_kinds_that_would_send_it() -> None:
+    api = RecordingApi({("Secret", "prom"): {"metadata": {"name": "prom"}}})  # not labelled
+    result = rc.reconcile(api, owner(), CredentialPolicy(allowed_urls=("https://prometheus.example",)))
+    assert result.problem is not None and result.problem.reason == "PrometheusSecretNotLabelled"
+    applied = {kind for kind, _ in api.applied}
+    senders = {k.kind for k in KINDS if k.sends_credentials}
+    assert senders == {"TriggerAuthentication", "ScaledObject"}
+    assert applied.isdisjoint(senders) and {"Deployment", "Service"} <= applied
+
+
+def test_the_live_replica_count_is_kept_only_for_kinds_that_say_so() -> None:
+    desired = next(o for o in build_all(owner()) if o["kind"] == "Deployment")
+    assert "replicas" not in desired["spec"]  # KEDA owns the count
+    live = {"spec": {"replicas": 3}}
+    assert rc.keep_foreign_replicas(desired, live)["spec"]["replicas"] == 3
+    service = next(o for o in build_all(owner()) if o["kind"] == "Service")
+    assert not BY_KEY["v1", "Service"].keeps_live_replicas
+    assert rc.keep_foreign_replicas(service, live) is service
