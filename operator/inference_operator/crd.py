@@ -133,7 +133,26 @@ def _json_schema(model: type[BaseModel]) -> dict[str, Any]:
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """One pydantic JSON-schema node as an OpenAPI v3 structural-schema node: references
     inlined, Optional unwrapped, draft-2020 exclusive bounds in OpenAPI's boolean form."""
-    node = dict(node)
+    node = _unwrapped(dict(node), defs)
+    if node.get("additionalProperties") is False:
+        del node["additionalProperties"]  # unknown fields are pruned (and refused by strict validation)
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), int | float) and not isinstance(node[bound], bool):
+            node[plain], node[bound] = node[bound], True
+    _nested(node, defs)
+    if "x-kubernetes-validations" in node:
+        order = ("rule", "message", "messageExpression", "fieldPath", "reason")
+        node["x-kubernetes-validations"] = [
+            {k: r[k] for k in order if k in r} for r in node["x-kubernetes-validations"]
+        ]
+    unknown = set(node) - set(_KEY_ORDER) - _DROPPED
+    if unknown:
+        raise ValueError(f"no place in a structural schema for {sorted(unknown)}: {node}")
+    return {key: node[key] for key in _KEY_ORDER if key in node}
+
+
+def _unwrapped(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """`node` with its references inlined and its Optional / single allOf wrappers removed."""
     while True:
         if "$ref" in node:
             # A model's docstring is for developers; only a field's description reaches users.
@@ -147,27 +166,17 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         elif "allOf" in node and len(node["allOf"]) == 1:
             node = {**node.pop("allOf")[0], **node}
         else:
-            break
-    if node.get("additionalProperties") is False:
-        del node["additionalProperties"]  # unknown fields are pruned (and refused by strict validation)
-    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if isinstance(node.get(bound), int | float) and not isinstance(node[bound], bool):
-            node[plain], node[bound] = node[bound], True
+            return node
+
+
+def _nested(node: dict[str, Any], defs: dict[str, Any]) -> None:
+    """Make the schemas nested in `node` (properties, items, map values) structural too."""
     if "properties" in node:
         node["properties"] = {name: _structural(sub, defs) for name, sub in node["properties"].items()}
     if isinstance(node.get("items"), dict):
         node["items"] = _structural(node["items"], defs)
     if isinstance(node.get("additionalProperties"), dict):
         node["additionalProperties"] = _structural(node["additionalProperties"], defs)
-    if "x-kubernetes-validations" in node:
-        order = ("rule", "message", "messageExpression", "fieldPath", "reason")
-        node["x-kubernetes-validations"] = [
-            {k: r[k] for k in order if k in r} for r in node["x-kubernetes-validations"]
-        ]
-    unknown = set(node) - set(_KEY_ORDER) - _DROPPED
-    if unknown:
-        raise ValueError(f"no place in a structural schema for {sorted(unknown)}: {node}")
-    return {key: node[key] for key in _KEY_ORDER if key in node}
 
 
 def _schema_of(model: type[BaseModel]) -> dict[str, Any]:

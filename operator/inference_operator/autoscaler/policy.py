@@ -203,48 +203,21 @@ def decide(observation: Observation, current_replicas: int, policy: Policy, hist
     if current != current_replicas:
         bounds = f"; spec.replicas {current_replicas} brought into [{policy.min_replicas}, {policy.max_replicas}]"
     value = observation.value
-    if value is None or not math.isfinite(value):
-        note = observation.note or ("no samples" if value is None else f"value {value}")
-        return Decision(current, f"no data ({note}): holding {current}{bounds}", current)
-    if observation.age_seconds > policy.stale_after_seconds:
-        return Decision(
-            current,
-            f"stale data ({observation.age_seconds:.0f}s old, limit "
-            f"{policy.stale_after_seconds:.0f}s): holding {current}{bounds}",
-            current,
-        )
+    if value is None or not math.isfinite(value) or observation.age_seconds > policy.stale_after_seconds:
+        return Decision(current, f"{_unusable(observation, policy)}: holding {current}{bounds}", current)
 
-    seen = f"{policy.metric}={_fmt(value)} target={_fmt(policy.target)}"
     recommendation, why = recommend(value, current, observation.ready_replicas, policy)
-
     # Stabilization (HPA semantics): up takes the recommendation, down the window's maximum.
     window = policy.scale_down_stabilization_seconds
     in_window = [r for t, r in history.recommendations if t > now - window]
     if not history.covers(now, window):
         in_window.append(current)
     ceiling = max([recommendation, *in_window])
-    result = min(max(current, recommendation), ceiling)
+    stabilized = min(max(current, recommendation), ceiling)
+    fast = stabilized > current and policy.fast_factor is not None and value > policy.fast_factor * policy.target
+    result, limited = _rate_limited(stabilized, current, policy, history, now, fast)
 
-    fast = False
-    limited = ""
-    if result > current:
-        fast = policy.fast_factor is not None and value > policy.fast_factor * policy.target
-        limit = scale_up_limit(current, history, policy.scale_up, now, fast)
-        if result > limit:
-            rule = policy.scale_up
-            limited = (
-                f", limited by scaleUp ({rule.pods} pods or {rule.percent}% per "
-                f"{rule.period_seconds:g}s{', counted per decision' if fast else ''})"
-            )
-            result = limit
-    elif result < current:
-        limit = scale_down_limit(current, history, policy.scale_down, now)
-        if result < limit:
-            rule = policy.scale_down
-            limited = f", limited by scaleDown ({rule.pods} pods or {rule.percent}% per {rule.period_seconds:g}s)"
-            result = limit
-    result = policy.bounded(result)
-
+    seen = f"{policy.metric}={_fmt(value)} target={_fmt(policy.target)}"
     if result > current:
         path = " [fast path]" if fast else ""
         reason = f"{seen}: {why}, scale up {current} -> {result} (wants {recommendation}{limited}){path}"
@@ -260,3 +233,34 @@ def decide(observation: Observation, current_replicas: int, policy: Policy, hist
     else:
         reason = f"{seen}: {why}; holding {current}"
     return Decision(result, reason + bounds, recommendation, fast)
+
+
+def _unusable(observation: Observation, policy: Policy) -> str:
+    """Why an observation without a usable value cannot be acted on."""
+    value = observation.value
+    if value is None or not math.isfinite(value):
+        return f"no data ({observation.note or ('no samples' if value is None else f'value {value}')})"
+    return f"stale data ({observation.age_seconds:.0f}s old, limit {policy.stale_after_seconds:.0f}s)"
+
+
+def _rate_limited(
+    wanted: int, current: int, policy: Policy, history: History, now: float, fast: bool
+) -> tuple[int, str]:
+    """`wanted` held to the behavior rules (and the bounds), with what limited it, if anything."""
+    limited = ""
+    if wanted > current:
+        limit = scale_up_limit(current, history, policy.scale_up, now, fast)
+        if wanted > limit:
+            rule = policy.scale_up
+            limited = (
+                f", limited by scaleUp ({rule.pods} pods or {rule.percent}% per "
+                f"{rule.period_seconds:g}s{', counted per decision' if fast else ''})"
+            )
+            wanted = limit
+    elif wanted < current:
+        limit = scale_down_limit(current, history, policy.scale_down, now)
+        if wanted < limit:
+            rule = policy.scale_down
+            limited = f", limited by scaleDown ({rule.pods} pods or {rule.percent}% per {rule.period_seconds:g}s)"
+            wanted = limit
+    return policy.bounded(wanted), limited

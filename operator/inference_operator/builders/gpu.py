@@ -214,34 +214,41 @@ def gpu_view(objects: list[dict]) -> list[dict]:
     """What each model-server pod among rendered `objects` gets for its GPUs, one entry per
     Deployment: extended resources or claims, the claim template, env, placement, groups, devices."""
     templates = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ResourceClaimTemplate"}
-    views = []
-    for deployment in (o for o in objects if o["kind"] == "Deployment"):
-        pod = deployment["spec"]["template"]["spec"]
-        container = pod["containers"][0]
-        resources = container["resources"]
-        extended = {k: v for k, v in resources.get("limits", {}).items() if k.startswith(f"{RESOURCE_DOMAIN}/")}
-        view: dict = {"name": deployment["metadata"]["name"]}
-        if extended:
-            view["resources"] = {"requests": dict(extended), "limits": dict(extended)}
-        if claims := pod.get("resourceClaims"):
-            view["resourceClaims"] = claims
-            view["containerClaims"] = resources.get("claims", [])
-            for claim in claims:
-                template = templates.get(claim.get("resourceClaimTemplateName", ""))
-                if template is not None:
-                    view["resourceClaimTemplate"] = template["spec"]["spec"]
-        env = {e["name"]: e["value"] for e in container.get("env", []) if e["name"].endswith("_VISIBLE_DEVICES")}
-        if env:
-            view["env"] = env
-        for key in ("affinity", "tolerations"):
-            if key in pod:
-                view[key] = pod[key]
-        if groups := pod["securityContext"].get("supplementalGroups"):
-            view["supplementalGroups"] = groups
-        if extended or claims:
-            allocator = "the DRA driver (CDI)" if claims else "the device plugin"
-            view["devices"] = f"/dev/kfd and the /dev/dri/renderD* of the allocated GPUs, mapped in by {allocator}"
-        else:
-            view["devices"] = "none (CPU only)"
-        views.append(view)
-    return views
+    return [_pod_gpu_view(o, templates) for o in objects if o["kind"] == "Deployment"]
+
+
+def _pod_gpu_view(deployment: dict, templates: dict[str, dict]) -> dict:
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    resources = container["resources"]
+    extended = {k: v for k, v in resources.get("limits", {}).items() if k.startswith(f"{RESOURCE_DOMAIN}/")}
+    view: dict = {"name": deployment["metadata"]["name"]}
+    if extended:
+        view["resources"] = {"requests": dict(extended), "limits": dict(extended)}
+    claims = pod.get("resourceClaims")
+    if claims:
+        view |= _claims_view(claims, resources, templates)
+    env = {e["name"]: e["value"] for e in container.get("env", []) if e["name"].endswith("_VISIBLE_DEVICES")}
+    if env:
+        view["env"] = env
+    view |= {key: pod[key] for key in ("affinity", "tolerations") if key in pod}
+    if groups := pod["securityContext"].get("supplementalGroups"):
+        view["supplementalGroups"] = groups
+    view["devices"] = _devices(bool(extended), bool(claims))
+    return view
+
+
+def _claims_view(claims: list[dict], resources: dict, templates: dict[str, dict]) -> dict:
+    view = {"resourceClaims": claims, "containerClaims": resources.get("claims", [])}
+    for claim in claims:
+        template = templates.get(claim.get("resourceClaimTemplateName", ""))
+        if template is not None:
+            view["resourceClaimTemplate"] = template["spec"]["spec"]
+    return view
+
+
+def _devices(extended: bool, claims: bool) -> str:
+    if not (extended or claims):
+        return "none (CPU only)"
+    allocator = "the DRA driver (CDI)" if claims else "the device plugin"
+    return f"/dev/kfd and the /dev/dri/renderD* of the allocated GPUs, mapped in by {allocator}"
