@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quality gates, run by scripts/test.sh before the tests (and by hand: `bash scripts/check.sh`):
-# lint, format, types and import contracts. Each names what is wrong; the first failure stops CI.
+# lint, format, types, import contracts and the generated CRD's freshness. Each names what is wrong; the first failure stops CI.
 # Uses the project's .venv (scripts/setup.sh installs the `dev` extra into it), or $VENV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +13,5 @@ step "ruff check";          "$bin/ruff" check --no-cache .
 step "ruff format --check"; "$bin/ruff" format --check --no-cache .
 step "mypy";                "$bin/mypy"
 step "import contracts";    "$bin/lint-imports" --no-cache
+step "CRD up to date";      "$bin/python" -m inference_operator.crd --check
 echo "gates passed" >&2

@@ -1,0 +1,50 @@
+"""The import contracts (pyproject.toml, `lint-imports` in scripts/check.sh) catch what they
+are for: a copy of the tree with a violating import fails them, naming the import."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LINT_IMPORTS = pathlib.Path(sys.executable).parent / "lint-imports"
+
+
+def _tree_copy(tmp_path: pathlib.Path) -> pathlib.Path:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.onnx", "*.pt")
+    for package in ("operator", "server", "testsupport", "tests"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def _lint(tree: pathlib.Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tree / 'operator'}:{tree / 'server'}:{tree}"}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=tree, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def _append(path: pathlib.Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="lint-imports is installed with the dev extra")
+def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
+    tree = _tree_copy(tmp_path)
+    assert _lint(tree).returncode == 0, "the tree as it is keeps its contracts"
+
+    package = tree / "operator" / "inference_operator"
+    _append(package / "ownership.py", "import subprocess")  # a pure module starting a process
+    _append(package / "models.py", "from . import status")  # the bottom layer importing upwards
+    _append(tree / "server" / "model_server" / "batching.py", "import starlette")  # the core importing HTTP
+    result = _lint(tree)
+    assert result.returncode != 0
+    report = " ".join(result.stdout.split())
+    assert "inference_operator.ownership is not allowed to import subprocess" in report
+    assert "inference_operator.models is not allowed to import inference_operator.status" in report
+    assert "model_server.batching is not allowed to import starlette" in report
