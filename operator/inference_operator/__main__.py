@@ -18,6 +18,7 @@ from . import config
 from .builders import build_all
 from .builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV
 from .builders.gpu import gpu_view
+from .jsontypes import JsonObject
 from .models import API_VERSION, KIND, GpuAllocation, ResourceNaming, SpecError, parse_spec
 from .settings import SUPPLEMENTAL_GROUPS_ENV, GpuDefaults, SettingsError, parse_groups
 
@@ -34,7 +35,7 @@ class RenderError(Exception):
 
 def render_documents(
     documents: Iterable[object], source: str = "<stdin>", operator: config.OperatorConfig | None = None
-) -> list[dict]:
+) -> list[JsonObject]:
     """Every object the operator configured as `operator` (built-in defaults when None) would
     create for the InferenceServices among `documents`.
 
@@ -42,7 +43,7 @@ def render_documents(
     CRD): what `kubectl apply` would refuse, render refuses, naming the field.
     """
     operator = operator or config.OperatorConfig()
-    objects: list[dict] = []
+    objects: list[JsonObject] = []
     for index, doc in enumerate(documents, start=1):
         if doc is None:
             continue
@@ -98,7 +99,7 @@ def _gpu_defaults(args: argparse.Namespace, defaults: GpuDefaults) -> GpuDefault
 
 def _render(args: argparse.Namespace, out: TextIO) -> int:
     operator = _render_config(args)
-    objects: list[dict] = []
+    objects: list[JsonObject] = []
     for path in args.filename:
         try:
             stream = sys.stdin if path == "-" else open(path, encoding="utf-8")

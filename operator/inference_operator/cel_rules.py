@@ -50,7 +50,8 @@ def child(schema: dict[str, Any], key: str) -> dict[str, Any]:
     """The schema of property `key` of an object described by `schema` ({} when undeclared)."""
     props = schema.get("properties") or {}
     if key in props:
-        return props[key]
+        found: dict[str, Any] = props[key]
+        return found
     extra = schema.get("additionalProperties")
     return extra if isinstance(extra, dict) else {}
 

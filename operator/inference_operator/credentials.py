@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from .jsontypes import JsonObject
 from .models import AutoscalingMode, AutoscalingSpec, InferenceServiceSpec, SecretKeyRef
 
 SECRET_LABEL = "inference.rocm.dev/prometheus-credentials"
@@ -153,7 +154,7 @@ def check_url(scaling: AutoscalingSpec, policy: CredentialPolicy) -> None:
         )
 
 
-def check_secret(secret: dict, ref: SecretKeyRef) -> None:
+def check_secret(secret: JsonObject, ref: SecretKeyRef) -> None:
     """Refuse a Secret that has not opted in with the label."""
     labels = (secret.get("metadata") or {}).get("labels") or {}
     if labels.get(SECRET_LABEL) != "true":
@@ -170,15 +171,15 @@ def secret_refs(scaling: AutoscalingSpec) -> list[SecretKeyRef]:
 
 
 def check(
-    scaling: AutoscalingSpec, policy: CredentialPolicy, read_secret: Callable[[str], dict | None]
-) -> dict[str, dict]:
+    scaling: AutoscalingSpec, policy: CredentialPolicy, read_secret: Callable[[str], JsonObject | None]
+) -> dict[str, JsonObject]:
     """Every rule for one spec; the Secrets it names (by name) when all pass.
 
     `read_secret(name)` returns the Secret or None when it does not exist; a missing Secret is
     not a refusal (it may yet be created), so it is simply absent from the answer.
     """
     check_url(scaling, policy)
-    secrets: dict[str, dict] = {}
+    secrets: dict[str, JsonObject] = {}
     for ref in secret_refs(scaling):
         secret = read_secret(ref.name)
         if secret is None:
@@ -206,7 +207,7 @@ REFUSALS = (
 
 
 def keda_refusal(
-    scaling: AutoscalingSpec | None, policy: CredentialPolicy, read_secret: Callable[[str], dict | None]
+    scaling: AutoscalingSpec | None, policy: CredentialPolicy, read_secret: Callable[[str], JsonObject | None]
 ) -> CredentialsRefused | None:
     """Why the KEDA objects must not be emitted, or None. KEDA reads the Secret itself and
     sends it to the same URL, so a Secret that does not exist yet is refused too: it could
@@ -224,7 +225,7 @@ def keda_refusal(
 
 
 def model_refusal(
-    spec: InferenceServiceSpec, policy: CredentialPolicy, read_secret: Callable[[str], dict | None]
+    spec: InferenceServiceSpec, policy: CredentialPolicy, read_secret: Callable[[str], JsonObject | None]
 ) -> CredentialsRefused | None:
     """Why no pod may carry the spec's Hub token, or None (also when there is no token)."""
     hub = spec.model.hugging_face

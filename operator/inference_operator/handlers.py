@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import kopf
 import urllib3
@@ -23,6 +23,7 @@ from . import config, credentials, metrics, ownership, policy
 from . import status as st
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
+from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
 from .kinds import KINDS, unavailable_message
 from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
@@ -114,16 +115,23 @@ def _temporary(exc: ApiException | urllib3.exceptions.HTTPError, retry: int = 0)
     return kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=delay)
 
 
-def _normal_event(body: kopf.Body | dict, reason: str, message: str) -> None:
+def _normal_event(body: kopf.Body | JsonObject, reason: str, message: str) -> None:
     """A Normal event; kopf.info would obey posting.level, which keeps log lines out."""
-    kopf.event(body, type="Normal", reason=reason, message=message)
+    kopf.event(_body(body), type="Normal", reason=reason, message=message)
+
+
+def _body(obj: kopf.Body | JsonObject) -> kopf.Body:
+    """An object read through the API as kopf's events take it (kopf reads only its metadata)."""
+    return cast(kopf.Body, obj)
 
 
 def _isvc_ref(namespace: str, name: str) -> Ref:
     return Ref(API_VERSION, KIND, namespace, name)
 
 
-def _publish(memo: kopf.Memo, ref: Ref, compute: Callable[[dict], dict | None]) -> tuple[dict | None, dict]:
+def _publish(
+    memo: kopf.Memo, ref: Ref, compute: Callable[[JsonObject], JsonObject | None]
+) -> tuple[JsonObject | None, JsonObject]:
     """Write only the status keys that changed, computed from the object as it is now.
 
     Several writers race (the reconcile handler, owned-object events, the autoscaler): each
@@ -133,9 +141,9 @@ def _publish(memo: kopf.Memo, ref: Ref, compute: Callable[[dict], dict | None]) 
     status); an unchanged status costs no write.
     """
     api: KubeApi = memo.api
-    computed: dict = {}
+    computed: JsonObject = {}
 
-    def changes(fresh: dict) -> dict | None:
+    def changes(fresh: JsonObject) -> JsonObject | None:
         new_status = compute(fresh)
         computed["status"] = fresh.get("status") if new_status is None else new_status
         return None if new_status is None else st.status_changes(fresh.get("status"), new_status)
@@ -179,7 +187,7 @@ def _report_api_error(
     kopf.warn(body, reason=problem.reason, message=problem.message)
 
 
-def _reconcile_checked(memo: kopf.Memo, name: str, namespace: str, uid: str, spec: dict) -> tuple[Owner, Result]:
+def _reconcile_checked(memo: kopf.Memo, name: str, namespace: str, uid: str, spec: JsonObject) -> tuple[Owner, Result]:
     """Parse the spec, hold it to the platform's pod policy, then reconcile it."""
     operator_config: config.OperatorConfig = memo.config
     owner = operator_config.owner(name, namespace, uid, parse_spec(spec))
@@ -262,11 +270,11 @@ def _give_up(
     raise kopf.PermanentError(problem.message)
 
 
-def _controller_owner(body: kopf.Body) -> dict | None:
-    for ref in body["metadata"].get("ownerReferences") or []:
-        if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION and ref.get("controller"):
-            return ref
-    return None
+def _controller_owner(body: kopf.Body) -> JsonObject | None:
+    refs: list[JsonObject] = body["metadata"].get("ownerReferences") or []
+    return next(
+        (r for r in refs if r.get("kind") == KIND and r.get("apiVersion") == API_VERSION and r.get("controller")), None
+    )
 
 
 def _suspect(body: kopf.Body) -> str | None:
@@ -279,7 +287,9 @@ def _suspect(body: kopf.Body) -> str | None:
 
 def _repair_times(memo: kopf.Memo, key: tuple[str, str]) -> collections.deque[float]:
     """When this InferenceService's recent repairs wrote something (only those count)."""
-    repairs: collections.defaultdict = memo.setdefault("repairs", collections.defaultdict(collections.deque))
+    repairs: collections.defaultdict[tuple[str, str], collections.deque[float]] = memo.setdefault(
+        "repairs", collections.defaultdict(collections.deque)
+    )
     return repairs[key]
 
 
@@ -296,7 +306,9 @@ async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: kopf
         await asyncio.sleep(wait)
 
 
-def _repair(memo: kopf.Memo, isvc: dict, why: str, logger: kopf.Logger) -> tuple[Result | None, st.Problem | None]:
+def _repair(
+    memo: kopf.Memo, isvc: JsonObject, why: str, logger: kopf.Logger
+) -> tuple[Result | None, st.Problem | None]:
     """Reconcile an InferenceService whose owned object was deleted or edited by hand.
 
     Not when a credential its pods would carry is no longer allowed: then the problem says why.
@@ -340,7 +352,7 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             return
         if isvc["metadata"].get("deletionTimestamp"):
             return
-        deployment: dict | None = dict(body) if event["type"] != "DELETED" else None
+        deployment: JsonObject | None = dict(body) if event["type"] != "DELETED" else None
         refused: st.Problem | None = None
         if why is not None:
             await _await_repair_slot(memo, (namespace, owner_ref["name"]), logger)
@@ -353,7 +365,7 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             return
         state = st.rollout(deployment)
 
-        def mirrored(fresh: dict) -> dict | None:
+        def mirrored(fresh: JsonObject) -> JsonObject | None:
             status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
             if refused is None and status.get("observedGeneration") != generation:
                 return None  # a reconcile of this generation is under way and publishes it all at once
@@ -379,7 +391,7 @@ for _kind in KINDS:
         )(owned_event)
 
 
-def _announce_readiness(isvc: dict, previous: dict | None, new: dict) -> None:
+def _announce_readiness(isvc: JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
     """An event when the service becomes ready, a warning when a ready one stops being so."""
     before, after = st.condition_status(previous, st.READY), st.condition_status(new, st.READY)
     if before == after or (after != "True" and before != "True"):
@@ -389,7 +401,7 @@ def _announce_readiness(isvc: dict, previous: dict | None, new: dict) -> None:
     if after == "True":
         _normal_event(isvc, "Ready", condition["message"])
     else:
-        kopf.warn(isvc, reason=condition["reason"], message=condition["message"])
+        kopf.warn(_body(isvc), reason=condition["reason"], message=condition["message"])
 
 
 from .autoscaler import handlers as _autoscaler  # noqa: E402,F401

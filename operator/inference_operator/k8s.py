@@ -17,6 +17,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from .builders.common import MANAGER
+from .jsontypes import JsonObject
 from .kinds import PLURALS
 
 FIELD_MANAGER = MANAGER
@@ -34,7 +35,7 @@ class Ref:
     name: str
 
     @classmethod
-    def of(cls, obj: dict) -> Ref:
+    def of(cls, obj: JsonObject) -> Ref:
         meta = obj["metadata"]
         return cls(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
 
@@ -57,9 +58,9 @@ def load_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClien
     (the operator passes its KUBECONFIG; the kubernetes package reads that variable only once,
     when it is imported)."""
     try:
-        kubernetes.config.load_incluster_config()
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(config_file=kubeconfig)
+        kubernetes.config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     config = kubernetes.client.Configuration.get_default_copy()
     # One kept-alive connection per handler thread (2 x --concurrency, see __main__); the
     # client's default (5 per core) made the rest reconnect for every request.
@@ -82,7 +83,7 @@ class KubeApi:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
-    ) -> dict:
+    ) -> JsonObject:
         request = self._client.param_serialize(
             method=method,
             resource_path=path,
@@ -92,11 +93,11 @@ class KubeApi:
             auth_settings=["BearerToken"],
         )
         response = self._client.call_api(*request, _request_timeout=self._timeout)
-        response.read()
+        response.read()  # type: ignore[no-untyped-call]
         # Deserialised as "object", the body is a dict (the client's annotation says str).
-        return cast(dict, self._client.response_deserialize(response, {"2XX": "object"}).data)
+        return cast(JsonObject, self._client.response_deserialize(response, {"2XX": "object"}).data)
 
-    def get(self, ref: Ref) -> dict | None:
+    def get(self, ref: Ref) -> JsonObject | None:
         try:
             return self._call("GET", ref.path())
         except ApiException as exc:
@@ -104,7 +105,7 @@ class KubeApi:
                 return None
             raise
 
-    def apply(self, obj: dict, dry_run: bool = False) -> dict:
+    def apply(self, obj: JsonObject, dry_run: bool = False) -> JsonObject:
         """Server-side apply, which also creates a missing object. One field manager owns
         exactly the fields we send (forcing conflicts: the operator is the authority on
         them); a field we stop sending is removed. `dry_run` validates the whole object with
@@ -120,7 +121,7 @@ class KubeApi:
             content_type="application/apply-patch+yaml",
         )
 
-    def replace_managed_fields(self, ref: Ref, managed_fields: list[dict], resource_version: str) -> dict:
+    def replace_managed_fields(self, ref: Ref, managed_fields: list[JsonObject], resource_version: str) -> JsonObject:
         """Rewrite an object's field ownership (as client-go's csaupgrade does), guarded by
         its resourceVersion so a concurrent change makes this fail rather than be lost."""
         patch = {"metadata": {"managedFields": managed_fields, "resourceVersion": resource_version}}
@@ -156,16 +157,16 @@ class KubeApi:
             raise
         return True
 
-    def patch_status(self, ref: Ref, status: dict, resource_version: str | None = None) -> dict:
+    def patch_status(self, ref: Ref, status: JsonObject, resource_version: str | None = None) -> JsonObject:
         """Merge-patch `status`; with `resource_version`, only if the object is still that one."""
-        body: dict = {"status": status}
+        body: JsonObject = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
         return self._call("PATCH", ref.path("status"), body=body, content_type="application/merge-patch+json")
 
     def update_status(
-        self, ref: Ref, changes: Callable[[dict], dict | None], attempts: int = 5
-    ) -> tuple[dict | None, dict | None]:
+        self, ref: Ref, changes: Callable[[JsonObject], JsonObject | None], attempts: int = 5
+    ) -> tuple[JsonObject | None, JsonObject | None]:
         """Read the object, let `changes(obj)` say which status keys to set, write them guarded by
         the resourceVersion read; on a conflict, read and decide again.
 
@@ -192,5 +193,5 @@ class KubeApi:
             return obj, patch
         raise ApiException(status=409, reason=f"status of {ref.kind} {ref.name} kept changing")
 
-    def patch(self, ref: Ref, patch: dict, subresource: str | None = None) -> dict:
+    def patch(self, ref: Ref, patch: JsonObject, subresource: str | None = None) -> JsonObject:
         return self._call("PATCH", ref.path(subresource), body=patch, content_type="application/merge-patch+json")

@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from pydantic.alias_generators import to_camel
 
 from .cel_rules import evaluate_rules
+from .jsontypes import JsonObject
 
 GROUP = "inference.rocm.dev"
 VERSION = "v1alpha1"
@@ -847,7 +848,7 @@ def check_name(name: str) -> None:
         raise SpecError("metadata.name", f"{name!r}: {NAME_MESSAGE.removeprefix('metadata.name ')}")
 
 
-def parse_spec(spec: dict) -> InferenceServiceSpec:
+def parse_spec(spec: JsonObject) -> InferenceServiceSpec:
     """Validate a raw `spec` mapping; raise SpecError naming the first bad field."""
     from pydantic import ValidationError
 

@@ -25,6 +25,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .jsontypes import JsonObject
+
 FieldSet = dict[str, "FieldSet"]
 Path = tuple[str, ...]
 
@@ -37,7 +39,7 @@ class Drift:
     """Foreign spec fields found on a live object, and the ownership that repairs them."""
 
     managers: tuple[str, ...]
-    managed_fields: list[dict]
+    managed_fields: list[JsonObject]
 
     def describe(self) -> str:
         return "fields changed by " + ", ".join(self.managers)
@@ -70,7 +72,7 @@ def split(fields: FieldSet, keep: Callable[[Path], bool], path: Path = ()) -> tu
     return kept, moved
 
 
-def tolerated(desired: dict, owner_uid: str) -> Callable[[Path], bool]:
+def tolerated(desired: JsonObject, owner_uid: str) -> Callable[[Path], bool]:
     """The fields others may own on an object whose desired manifest is `desired`."""
     meta = desired.get("metadata") or {}
     ours: dict[Path, set[str]] = {
@@ -95,7 +97,7 @@ def tolerated(desired: dict, owner_uid: str) -> Callable[[Path], bool]:
     return keep
 
 
-def drift(live: dict, desired: dict, owner_uid: str, manager: str) -> Drift | None:
+def drift(live: JsonObject, desired: JsonObject, owner_uid: str, manager: str) -> Drift | None:
     """Foreign ownership on `live` that the operator must take over, or None.
 
     Only foreign fields outside `metadata` count as drift; metadata keys the operator sets
@@ -105,8 +107,8 @@ def drift(live: dict, desired: dict, owner_uid: str, manager: str) -> Drift | No
     keep = tolerated(desired, owner_uid)
     taken: FieldSet = {}
     managers: list[str] = []
-    remaining: list[dict] = []
-    ours: dict | None = None
+    remaining: list[JsonObject] = []
+    ours: JsonObject | None = None
     for entry in entries:
         if entry.get("manager") == manager and entry.get("operation") == APPLY and not entry.get("subresource"):
             ours = entry
@@ -133,7 +135,7 @@ def drift(live: dict, desired: dict, owner_uid: str, manager: str) -> Drift | No
     return Drift(tuple(sorted(set(managers))), [own, *remaining])
 
 
-def metadata_differs(live: dict, desired: dict) -> bool:
+def metadata_differs(live: JsonObject, desired: JsonObject) -> bool:
     """Whether a label or annotation the operator sets has another value on `live`."""
     live_meta, want = live.get("metadata") or {}, desired.get("metadata") or {}
     for key in ("labels", "annotations"):
@@ -143,7 +145,7 @@ def metadata_differs(live: dict, desired: dict) -> bool:
     return False
 
 
-def foreign_spec_managers(live: dict, manager: str) -> list[str]:
+def foreign_spec_managers(live: JsonObject, manager: str) -> list[str]:
     """Managers other than the operator's Apply that own anything outside metadata and status.
 
     A cheap first look at an object from a watch event: when it finds none, the object has

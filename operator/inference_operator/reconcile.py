@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from .builders import Owner, build_all
 from .builders.common import SPEC_HASH_ANNOTATION
 from .credentials import CredentialPolicy, CredentialsRefused, keda_refusal, model_refusal
+from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref
 from .kinds import KINDS, Kind, in_apply_order, kind_of_object
 from .ownership import Drift, drift, metadata_differs
@@ -55,7 +56,7 @@ class Change:
 @dataclass
 class Result:
     changes: list[Change] = field(default_factory=list)
-    deployment: dict | None = None
+    deployment: JsonObject | None = None
     # Wanted kinds the cluster does not serve (an add-on is missing): not applied.
     unavailable: list[Kind] = field(default_factory=list)
     # Something left out on purpose (a refused Prometheus credential): reported, then retried.
@@ -78,8 +79,8 @@ class ApplyRefused(Exception):
 class Step:
     """What to do with one desired object given its live state."""
 
-    desired: dict
-    live: dict | None
+    desired: JsonObject
+    live: JsonObject | None
     action: Action
     drift: Drift | None = None
 
@@ -88,23 +89,23 @@ class Step:
         return Ref.of(self.desired)
 
 
-def manifest_hash(obj: dict) -> str:
+def manifest_hash(obj: JsonObject) -> str:
     """A short digest of a desired manifest; any change to what we would send changes it."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def with_hash(obj: dict) -> dict:
+def with_hash(obj: JsonObject) -> JsonObject:
     obj = copy.deepcopy(obj)
     digest = manifest_hash(obj)
     obj["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest
     return obj
 
 
-def owned_by(obj: dict, uid: str) -> bool:
+def owned_by(obj: JsonObject, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def keep_foreign_replicas(desired: dict, live: dict | None) -> dict:
+def keep_foreign_replicas(desired: JsonObject, live: JsonObject | None) -> JsonObject:
     """When an HPA or KEDA owns the replica count we send none; send back the live count
     instead (for the kinds whose table entry says so: `Kind.keeps_live_replicas`)."""
     if live is None or not kind_of_object(desired).keeps_live_replicas or "replicas" in desired["spec"]:
@@ -115,7 +116,7 @@ def keep_foreign_replicas(desired: dict, live: dict | None) -> dict:
     return {**desired, "spec": {**desired["spec"], "replicas": replicas}}
 
 
-def plan(desired: dict, live: dict | None, owner_uid: str) -> Step:
+def plan(desired: JsonObject, live: JsonObject | None, owner_uid: str) -> Step:
     """Pure: whether `live` needs a write to become `desired` (which carries its hash)."""
     if live is None:
         return Step(desired, None, Action.CREATED)
@@ -146,7 +147,7 @@ def _take_over(api: KubeApi, step: Step) -> Step:
     return dataclasses.replace(step, live=live)
 
 
-def _dry_run_body(step: Step) -> dict:
+def _dry_run_body(step: Step) -> JsonObject:
     """What the dry run applies. A replaced object becomes a create, so it is judged as one: the
     same object under a name nothing has (over the live one, its immutable spec is refused)."""
     if step.action == Action.REPLACED:
@@ -191,7 +192,7 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy = DEFAULT_POL
 
 def desired_objects(
     api: KubeApi, owner: Owner, policy: CredentialPolicy
-) -> tuple[list[dict], CredentialsRefused | None]:
+) -> tuple[list[JsonObject], CredentialsRefused | None]:
     """What the spec asks for, hashed and in the table's apply order, less the kinds that would
     hand out a credential the policy refuses (and that refusal, to report)."""
     wanted = in_apply_order(with_hash(obj) for obj in build_all(owner))
@@ -204,7 +205,7 @@ def desired_objects(
     return wanted, refusal
 
 
-def unserved_kinds(api: KubeApi, objects: list[dict]) -> list[Kind]:
+def unserved_kinds(api: KubeApi, objects: list[JsonObject]) -> list[Kind]:
     """The kinds among `objects` whose add-on this cluster does not serve, once each."""
     kinds = dict.fromkeys(kind_of_object(obj) for obj in objects)
     return [kind for kind in kinds if not _served(api, kind)]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, replace
 
+from .jsontypes import JsonObject
+
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
@@ -73,26 +75,26 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def find_condition(conditions: list[dict] | None, type_: str) -> dict | None:
+def find_condition(conditions: list[JsonObject] | None, type_: str) -> JsonObject | None:
     """The condition of `type_` in a conditions list (any object's), or None."""
     return next((c for c in conditions or [] if c.get("type") == type_), None)
 
 
-def condition_status(status: dict | None, type_: str) -> str | None:
+def condition_status(status: JsonObject | None, type_: str) -> str | None:
     """ "True", "False", "Unknown" or None (absent) for one condition of a status."""
     condition = find_condition((status or {}).get("conditions"), type_)
     return condition.get("status") if condition else None
 
 
 def set_condition(
-    conditions: list[dict],
+    conditions: list[JsonObject],
     type_: str,
     status: bool,
     reason: str,
     message: str,
     now: str,
     generation: int | None = None,
-) -> list[dict]:
+) -> list[JsonObject]:
     """A copy of `conditions` with `type_` set; lastTransitionTime kept unless status flips."""
     value = "True" if status else "False"
     previous = find_condition(conditions, type_)
@@ -110,7 +112,7 @@ def set_condition(
     return sorted([*others, condition], key=lambda c: c["type"])
 
 
-def rollout(deployment: dict | None) -> Rollout:
+def rollout(deployment: JsonObject | None) -> Rollout:
     """The rollout state of a Deployment, with kubectl's rules (kubectl/pkg/polymorphichelpers).
 
     Done means: the controller has observed the latest spec, every desired replica runs the
@@ -148,12 +150,12 @@ def rollout(deployment: dict | None) -> Rollout:
 
 
 def compute_status(
-    previous: dict | None,
+    previous: JsonObject | None,
     state: Rollout,
     generation: int | None,
     problem: Problem | None = None,
     now: str | None = None,
-) -> dict:
+) -> JsonObject:
     """The status conditions and replica counts for the current state of the world.
 
     `problem` comes from the reconciler (invalid spec, apply refused, API missing); it wins
@@ -196,7 +198,7 @@ def compute_status(
     }
 
 
-def spec_problem(status: dict | None, kept: tuple[str, ...] = SPEC_PROBLEMS) -> Problem | None:
+def spec_problem(status: JsonObject | None, kept: tuple[str, ...] = SPEC_PROBLEMS) -> Problem | None:
     """The problem recorded in a status that rollout news must not clear (reasons in `kept`)."""
     condition = find_condition((status or {}).get("conditions"), DEGRADED)
     if condition and condition.get("status") == "True" and condition.get("reason") in kept:
@@ -204,13 +206,15 @@ def spec_problem(status: dict | None, kept: tuple[str, ...] = SPEC_PROBLEMS) -> 
     return None
 
 
-def status_changes(current: dict | None, desired: dict) -> dict:
+def status_changes(current: JsonObject | None, desired: JsonObject) -> JsonObject:
     """The top-level status keys whose value differs: what a merge patch has to send."""
     current = current or {}
     return {key: value for key, value in desired.items() if current.get(key) != value}
 
 
-def with_api_error(previous: dict | None, problem: Problem, generation: int | None, now: str | None = None) -> dict:
+def with_api_error(
+    previous: JsonObject | None, problem: Problem, generation: int | None, now: str | None = None
+) -> JsonObject:
     """`previous` status with Degraded set to `problem`; everything else as it was, except that
     an object never reconciled before also gets Ready=False for the same reason."""
     now = now or now_iso()

@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import metrics
 from ..credentials import CredentialPolicy, CredentialsRefused, check_secret, check_url
+from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
 from ..models import (
     API_VERSION,
@@ -30,6 +31,7 @@ from ..models import (
     Engine,
     InferenceServiceSpec,
     Metric,
+    PrometheusAuth,
     SecretKeyRef,
 )
 from ..status import find_condition, now_iso, set_condition, status_changes
@@ -83,7 +85,7 @@ def autoscaler_status(
     latency_p95_ms: float | None,
     decision: Decision,
     last_scale_time: str | None,
-) -> dict:
+) -> JsonObject:
     """`status.autoscaler`; None values delete their key in a merge patch."""
     return {
         "metric": metric.value,
@@ -96,8 +98,8 @@ def autoscaler_status(
 
 
 def scaling_active(
-    conditions: list[dict], observation: Observation, refusal: CredentialsRefused | None, generation: int | None
-) -> list[dict] | None:
+    conditions: list[JsonObject], observation: Observation, refusal: CredentialsRefused | None, generation: int | None
+) -> list[JsonObject] | None:
     """The conditions with `ScalingActive` brought up to date; None when it already says so.
 
     A refused Prometheus credential is reported here with its reason: the loop holds the
@@ -139,7 +141,7 @@ class Autoscaler:
         self.policy = policy  # the operator's (OperatorConfig.credentials)
         self.history = History()
         self._client: PrometheusClient | None = None
-        self._client_key: tuple | None = None
+        self._client_key: tuple[str, PrometheusAuth | None] | None = None
         self._client_born = 0.0
         self._had_data = True
         # (generation before our last scale write, replicas written): until the watch delivers
@@ -212,7 +214,7 @@ class Autoscaler:
         p95_ms = p95.value if p95 is not None and observation.value is not None else None
         return observation, p95_ms, None
 
-    async def tick(self, body: dict, spec: InferenceServiceSpec) -> float:
+    async def tick(self, body: JsonObject, spec: InferenceServiceSpec) -> float:
         """Observe, decide and act once; returns the seconds until the next tick is due."""
         scaling = spec.autoscaling
         assert scaling is not None
@@ -251,11 +253,11 @@ class Autoscaler:
         )
         desired = autoscaler_status(scaling.metric, observation, p95_ms, decision, last_scale_time)
 
-        def patch(fresh: dict) -> dict:
+        def patch(fresh: JsonObject) -> JsonObject:
             """From the object as it is now: the reconciler writes conditions too."""
             status = fresh.get("status") or {}
             changes = status_changes(status.get("autoscaler") or {}, desired)
-            found: dict = {"autoscaler": changes} if changes else {}
+            found: JsonObject = {"autoscaler": changes} if changes else {}
             conditions = scaling_active(status.get("conditions") or [], observation, refusal, generation or None)
             if conditions is not None:
                 found["conditions"] = conditions

@@ -15,6 +15,8 @@ from typing import Any, Self
 
 import httpx
 
+from ..jsontypes import JsonObject
+
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 
 
@@ -38,7 +40,7 @@ class Sample:
     timestamp: float
 
 
-def parse_response(payload: dict) -> Sample | None:
+def parse_response(payload: JsonObject) -> Sample | None:
     """The answer of an instant query; None for an empty vector (no matching series).
 
     The autoscaler's queries aggregate to one series; if a query ever yields more, the

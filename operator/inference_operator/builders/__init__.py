@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..jsontypes import JsonObject
 from ..kinds import OWNED_KINDS
 from ..models import AutoscalingMode
 from .common import Owner, selector_string, service_url
@@ -14,7 +15,7 @@ from .pdb import build_pdb, needs_pdb
 from .service import build_service
 
 
-def build_all(owner: Owner) -> list[dict]:
+def build_all(owner: Owner) -> list[JsonObject]:
     """Every object the InferenceService should have right now, in apply order."""
     objects = []
     if needs_claim_template(owner):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..jsontypes import JsonObject
 from ..models import API_VERSION, DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, KIND, Engine, InferenceServiceSpec, check_name
 from ..settings import FetchSettings, GpuDefaults
 
@@ -103,7 +104,7 @@ def selector_string(owner: Owner) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(owner).items()))
 
 
-def owner_reference(owner: Owner) -> dict:
+def owner_reference(owner: Owner) -> JsonObject:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -114,7 +115,7 @@ def owner_reference(owner: Owner) -> dict:
     }
 
 
-def object_meta(owner: Owner, name: str | None = None, annotations: dict | None = None) -> dict:
+def object_meta(owner: Owner, name: str | None = None, annotations: JsonObject | None = None) -> JsonObject:
     meta = {
         "name": name or owner.name,
         "namespace": owner.namespace,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from ..jsontypes import JsonObject
 from ..models import AutoscalingMode, Engine, InferenceServiceSpec
 from .common import Owner, object_meta, selector_labels, standard_labels
 from .gpu import GpuWiring, gpu_wiring
@@ -68,24 +69,24 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def _env(spec: InferenceServiceSpec, gpus: GpuWiring) -> list[dict]:
+def _env(spec: InferenceServiceSpec, gpus: GpuWiring) -> list[JsonObject]:
     env = dict(gpus.env)
     for var in spec.runtime.env:  # never one the operator sets: the schema refuses those
         env[var.name] = var.value
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def _resources(spec: InferenceServiceSpec, gpus: GpuWiring) -> dict:
+def _resources(spec: InferenceServiceSpec, gpus: GpuWiring) -> JsonObject:
     res = spec.resources
     # requests == limits: Guaranteed QoS, so latency does not depend on the neighbours.
     amounts = {"cpu": res.cpu, "memory": res.memory, **gpus.resources}
-    resources: dict = {"requests": dict(amounts), "limits": dict(amounts)}
+    resources: JsonObject = {"requests": dict(amounts), "limits": dict(amounts)}
     if gpus.claims:
         resources["claims"] = list(gpus.claims)
     return resources
 
 
-def _http_probe(path: str, period: int, failures: int) -> dict:
+def _http_probe(path: str, period: int, failures: int) -> JsonObject:
     return {
         "httpGet": {"path": path, "port": "http"},
         "periodSeconds": period,
@@ -94,7 +95,7 @@ def _http_probe(path: str, period: int, failures: int) -> dict:
     }
 
 
-def _container_security() -> dict:
+def _container_security() -> JsonObject:
     return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
@@ -103,7 +104,9 @@ def _container_security() -> dict:
     }
 
 
-def _model_server_container(owner: Owner, env: list[dict], resources: dict, mounts: list[dict]) -> dict:
+def _model_server_container(
+    owner: Owner, env: list[JsonObject], resources: JsonObject, mounts: list[JsonObject]
+) -> JsonObject:
     runtime = owner.spec.runtime
     return {
         "name": CONTAINER,
@@ -134,7 +137,7 @@ def metrics_port(owner: Owner) -> int:
     return runtime.port if runtime.engine == Engine.VLLM else runtime.metrics_port
 
 
-def build_deployment(owner: Owner) -> dict:
+def build_deployment(owner: Owner) -> JsonObject:
     spec = owner.spec
     runtime = spec.runtime
     gpus = gpu_wiring(owner)
@@ -156,7 +159,7 @@ def build_deployment(owner: Owner) -> dict:
     else:
         container = _model_server_container(owner, env, _resources(spec, gpus), mounts)
     container["securityContext"] = _container_security()
-    pod_security: dict = {
+    pod_security: JsonObject = {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
         "runAsGroup": RUN_AS_USER,
@@ -165,7 +168,7 @@ def build_deployment(owner: Owner) -> dict:
     }
     if gpus.supplemental_groups:
         pod_security["supplementalGroups"] = list(gpus.supplemental_groups)
-    pod_spec: dict = {
+    pod_spec: JsonObject = {
         "containers": [container],
         "volumes": volumes,
         "securityContext": pod_security,
@@ -189,7 +192,7 @@ def build_deployment(owner: Owner) -> dict:
     if scheduling.service_account_name:
         pod_spec["serviceAccountName"] = scheduling.service_account_name
 
-    deployment_spec: dict = {
+    deployment_spec: JsonObject = {
         "selector": {"matchLabels": selector_labels(owner)},
         # Never take a serving replica down before its replacement is ready.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from ..jsontypes import JsonObject
 from ..models import GPU_RESOURCE, GpuAllocation, GpuSpec, ResourceNaming
 from ..settings import GpuDefaults
 from .common import Owner, object_meta, standard_labels
@@ -64,11 +65,11 @@ class GpuWiring:
     """What the GPUs add to the pod: each part lands in one place of the Deployment."""
 
     resources: dict[str, str] = field(default_factory=dict)  # container requests and limits
-    claims: list[dict] = field(default_factory=list)  # container resources.claims
-    pod_claims: list[dict] = field(default_factory=list)  # pod spec.resourceClaims
+    claims: list[JsonObject] = field(default_factory=list)  # container resources.claims
+    pod_claims: list[JsonObject] = field(default_factory=list)  # pod spec.resourceClaims
     env: dict[str, str] = field(default_factory=dict)
-    affinity: dict | None = None
-    tolerations: list[dict] = field(default_factory=list)
+    affinity: JsonObject | None = None
+    tolerations: list[JsonObject] = field(default_factory=list)
     supplemental_groups: list[int] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)  # pod template
 
@@ -96,7 +97,7 @@ def visible_devices_env(gpu: GpuSpec) -> dict[str, str]:
     return {"ROCR_VISIBLE_DEVICES": gpu.visible_devices or identity, "HIP_VISIBLE_DEVICES": identity}
 
 
-def node_affinity(gpu: GpuSpec, naming: ResourceNaming) -> dict | None:
+def node_affinity(gpu: GpuSpec, naming: ResourceNaming) -> JsonObject | None:
     """Required node affinity on the labeller's labels; the partition label in either spelling.
 
     Expressions within a term are ANDed and terms are ORed, so each spelling of the partition
@@ -104,7 +105,7 @@ def node_affinity(gpu: GpuSpec, naming: ResourceNaming) -> dict | None:
     resource name already pins the partition (and a node with mixed partitions has no label).
     """
 
-    def common() -> list[dict]:
+    def common() -> list[JsonObject]:
         return [
             {"key": label, "operator": "In", "values": [getattr(gpu, name)]}
             for name, label in NODE_LABELS.items()
@@ -151,10 +152,10 @@ def dra_selectors(gpu: GpuSpec) -> list[str]:
     return expressions
 
 
-def claim_template_spec(owner: Owner) -> dict:
+def claim_template_spec(owner: Owner) -> JsonObject:
     """`spec` of the ResourceClaimTemplate: `count` devices of the class, filtered by the selectors."""
     gpu = owner.spec.resources.gpu
-    request: dict = {"deviceClassName": gpu.device_class_name, "allocationMode": "ExactCount", "count": gpu.count}
+    request: JsonObject = {"deviceClassName": gpu.device_class_name, "allocationMode": "ExactCount", "count": gpu.count}
     if selectors := dra_selectors(gpu):
         request["selectors"] = [{"cel": {"expression": e}} for e in selectors]
     return {
@@ -170,7 +171,7 @@ def needs_claim_template(owner: Owner) -> bool:
     return gpus.count > 0 and gpus.allocation == GpuAllocation.DRA
 
 
-def build_resource_claim_template(owner: Owner) -> dict:
+def build_resource_claim_template(owner: Owner) -> JsonObject:
     """The ResourceClaimTemplate the pods of a DRA-allocated service reference (same name)."""
     return {
         "apiVersion": DRA_API_VERSION,
@@ -210,19 +211,19 @@ def gpu_wiring(owner: Owner) -> GpuWiring:
     )
 
 
-def gpu_view(objects: list[dict]) -> list[dict]:
+def gpu_view(objects: list[JsonObject]) -> list[JsonObject]:
     """What each model-server pod among rendered `objects` gets for its GPUs, one entry per
     Deployment: extended resources or claims, the claim template, env, placement, groups, devices."""
     templates = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ResourceClaimTemplate"}
     return [_pod_gpu_view(o, templates) for o in objects if o["kind"] == "Deployment"]
 
 
-def _pod_gpu_view(deployment: dict, templates: dict[str, dict]) -> dict:
+def _pod_gpu_view(deployment: JsonObject, templates: dict[str, JsonObject]) -> JsonObject:
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     resources = container["resources"]
     extended = {k: v for k, v in resources.get("limits", {}).items() if k.startswith(f"{RESOURCE_DOMAIN}/")}
-    view: dict = {"name": deployment["metadata"]["name"]}
+    view: JsonObject = {"name": deployment["metadata"]["name"]}
     if extended:
         view["resources"] = {"requests": dict(extended), "limits": dict(extended)}
     claims = pod.get("resourceClaims")
@@ -238,7 +239,7 @@ def _pod_gpu_view(deployment: dict, templates: dict[str, dict]) -> dict:
     return view
 
 
-def _claims_view(claims: list[dict], resources: dict, templates: dict[str, dict]) -> dict:
+def _claims_view(claims: list[JsonObject], resources: JsonObject, templates: dict[str, JsonObject]) -> JsonObject:
     view = {"resourceClaims": claims, "containerClaims": resources.get("claims", [])}
     for claim in claims:
         template = templates.get(claim.get("resourceClaimTemplateName", ""))

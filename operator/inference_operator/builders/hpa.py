@@ -11,6 +11,7 @@ replicas alone). Tolerance and the fast scale-up path have no HPA equivalent.
 from __future__ import annotations
 
 from ..autoscaler import promql
+from ..jsontypes import JsonObject
 from ..models import AutoscalingSpec, Engine, Metric, ScalingRule
 from .common import Owner, object_meta
 
@@ -43,10 +44,10 @@ def quantity(value: float) -> str:
     return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
 
 
-def behavior(scaling: AutoscalingSpec) -> dict:
+def behavior(scaling: AutoscalingSpec) -> JsonObject:
     """HPA `behavior` from the spec's rate rules and scale-down stabilization."""
 
-    def rules(rule: ScalingRule, stabilization: int) -> dict:
+    def rules(rule: ScalingRule, stabilization: int) -> JsonObject:
         return {
             "stabilizationWindowSeconds": stabilization,
             "selectPolicy": "Max",
@@ -62,7 +63,7 @@ def behavior(scaling: AutoscalingSpec) -> dict:
     }
 
 
-def metric_spec(owner: Owner) -> dict:
+def metric_spec(owner: Owner) -> JsonObject:
     scaling = owner.spec.autoscaling
     assert scaling is not None
     target = quantity(scaling.target)
@@ -76,7 +77,7 @@ def metric_spec(owner: Owner) -> dict:
                 "target": {"type": "Value", "value": target},
             },
         }
-    metric: dict = {"name": PODS_METRICS[scaling.metric]}
+    metric: JsonObject = {"name": PODS_METRICS[scaling.metric]}
     if scaling.metric != Metric.GPU_UTILIZATION:  # the GPU gauge has no model label
         metric["selector"] = model
     return {
@@ -85,7 +86,7 @@ def metric_spec(owner: Owner) -> dict:
     }
 
 
-def build_hpa(owner: Owner) -> dict:
+def build_hpa(owner: Owner) -> JsonObject:
     scaling = owner.spec.autoscaling
     assert scaling is not None
     query = promql.metric_query(scaling.metric, owner.namespace, owner.model_name, scaling.window_seconds)

@@ -9,6 +9,7 @@ v1.0 already required are set, so the object is valid for every v1 release of th
 
 from __future__ import annotations
 
+from ..jsontypes import JsonObject
 from .common import Owner, object_meta, selector_labels
 
 API_VERSION = "inference.networking.k8s.io/v1"
@@ -20,7 +21,7 @@ def endpoint_picker_name(owner: Owner) -> str:
     return (picker.name if picker and picker.name else None) or f"{owner.name}-epp"
 
 
-def build_inference_pool(owner: Owner) -> dict:
+def build_inference_pool(owner: Owner) -> JsonObject:
     routing = owner.spec.routing
     picker = routing.endpoint_picker
     return {

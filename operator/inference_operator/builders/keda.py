@@ -10,6 +10,7 @@ HPA then computes `ceil(current * value / threshold)`, the same formula as the b
 from __future__ import annotations
 
 from ..autoscaler import promql
+from ..jsontypes import JsonObject
 from .common import Owner, object_meta
 from .hpa import behavior
 
@@ -20,7 +21,7 @@ def _threshold(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def build_scaled_object(owner: Owner) -> dict:
+def build_scaled_object(owner: Owner) -> JsonObject:
     scaling = owner.spec.autoscaling
     assert scaling is not None
     metadata = {
@@ -30,7 +31,12 @@ def build_scaled_object(owner: Owner) -> dict:
         # An empty answer means the pods are not scraped: an error, not a reason to scale down.
         "ignoreNullValues": "false",
     }
-    trigger: dict = {"type": "prometheus", "name": scaling.metric.value, "metricType": "Value", "metadata": metadata}
+    trigger: JsonObject = {
+        "type": "prometheus",
+        "name": scaling.metric.value,
+        "metricType": "Value",
+        "metadata": metadata,
+    }
     auth = scaling.prometheus_auth
     if auth and (auth.bearer_token_secret or auth.ca_secret):
         if auth.bearer_token_secret:
@@ -51,7 +57,7 @@ def build_scaled_object(owner: Owner) -> dict:
     }
 
 
-def build_trigger_authentication(owner: Owner) -> dict | None:
+def build_trigger_authentication(owner: Owner) -> JsonObject | None:
     """The KEDA TriggerAuthentication the ScaledObject refers to when prometheusAuth is set.
 
     Maps the spec's Secret references to the prometheus scaler's `bearerToken` and `ca`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..jsontypes import JsonObject
 from .common import Owner, object_meta, selector_labels
 from .deployment import desired_replicas
 
@@ -15,7 +16,7 @@ def needs_pdb(owner: Owner) -> bool:
     return (floor or 0) > 1
 
 
-def build_pdb(owner: Owner) -> dict:
+def build_pdb(owner: Owner) -> JsonObject:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

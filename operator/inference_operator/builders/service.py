@@ -6,13 +6,14 @@ which vLLM answers on its API port.
 
 from __future__ import annotations
 
+from ..jsontypes import JsonObject
 from ..models import Engine
 from .common import Owner, object_meta, selector_labels
 
 HTTP_PORT = 80
 
 
-def build_service(owner: Owner) -> dict:
+def build_service(owner: Owner) -> JsonObject:
     runtime = owner.spec.runtime
     metrics_target = "http" if runtime.engine == Engine.VLLM else "metrics"
     return {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..jsontypes import JsonObject
 from .common import Owner
 
 MODEL_DIR = "/mnt/models"
@@ -40,10 +41,10 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._@-]+")
 class ModelStorage:
     """The pod-level parts of the model's storage."""
 
-    volumes: list[dict]
-    init_containers: list[dict] = field(default_factory=list)
+    volumes: list[JsonObject]
+    init_containers: list[JsonObject] = field(default_factory=list)
     # The serving container's mount of the model volume at MODEL_DIR (read-only).
-    mount: dict = field(default_factory=dict)
+    mount: JsonObject = field(default_factory=dict)
 
 
 def cache_key(uri: str) -> str:
@@ -54,10 +55,13 @@ def cache_key(uri: str) -> str:
     return "/".join([scheme, *parts])
 
 
-def hub_env(owner: Owner) -> list[dict]:
+def hub_env(owner: Owner) -> list[JsonObject]:
     """HF_TOKEN from the named Secret and HF_ENDPOINT for a mirror, as the spec asks."""
     hub = owner.spec.model.hugging_face
-    env: list[dict] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}, {"name": "HF_HOME", "value": "/tmp/hf"}]
+    env: list[JsonObject] = [
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        {"name": "HF_HOME", "value": "/tmp/hf"},
+    ]
     if hub is None:
         return env
     if hub.token_secret:
@@ -69,7 +73,7 @@ def hub_env(owner: Owner) -> list[dict]:
     return env
 
 
-def fetch_env(owner: Owner, user_env: list[dict]) -> list[dict]:
+def fetch_env(owner: Owner, user_env: list[JsonObject]) -> list[JsonObject]:
     """The fetch container's environment: the operator's proxy and CA settings, the Hub's
     variables for hf://, and of the InferenceService's own variables only S3's, for s3://.
 
@@ -78,7 +82,7 @@ def fetch_env(owner: Owner, user_env: list[dict]) -> list[dict]:
     credential the operator wires in."""
     scheme = owner.spec.model.uri.split("://", 1)[0]
     settings = owner.fetch
-    env: list[dict] = []
+    env: list[JsonObject] = []
     for names, value in (
         (("HTTPS_PROXY", "https_proxy"), settings.https_proxy),
         (("HTTP_PROXY", "http_proxy"), settings.http_proxy),
@@ -94,7 +98,7 @@ def fetch_env(owner: Owner, user_env: list[dict]) -> list[dict]:
     return env
 
 
-def model_storage(owner: Owner, user_env: list[dict], security_context: dict) -> ModelStorage:
+def model_storage(owner: Owner, user_env: list[JsonObject], security_context: JsonObject) -> ModelStorage:
     """Volumes, init container and mount that put the model at MODEL_DIR, by URI scheme.
 
     `user_env` is the serving container's environment; see `fetch_env` for what of it the
@@ -111,7 +115,7 @@ def model_storage(owner: Owner, user_env: list[dict], security_context: dict) ->
             mount["subPath"] = sub_path
         return ModelStorage([volume], [], mount)
 
-    volumes: list[dict] = []
+    volumes: list[JsonObject] = []
     fetch_mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR}
     if model.cache_pvc:
         volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": model.cache_pvc}})
@@ -119,7 +123,7 @@ def model_storage(owner: Owner, user_env: list[dict], security_context: dict) ->
     else:
         volumes.append({"name": MODEL_VOLUME, "emptyDir": {}})
     init: dict[str, object] = {"name": FETCH_CONTAINER}
-    init_env: list[dict] = []
+    init_env: list[JsonObject] = []
     # /tmp: huggingface_hub's lock files and token, and the fetcher's CA bundle file.
     mounts = [fetch_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
     if scheme == "oci":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from ..jsontypes import JsonObject
 from .common import Owner
 
 CONTAINER = "vllm"
@@ -40,7 +41,7 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
     return args + list(runtime.args)
 
 
-def vllm_env(env: list[dict]) -> list[dict]:
+def vllm_env(env: list[JsonObject]) -> list[JsonObject]:
     """The pod's environment plus what vLLM needs under a read-only root filesystem: a
     writable HOME for its caches, and no Hub access (the model is already on disk)."""
     ours = [
@@ -52,7 +53,7 @@ def vllm_env(env: list[dict]) -> list[dict]:
     return [e for e in ours if e["name"] not in names] + env
 
 
-def _probe(period: int, failures: int) -> dict:
+def _probe(period: int, failures: int) -> JsonObject:
     return {
         "httpGet": {"path": HEALTH_PATH, "port": "http"},
         "periodSeconds": period,
@@ -61,7 +62,9 @@ def _probe(period: int, failures: int) -> dict:
     }
 
 
-def vllm_container(owner: Owner, model_dir: str, env: list[dict], resources: dict, mounts: list[dict]) -> dict:
+def vllm_container(
+    owner: Owner, model_dir: str, env: list[JsonObject], resources: JsonObject, mounts: list[JsonObject]
+) -> JsonObject:
     runtime = owner.spec.runtime
     return {
         "name": CONTAINER,
