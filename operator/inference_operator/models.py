@@ -56,6 +56,13 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 # Model names and versions reach the server's command line and URL paths: no leading '-' or '.',
 # no '=', '/' or spaces, so a value can never be read as a flag or a path.
 SAFE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+# Names as the API server (or the model server) takes them; a field adds its description.
+DnsLabel = Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]
+DnsSubdomain = Annotated[str, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)]
+SafeName = Annotated[str, Field(pattern=SAFE_NAME_PATTERN, max_length=63)]
+# A GPU node label's value as AMD's node labeller writes it (product name, family).
+NodeLabelValue = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=63)]
 # Flags of `model_server serve` the operator sets itself (builders/deployment.server_args) or that
 # must keep their default for probes and the Service (--host): runtime.args may not set them,
 # nor any prefix of them (argparse accepts an unambiguous prefix: `--po 1` is `--port 1`).
@@ -294,10 +301,8 @@ SHA256_MESSAGE = "model.sha256 applies to http(s):// model URIs, which name one 
 class HuggingFaceSpec(_Spec):
     """Access to the Hugging Face Hub for hf:// models: a token and, for mirrors, an endpoint."""
 
-    token_secret: str | None = Field(
+    token_secret: DnsSubdomain | None = Field(
         None,
-        pattern=DNS_SUBDOMAIN_PATTERN,
-        max_length=253,
         description="Name of a Secret in the namespace holding the Hub token (exposed as HF_TOKEN).",
     )
     token_key: str = Field(
@@ -345,24 +350,18 @@ class ModelSpec(_Spec):
         "are fetched by an init container.",
     )
     format: ModelFormat = ModelFormat.ONNX
-    version: str | None = Field(
+    version: SafeName | None = Field(
         None,
-        pattern=SAFE_NAME_PATTERN,
-        max_length=63,
         description="Model version to serve (a directory of the model repository); the highest version found "
         "when unset.",
     )
-    name: str | None = Field(
+    name: SafeName | None = Field(
         None,
-        pattern=SAFE_NAME_PATTERN,
-        max_length=63,
         description="Model name in the inference API and metrics; defaults to the InferenceService's name.",
     )
     hugging_face: HuggingFaceSpec | None = Field(None, description="Hub token and endpoint for hf:// URIs.")
-    cache_pvc: str | None = Field(
+    cache_pvc: DnsLabel | None = Field(
         None,
-        pattern=DNS_LABEL_PATTERN,
-        max_length=63,
         description="A (ReadWriteMany) PersistentVolumeClaim to keep fetched models on: replicas and restarts reuse "
         "the copy instead of downloading again. Without it each pod fetches into an emptyDir.",
     )
@@ -577,23 +576,17 @@ class GpuSpec(_Spec):
         description="The device plugin's resource naming strategy on the cluster: mixed turns partition into "
         "the resource amd.com/<partition>. Unset: the operator's default (chart value gpu.resourceNaming).",
     )
-    device_class_name: str = Field(
+    device_class_name: DnsSubdomain = Field(
         DRA_DEVICE_CLASS,
-        pattern=DNS_SUBDOMAIN_PATTERN,
-        max_length=253,
         description="DeviceClass of the DRA claim (allocation dra).",
     )
-    product_name: str | None = Field(
+    product_name: NodeLabelValue | None = Field(
         None,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        max_length=63,
         description="Product name, e.g. AMD_Instinct_MI300X_OAM: node label amd.com/gpu.product-name, or the "
         "DRA attribute productName.",
     )
-    family: str | None = Field(
+    family: NodeLabelValue | None = Field(
         None,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        max_length=63,
         description="GPU family, e.g. AI: node label amd.com/gpu.family, or the DRA attribute family.",
     )
     vram: str | None = Field(
@@ -704,8 +697,8 @@ class SchedulingSpec(_Spec):
             "scheduling.nodeSelector keys must be valid label keys",
         ),
     )
-    priority_class_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] = None
-    service_account_name: Annotated[str | None, Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)] = None
+    priority_class_name: DnsSubdomain | None = None
+    service_account_name: DnsSubdomain | None = None
     automount_service_account_token: bool = Field(
         False,
         description="Mount the service account's API token in the model-server pods; off, since the server "
@@ -716,10 +709,8 @@ class SchedulingSpec(_Spec):
 class EndpointPickerSpec(_Spec):
     """The endpoint picker (EPP) Service that routes the pool's requests (installed separately)."""
 
-    name: str | None = Field(
+    name: DnsLabel | None = Field(
         None,
-        pattern=DNS_LABEL_PATTERN,
-        max_length=63,
         description="Service name of the endpoint picker; NAME-epp when unset.",
     )
     port: int = Field(9002, ge=1, le=65535, description="Service port of the endpoint picker's ext-proc.")
