@@ -66,6 +66,10 @@ from kmock._internal import dicts
 from inference_operator.validation import default_custom_resource, validate_custom_resource
 from testsupport import apply, objectrules
 
+# A JSON object as the API stores it, and the key of a stored object: (resource, namespace, name).
+JsonObject = dict[str, Any]
+Key = tuple[kmock.resource, str | None, str]
+
 CR_RESOURCE = "inference.rocm.dev/v1alpha1/inferenceservices"
 
 
@@ -114,7 +118,8 @@ class HistoryFreeDispatch(kmock.RawHandler):
         order = sorted(range(len(payloads)), key=lambda i: padded[i])
         result = [payloads[i] for i in order]
         counting = [p for p in payloads if any(True for _ in p._source._walk(kmock.Slicer))]
-        self._order_cache = (ids, result, counting)
+        # A slot of the concrete (attrs) class, which mypy cannot see from this mixin.
+        self._order_cache = (ids, result, counting)  # type: ignore[misc]
         return result, counting
 
     def _sees(self, view: kmock.View, request: kmock.Request, seen: dict[int, bool]) -> bool:
@@ -233,7 +238,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         assert request.resource is not None
         sub = f"/{request.subresource}" if request.subresource else ""
         counter = self.dry_runs if request.params.get("dryRun") == "All" else self.writes
-        key = (request.resource, request.namespace, request.name)
+        key = (request.resource, request.namespace, request.name or "")
         creating = (
             counter is self.writes
             and verb == "apply"
@@ -242,7 +247,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         )
         counted = "create" if creating else "update" if verb in ("apply", "patch", "put") else verb
         counter[f"{request.resource.plural}{sub}:{counted}"] += 1  # an apply that creates counts as a create
-        released: tuple | None = None
+        released: Key | None = None
         async with self._lock:
             try:
                 released = await self._write(request, verb)
@@ -309,7 +314,9 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
 
     def _stored(self, request: kmock.Request, name: str | None = None) -> Any:
         """The stored object a request addresses, by key (kmock scans every object)."""
-        return self._objects._objects.get((request.resource, request.namespace, name or request.name))  # noqa: SLF001
+        assert request.resource is not None
+        key = (request.resource, request.namespace, name or request.name or "")
+        return self._objects._objects.get(key)  # noqa: SLF001
 
     async def _serve_fetch(self, request: kmock.Request) -> Any:
         obj = self._stored(request)
@@ -344,6 +351,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         taken under the lock, so no write falls between the replay and the stream."""
         yield b""
         since = _version(request.params.get("resourceVersion"))
+        assert request.resource is not None
         bus = self._buses[request.resource]
         async with self._lock:
             marker = await bus.mark()
@@ -374,20 +382,14 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         self._last_version += 1
         return str(self._last_version)
 
-    async def _write(self, request: kmock.Request, verb: str) -> tuple | None:
+    async def _write(self, request: kmock.Request, verb: str) -> Key | None:
         """Validate and store one write; the answer goes to `_answers`. Returns the key of an
         object to release after answering (deleted with its finalizers done)."""
         resource = request.resource
+        assert resource is not None
         dry_run = request.params.get("dryRun") == "All"
         body = _body(request, verb)
-        if verb == "create":
-            meta = body.setdefault("metadata", {})
-            if not meta.get("name") and meta.get("generateName"):
-                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-            namespace = request.namespace or meta.get("namespace")
-            key = (resource, namespace, meta.get("name"))
-        else:
-            key = (resource, request.namespace, request.name)
+        key = _write_key(request, verb, body)
         stored = self._objects._objects.get(key)  # noqa: SLF001
         live = None if stored is None or stored.deleted else stored.raw
 
@@ -395,127 +397,70 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
             if live is None:
                 raise kmock.KubernetesObjectNotFoundError()
             return await self._delete(key, live, dry_run, request)
-        if verb == "create" and live is not None:
-            raise _error(409, "AlreadyExists", f'{resource.plural} "{key[2]}" already exists')
-        if verb in ("patch", "put") and live is None or verb == "apply" and live is None and request.subresource:
-            raise _error(404, "NotFound", f'{resource.plural} "{key[2]}" not found')
-
+        _check_existence(verb, live, key, request)
         kind = self._kind(resource, body)
         manager = request.params.get("fieldManager") or _default_manager(request)
         api_version = f"{resource.group}/{resource.version}" if resource.group else str(resource.version)
         if verb == "apply" and not request.params.get("fieldManager"):
             raise _error(400, "BadRequest", "PATCH with application/apply-patch+yaml requires a fieldManager")
         new = self._changed(live, body, verb, request, kind, manager, api_version)
-        creating = live is None
-        if creating:
+        if live is None:
             new.setdefault("metadata", {})["name"] = key[2]
             if key[1] is not None:
                 new["metadata"]["namespace"] = key[1]
-        new = self._validated(resource, kind, live, new, creating, request.subresource)
+        new = self._validated(resource, kind, live, new, live is None, request.subresource)
 
         if live is not None and _same(live, new):
             self._answers[id(request)] = live  # a no-op write stores nothing, as on a real server
             return None
-        meta = new.setdefault("metadata", {})
-        if creating:
-            meta["uid"] = str(uuid.uuid4())
-            meta["creationTimestamp"] = apply.now()
-            meta["generation"] = 1
-        else:
-            for field in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
-                if field in live["metadata"]:
-                    meta[field] = live["metadata"][field]
-                else:
-                    meta.pop(field, None)
-            if _spec_of(new) != _spec_of(live):
-                meta["generation"] = live["metadata"].get("generation", 1) + 1
-        meta["resourceVersion"] = self._next_version()
-        if creating and str(resource.plural) == "services" and (new.get("spec") or {}).get("clusterIP") != "None":
+        _stamp(new, live, self._next_version())
+        if live is None and str(resource.plural) == "services" and (new.get("spec") or {}).get("clusterIP") != "None":
             self._allocate_cluster_ip(key, dry_run)
         self._answers[id(request)] = new
         if dry_run:
             return None
+        return await self._store(key, stored, new, created=live is None)
+
+    async def _store(self, key: Key, stored: Any, new: JsonObject, created: bool) -> Key | None:
+        """Keep `new` as the object's latest version and tell its watchers; the key when the
+        write finished a deletion (no finalizers left)."""
         if stored is None:
             self._objects[key] = new
         else:
             stored.history.append(new)
-        await self._buses[resource].put({"type": "ADDED" if creating else "MODIFIED", "object": new})
-        if not creating and meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        await self._buses[key[0]].put({"type": "ADDED" if created else "MODIFIED", "object": new})
+        meta = new["metadata"]
+        if not created and meta.get("deletionTimestamp") and not meta.get("finalizers"):
             return key
         return None
 
     def _changed(
         self,
-        live: dict | None,
+        live: JsonObject | None,
         body: Any,
         verb: str,
         request: kmock.Request,
         kind: apply.Kind,
         manager: str,
         api_version: str,
-    ) -> dict:
+    ) -> JsonObject:
         """The object as this write makes it, with its managedFields; `live` stays untouched."""
         sub = request.subresource or ""
         has_status = self._has_status(request.resource)
         if verb == "apply":
-            if not isinstance(body, dict):
-                raise _error(400, "BadRequest", "an apply patch must be an object")
-            applied = {k: v for k, v in body.items() if not (has_status and k == "status")}
-            applied["metadata"] = {
-                k: v for k, v in (body.get("metadata") or {}).items() if k in apply.METADATA_FIELDS or k == "name"
-            }
-            _check_version(live, body)
-            try:
-                new, entries = apply.apply(
-                    live, applied, manager, kind, request.params.get("force") == "true", api_version
-                )
-            except apply.ApplyConflict as exc:
-                raise _error(409, "Conflict", str(exc)) from exc
-            if live is not None and has_status and "status" in live:
-                new["status"] = live["status"]
-            new.setdefault("metadata", {})["managedFields"] = apply.encode(entries)
-            return new
-
+            force = request.params.get("force") == "true"
+            return _applied(live, body, manager, kind, force, api_version, has_status)
         # Stored versions are never changed in place: `live` is read, `new` is built beside it
         # (kmock's merge patch copies only what changes; metadata is copied before stamping).
-        old = live
-        if verb == "create":
-            new = copy.deepcopy(body) if isinstance(body, dict) else {}
-            if has_status:
-                new.pop("status", None)
-        elif verb == "put":
-            _check_version(live, body)
-            new = copy.deepcopy(body)
-        elif sub == "scale":
-            replicas = (body.get("spec") or {}).get("replicas") if isinstance(body, dict) else None
-            new = {**live, "spec": {**(live.get("spec") or {})}}
-            if replicas is not None:
-                new["spec"]["replicas"] = replicas
-        else:
-            _check_version(live, body)
-            try:
-                if "strategic-merge-patch" in _content_type(request) and isinstance(body, dict):
-                    new = apply.merge(copy.deepcopy(live), copy.deepcopy(body), kind, strategic=True)
-                else:
-                    new = dict(dicts.patch_dict(live, body))
-            except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, ValueError, TypeError) as exc:
-                raise _error(422, "Invalid", f"the patch cannot be applied: {exc}") from exc
-        if old is not None and has_status:
-            # The object's own endpoint ignores status; /status changes status only.
-            if sub == "status":
-                new = {**old, "status": new.get("status"), "metadata": new.get("metadata", old.get("metadata"))}
-                if new["status"] is None:
-                    new.pop("status")
-            elif "status" in old:
-                new["status"] = old["status"]
-            else:
-                new.pop("status", None)
+        new = _written(live, body, verb, sub, kind, _content_type(request), has_status)
+        if live is not None and has_status:
+            new = _status_kept_apart(live, new, sub)
         meta = new["metadata"] = dict(new.get("metadata") or {})
         given = meta.get("managedFields")
-        previous = (old or {}).get("metadata", {}).get("managedFields")
+        previous = (live or {}).get("metadata", {}).get("managedFields")
         # A write that rewrites managedFields itself (csaupgrade's JSON patch) sets them.
         entries = apply.decode(given if given and given != previous else previous)
-        entries = apply.record_update(old, new, entries, manager, kind, sub, api_version)
+        entries = apply.record_update(live, new, entries, manager, kind, sub, api_version)
         meta["managedFields"] = apply.encode(entries)
         return new
 
@@ -562,14 +507,14 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         errors, spec = self._cr_verdicts[key]
         return name_problems + list(errors), copy.deepcopy(spec)
 
-    def _allocate_cluster_ip(self, key: tuple, dry_run: bool) -> None:
+    def _allocate_cluster_ip(self, key: Key, dry_run: bool) -> None:
         if len(self._cluster_ips) >= self.service_ip_range:
             message = f'Internal error occurred: failed to allocate a serviceIP for Service "{key[2]}": range is full'
             raise _error(500, "InternalError", message)
         if not dry_run:
             self._cluster_ips.add(key)
 
-    async def _delete(self, key: tuple, live: dict, dry_run: bool, request: kmock.Request) -> tuple | None:
+    async def _delete(self, key: Key, live: JsonObject, dry_run: bool, request: kmock.Request) -> Key | None:
         stored = self._objects[key]
         self._answers[id(request)] = live
         if dry_run or live["metadata"].get("deletionTimestamp"):
@@ -600,6 +545,114 @@ def _content_type(request: kmock.Request) -> str:
         if name.lower() == "content-type":
             return str(value).lower()
     return ""
+
+
+def _write_key(request: kmock.Request, verb: str, body: Any) -> Key:
+    """The stored object a write addresses; a create names it (generateName gets a suffix)."""
+    assert request.resource is not None
+    if verb != "create":
+        assert request.name is not None
+        return request.resource, request.namespace, request.name
+    meta = body.setdefault("metadata", {})
+    if not meta.get("name") and meta.get("generateName"):
+        meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+    return request.resource, request.namespace or meta.get("namespace"), meta.get("name") or ""
+
+
+def _check_existence(verb: str, live: JsonObject | None, key: Key, request: kmock.Request) -> None:
+    """409 for a create over a live object, 404 for a change to a missing one."""
+    plural = key[0].plural
+    if verb == "create" and live is not None:
+        raise _error(409, "AlreadyExists", f'{plural} "{key[2]}" already exists')
+    if verb in ("patch", "put") and live is None or verb == "apply" and live is None and request.subresource:
+        raise _error(404, "NotFound", f'{plural} "{key[2]}" not found')
+
+
+def _stamp(new: JsonObject, live: JsonObject | None, version: str) -> None:
+    """What the server sets on a stored version: uid, creation time and generation (kept from
+    `live`, the generation bumped when the spec changed) and a new resourceVersion."""
+    meta = new.setdefault("metadata", {})
+    if live is None:
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = apply.now()
+        meta["generation"] = 1
+    else:
+        for field in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
+            if field in live["metadata"]:
+                meta[field] = live["metadata"][field]
+            else:
+                meta.pop(field, None)
+        if _spec_of(new) != _spec_of(live):
+            meta["generation"] = live["metadata"].get("generation", 1) + 1
+    meta["resourceVersion"] = version
+
+
+def _applied(
+    live: JsonObject | None,
+    body: Any,
+    manager: str,
+    kind: apply.Kind,
+    force: bool,
+    api_version: str,
+    has_status: bool,
+) -> JsonObject:
+    """A server-side apply of `body` by `manager` over `live` (see testsupport/apply.py)."""
+    if not isinstance(body, dict):
+        raise _error(400, "BadRequest", "an apply patch must be an object")
+    applied = {k: v for k, v in body.items() if not (has_status and k == "status")}
+    applied["metadata"] = {
+        k: v for k, v in (body.get("metadata") or {}).items() if k in apply.METADATA_FIELDS or k == "name"
+    }
+    _check_version(live, body)
+    try:
+        new, entries = apply.apply(live, applied, manager, kind, force, api_version)
+    except apply.ApplyConflict as exc:
+        raise _error(409, "Conflict", str(exc)) from exc
+    if live is not None and has_status and "status" in live:
+        new["status"] = live["status"]
+    new.setdefault("metadata", {})["managedFields"] = apply.encode(entries)
+    return new
+
+
+def _written(
+    live: JsonObject | None, body: Any, verb: str, sub: str, kind: apply.Kind, content_type: str, has_status: bool
+) -> JsonObject:
+    """The object after a create, put, scale or patch (managed fields not yet recorded)."""
+    if verb == "create":
+        new = copy.deepcopy(body) if isinstance(body, dict) else {}
+        if has_status:
+            new.pop("status", None)
+        return new
+    assert live is not None  # _check_existence refused a change to a missing object
+    if verb == "put":
+        _check_version(live, body)
+        return copy.deepcopy(body)
+    if sub == "scale":
+        replicas = (body.get("spec") or {}).get("replicas") if isinstance(body, dict) else None
+        new = {**live, "spec": {**(live.get("spec") or {})}}
+        if replicas is not None:
+            new["spec"]["replicas"] = replicas
+        return new
+    _check_version(live, body)
+    try:
+        if "strategic-merge-patch" in content_type and isinstance(body, dict):
+            return apply.merge(copy.deepcopy(live), copy.deepcopy(body), kind, strategic=True)
+        return dict(dicts.patch_dict(live, body))
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, ValueError, TypeError) as exc:
+        raise _error(422, "Invalid", f"the patch cannot be applied: {exc}") from exc
+
+
+def _status_kept_apart(old: JsonObject, new: JsonObject, sub: str) -> JsonObject:
+    """The object's own endpoint ignores status; /status changes status only."""
+    if sub == "status":
+        new = {**old, "status": new.get("status"), "metadata": new.get("metadata", old.get("metadata"))}
+        if new["status"] is None:
+            new.pop("status")
+    elif "status" in old:
+        new["status"] = old["status"]
+    else:
+        new.pop("status", None)
+    return new
 
 
 def _body(request: kmock.Request, verb: str) -> Any:
