@@ -1,12 +1,27 @@
-"""The command line both CPU benchmarks start the model server with, so that
-bench/server_bench.py and bench/peer_bench.py measure the same configuration."""
+"""What both CPU benchmarks share, so that bench/server_bench.py and bench/peer_bench.py measure
+the same configuration the same way: the model server's command line and the wrk load."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 from testsupport.processes import serve_command
+
+WRK_SCRIPT = Path(__file__).resolve().parent / "post.lua"
+
+
+def wrk_post(url: str, body: Path, clients: int, seconds: float) -> dict[str, Any]:
+    """wrk POSTing the JSON in `body` from `clients` connections for `seconds`: its summary
+    (requests, duration_us, errors, status_errors, p50_us, p99_us)."""
+    duration = f"{max(1, round(seconds))}s"
+    command = ["wrk", "-t", "1", "-c", str(clients), "-d", duration, "--timeout", "30s", "-s", str(WRK_SCRIPT)]
+    out = subprocess.run([*command, url, "--", str(body)], capture_output=True, text=True, check=True).stdout
+    summary: dict[str, Any] = json.loads(next(line for line in out.splitlines() if line.startswith("WRK "))[4:])
+    return summary
 
 
 def our_server_command(model: Path, port: int, args: argparse.Namespace, *flags: str) -> list[str]:

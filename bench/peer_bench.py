@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from our_server import our_server_command
+from our_server import our_server_command, wrk_post
 
 from testsupport.onnx_models import mlp_model
 from testsupport.processes import free_port, running
@@ -51,19 +51,6 @@ BENCH = Path(__file__).resolve().parent
 MODELS = {"small": [256, 256, 128, 16], "large": [1024, 4096, 4096, 4096, 16]}
 CONCURRENCY = [1, 16, 64]
 PEERS = ["kserve", "pytriton"]
-
-WRK_SCRIPT = """
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open("%(body)s", "rb"); wrk.body = f:read("*a"); f:close()
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format('WRK {"requests": %%d, "duration_us": %%d, "errors": %%d, "status_errors": %%d, ' ..
-    '"p50_us": %%d, "p99_us": %%d}\\n',
-    summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
-    latency:percentile(50), latency:percentile(99)))
-end
-"""
 
 
 def cache_dir() -> Path:
@@ -107,35 +94,12 @@ def cpu_seconds(pid: int) -> float:
 # --------------------------------------------------------------------------- load
 
 
-def wrk(url: str, body: Path, clients: int, seconds: float, script: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            "wrk",
-            "-t",
-            "1",
-            "-c",
-            str(clients),
-            "-d",
-            f"{max(1, round(seconds))}s",
-            "--timeout",
-            "30s",
-            "-s",
-            str(script),
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(next(line for line in out.splitlines() if line.startswith("WRK "))[4:])
-
-
-def measure(server: Server, body: Path, clients: int, warmup: float, seconds: float, script: Path) -> dict[str, Any]:
+def measure(server: Server, body: Path, clients: int, warmup: float, seconds: float) -> dict[str, Any]:
     if warmup:
-        wrk(server.url, body, clients, warmup, script)
+        wrk_post(server.url, body, clients, warmup)
     batches_before = batch_totals(server) if server.metrics_url else None
     before = cpu_seconds(server.pid)
-    stats = wrk(server.url, body, clients, seconds, script)
+    stats = wrk_post(server.url, body, clients, seconds)
     cpu = cpu_seconds(server.pid) - before
     ok = stats["requests"] - stats["status_errors"]
     result = {
@@ -363,8 +327,6 @@ def main(argv: list[str] | None = None) -> int:
             body.write_text(
                 json.dumps({"inputs": [{"name": "x", "shape": [1, sizes[0]], "datatype": "FP32", "data": row}]})
             )
-            script = Path(tmp) / f"{key}.lua"
-            script.write_text(WRK_SCRIPT % {"body": body})
             label = f"MLP {sizes} ({params(sizes) / 1e6:.2g}M parameters)"
             print(f"\n{label}", flush=True)
             rounds: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in CONCURRENCY} for n in names}
@@ -374,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                     for c in CONCURRENCY:
                         # The order rotates each round, so no server is always measured first.
                         for server in servers[r % len(servers) :] + servers[: r % len(servers)]:
-                            m = measure(server, body, c, args.warmup, args.duration, script)
+                            m = measure(server, body, c, args.warmup, args.duration)
                             rounds[server.name][c].append(m)
                             line = f"  {server.name:9} c={c:<3} {m['throughput']:8.0f}/s  p50 {m['p50_ms']:7.2f} ms  "
                             line += f"p99 {m['p99_ms']:7.2f} ms  CPU {m['cpu_ms_per_request']:.3f} ms/req"

@@ -26,14 +26,13 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from our_server import our_server_command
+from our_server import our_server_command, wrk_post
 from pydantic import BaseModel
 
 from testsupport.onnx_models import mlp_model
@@ -119,19 +118,6 @@ def run_naive(model: str, port: int, threads: int) -> None:
 # --------------------------------------------------------------------------- load
 
 
-WRK_SCRIPT = """
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local f = io.open("%(body)s", "rb"); wrk.body = f:read("*a"); f:close()
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format('WRK {"requests": %%d, "duration_us": %%d, "errors": %%d, "p50_us": %%d, "p99_us": %%d}\\n',
-    summary.requests, summary.duration, e.status + e.connect + e.read + e.write + e.timeout,
-    latency:percentile(50), latency:percentile(99)))
-end
-"""
-
-
 def _httpx_load(url: str, body: bytes, concurrency: int, warmup: float, duration: float, out) -> None:
     """Closed-loop clients: each sends its next request when the last returns.
     One client per worker: a shared httpx pool degrades badly at high concurrency."""
@@ -186,14 +172,9 @@ def _bench_wrk(label: str, url: str, body: bytes, concurrency: int, warmup: floa
     with tempfile.TemporaryDirectory() as tmp:
         body_file = Path(tmp) / "body.json"
         body_file.write_bytes(body)
-        script = Path(tmp) / "post.lua"
-        script.write_text(WRK_SCRIPT % {"body": body_file})
-        base = ["wrk", "-t", "1", "-c", str(concurrency), "--timeout", "30s", "-s", str(script)]
-        subprocess.run([*base, "-d", f"{max(1, round(warmup))}s", url], capture_output=True, check=True)
-        out = subprocess.run(
-            [*base, "-d", f"{max(1, round(duration))}s", url], capture_output=True, text=True, check=True
-        ).stdout
-    stats = json.loads(next(line for line in out.splitlines() if line.startswith("WRK "))[4:])
+        wrk_post(url, body_file, concurrency, warmup)
+        stats = wrk_post(url, body_file, concurrency, duration)
+    stats["errors"] += stats["status_errors"]
     ok = stats["requests"] - stats["errors"]
     return _summary(
         f"{label} c={concurrency}",

@@ -1,5 +1,6 @@
 """A bounded closed-loop HTTP load: `concurrency` workers posting one body round-robin to a list
-of URLs until stopped or `max_seconds` have passed, counting what failed and why."""
+of URLs until stopped or `max_seconds` have passed, counting what failed and why (used by the
+autoscaler, vLLM and real-pods tests)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Self
 
 import httpx
@@ -14,13 +16,20 @@ import httpx
 
 class Load:
     def __init__(
-        self, urls: list[str], concurrency: int, max_seconds: float, body: Any = None, timeout: float = 10
+        self,
+        urls: list[str],
+        concurrency: int,
+        max_seconds: float,
+        body: Any = None,
+        timeout: float = 10,
+        on_success: Callable[[httpx.Response], None] | None = None,
     ) -> None:
         self.urls = urls
         self.concurrency = concurrency
         self.max_seconds = max_seconds
         self.body = {"data": [0.1] * 64} if body is None else body
         self.timeout = timeout
+        self.on_success = on_success  # sees each 200 answer (e.g. to count generated tokens)
         self.sent = 0
         self.failed = 0
         self.failures: Counter[str] = Counter()  # "503", "ConnectError", ...
@@ -39,6 +48,8 @@ class Load:
                         response = await client.post(url, json=self.body)
                         if response.status_code != 200:
                             self.failures[str(response.status_code)] += 1
+                        elif self.on_success is not None:
+                            self.on_success(response)
                     except httpx.HTTPError as exc:
                         self.failures[type(exc).__name__] += 1
                     self.sent += 1
@@ -53,4 +64,4 @@ class Load:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(15)
+        self._thread.join(self.timeout + 5)

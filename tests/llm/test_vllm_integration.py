@@ -14,11 +14,9 @@ goes up to maxReplicas and stays there while the load lasts.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import re
 import sys
-import threading
 import time
 
 import httpx
@@ -29,6 +27,7 @@ from inference_operator.models import Metric
 from tests.autoscaler.conftest import Target, running_prometheus
 from tests.llm.conftest import running_vllm
 from testsupport.cluster import Cluster, ReplicaRecorder, captured_operator_logs, wait_for
+from testsupport.load import Load
 from testsupport.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -85,52 +84,21 @@ def _breach_reported(status: dict) -> dict | None:
     return status if value is not None and value > TARGET_TTFT_MS else None
 
 
-class CompletionLoad:
-    """`concurrency` workers posting /v1/completions back to back, for at most `max_seconds`."""
+class CompletionLoad(Load):
+    """`concurrency` workers posting /v1/completions back to back, counting generated tokens."""
 
-    def __init__(self, url: str, concurrency: int, max_seconds: float, max_tokens: int = 48):
-        self.url = url
-        self.concurrency = concurrency
-        self.max_seconds = max_seconds
-        self.body = {
+    def __init__(self, url: str, concurrency: int, max_seconds: float, max_tokens: int = 48) -> None:
+        body = {
             "model": MODEL,
             "prompt": "the operator scales the model server on latency",
             "max_tokens": max_tokens,
             "ignore_eos": True,
         }
-        self.sent = 0
-        self.failed = 0
+        super().__init__([url], concurrency, max_seconds, body, timeout=60, on_success=self._count)
         self.tokens = 0
-        self.started_at = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
-    async def _run(self) -> None:
-        deadline = time.monotonic() + self.max_seconds
-        async with httpx.AsyncClient(timeout=60) as client:
-
-            async def worker() -> None:
-                while not self._stop.is_set() and time.monotonic() < deadline:
-                    try:
-                        response = await client.post(self.url, json=self.body)
-                        if response.status_code == 200:
-                            self.tokens += response.json()["usage"]["completion_tokens"]
-                        else:
-                            self.failed += 1
-                    except httpx.HTTPError:
-                        self.failed += 1
-                    self.sent += 1
-
-            await asyncio.gather(*(worker() for _ in range(self.concurrency)))
-
-    def start(self) -> CompletionLoad:
-        self.started_at = time.time()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(70)
+    def _count(self, response: httpx.Response) -> None:
+        self.tokens += response.json()["usage"]["completion_tokens"]
 
 
 # vLLM's start alone takes one to three minutes on a busy 2-core machine.
