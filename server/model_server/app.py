@@ -18,15 +18,17 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from . import __version__
-from .api import health, simple, v2
+from .api import health, routes, v2
 from .api.common import BODY_MODELS, AppState, json_response
+from .api.errors import error_response, internal_error_response
 from .bodies import BodyDecoder
+from .dataplane import DataPlane
 from .errors import ServerError
 from .fastpath import FastRoute, InferenceFastPath
 from .gpu import GpuReader, detect_gpu_reader
 from .lifecycle import Shutdown
 from .metrics import ServerMetrics
-from .middleware import BodySizeLimit, ContainErrors, internal_error_response
+from .middleware import BodySizeLimit, ContainErrors
 from .repository import BackendFactory, ModelRepository
 from .settings import ServerSettings
 
@@ -50,7 +52,14 @@ def create_app(
     repository = ModelRepository(settings, metrics, backend_factory=backend_factory)
     shutdown = shutdown or Shutdown(settings.drain_timeout_s)
     bodies = BodyDecoder(parse_bytes=settings.parse_memory_bytes, max_body_bytes=settings.max_body_bytes)
-    state = AppState(settings=settings, metrics=metrics, repository=repository, shutdown=shutdown, bodies=bodies)
+    state = AppState(
+        settings=settings,
+        metrics=metrics,
+        repository=repository,
+        shutdown=shutdown,
+        bodies=bodies,
+        dataplane=DataPlane(settings, repository, bodies),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,7 +80,7 @@ def create_app(
     app.state.server = state
     app.shutdown = shutdown
     app.include_router(health.router)
-    app.include_router(simple.router)
+    routes.register(app)
     app.include_router(v2.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(ContainErrors)
@@ -79,12 +88,7 @@ def create_app(
     _document_bodies(app)
     app.fast_path = InferenceFastPath(
         partial(FastAPI.__call__, app),
-        state,
-        [
-            FastRoute("/infer", simple.run_infer),
-            FastRoute("/v2/models/{name}/infer", v2.run_infer),
-            FastRoute("/v2/models/{name}/versions/{version}/infer", v2.run_infer),
-        ],
+        [FastRoute(route.path, routes.bound(route, state)) for route in routes.INFERENCE_ROUTES],
         max_body_bytes=settings.max_body_bytes,
     )
     return app
@@ -150,7 +154,7 @@ async def _flush_when_stopping(state: AppState) -> None:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServerError)
     async def server_error(_: Request, exc: ServerError) -> Response:
-        return json_response({"error": str(exc)}, status=exc.status, headers=exc.headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> Response:

@@ -17,13 +17,12 @@ import contextlib
 import gc
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
-from starlette.requests import ClientDisconnect, Request
-
-from .errors import ClientClosed, PayloadTooLarge, ServerError
+from .errors import Busy, PayloadTooLarge
 
 T = TypeVar("T")
 
@@ -98,14 +97,13 @@ class MemoryBudget:
                 future.set_result(None)
 
 
-class Busy(ServerError):
-    """Other large bodies hold the parse budget for longer than a request may wait."""
+@dataclass(frozen=True, slots=True)
+class RequestBody:
+    """A request's body as a transport delivers it: the length it announced (None without one)
+    and its bytes, chunk by chunk (read once)."""
 
-    status = 503
-
-    def __init__(self) -> None:
-        super().__init__("the server is busy parsing other large request bodies; retry shortly")
-        self.headers = {"Retry-After": "1"}
+    length: int | None
+    chunks: AsyncIterator[bytes]
 
 
 class BodyDecoder:
@@ -129,26 +127,15 @@ class BodyDecoder:
 
     async def decode(
         self,
-        request: Request,
+        request: RequestBody,
         decode: Callable[[bytes | bytearray], T],
         estimate: Callable[[bytes | bytearray], int] = estimate_parse_bytes,
     ) -> T:
         """`decode(body)` within the budgets; `estimate(body)` bounds what decoding takes (the
         JSON estimate by default; a binary body's own, which knows its BYTES elements)."""
-        try:
-            return await self._decode(request, decode, estimate)
-        except ClientDisconnect:
-            raise ClientClosed("the client closed the connection before its body arrived") from None
-
-    async def _decode(
-        self,
-        request: Request,
-        decode: Callable[[bytes | bytearray], T],
-        estimate: Callable[[bytes | bytearray], int],
-    ) -> T:
-        length = _content_length(request)
+        length = request.length
         if length is not None and length <= INLINE_BYTES:
-            return decode(await request.body())
+            return decode(b"".join([chunk async for chunk in request.chunks]))
         # Reserved as the bytes arrive, not as declared: a connection that sends headers
         # announcing 50 MB and then nothing holds nothing, so it cannot starve the others; a
         # 503 means bytes other requests really hold.
@@ -193,19 +180,11 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args
         loop.call_soon_threadsafe(fn, *args)
 
 
-def _content_length(request: Request) -> int | None:
-    value = request.headers.get("content-length")
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-async def _read(request: Request, length: int | None, take: Callable[[int], Awaitable[None]]) -> bytearray:
+async def _read(request: RequestBody, length: int | None, take: Callable[[int], Awaitable[None]]) -> bytearray:
     """The body in one growing buffer (no join of chunks), each chunk's bytes taken from the
     budget before they are kept: memory follows what arrived, not what was announced."""
     body = bytearray()
-    async for chunk in request.stream():
+    async for chunk in request.chunks:
         if length is not None and len(body) + len(chunk) > length:
             raise PayloadTooLarge("request body is longer than its Content-Length")
         await take(len(chunk))

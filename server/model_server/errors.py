@@ -1,76 +1,73 @@
-"""Errors that carry their HTTP status, so handlers never turn a client mistake
-into a 500 and every layer can raise without knowing about HTTP."""
+"""What can go wrong serving a request, as types that say what happened, not how a transport
+reports it: the core raises them and knows nothing of HTTP; `api/errors.py` alone maps each to
+a status code and headers. `str(exc)` is the client-facing message."""
 
 from __future__ import annotations
 
 
 class ServerError(Exception):
-    """Base class: `status` is the HTTP code, `str(exc)` the client-facing message."""
-
-    status: int = 500
-    headers: dict[str, str] | None = None
+    """Base class of the errors a client is told about (anything else is an internal error)."""
 
 
 class InvalidInput(ServerError):
     """The request is well-formed JSON but its tensors do not fit the model."""
 
-    status = 400
-
 
 class UnprocessableInput(ServerError):
     """The request body does not match the request schema."""
 
-    status = 422
-
 
 class PayloadTooLarge(ServerError):
-    status = 413
+    """The body, or the memory its parse would take, is over the server's limit."""
 
 
 class ClientClosed(ServerError):
     """The client went away (or was cut off for sending its body too slowly) before its body
-    arrived: counted as a client error (nginx's 499), not as the server's 500; nobody reads
-    the answer."""
-
-    status = 499
+    arrived: a client error, not the server's; nobody reads the answer."""
 
 
 class UnsupportedMediaType(ServerError):
     """A body that says it is not JSON (text/plain, a form, ...)."""
 
-    status = 415
-
 
 class ModelNotFound(ServerError):
-    status = 404
+    """No such model or version."""
 
 
 class ModelNotReady(ServerError):
-    status = 503
+    """The model is known but not loaded (yet)."""
 
 
-class QueueFull(ServerError):
-    """Backpressure: the caller should retry after a short pause."""
-
-    status = 429
+class Overloaded(ServerError):
+    """Backpressure: the caller should retry after `retry_after_s`."""
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message)
-        self.headers = {"Retry-After": str(max(1, retry_after_s))}
+        self.retry_after_s = max(1, retry_after_s)
+
+
+class QueueFull(Overloaded):
+    """The batcher's queue is full."""
+
+
+class Busy(Overloaded):
+    """Other large bodies hold the parse budget for longer than a request may wait."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is busy parsing other large request bodies; retry shortly")
 
 
 class ShuttingDown(ServerError):
-    status = 503
+    """Draining: the request belongs on another replica."""
+
+    retry_after_s = 1
 
     def __init__(self, message: str = "server is shutting down") -> None:
         super().__init__(message)
-        self.headers = {"Retry-After": "1", "Connection": "close"}
 
 
 class BackendInputError(ServerError):
     """The runtime rejected an input (e.g. an index out of range); the caller's fault."""
-
-    status = 400
 
 
 class ModelLoadError(Exception):

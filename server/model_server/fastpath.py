@@ -4,36 +4,35 @@ FastAPI routes a request through its middleware stack, the router's list of rout
 dependency solving and an exception-handling wrapper; for a small model that is most
 of the time a request takes on the event loop. The inference POSTs do not need any
 of it: their handlers take the app state and the raw request, and parse the body
-themselves. So the app answers them here, in front of the framework, with the same
-handlers, the same body limit and the same error bodies; every other request (docs,
-metadata, health, other methods on these paths) goes through FastAPI unchanged, and
-the routes stay registered there, so the OpenAPI document does not change.
+themselves. So the app answers them here, in front of the framework, from the same route
+table (api/routes.py), with the same body limit and the same error answers (api/errors.py);
+every other request (docs, metadata, health, other methods on these paths) goes through
+FastAPI unchanged.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .api.common import AppState, json_response
-from .errors import ServerError
-from .middleware import internal_error_response, limit_receive, oversized_response
-
-#: A handler: the state, the request and its path parameters -> the response.
-Endpoint = Callable[..., Awaitable[Response]]
+from .api.errors import internal_error_response
+from .middleware import limit_receive, oversized_response
 
 _PARAM = re.compile(r"\{(\w+)\}")
+
+#: What the fast path runs for a matching request: the request and its path parameters.
+Endpoint = Callable[[Request, dict[str, str]], Awaitable[Response]]
 
 
 @dataclass(frozen=True, slots=True)
 class FastRoute:
-    """A POST route answered in front of the framework; `path` uses `{param}`
-    segments as Starlette does (one segment, no slash)."""
+    """A POST route answered in front of the framework; `path` uses `{param}` segments as
+    Starlette does (one segment, no slash). app.py makes one per route of api/routes.py."""
 
     path: str
     endpoint: Endpoint
@@ -46,13 +45,13 @@ class FastRoute:
 
 
 class InferenceFastPath:
-    """Runs the endpoint of the first of `routes` whose path matches a POST, with the
-    body limit and error answers of the full stack; anything else goes to `app`."""
+    """Serves a POST matching one of `routes` in front of the framework, with the body limit
+    and error answers of the full stack; anything else goes to `app`."""
 
-    def __init__(self, app: ASGIApp, state: AppState, routes: list[FastRoute], max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, routes: Sequence[FastRoute], max_body_bytes: int) -> None:
         self.app = app
-        self.state = state
         self.max_body_bytes = max_body_bytes
+        self.routes = tuple(routes)
         self._routes = [(route.regex(), route.endpoint) for route in routes]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -72,9 +71,7 @@ class InferenceFastPath:
         if response is None:
             request = Request(scope, limit_receive(receive, self.max_body_bytes))
             try:
-                response = await endpoint(self.state, request, **params)
-            except ServerError as exc:
-                response = json_response({"error": str(exc)}, status=exc.status, headers=exc.headers)
+                response = await endpoint(request, params)
             except Exception as exc:
                 response = internal_error_response(scope, exc)
         await response(scope, receive, send)

@@ -3,7 +3,6 @@ autoscaler and the Grafana dashboard: change them only together with those."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,7 +10,6 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from .errors import ServerError
 from .gpu import GpuCollector, GpuReader
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
@@ -19,13 +17,12 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 #: `version` label of requests that failed before a version was chosen.
 UNRESOLVED = "unresolved"
-#: Status recorded when a request is cancelled before it answers (nginx's "client closed").
-CLIENT_CLOSED = 499
 
 
 @dataclass(slots=True)
 class RequestTracker:
-    """Filled in by the handler while it works out which version served it."""
+    """Filled in while a request is served: the version that served it (by the data plane) and
+    the status code it was answered with (by the HTTP layer)."""
 
     version: str = UNRESOLVED
     code: int = 200
@@ -102,8 +99,8 @@ class ServerMetrics:
 
     @contextmanager
     def track(self, model: str) -> Iterator[RequestTracker]:
-        """Count one inference request; latency is recorded for successes only so
-        fast rejections do not make the latency look better than it is."""
+        """Count one inference request under the code the caller puts in the tracker; latency is
+        recorded for successes only so fast rejections do not make the latency look better."""
         tracker = RequestTracker()
         inflight = self._inflight.get(model)
         if inflight is None:
@@ -112,15 +109,6 @@ class ServerMetrics:
         started = time.perf_counter()
         try:
             yield tracker
-        except ServerError as exc:
-            tracker.code = exc.status
-            raise
-        except asyncio.CancelledError:
-            tracker.code = CLIENT_CLOSED
-            raise
-        except Exception:
-            tracker.code = 500
-            raise
         finally:
             inflight.dec()
             key = (model, tracker.version, tracker.code)

@@ -3,31 +3,12 @@ per-request task overhead)."""
 
 from __future__ import annotations
 
-import logging
-import uuid
-
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .api.common import json_response
+from .api.errors import error_response, internal_error_response
 from .errors import PayloadTooLarge
-
-log = logging.getLogger(__name__)
-
-
-def internal_error_response(scope: Scope, exc: BaseException) -> Response:
-    """A 500 that names nothing internal: the detail goes to the log under an id
-    the client can quote."""
-    request_id = uuid.uuid4().hex[:16]
-    log.error(
-        "unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id, exc_info=exc
-    )
-    return json_response(
-        {"error": f"internal error (request id {request_id}); the server log has the details"},
-        status=500,
-        headers={"X-Request-Id": request_id},
-    )
 
 
 class ContainErrors:
@@ -67,11 +48,8 @@ def oversized_response(scope: Scope, limit: int) -> Response | None:
             except ValueError:
                 length = -1
             if length > limit:
-                return json_response(
-                    {"error": f"request body of {length} bytes exceeds the limit of {limit} bytes (max-body-bytes)"},
-                    status=413,
-                    headers={"Connection": "close"},
-                )
+                message = f"request body of {length} bytes exceeds the limit of {limit} bytes (max-body-bytes)"
+                return error_response(PayloadTooLarge(message), close=True)
             return None
     return None
 

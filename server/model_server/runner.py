@@ -17,8 +17,8 @@ import uvicorn
 from prometheus_client import REGISTRY, start_http_server
 
 from .app import create_app
+from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 from .lifecycle import Shutdown
-from .protocol import ConnectionLimits, LimitedHttpProtocol
 from .settings import ServerSettings
 
 log = logging.getLogger("model_server")

@@ -15,7 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from model_server.bodies import Busy, MemoryBudget, estimate_parse_bytes
+from model_server.bodies import MemoryBudget, estimate_parse_bytes
+from model_server.errors import Busy
 from model_server.settings import ServerSettings, detect_memory_limit
 from testsupport import payloads
 from testsupport.liveness import post_and_watch_liveness

@@ -27,7 +27,7 @@ async def test_only_posts_to_the_inference_paths_take_the_fast_path():
     called: list[tuple[str, dict]] = []
 
     def endpoint(label):
-        async def run(state, request, **params):
+        async def run(request, params):
             called.append((label, params))
             from starlette.responses import Response
 
@@ -38,7 +38,6 @@ async def test_only_posts_to_the_inference_paths_take_the_fast_path():
     downstream = Downstream()
     fast = InferenceFastPath(
         downstream,
-        state=None,  # type: ignore[arg-type]
         routes=[
             FastRoute("/infer", endpoint("simple")),
             FastRoute("/v2/models/{name}/infer", endpoint("model")),

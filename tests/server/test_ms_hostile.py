@@ -247,8 +247,10 @@ def test_binary_bytes_elements_are_counted_before_decoding():
     """One 63 MiB binary BYTES tensor of 2-byte elements peaked at 844 MiB: one Python object
     per element. The estimate now counts them, so a body too costly for the budget is a 413
     before any is made, and a request over the element limit is a 413 too."""
-    from model_server.api.v2 import estimate_request_bytes
+    from model_server.api.errors import status_of
     from model_server.bodies import estimate_parse_bytes
+    from model_server.errors import PayloadTooLarge
+    from model_server.protocol_v2 import estimate_request_bytes
     from model_server.tensors import BYTES_ELEMENT_BYTES, MAX_BYTES_ELEMENTS, decode_binary_tensor
 
     content, headers = bytes_body(100_000)
@@ -256,7 +258,7 @@ def test_binary_bytes_elements_are_counted_before_decoding():
     assert estimate >= 100_000 * BYTES_ELEMENT_BYTES > estimate_parse_bytes(content) / 2
     with pytest.raises(Exception, match="over the limit") as refused:
         decode_binary_tensor("x", "BYTES", [MAX_BYTES_ELEMENTS + 1], b"")
-    assert getattr(refused.value, "status", None) == 413
+    assert isinstance(refused.value, PayloadTooLarge) and status_of(refused.value) == 413
 
 
 def test_a_bytes_body_whose_elements_exceed_the_budget_is_a_413_without_decoding(tmp_path):

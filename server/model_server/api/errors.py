@@ -1,0 +1,88 @@
+"""The one place where what went wrong becomes an HTTP answer: each `errors.ServerError` type's
+status code, its headers (Retry-After, Connection: close) and the JSON body every error has,
+for the inference fast path, the FastAPI routes and the middleware alike."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from starlette.responses import Response
+from starlette.types import Scope
+
+from ..errors import (
+    BackendInputError,
+    Busy,
+    ClientClosed,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    Overloaded,
+    PayloadTooLarge,
+    ServerError,
+    ShuttingDown,
+    UnprocessableInput,
+    UnsupportedMediaType,
+)
+from .common import json_response
+
+log = logging.getLogger(__name__)
+
+#: nginx's "client closed request": counted as the client's doing, never sent.
+CLIENT_CLOSED = 499
+INTERNAL_ERROR = 500
+
+STATUS: dict[type[ServerError], int] = {
+    InvalidInput: 400,
+    BackendInputError: 400,
+    ModelNotFound: 404,
+    PayloadTooLarge: 413,
+    UnsupportedMediaType: 415,
+    UnprocessableInput: 422,
+    Overloaded: 429,
+    Busy: 503,  # the parse budget, not the queue: another replica may have room
+    ClientClosed: CLIENT_CLOSED,
+    ModelNotReady: 503,
+    ShuttingDown: 503,
+}
+
+
+def status_of(exc: ServerError) -> int:
+    """The status of `exc`'s type, or of its nearest ancestor in the table."""
+    for cls in type(exc).__mro__:
+        status = STATUS.get(cls)
+        if status is not None:
+            return status
+    return INTERNAL_ERROR
+
+
+def headers_of(exc: ServerError) -> dict[str, str] | None:
+    """Retry-After for errors that say when to retry; a draining server also closes the
+    connection, so the retry reaches another replica."""
+    if isinstance(exc, ShuttingDown):
+        return {"Retry-After": str(exc.retry_after_s), "Connection": "close"}
+    if isinstance(exc, Overloaded):
+        return {"Retry-After": str(exc.retry_after_s)}
+    return None
+
+
+def error_response(exc: ServerError, *, close: bool = False) -> Response:
+    """The answer to `exc`; `close` when the connection must not be reused (a body left unread)."""
+    headers = headers_of(exc) or {}
+    if close:
+        headers = {**headers, "Connection": "close"}
+    return json_response({"error": str(exc)}, status=status_of(exc), headers=headers or None)
+
+
+def internal_error_response(scope: Scope, exc: BaseException) -> Response:
+    """A 500 that names nothing internal: the detail goes to the log under an id
+    the client can quote."""
+    request_id = uuid.uuid4().hex[:16]
+    log.error(
+        "unhandled error in %s %s (request id %s)", scope.get("method"), scope.get("path"), request_id, exc_info=exc
+    )
+    return json_response(
+        {"error": f"internal error (request id {request_id}); the server log has the details"},
+        status=INTERNAL_ERROR,
+        headers={"X-Request-Id": request_id},
+    )

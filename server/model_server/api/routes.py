@@ -1,0 +1,143 @@
+"""The inference routes, in one table: each is registered once, here, and served by both front
+ends, the fast path in front of FastAPI (fastpath.py) and FastAPI itself (for requests the fast
+path passes on, and for the OpenAPI document).
+
+A route turns the HTTP request into the data plane's arguments (body, media type, the binary
+extension's header length, path parameters) and the data plane's answer or error back into an
+HTTP response; the request metrics count it under the status it was answered with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+
+from ..bodies import RequestBody
+from ..errors import ClientClosed, ServerError
+from ..metrics import RequestTracker
+from ..protocol_simple import SimpleRequest, SimpleResponse
+from ..protocol_v2 import Answer, InferenceRequest
+from .common import INFER_ERRORS, AppState, documented_body
+from .errors import CLIENT_CLOSED, INTERNAL_ERROR, error_response, status_of
+
+#: The binary tensor extension's header: how many bytes of the body are its JSON header.
+HEADER_LENGTH = "inference-header-content-length"
+
+#: A route's call into the data plane: the state, the request, its path parameters, the tracker.
+Call = Callable[[AppState, Request, dict[str, str], RequestTracker], Awaitable[Answer]]
+
+
+@dataclass(frozen=True)
+class InferenceRoute:
+    path: str
+    call: Call
+    name: str  # FastAPI's route name: the OpenAPI operationId derives from it
+    params: tuple[str, ...] = ()
+    openapi: dict[str, Any] = field(default_factory=dict)
+
+
+def request_body(request: Request) -> RequestBody:
+    """The body as the data plane reads it; a client gone mid-body is `ClientClosed`."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in request.stream():
+                yield chunk
+        except ClientDisconnect:
+            raise ClientClosed("the client closed the connection before its body arrived") from None
+
+    length = request.headers.get("content-length")
+    return RequestBody(int(length) if length is not None and length.isdigit() else None, chunks())
+
+
+async def _v2(state: AppState, request: Request, params: dict[str, str], tracker: RequestTracker) -> Answer:
+    headers = request.headers
+    return await state.dataplane.infer(
+        params["name"],
+        params.get("version"),
+        request_body(request),
+        headers.get("content-type"),
+        headers.get(HEADER_LENGTH),
+        tracker,
+    )
+
+
+async def _simple(state: AppState, request: Request, params: dict[str, str], tracker: RequestTracker) -> Answer:
+    return await state.dataplane.infer_simple(request_body(request), request.headers.get("content-type"), tracker)
+
+
+_V2_DOC = {"responses": INFER_ERRORS, "openapi_extra": documented_body(InferenceRequest), "tags": ["v2"]}
+
+INFERENCE_ROUTES = (
+    InferenceRoute(
+        "/infer",
+        _simple,
+        "infer",
+        openapi={
+            "response_model": SimpleResponse,
+            "responses": INFER_ERRORS,
+            "openapi_extra": documented_body(SimpleRequest),
+            "tags": ["simple"],
+            "description": "Rows in, first output's rows out (a flat row in gives one row out).",
+        },
+    ),
+    InferenceRoute("/v2/models/{name}/infer", _v2, "model_infer", ("name",), _V2_DOC),
+    InferenceRoute("/v2/models/{name}/versions/{version}/infer", _v2, "version_infer", ("name", "version"), _V2_DOC),
+)
+
+
+async def serve(route: InferenceRoute, state: AppState, request: Request, params: dict[str, str]) -> Response:
+    """Answer one inference request: the data plane's answer, or its error's answer."""
+    with state.metrics.track(state.settings.name) as tracker:
+        try:
+            answer = await route.call(state, request, params, tracker)
+        except ServerError as exc:
+            tracker.code = status_of(exc)
+            return error_response(exc)
+        except asyncio.CancelledError:
+            tracker.code = CLIENT_CLOSED
+            raise
+        except Exception:
+            tracker.code = INTERNAL_ERROR
+            raise
+    if answer.header_length is None:
+        return Response(answer.body, media_type=answer.media_type)
+    return Response(
+        answer.body,
+        media_type=answer.media_type,
+        headers={"Inference-Header-Content-Length": str(answer.header_length)},
+    )
+
+
+def bound(route: InferenceRoute, state: AppState) -> Callable[[Request, dict[str, str]], Awaitable[Response]]:
+    """`route` served with `state`: the fast path's endpoint."""
+
+    async def endpoint(request: Request, params: dict[str, str]) -> Response:
+        return await serve(route, state, request, params)
+
+    return endpoint
+
+
+def register(app: FastAPI) -> None:
+    """Add every inference route to FastAPI, its path parameters declared for the document."""
+    for route in INFERENCE_ROUTES:
+        app.add_api_route(route.path, _framework_endpoint(route), methods=["POST"], name=route.name, **route.openapi)
+
+
+def _framework_endpoint(route: InferenceRoute) -> Callable[..., Awaitable[Response]]:
+    async def endpoint(request: Request, **params: str) -> Response:
+        state: AppState = request.app.state.server
+        return await serve(route, state, request, params)
+
+    declared = [inspect.Parameter(p, inspect.Parameter.KEYWORD_ONLY, annotation=str) for p in route.params]
+    request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)
+    endpoint.__signature__ = inspect.Signature([request, *declared])  # type: ignore[attr-defined]
+    endpoint.__name__ = route.name
+    return endpoint
