@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,9 +27,10 @@ from .errors import ServerError
 from .fastpath import FastRoute, InferenceFastPath
 from .gpu import GpuReader, detect_gpu_reader
 from .lifecycle import Shutdown
+from .loading import BackendFactory
 from .metrics import ServerMetrics
 from .middleware import BodySizeLimit, ContainErrors
-from .repository import BackendFactory, ModelRepository
+from .repository import ModelRepository
 from .settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def _document_bodies(app: FastAPI) -> None:
     """Add the hand-parsed request bodies to the OpenAPI components."""
     generate = app.openapi
 
-    def openapi() -> dict:
+    def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = generate()
             components = schema.setdefault("components", {}).setdefault("schemas", {})

@@ -67,7 +67,7 @@ class _Request:
     inputs: Tensors
     rows: int
     key: Hashable
-    future: asyncio.Future
+    future: asyncio.Future[dict[str, np.ndarray]]
     enqueued: float
 
 
@@ -204,8 +204,8 @@ class DynamicBatcher:
         self._queue: deque[_Request] = deque()
         self._rows_by_key: dict[Hashable, int] = defaultdict(int)
         self._wakeup = asyncio.Event()
-        self._workers: list[asyncio.Task] = []
-        self._running: set[asyncio.Task] = set()
+        self._workers: list[asyncio.Task[None]] = []
+        self._running: set[asyncio.Task[None]] = set()
         self._closing = False
         self._batch_seconds = 0.0  # moving average, for Retry-After and the regroup window
         # Rows whose batch finished and whose callers have not sent another request yet,
@@ -238,7 +238,7 @@ class DynamicBatcher:
                 f"inference queue is full ({self._max_queue} requests waiting); retry later",
                 retry_after_s=self._retry_after(),
             )
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
         request = _Request(inputs, rows, batch_key(inputs), future, self._clock())
         self._queue.append(request)
         self._rows_by_key[request.key] += rows

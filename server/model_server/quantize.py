@@ -123,7 +123,7 @@ def quantize_model(
 
         batches = _batches(calibration, 16)
 
-        class Reader(CalibrationDataReader):
+        class Reader(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime ships no types
             def __init__(self) -> None:
                 self._it = batches
 

@@ -89,8 +89,8 @@ class ModelRepository:
         self._scanned = asyncio.Event()  # the first scan has finished (loaded or failed)
         self._sync_lock = asyncio.Lock()
         self._stop = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._retiring: set[asyncio.Task] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 

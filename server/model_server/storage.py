@@ -299,26 +299,15 @@ def _s3_client() -> S3Client:
         import boto3
     except ImportError as exc:
         raise FetchError("s3:// models need boto3 in the image (pip install boto3)") from exc
-    return boto3.client("s3")
+    client: S3Client = boto3.client("s3")
+    return client
 
 
 def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: Limits | None = None) -> list[Path]:
     limits = limits or Limits()
-    parts = urlsplit(uri)
-    bucket, path = parts.netloc, parts.path.lstrip("/")
-    if not bucket:
-        raise UsageError(f"{uri}: no bucket")
-    if path and (".." in path.split("/") or "." in path.split("/")):
-        raise UsageError(f"{uri}: `.` and `..` are not allowed in an S3 key")
+    bucket, path = _s3_location(uri)
     client = client or _s3_client()
-    directory = path.rstrip("/")
-    listed = list(_s3_objects(client, bucket, directory))
-    exact = [(k, s) for k, s in listed if k == directory]
-    if exact and not path.endswith("/"):
-        objects = [(key, size, safe_relative(PurePosixPath(key).name, "S3 key")) for key, size in exact]
-    else:
-        base = directory + "/" if directory else ""
-        objects = [(k, s, safe_relative(k[len(base) :], "S3 key")) for k, s in listed if k.startswith(base)]
+    objects = _s3_objects_to_fetch(client, bucket, path)
     if not objects:
         raise FetchError(f"{uri}: no objects under this prefix")
     sidecars = {rel.as_posix(): key for key, _, rel in objects if rel.name.endswith(".sha256")}
@@ -334,6 +323,29 @@ def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: L
             expected = _parse_digest(_s3_read(client, bucket, sidecar, limits), f"s3://{bucket}/{sidecar}")
         fetched.append(write_file(target, _s3_chunks(client, bucket, key), limits, expected))
     return fetched
+
+
+def _s3_location(uri: str) -> tuple[str, str]:
+    """(bucket, key or prefix) of an s3:// URI; no `.` or `..` segments in the key."""
+    parts = urlsplit(uri)
+    bucket, path = parts.netloc, parts.path.lstrip("/")
+    if not bucket:
+        raise UsageError(f"{uri}: no bucket")
+    if path and (".." in path.split("/") or "." in path.split("/")):
+        raise UsageError(f"{uri}: `.` and `..` are not allowed in an S3 key")
+    return bucket, path
+
+
+def _s3_objects_to_fetch(client: S3Client, bucket: str, path: str) -> list[tuple[str, int, PurePosixPath]]:
+    """(key, size, path relative to the destination) of each object: the one object `path`
+    names exactly (unless it ends in `/`), else every object under the prefix."""
+    directory = path.rstrip("/")
+    listed = list(_s3_objects(client, bucket, directory))
+    exact = [(k, s) for k, s in listed if k == directory]
+    if exact and not path.endswith("/"):
+        return [(key, size, safe_relative(PurePosixPath(key).name, "S3 key")) for key, size in exact]
+    base = directory + "/" if directory else ""
+    return [(k, s, safe_relative(k[len(base) :], "S3 key")) for k, s in listed if k.startswith(base)]
 
 
 def _s3_read(client: S3Client, bucket: str, key: str, limits: Limits) -> str:
@@ -381,48 +393,84 @@ def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Pat
     repo, revision = parse_hf(uri)
     if limits.sha256:
         raise UsageError(f"{uri}: --sha256 names one file; the Hub checks its own files")
-    # huggingface_hub reads these when imported. Its own state goes beside the model, since the
-    # init container's root filesystem is read-only; no telemetry, no progress bars in the log.
-    os.environ.setdefault("HF_HOME", str(dest_dir / ".cache" / "hf-home"))
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    hub = _Hub.connect(dest_dir)
     try:
-        import huggingface_hub
-        from huggingface_hub import errors as hf_errors
-    except ImportError as exc:
-        raise FetchError("hf:// models need huggingface_hub in the image (pip install huggingface_hub)") from exc
-    token = os.environ.get("HF_TOKEN") or None
-    endpoint = os.environ.get("HF_ENDPOINT") or None
-    if token and endpoint and urlsplit(endpoint).scheme != "https" and not _truthy(ENV_ALLOW_HTTP_TOKEN):
-        raise UnsafeError(f"refusing to send HF_TOKEN to {endpoint}: not https (set {ENV_ALLOW_HTTP_TOKEN}=true)")
-    api = huggingface_hub.HfApi(endpoint=endpoint, token=token)
-    try:
-        commit = api.repo_info(repo, revision=revision).sha
-        if not commit:
-            raise FetchError(f"{uri}: the Hub named no commit for {revision!r}")
-        if not COMMIT_SHA.fullmatch(commit):  # it becomes a path under HF_HOME and dest_dir
-            raise UnsafeError(f"{uri}: the Hub named a commit that is no 40-digit hex sha")
-        tree = [
-            f
-            for f in api.list_repo_tree(repo, revision=commit, recursive=True)
-            if isinstance(f, huggingface_hub.hf_api.RepoFile)
-        ]
+        commit = hub.commit(uri, repo, revision)
+        tree = hub.files(repo, commit)
         relatives = [safe_relative(f.path, "repository file") for f in tree]
         for rel in relatives:
             contained(dest_dir, rel, "repository file")
         limits.expect(sum(f.size or 0 for f in tree), uri)
         limits.remaining()
+        hub.download(uri, repo, commit, dest_dir, limits, list(zip(relatives, tree, strict=True)))
+    except hub.not_found as exc:
+        raise FetchError(f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    return [contained(dest_dir, rel, "repository file") for rel in relatives]
+
+
+class _Hub:
+    """huggingface_hub, imported only for hf:// models, with the token and endpoint to use."""
+
+    def __init__(self, module: Any, errors: Any, token: str | None, endpoint: str | None) -> None:
+        self.module = module
+        self.api = module.HfApi(endpoint=endpoint, token=token)
+        self.token = token
+        self.endpoint = endpoint
+        self.not_found: tuple[type[Exception], ...] = (
+            errors.RepositoryNotFoundError,
+            errors.RevisionNotFoundError,
+            errors.GatedRepoError,
+            errors.HfHubHTTPError,
+            errors.LocalEntryNotFoundError,
+        )
+
+    @classmethod
+    def connect(cls, dest_dir: Path) -> _Hub:
+        # huggingface_hub reads these when imported. Its own state goes beside the model, since
+        # the init container's root filesystem is read-only; no telemetry, no progress bars.
+        os.environ.setdefault("HF_HOME", str(dest_dir / ".cache" / "hf-home"))
+        os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        try:
+            import huggingface_hub
+            from huggingface_hub import errors as hf_errors
+        except ImportError as exc:
+            raise FetchError("hf:// models need huggingface_hub in the image (pip install huggingface_hub)") from exc
+        token = os.environ.get("HF_TOKEN") or None
+        endpoint = os.environ.get("HF_ENDPOINT") or None
+        if token and endpoint and urlsplit(endpoint).scheme != "https" and not _truthy(ENV_ALLOW_HTTP_TOKEN):
+            raise UnsafeError(f"refusing to send HF_TOKEN to {endpoint}: not https (set {ENV_ALLOW_HTTP_TOKEN}=true)")
+        return cls(huggingface_hub, hf_errors, token, endpoint)
+
+    def commit(self, uri: str, repo: str, revision: str) -> str:
+        """The 40-digit sha `revision` names now: the download is pinned to it."""
+        commit = self.api.repo_info(repo, revision=revision).sha
+        if not commit:
+            raise FetchError(f"{uri}: the Hub named no commit for {revision!r}")
+        if not COMMIT_SHA.fullmatch(commit):  # it becomes a path under HF_HOME and dest_dir
+            raise UnsafeError(f"{uri}: the Hub named a commit that is no 40-digit hex sha")
+        return str(commit)
+
+    def files(self, repo: str, commit: str) -> list[Any]:
+        """The repository's files (not folders) at `commit`, with their declared sizes."""
+        tree = self.api.list_repo_tree(repo, revision=commit, recursive=True)
+        return [f for f in tree if isinstance(f, self.module.hf_api.RepoFile)]
+
+    def download(
+        self, uri: str, repo: str, commit: str, dest_dir: Path, limits: Limits, files: list[tuple[PurePosixPath, Any]]
+    ) -> None:
+        """Download `commit` into `dest_dir`, keeping only files of the size the Hub declared."""
         dest_dir.mkdir(parents=True, exist_ok=True)
         # The tree's sizes are the Hub's word: the bytes actually written are watched too.
         oversize: TooLargeError | None = None
         try:
             with _size_watch(dest_dir, limits.max_bytes - limits.written):
-                huggingface_hub.snapshot_download(
-                    repo, revision=commit, local_dir=dest_dir, endpoint=endpoint, token=token, max_workers=4
+                self.module.snapshot_download(
+                    repo, revision=commit, local_dir=dest_dir, endpoint=self.endpoint, token=self.token, max_workers=4
                 )
         except TooLargeError as exc:
             oversize = exc
-        for rel, f in zip(relatives, tree, strict=True):
+        for rel, f in files:
             path = contained(dest_dir, rel, "repository file")
             if f.size is not None and path.exists() and path.stat().st_size != f.size:
                 actual = path.stat().st_size
@@ -430,11 +478,6 @@ def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Pat
                 oversize = oversize or TooLargeError(f"{uri}: {rel} is {actual} bytes, the Hub declared {f.size}")
         if oversize is not None:
             raise oversize
-    except (hf_errors.RepositoryNotFoundError, hf_errors.RevisionNotFoundError, hf_errors.GatedRepoError) as exc:
-        raise FetchError(f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-    except (hf_errors.HfHubHTTPError, hf_errors.LocalEntryNotFoundError) as exc:
-        raise FetchError(f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-    return [contained(dest_dir, rel, "repository file") for rel in relatives]
 
 
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")

@@ -214,27 +214,40 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
             raise _first_bad_element(label, data, datatype, noun)
         return raw
     if kind not in "iuf":
-        if dtype.kind in _INT_KINDS and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in _flatten(data)
-        ):  # integers too large for any numpy type
-            info = np.iinfo(dtype)
-            raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
-        raise _first_bad_element(label, data, datatype, noun)
+        raise _not_numbers(label, data, datatype, noun)
     if dtype.kind in _INT_KINDS:
-        if kind == "f" and not (np.all(np.isfinite(raw)) and np.all(raw == np.round(raw))):
-            raise _first_bad_element(label, data, datatype, noun)
-        info = np.iinfo(dtype)
-        if raw.size and (raw.min() < info.min or raw.max() > info.max):
-            raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
-        if kind == "f":
-            # numpy turns ints beyond int64 into float64 and loses digits: convert
-            # the JSON integers themselves, exactly.
-            try:
-                return np.array(data, dtype=dtype)
-            except OverflowError:
-                raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}") from None
-    elif dtype.kind == "f" and dtype != raw.dtype and raw.size and not _floats_in_range(raw, dtype):
+        return _integers(label, data, raw, datatype, noun)
+    if dtype.kind == "f" and dtype != raw.dtype and raw.size and not _floats_in_range(raw, dtype):
         raise InvalidInput(f"{label}: values exceed the range of {datatype}")
+    return raw.astype(dtype, copy=False)
+
+
+def _not_numbers(label: str, data: Any, datatype: str, noun: str) -> InvalidInput:
+    """Why non-numeric JSON values are refused: integers beyond any numpy type, else the
+    first element that is not `noun`."""
+    dtype = V2_DATATYPES[datatype]
+    if dtype.kind in _INT_KINDS and all(isinstance(v, int) and not isinstance(v, bool) for v in _flatten(data)):
+        info = np.iinfo(dtype)
+        return InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
+    return _first_bad_element(label, data, datatype, noun)
+
+
+def _integers(label: str, data: Any, raw: np.ndarray, datatype: str, noun: str) -> np.ndarray:
+    """`raw` (numbers) as the integer `datatype`: whole numbers within its range only."""
+    dtype = V2_DATATYPES[datatype]
+    kind = raw.dtype.kind
+    if kind == "f" and not (np.all(np.isfinite(raw)) and np.all(raw == np.round(raw))):
+        raise _first_bad_element(label, data, datatype, noun)
+    info = np.iinfo(dtype)
+    if raw.size and (raw.min() < info.min or raw.max() > info.max):
+        raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}")
+    if kind == "f":
+        # numpy turns ints beyond int64 into float64 and loses digits: convert
+        # the JSON integers themselves, exactly.
+        try:
+            return np.array(data, dtype=dtype)
+        except OverflowError:
+            raise InvalidInput(f"{label}: values must lie in [{info.min}, {info.max}] for {datatype}") from None
     return raw.astype(dtype, copy=False)
 
 
@@ -389,24 +402,28 @@ def shape_simple_rows(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
             f"'data' rows have shape {list(rows.shape[1:])}, model input '{spec.name}' "
             f"expects rows of shape {list(row_shape)}"
         )
-    per_row = rows.shape[1]
+    target = _flat_row_shape(rows.shape[1], row_shape, spec.name)
+    return _cast_simple(rows.reshape((rows.shape[0], *target)), spec)
+
+
+def _flat_row_shape(per_row: int, row_shape: tuple[int, ...], name: str) -> tuple[int, ...]:
+    """The row shape that `per_row` flat values take for a model row of `row_shape` (at most
+    one dynamic dimension, -1, is worked out from the count)."""
     dynamic = [i for i, d in enumerate(row_shape) if d == -1]
     known = math.prod(d for d in row_shape if d != -1)
     if not dynamic:
         if per_row != known:
             raise InvalidInput(
-                f"'data' has {per_row} values per row, model input '{spec.name}' expects "
+                f"'data' has {per_row} values per row, model input '{name}' expects "
                 f"{known} (row shape {list(row_shape)})"
             )
-        target = row_shape
-    elif len(dynamic) == 1 and known > 0 and per_row % known == 0:
-        target = tuple(per_row // known if d == -1 else d for d in row_shape)
-    else:
-        raise InvalidInput(
-            f"'data' has {per_row} values per row, which cannot be reshaped to model input "
-            f"'{spec.name}' row shape {list(row_shape)}; send nested rows or use the v2 API"
-        )
-    return _cast_simple(rows.reshape((rows.shape[0], *target)), spec)
+        return row_shape
+    if len(dynamic) == 1 and known > 0 and per_row % known == 0:
+        return tuple(per_row // known if d == -1 else d for d in row_shape)
+    raise InvalidInput(
+        f"'data' has {per_row} values per row, which cannot be reshaped to model input "
+        f"'{name}' row shape {list(row_shape)}; send nested rows or use the v2 API"
+    )
 
 
 def _cast_simple(rows: np.ndarray, spec: TensorSpec) -> np.ndarray:
@@ -431,30 +448,11 @@ def _cast_simple(rows: np.ndarray, spec: TensorSpec) -> np.ndarray:
 
 def validate_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec], *, batchable: bool) -> int:
     """Check names, dtypes and shapes against the model; return the row count."""
-    expected = {s.name for s in specs}
-    missing = [s.name for s in specs if s.name not in arrays]
-    unknown = sorted(set(arrays) - expected)
-    if missing or unknown:
-        problems = [
-            f"missing input(s) {missing}" if missing else "",
-            f"unknown input(s) {unknown}" if unknown else "",
-        ]
-        raise InvalidInput(f"{', '.join(p for p in problems if p)}; model inputs are {sorted(expected)}")
+    _check_names(arrays, specs)
     rows: int | None = None
     for spec in specs:
         arr = arrays[spec.name]
-        if arr.dtype != spec.dtype and not (spec.datatype == "BYTES" and arr.dtype.kind in "OSU"):
-            raise InvalidInput(
-                f"input '{spec.name}' has datatype {v2_datatype(arr.dtype)}, model expects {spec.datatype}"
-            )
-        if spec.shape is not None:
-            ok = arr.ndim == len(spec.shape) and all(
-                d == -1 or d == n for d, n in zip(spec.shape, arr.shape, strict=True)
-            )
-            if not ok:
-                raise InvalidInput(
-                    f"input '{spec.name}' has shape {list(arr.shape)}, model expects {list(spec.shape)} (-1 = any size)"
-                )
+        _check_against(arr, spec)
         if batchable:
             if arr.ndim == 0:
                 raise InvalidInput(f"input '{spec.name}' needs a batch dimension")
@@ -467,6 +465,31 @@ def validate_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec
     if batchable and rows == 0:
         raise InvalidInput("batch dimension is 0: send at least one row")
     return rows if (batchable and rows is not None) else 1
+
+
+def _check_names(arrays: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> None:
+    """Every input the model has, and no other."""
+    expected = {s.name for s in specs}
+    missing = [s.name for s in specs if s.name not in arrays]
+    unknown = sorted(set(arrays) - expected)
+    if missing or unknown:
+        problems = [
+            f"missing input(s) {missing}" if missing else "",
+            f"unknown input(s) {unknown}" if unknown else "",
+        ]
+        raise InvalidInput(f"{', '.join(p for p in problems if p)}; model inputs are {sorted(expected)}")
+
+
+def _check_against(arr: np.ndarray, spec: TensorSpec) -> None:
+    """`arr` has the datatype and (where known) the shape of the model input `spec`."""
+    if arr.dtype != spec.dtype and not (spec.datatype == "BYTES" and arr.dtype.kind in "OSU"):
+        raise InvalidInput(f"input '{spec.name}' has datatype {v2_datatype(arr.dtype)}, model expects {spec.datatype}")
+    if spec.shape is None:
+        return
+    if arr.ndim != len(spec.shape) or any(d not in (-1, n) for d, n in zip(spec.shape, arr.shape, strict=True)):
+        raise InvalidInput(
+            f"input '{spec.name}' has shape {list(arr.shape)}, model expects {list(spec.shape)} (-1 = any size)"
+        )
 
 
 # --------------------------------------------------------------------------- encoding

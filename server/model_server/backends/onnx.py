@@ -154,13 +154,16 @@ class OnnxBackend(Backend):
                 raise
             log.warning("IO binding failed on %s (%s); using plain runs", self._binding_device, exc)
             self._binding_device = None
-            return session.run(self._output_names, dict(inputs))
-        return binding.copy_outputs_to_cpu()
+            plain: list[np.ndarray] = session.run(self._output_names, dict(inputs))
+            return plain
+        bound: list[np.ndarray] = binding.copy_outputs_to_cpu()
+        return bound
 
     def end_profiling(self) -> str | None:
         """Write the profile (if enabled) and return its path."""
         if self._session is not None and self.profiling:
-            return self._session.end_profiling()
+            path: str = self._session.end_profiling()
+            return path
         return None
 
     def close(self) -> None:

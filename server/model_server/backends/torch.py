@@ -110,7 +110,7 @@ class TorchBackend(Backend):
             torch.set_num_threads(self.threads)
         try:
             if self.kind == "torchscript":
-                module = torch.jit.load(str(self.path), map_location=self.device)
+                module = torch.jit.load(str(self.path), map_location=self.device)  # type: ignore[no-untyped-call]
                 inputs = [TensorSpec(arg.name, "FP32", None) for arg in module.forward.schema.arguments[1:]]
                 outputs: list[TensorSpec] = []
             else:
@@ -174,5 +174,6 @@ def _writable(arr: np.ndarray) -> np.ndarray:
 
 def _to_numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):
-        return value.detach().cpu().numpy()
+        array: np.ndarray = value.detach().cpu().numpy()
+        return array
     return np.asarray(value)
