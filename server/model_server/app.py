@@ -10,20 +10,16 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from prometheus_client import REGISTRY, CollectorRegistry
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from . import __version__
 from .api import health, routes, v2
-from .api.common import BODY_MODELS, AppState, json_response
-from .api.errors import error_response, internal_error_response
+from .api.common import BODY_MODELS, AppState
+from .api.errors import install_error_handlers
 from .bodies import BodyDecoder
 from .dataplane import DataPlane
-from .errors import ServerError
 from .fastpath import FastRoute, InferenceFastPath
 from .gpu import GpuReader, detect_gpu_reader
 from .lifecycle import Shutdown
@@ -85,7 +81,7 @@ def create_app(
     app.include_router(v2.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(ContainErrors)
-    _install_error_handlers(app)
+    install_error_handlers(app)
     _document_bodies(app)
     app.fast_path = InferenceFastPath(
         partial(FastAPI.__call__, app),
@@ -150,22 +146,3 @@ async def _flush_when_stopping(state: AppState) -> None:
     """Once the listener closes no request will come to fill a batch: stop waiting."""
     await state.shutdown.wait_stopping()
     state.repository.flush()
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServerError)
-    async def server_error(_: Request, exc: ServerError) -> Response:
-        return error_response(exc)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
-        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()[:3]]
-        return json_response({"error": "invalid request: " + "; ".join(parts)}, status=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return json_response({"error": str(exc.detail)}, status=exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        return internal_error_response(request.scope, exc)

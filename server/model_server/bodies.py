@@ -99,11 +99,12 @@ class MemoryBudget:
 
 @dataclass(frozen=True, slots=True)
 class RequestBody:
-    """A request's body as a transport delivers it: the length it announced (None without one)
-    and its bytes, chunk by chunk (read once)."""
+    """A request's body as a transport delivers it: the length it announced (None without one),
+    and two ways to read it once: whole, or chunk by chunk as it arrives."""
 
     length: int | None
-    chunks: AsyncIterator[bytes]
+    read: Callable[[], Awaitable[bytes]]
+    chunks: Callable[[], AsyncIterator[bytes]]
 
 
 class BodyDecoder:
@@ -135,7 +136,7 @@ class BodyDecoder:
         JSON estimate by default; a binary body's own, which knows its BYTES elements)."""
         length = request.length
         if length is not None and length <= INLINE_BYTES:
-            return decode(b"".join([chunk async for chunk in request.chunks]))
+            return decode(await request.read())
         # Reserved as the bytes arrive, not as declared: a connection that sends headers
         # announcing 50 MB and then nothing holds nothing, so it cannot starve the others; a
         # 503 means bytes other requests really hold.
@@ -184,7 +185,7 @@ async def _read(request: RequestBody, length: int | None, take: Callable[[int], 
     """The body in one growing buffer (no join of chunks), each chunk's bytes taken from the
     budget before they are kept: memory follows what arrived, not what was announced."""
     body = bytearray()
-    async for chunk in request.chunks:
+    async for chunk in request.chunks():
         if length is not None and len(body) + len(chunk) > length:
             raise PayloadTooLarge("request body is longer than its Content-Length")
         await take(len(chunk))

@@ -29,7 +29,10 @@ def body(*chunks: bytes) -> RequestBody:
         for chunk in chunks:
             yield chunk
 
-    return RequestBody(sum(map(len, chunks)), stream())
+    async def read() -> bytes:
+        return b"".join(chunks)
+
+    return RequestBody(sum(map(len, chunks)), read, stream)
 
 
 class NotLoaded:

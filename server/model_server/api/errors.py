@@ -7,6 +7,9 @@ from __future__ import annotations
 import logging
 import uuid
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope
 
@@ -86,3 +89,25 @@ def internal_error_response(scope: Scope, exc: BaseException) -> Response:
         status=INTERNAL_ERROR,
         headers={"X-Request-Id": request_id},
     )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """The same answers for errors raised under FastAPI's routes, its own among them (a 405,
+    a 422 of its parameter validation), as `{"error": ...}` bodies."""
+
+    @app.exception_handler(ServerError)
+    async def server_error(_: Request, exc: ServerError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()[:3]]
+        return json_response({"error": "invalid request: " + "; ".join(parts)}, status=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return json_response({"error": str(exc.detail)}, status=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return internal_error_response(request.scope, exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,17 +44,10 @@ class InferenceRoute:
 
 
 def request_body(request: Request) -> RequestBody:
-    """The body as the data plane reads it; a client gone mid-body is `ClientClosed`."""
-
-    async def chunks() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in request.stream():
-                yield chunk
-        except ClientDisconnect:
-            raise ClientClosed("the client closed the connection before its body arrived") from None
-
+    """The body as the data plane reads it (a client gone mid-body raises ClientDisconnect,
+    which `serve` answers as `ClientClosed`)."""
     length = request.headers.get("content-length")
-    return RequestBody(int(length) if length is not None and length.isdigit() else None, chunks())
+    return RequestBody(int(length) if length is not None and length.isdigit() else None, request.body, request.stream)
 
 
 async def _v2(state: AppState, request: Request, params: dict[str, str], tracker: RequestTracker) -> Answer:
@@ -98,9 +91,10 @@ async def serve(route: InferenceRoute, state: AppState, request: Request, params
     with state.metrics.track(state.settings.name) as tracker:
         try:
             answer = await route.call(state, request, params, tracker)
+        except ClientDisconnect:
+            return _error(tracker, ClientClosed("the client closed the connection before its body arrived"))
         except ServerError as exc:
-            tracker.code = status_of(exc)
-            return error_response(exc)
+            return _error(tracker, exc)
         except asyncio.CancelledError:
             tracker.code = CLIENT_CLOSED
             raise
@@ -114,6 +108,11 @@ async def serve(route: InferenceRoute, state: AppState, request: Request, params
         media_type=answer.media_type,
         headers={"Inference-Header-Content-Length": str(answer.header_length)},
     )
+
+
+def _error(tracker: RequestTracker, exc: ServerError) -> Response:
+    tracker.code = status_of(exc)
+    return error_response(exc)
 
 
 def bound(route: InferenceRoute, state: AppState) -> Callable[[Request, dict[str, str]], Awaitable[Response]]:
