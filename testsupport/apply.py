@@ -257,7 +257,24 @@ def apply(
     entries = decode((live or {}).get("metadata", {}).get("managedFields"))
     mine = _entry(entries, manager, "Apply", api_version, "")
     applied_fields = flatten(applied, kind)
-    live_fields = flatten(live, kind)
+    _take_over(entries, mine, applied_fields, flatten(live, kind), force)
+    kept = _prefixes(path for e in entries if e is not mine for path in e.fields)
+    result = _without_managed_fields(live)
+    protected = kept | _prefixes(applied_fields)
+    for path in sorted(_dropped(mine.fields - applied_fields.keys(), kept), key=len, reverse=True):
+        _remove(result, path, kind, protected)
+    merge(result, _clone(applied), kind)
+    mine.fields = set(applied_fields)
+    mine.api_version = api_version
+    mine.time = now()
+    return result, [e for e in entries if e.fields]
+
+
+def _take_over(
+    entries: list[Entry], mine: Entry, applied_fields: dict[Path, Any], live_fields: dict[Path, Any], force: bool
+) -> None:
+    """Conflicts: fields this apply sets to a new value that other managers own. Without `force`
+    they fail the apply; with it, they pass to `mine` (the others lose them)."""
     conflicts = [
         (entry, path)
         for path, value in applied_fields.items()
@@ -270,24 +287,29 @@ def apply(
     for entry, path in conflicts:
         entry.fields.discard(path)
 
-    others = [e for e in entries if e is not mine]
-    kept = {path[:i] for e in others for path in e.fields for i in range(1, len(path) + 1)}
-    dropped = {path for path in mine.fields - applied_fields.keys() if path not in kept}
-    # A dropped element goes whole (nobody else owns anything in it): its fields need no visit,
-    # and could not be found once its key fields were gone.
-    dropped = {path for path in dropped if not any(path[:i] in dropped for i in range(1, len(path)))}
-    result = _clone({k: v for k, v in live.items() if k != "metadata"}) if live else {}
-    if live:
-        meta = {k: v for k, v in (live.get("metadata") or {}).items() if k != "managedFields"}
-        result["metadata"] = _clone(meta)
-    protected = kept | {path[:i] for path in applied_fields for i in range(1, len(path) + 1)}
-    for path in sorted(dropped, key=len, reverse=True):
-        _remove(result, path, kind, protected)
-    merge(result, _clone(applied), kind)
-    mine.fields = set(applied_fields)
-    mine.api_version = api_version
-    mine.time = now()
-    return result, [e for e in entries if e.fields]
+
+def _prefixes(paths: Iterable[Path]) -> set[Path]:
+    """Every path and each of its ancestors (but the root)."""
+    return {path[:i] for path in paths for i in range(1, len(path) + 1)}
+
+
+def _dropped(unapplied: set[Path], kept: set[Path]) -> set[Path]:
+    """The fields a manager applied before and omits now that nobody else keeps.
+
+    A dropped element goes whole (nobody else owns anything in it): its fields need no visit,
+    and could not be found once its key fields were gone.
+    """
+    dropped = {path for path in unapplied if path not in kept}
+    return {path for path in dropped if not any(path[:i] in dropped for i in range(1, len(path)))}
+
+
+def _without_managed_fields(live: dict | None) -> dict:
+    """A copy of `live` (empty for a create) without its managedFields, which apply rewrites."""
+    if not live:
+        return {}
+    result: dict = _clone({k: v for k, v in live.items() if k != "metadata"})
+    result["metadata"] = _clone({k: v for k, v in (live.get("metadata") or {}).items() if k != "managedFields"})
+    return result
 
 
 def _clone(value: Any) -> Any:
