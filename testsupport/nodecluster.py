@@ -184,60 +184,56 @@ def _run(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(args), capture_output=True, text=True, check=check, timeout=60)
 
 
+def _tier_netns(before: set[str]) -> list[pathlib.Path]:
+    """The network namespaces CRI made for the tier's pods (containerd 1.6 puts them in /var/run/netns)."""
+    if not NETNS_DIR.is_dir():
+        return []
+    return [n for n in NETNS_DIR.iterdir() if n.name.startswith("cni-") and n.name not in before]
+
+
+def _tier_chains() -> Iterator[tuple[str, str, list[str]]]:
+    """(binary, table, chains) per iptables table: the chains kube-proxy and the tier made in it."""
+    for binary in ("iptables", "ip6tables"):
+        if shutil.which(binary) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            yield binary, table, [c for c in _iptables_chains(binary, table) if c.startswith(("KUBE-", "RIO-"))]
+
+
+def _unrestored_sysctls(state: State) -> list[str]:
+    found = []
+    for key, value in state.data["sysctls"].items():
+        with contextlib.suppress(OSError):
+            if (pathlib.Path("/proc/sys") / key).read_text().strip() != value:
+                found.append(f"sysctl {key} not restored")
+    return found
+
+
 def leftovers(work: pathlib.Path) -> list[str]:
     """What of the tier is still on this machine: empty after a complete teardown."""
-    found = []
     state = State(work) if (work / "state.json").exists() else None
-    for pid, marker in state.data["pids"] if state else []:
-        if _alive(pid, marker):
-            found.append(f"process {pid} ({marker})")
+    recorded = state.data["pids"] if state else []
+    found = [f"process {pid} ({marker})" for pid, marker in recorded if _alive(pid, marker)]
     found += [f"process {pid} mentioning {work}" for pid in _processes_mentioning(str(work))]
     found += [f"mount {m}" for m in _mounts_under(work)]
     found += [f"cgroup {d}" for d in _cgroup_dirs()]
     if pathlib.Path(f"/sys/class/net/{BRIDGE}").exists():
         found.append(f"bridge {BRIDGE}")
-    before = set(state.data["netns_before"]) if state else set()
-    if NETNS_DIR.is_dir():
-        found += [f"netns {n.name}" for n in NETNS_DIR.iterdir() if n.name.startswith("cni-") and n.name not in before]
-    for binary in ("iptables", "ip6tables"):
-        if shutil.which(binary) is None:
-            continue
-        for table in ("filter", "nat", "mangle"):
-            found += [
-                f"{binary} {table} {c}" for c in _iptables_chains(binary, table) if c.startswith(("KUBE-", "RIO-"))
-            ]
-    if state:
-        for key, value in state.data["sysctls"].items():
-            with contextlib.suppress(OSError):
-                if (pathlib.Path("/proc/sys") / key).read_text().strip() != value:
-                    found.append(f"sysctl {key} not restored")
-    return found
+    found += [f"netns {n.name}" for n in _tier_netns(set(state.data["netns_before"]) if state else set())]
+    found += [f"{binary} {table} {c}" for binary, table, chains in _tier_chains() for c in chains]
+    return found + (_unrestored_sysctls(state) if state else [])
 
 
 def teardown(work: pathlib.Path) -> None:
     """Remove everything the tier made under `work` and on the host; safe to call twice, and from
     another process after the one that started the tier was killed."""
     state = State(work)
-    # Control plane, kubelet, kube-proxy and containerd, by PID, newest first.
-    recorded = [(pid, marker) for pid, marker in state.data["pids"] if _alive(pid, marker)]
-    _kill([pid for pid, _ in reversed(recorded)], signal.SIGTERM)
-    _wait_gone(lambda: any(_alive(p, m) for p, m in recorded), 10)
-    _kill([pid for pid, marker in recorded if _alive(pid, marker)], signal.SIGKILL)
-    # Shims (they name the containerd socket under `work`) and every container process.
-    for _ in range(3):
-        victims = _processes_mentioning(str(work)) + _cgroup_pids()
-        if not victims:
-            break
-        _kill(victims, signal.SIGKILL)
-        _wait_gone(lambda: bool(_processes_mentioning(str(work)) + _cgroup_pids()), 5)
-    # Network namespaces CRI made for the tier's pods (containerd 1.6 puts them in /var/run/netns).
-    before = set(state.data["netns_before"])
-    if NETNS_DIR.is_dir():
-        for netns in NETNS_DIR.iterdir():
-            if netns.name.startswith("cni-") and netns.name not in before:
-                _run("umount", str(netns))
-                with contextlib.suppress(OSError):
-                    netns.unlink()
+    _stop_recorded(state)
+    _kill_containers(work)
+    for netns in _tier_netns(set(state.data["netns_before"])):
+        _run("umount", str(netns))
+        with contextlib.suppress(OSError):
+            netns.unlink()
     for point in _mounts_under(work):
         if _run("umount", point).returncode != 0:
             _run("umount", "-l", point)
@@ -245,27 +241,45 @@ def teardown(work: pathlib.Path) -> None:
         with contextlib.suppress(OSError):
             directory.rmdir()
     _run("ip", "link", "delete", BRIDGE)
-    for binary in ("iptables", "ip6tables"):
-        if shutil.which(binary) is None:
-            continue
-        for table in ("filter", "nat", "mangle"):
-            ours = [c for c in _iptables_chains(binary, table) if c.startswith(("KUBE-", "RIO-"))]
-            if not ours:
-                continue
-            # Rules in built-in chains that jump to ours go first, then our chains themselves.
-            rules = _run(binary, "-t", table, "-S").stdout.splitlines()
-            for rule in rules:
-                parts = shlex.split(rule)
-                if parts[0] == "-A" and parts[1] not in ours and any(c in parts for c in ours):
-                    _run(binary, "-t", table, "-D", *parts[1:])
-            for chain in ours:
-                _run(binary, "-t", table, "-F", chain)
-            for chain in ours:
-                _run(binary, "-t", table, "-X", chain)
+    for binary, table, ours in _tier_chains():
+        _remove_chains(binary, table, ours)
     for key, value in state.data["sysctls"].items():
         with contextlib.suppress(OSError):
             (pathlib.Path("/proc/sys") / key).write_text(value)
     shutil.rmtree(work / "run", ignore_errors=True)
+
+
+def _stop_recorded(state: State) -> None:
+    """Control plane, kubelet, kube-proxy and containerd, by PID, newest first."""
+    recorded = [(pid, marker) for pid, marker in state.data["pids"] if _alive(pid, marker)]
+    _kill([pid for pid, _ in reversed(recorded)], signal.SIGTERM)
+    _wait_gone(lambda: any(_alive(p, m) for p, m in recorded), 10)
+    _kill([pid for pid, marker in recorded if _alive(pid, marker)], signal.SIGKILL)
+
+
+def _kill_containers(work: pathlib.Path) -> None:
+    """Shims (they name the containerd socket under `work`) and every container process."""
+    for _ in range(3):
+        victims = _processes_mentioning(str(work)) + _cgroup_pids()
+        if not victims:
+            break
+        _kill(victims, signal.SIGKILL)
+        _wait_gone(lambda: bool(_processes_mentioning(str(work)) + _cgroup_pids()), 5)
+
+
+def _remove_chains(binary: str, table: str, ours: list[str]) -> None:
+    """Rules in built-in chains that jump to ours go first, then our chains themselves."""
+    if not ours:
+        return
+    rules = _run(binary, "-t", table, "-S").stdout.splitlines()
+    for rule in rules:
+        parts = shlex.split(rule)
+        if parts[0] == "-A" and parts[1] not in ours and any(c in parts for c in ours):
+            _run(binary, "-t", table, "-D", *parts[1:])
+    for chain in ours:
+        _run(binary, "-t", table, "-F", chain)
+    for chain in ours:
+        _run(binary, "-t", table, "-X", chain)
 
 
 # --------------------------------------------------------------------------- the cluster
