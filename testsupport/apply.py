@@ -39,6 +39,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference_operator.jsontypes import JsonObject
+
 Path = tuple[str, ...]  # FieldsV1 keys from the root: ("f:spec", "f:template", ..., 'k:{"name":"server"}')
 
 # A list element's own node (FieldsV1 ".") has no value of its own to compare.
@@ -115,12 +117,12 @@ def _atomic_map(kind: Kind, names: tuple[str, ...]) -> bool:
     return kind.builtin and names[-1] in ATOMIC_MAPS
 
 
-def element_key(item: dict, keys: tuple[str, ...]) -> str:
+def element_key(item: JsonObject, keys: tuple[str, ...]) -> str:
     key = {k: item.get(k, KEY_DEFAULTS.get(k)) for k in keys}
     return "k:" + json.dumps(key, sort_keys=True, separators=(",", ":"))
 
 
-def flatten(obj: dict | None, kind: Kind) -> dict[Path, Any]:
+def flatten(obj: JsonObject | None, kind: Kind) -> dict[Path, Any]:
     """Every owned-able field of `obj` (leaves and list elements) → its value."""
     out: dict[Path, Any] = {}
     if not obj:
@@ -156,10 +158,10 @@ def _walk(value: Any, kind: Kind, names: tuple[str, ...], path: Path, out: dict[
         out[path] = value
 
 
-def to_fields_v1(paths: Iterable[Path]) -> dict:
+def to_fields_v1(paths: Iterable[Path]) -> JsonObject:
     """A set of paths as the nested FieldsV1 document."""
-    tree: dict = {}
-    members: list[dict] = []
+    tree: JsonObject = {}
+    members: list[JsonObject] = []
     for path in paths:
         node = tree
         for part in path:
@@ -171,7 +173,7 @@ def to_fields_v1(paths: Iterable[Path]) -> dict:
     return tree
 
 
-def from_fields_v1(tree: dict, prefix: Path = ()) -> set[Path]:
+def from_fields_v1(tree: JsonObject, prefix: Path = ()) -> set[Path]:
     paths: set[Path] = set()
     for key, sub in tree.items():
         if key == ".":
@@ -197,7 +199,7 @@ class Entry:
     def key(self) -> tuple[str, str, str]:
         return (self.manager, self.operation, self.subresource)
 
-    def encode(self) -> dict:
+    def encode(self) -> JsonObject:
         entry = {
             "manager": self.manager,
             "operation": self.operation,
@@ -229,7 +231,7 @@ def decode(managed: Any) -> list[Entry]:
     return entries
 
 
-def encode(entries: list[Entry]) -> list[dict]:
+def encode(entries: list[Entry]) -> list[JsonObject]:
     return [e.encode() for e in entries if e.fields]
 
 
@@ -247,8 +249,8 @@ def _entry(entries: list[Entry], manager: str, operation: str, api_version: str,
 
 
 def apply(
-    live: dict | None, applied: dict, manager: str, kind: Kind, force: bool, api_version: str
-) -> tuple[dict, list[Entry]]:
+    live: JsonObject | None, applied: JsonObject, manager: str, kind: Kind, force: bool, api_version: str
+) -> tuple[JsonObject, list[Entry]]:
     """The object after `manager` applies `applied` to `live` (None: create), and the new ownership.
 
     `live` is not modified. Raises ApplyConflict when another manager owns a field this apply
@@ -303,11 +305,11 @@ def _dropped(unapplied: set[Path], kept: set[Path]) -> set[Path]:
     return {path for path in dropped if not any(path[:i] in dropped for i in range(1, len(path)))}
 
 
-def _without_managed_fields(live: dict | None) -> dict:
+def _without_managed_fields(live: JsonObject | None) -> JsonObject:
     """A copy of `live` (empty for a create) without its managedFields, which apply rewrites."""
     if not live:
         return {}
-    result: dict = _clone({k: v for k, v in live.items() if k != "metadata"})
+    result: JsonObject = _clone({k: v for k, v in live.items() if k != "metadata"})
     result["metadata"] = _clone({k: v for k, v in (live.get("metadata") or {}).items() if k != "managedFields"})
     return result
 
@@ -318,7 +320,13 @@ def _clone(value: Any) -> Any:
 
 
 def record_update(
-    old: dict | None, new: dict, entries: list[Entry], manager: str, kind: Kind, subresource: str, api_version: str
+    old: JsonObject | None,
+    new: JsonObject,
+    entries: list[Entry],
+    manager: str,
+    kind: Kind,
+    subresource: str,
+    api_version: str,
 ) -> list[Entry]:
     """Ownership after a non-apply write by `manager` turned `old` into `new`."""
     old_fields = flatten(old, kind)
@@ -337,7 +345,7 @@ def record_update(
     return [e for e in entries if e.fields]
 
 
-def _remove(obj: dict, path: Path, kind: Kind, protected: set[Path]) -> None:
+def _remove(obj: JsonObject, path: Path, kind: Kind, protected: set[Path]) -> None:
     """Delete the field or list element at `path`, then containers it leaves empty (unless owned)."""
     trail: list[tuple[Any, Any]] = []  # (container, key or index) from the root
     node: Any = obj
@@ -369,7 +377,9 @@ def _remove(obj: dict, path: Path, kind: Kind, protected: set[Path]) -> None:
         del container[key]
 
 
-def merge(live: dict, applied: dict, kind: Kind, names: tuple[str, ...] = (), strategic: bool = False) -> dict:
+def merge(
+    live: JsonObject, applied: JsonObject, kind: Kind, names: tuple[str, ...] = (), strategic: bool = False
+) -> JsonObject:
     """Merge `applied` into `live` in place: maps by key, list-maps by element key, the rest replaced.
 
     With `strategic`, as a strategic merge patch: null deletes a key, `$patch: delete` an element.
@@ -396,7 +406,7 @@ def merge(live: dict, applied: dict, kind: Kind, names: tuple[str, ...] = (), st
 
 
 def _merge_list(
-    current: list, applied: list, keys: tuple[str, ...], kind: Kind, names: tuple[str, ...], strategic: bool
+    current: list[Any], applied: list[Any], keys: tuple[str, ...], kind: Kind, names: tuple[str, ...], strategic: bool
 ) -> None:
     index = {element_key(item, keys): i for i, item in enumerate(current) if isinstance(item, dict)}
     deleted: set[int] = set()

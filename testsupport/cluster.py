@@ -18,6 +18,7 @@ import httpx
 import kmock
 import yaml
 
+from inference_operator.jsontypes import JsonObject
 from testsupport.emulator import CR_RESOURCE, ClusterEmulator
 
 DEPLOYMENTS = "apps/v1/deployments"
@@ -37,7 +38,7 @@ class Cluster:
         headers = {"Content-Type": content_type} if body is not None else {}
         return httpx.request(method, self.url + path, json=body, headers=headers, timeout=10)
 
-    def apply_cr(self, obj: dict) -> httpx.Response:
+    def apply_cr(self, obj: JsonObject) -> httpx.Response:
         ns = obj["metadata"].get("namespace", "default")
         return self.request(
             "POST",
@@ -64,7 +65,9 @@ class Cluster:
         )
         assert response.status_code in (200, 201), response.text
 
-    def patch(self, resource: str, namespace: str, name: str, patch: dict, subresource: str = "") -> httpx.Response:
+    def patch(
+        self, resource: str, namespace: str, name: str, patch: JsonObject, subresource: str = ""
+    ) -> httpx.Response:
         prefix = "/api" if resource.count("/") == 1 else "/apis"
         group_version, plural = resource.rsplit("/", 1)
         path = f"{prefix}/{group_version}/namespaces/{namespace}/{plural}/{name}"
@@ -85,17 +88,17 @@ class Cluster:
         response.raise_for_status()
         return response
 
-    def patch_cr(self, namespace: str, name: str, patch: dict) -> httpx.Response:
+    def patch_cr(self, namespace: str, name: str, patch: JsonObject) -> httpx.Response:
         return self.patch(CR_RESOURCE, namespace, name, patch)
 
-    def get(self, resource: str, namespace: str, name: str) -> dict | None:
+    def get(self, resource: str, namespace: str, name: str) -> JsonObject | None:
         try:
             obj = self.emulator.objects[resource, namespace, name]
         except KeyError:
             return None
         return None if obj.deleted else obj.raw
 
-    def get_cr(self, namespace: str, name: str) -> dict | None:
+    def get_cr(self, namespace: str, name: str) -> JsonObject | None:
         return self.get(CR_RESOURCE, namespace, name)
 
     def replicas(self, namespace: str, name: str) -> int | None:
@@ -103,11 +106,11 @@ class Cluster:
         cr = self.get_cr(namespace, name)
         return None if cr is None else cr["spec"].get("replicas")
 
-    def autoscaler_status(self, namespace: str, name: str) -> dict:
+    def autoscaler_status(self, namespace: str, name: str) -> JsonObject:
         cr = self.get_cr(namespace, name) or {}
         return (cr.get("status") or {}).get("autoscaler") or {}
 
-    def events(self, namespace: str, involving: str | None = None) -> list[dict]:
+    def events(self, namespace: str, involving: str | None = None) -> list[JsonObject]:
         """Kubernetes events posted in `namespace`, optionally about one object by name."""
         found = []
         for (resource, ns, _), obj in list(self.emulator.objects.items()):
@@ -155,12 +158,10 @@ class ReplicaRecorder:
         return [(t, before, after) for (_, before), (t, after) in itertools.pairwise(self.changes)]
 
 
-def condition(obj: dict | None, type_: str) -> dict | None:
+def condition(obj: JsonObject | None, type_: str) -> JsonObject | None:
     """The condition of `type_` in an object's status, if it has one."""
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return c
-    return None
+    conditions: list[JsonObject] = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == type_), None)
 
 
 def wait_for(

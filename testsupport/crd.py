@@ -13,6 +13,7 @@ import pathlib
 import jsonschema
 import yaml
 
+from inference_operator.jsontypes import JsonObject
 from inference_operator.validation import apply_defaults, validate_custom_resource
 
 __all__ = ["CRD_PATH", "ROOT", "apply_defaults", "crd", "crd_schema", "schema_errors", "validate_custom_resource"]
@@ -22,16 +23,18 @@ CRD_PATH = ROOT / "crds" / "inferenceservices.inference.rocm.dev.yaml"
 
 
 @functools.cache
-def crd() -> dict:
-    return yaml.safe_load(CRD_PATH.read_text())
+def crd() -> JsonObject:
+    document: JsonObject = yaml.safe_load(CRD_PATH.read_text())
+    return document
 
 
-def crd_schema() -> dict:
+def crd_schema() -> JsonObject:
     """The v1alpha1 openAPIV3Schema; OpenAPI's boolean exclusiveMinimum is draft-04 style."""
-    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema: JsonObject = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
 
 
-def schema_errors(obj: dict) -> list[str]:
+def schema_errors(obj: JsonObject) -> list[str]:
     """Messages naming the field, as an API server would phrase them; empty when valid."""
     validator = jsonschema.Draft4Validator(crd_schema())
     return [

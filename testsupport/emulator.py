@@ -62,12 +62,13 @@ import jsonpointer
 import kmock
 import yaml
 from kmock._internal import dicts
+from kmock._internal.rendering import ReactionMismatchError
 
+from inference_operator.jsontypes import JsonObject
 from inference_operator.validation import default_custom_resource, validate_custom_resource
 from testsupport import apply, objectrules
 
-# A JSON object as the API stores it, and the key of a stored object: (resource, namespace, name).
-JsonObject = dict[str, Any]
+# The key of a stored object: (resource, namespace, name).
 Key = tuple[kmock.resource, str | None, str]
 
 CR_RESOURCE = "inference.rocm.dev/v1alpha1/inferenceservices"
@@ -100,7 +101,7 @@ class HistoryFreeDispatch(kmock.RawHandler):
             if self._sees(payload._source, request, seen) and not payload._disabled.is_set():
                 try:
                     return await payload(request)
-                except kmock.ReactionMismatchError:  # mismatch or depletion, as in kmock
+                except ReactionMismatchError:  # mismatch or depletion, as in kmock
                     payload._disabled.set()
                 except NotImplementedError:  # matched, nothing to respond with
                     pass
@@ -191,17 +192,17 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
     crd_validation: bool = True
     # Addresses for Services (see the module docstring); a test may shrink it to fill it.
     service_ip_range: int = 65_534
-    writes: collections.Counter = attrs.field(factory=collections.Counter, init=False)
-    dry_runs: collections.Counter = attrs.field(factory=collections.Counter, init=False)
+    writes: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    dry_runs: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
     _last_version: int = attrs.field(default=0, init=False)
     _slice_counts: dict[int, tuple[kmock.View, int]] = attrs.field(factory=dict, init=False)
     _order_cache: tuple[tuple[int, ...], list[kmock.Reaction], list[kmock.Reaction]] = attrs.field(
         default=((), [], []), init=False
     )
     # What a write request answers (dry runs are never stored), by id(request).
-    _answers: dict[int, dict] = attrs.field(factory=dict, init=False)
+    _answers: dict[int, JsonObject] = attrs.field(factory=dict, init=False)
     # Services holding a cluster IP, by key.
-    _cluster_ips: set[tuple] = attrs.field(factory=set, init=False)
+    _cluster_ips: set[Key] = attrs.field(factory=set, init=False)
     # validate_custom_resource's verdict and defaulted spec, by the spec's JSON.
     _cr_verdicts: dict[str, tuple[list[str], Any]] = attrs.field(factory=dict, init=False)
 
@@ -327,7 +328,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
     async def _serve_create(self, request: kmock.Request) -> Any:
         return self._answers[id(request)]
 
-    def _objects_of(self, request: kmock.Request) -> list[dict]:
+    def _objects_of(self, request: kmock.Request) -> list[JsonObject]:
         """Live objects of the request's resource (and namespace, if it names one)."""
         return [
             obj.raw
@@ -465,8 +466,14 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         return new
 
     def _validated(
-        self, resource: Any, kind: apply.Kind, live: dict | None, new: dict, creating: bool, subresource: str | None
-    ) -> dict:
+        self,
+        resource: Any,
+        kind: apply.Kind,
+        live: JsonObject | None,
+        new: JsonObject,
+        creating: bool,
+        subresource: str | None,
+    ) -> JsonObject:
         """`new` as it is stored (defaults of a custom resource filled), or a 422 like the real one."""
         if subresource == "status":
             return new  # status is not judged against the schema here (the operator writes it)
@@ -492,7 +499,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
             raise _error(422, "Invalid", message, {"name": name, "kind": kind.kind, "causes": errors})
         return new
 
-    def _cr_verdict(self, obj: dict) -> tuple[list[str], Any]:
+    def _cr_verdict(self, obj: JsonObject) -> tuple[list[str], Any]:
         """validate_custom_resource's errors and the defaulted spec, memoised by spec: the
         generator rebuilds the schema on each call (~25 ms), too slow for 1,000 objects."""
         meta = obj.get("metadata") or {}
@@ -676,7 +683,7 @@ def _default_manager(request: kmock.Request) -> str:
     return agent.split("/", 1)[0].strip() or "unknown"
 
 
-def _check_version(live: dict | None, body: Any) -> None:
+def _check_version(live: JsonObject | None, body: Any) -> None:
     """Optimistic concurrency: a write naming a resourceVersion must name the current one."""
     if live is None or not isinstance(body, dict):
         return
@@ -685,15 +692,15 @@ def _check_version(live: dict | None, body: Any) -> None:
         raise _error(409, "Conflict", "the object has been modified; please apply your changes to the latest version")
 
 
-def _spec_of(obj: dict) -> dict:
+def _spec_of(obj: JsonObject) -> JsonObject:
     """Everything but metadata and status: what `metadata.generation` counts changes of."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
-def _same(live: dict, new: dict) -> bool:
+def _same(live: JsonObject, new: JsonObject) -> bool:
     """Whether a write changes nothing (managedFields timestamps aside)."""
 
-    def strip(obj: dict) -> dict:
+    def strip(obj: JsonObject) -> JsonObject:
         meta = {k: v for k, v in obj.get("metadata", {}).items() if k not in ("resourceVersion", "managedFields")}
         managed = [
             {k: v for k, v in e.items() if k != "time"} for e in obj.get("metadata", {}).get("managedFields", [])

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import httpx
 import yaml
 
+from inference_operator.jsontypes import JsonObject
 from testsupport.processes import free_port, stop
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -38,9 +39,9 @@ OPERATOR_USER = "inference-operator"
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 
 
-def audit_policy(reads: bool = False) -> dict:
+def audit_policy(reads: bool = False) -> JsonObject:
     """The operator's writes (and, with `reads`, every request it makes) at Metadata level."""
-    operator_rule: dict = {"level": "Metadata", "users": [OPERATOR_USER]}
+    operator_rule: JsonObject = {"level": "Metadata", "users": [OPERATOR_USER]}
     if not reads:
         operator_rule["verbs"] = list(WRITE_VERBS)
     return {
@@ -51,7 +52,7 @@ def audit_policy(reads: bool = False) -> dict:
     }
 
 
-def write_key(event: dict) -> str | None:
+def write_key(event: JsonObject) -> str | None:
     """`resource[/subresource]:verb` of an audit event that is a completed, successful, real
     (not dry-run) write; None for anything else."""
     if event.get("stage") != "ResponseComplete" or event.get("verb") not in WRITE_VERBS:
@@ -144,7 +145,7 @@ class ApiServer:
             base_url=self.url, verify=False, headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=30
         )
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         """kubectl as the admin; `check` raises with kubectl's own stderr."""
         result = subprocess.run(
             ["kubectl", "--kubeconfig", str(self.kubeconfig("admin")), *args],

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from inference_operator.jsontypes import JsonObject
+
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -126,7 +128,7 @@ def _service_errors(spec: Any) -> list[str]:
     return errors
 
 
-def object_errors(kind: str, obj: dict, creating: bool) -> list[str]:
+def object_errors(kind: str, obj: JsonObject, creating: bool) -> list[str]:
     """Field errors of a built-in object (names only on create: a name never changes)."""
     meta = obj.get("metadata") or {}
     errors = name_errors(kind, str(meta.get("name", ""))) if creating else []

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -22,7 +23,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def serve_command(model: pathlib.Path, port: int, *flags: str, host: str = "127.0.0.1") -> list[str]:
@@ -48,7 +50,7 @@ def _tail(log: pathlib.Path | None) -> str:
 
 def wait_http(
     url: str,
-    process: subprocess.Popen | None = None,
+    process: subprocess.Popen[Any] | None = None,
     *,
     timeout: float = 60,
     log: pathlib.Path | None = None,
@@ -65,7 +67,7 @@ def wait_http(
     raise RuntimeError(f"{url} not ready after {timeout}s{_tail(log)}")
 
 
-def stop(process: subprocess.Popen, timeout: float = 10, sig: int = signal.SIGTERM) -> int:
+def stop(process: subprocess.Popen[Any], timeout: float = 10, sig: int = signal.SIGTERM) -> int:
     """Send `sig` (SIGTERM: a graceful stop), kill after `timeout`; the exit code."""
     if process.poll() is None:
         process.send_signal(sig)
@@ -86,7 +88,7 @@ def running(
     ready_url: str | None = None,
     timeout: float = 60,
     stop_timeout: float = 10,
-) -> Iterator[subprocess.Popen]:
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run `args` (output to `log`, else inherited), wait for `ready_url`, stop on the way out.
 
     After the block, the process has exited and `returncode` says how.
