@@ -1,6 +1,7 @@
 """A bounded closed-loop HTTP load: `concurrency` workers posting one body round-robin to a list
 of URLs until stopped or `max_seconds` have passed, counting what failed and why (used by the
-autoscaler, vLLM and real-pods tests)."""
+autoscaler, vLLM and real-pods tests); `CompletionLoad` is the same load on an OpenAI-compatible
+completions endpoint."""
 
 from __future__ import annotations
 
@@ -65,3 +66,23 @@ class Load:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(self.timeout + 5)
+
+
+class CompletionLoad(Load):
+    """`concurrency` workers posting /v1/completions for `model` back to back, counting generated tokens.
+
+    EOS is ignored, so every completion is `max_tokens` long and each request costs the engine the same.
+    """
+
+    def __init__(self, url: str, model: str, concurrency: int, max_seconds: float, max_tokens: int = 48) -> None:
+        body = {
+            "model": model,
+            "prompt": "the operator scales the model server on latency",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+        super().__init__([url], concurrency, max_seconds, body, timeout=60, on_success=self._count)
+        self.tokens = 0
+
+    def _count(self, response: httpx.Response) -> None:
+        self.tokens += response.json()["usage"]["completion_tokens"]

@@ -27,7 +27,7 @@ from inference_operator.models import Metric
 from tests.autoscaler.conftest import Target, running_prometheus
 from tests.llm.conftest import running_vllm
 from testsupport.cluster import Cluster, ReplicaRecorder, captured_operator_logs, wait_for
-from testsupport.load import Load
+from testsupport.load import CompletionLoad
 from testsupport.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -84,23 +84,6 @@ def _breach_reported(status: dict) -> dict | None:
     return status if value is not None and value > TARGET_TTFT_MS else None
 
 
-class CompletionLoad(Load):
-    """`concurrency` workers posting /v1/completions back to back, counting generated tokens."""
-
-    def __init__(self, url: str, concurrency: int, max_seconds: float, max_tokens: int = 48) -> None:
-        body = {
-            "model": MODEL,
-            "prompt": "the operator scales the model server on latency",
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-        }
-        super().__init__([url], concurrency, max_seconds, body, timeout=60, on_success=self._count)
-        self.tokens = 0
-
-    def _count(self, response: httpx.Response) -> None:
-        self.tokens += response.json()["usage"]["completion_tokens"]
-
-
 # vLLM's start alone takes one to three minutes on a busy 2-core machine.
 @pytest.mark.timeout(900)
 def test_vllm_deployment_serves_and_scales_on_ttft(
@@ -150,7 +133,7 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
             assert cluster.replicas(NAMESPACE, NAME) == 1
 
             with ReplicaRecorder(cluster, NAMESPACE, NAME) as recorder:
-                load = CompletionLoad(f"{base}/v1/completions", concurrency=16, max_seconds=120).start()
+                load = CompletionLoad(f"{base}/v1/completions", MODEL, concurrency=16, max_seconds=120).start()
                 try:
                     wait_for(
                         lambda: (cluster.replicas(NAMESPACE, NAME) or 0) > 1,
