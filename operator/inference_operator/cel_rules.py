@@ -21,8 +21,28 @@ def _split(text: str, separator: str) -> list[str]:
     return text.split(separator)
 
 
+def _is_sorted(values: list[Any]) -> bool:
+    """Kubernetes' lists library: `[1, 2].isSorted()`."""
+    return all(a <= b for a, b in zip(values, values[1:], strict=False))
+
+
+def _index_of(values: list[Any], value: Any) -> int:
+    """Kubernetes' lists library: `[1, 2].indexOf(2)`, -1 when absent."""
+    return next((i for i, v in enumerate(values) if v == value), -1)
+
+
+def _last_index_of(values: list[Any], value: Any) -> int:
+    """Kubernetes' lists library: `[1, 2, 1].lastIndexOf(1)`, -1 when absent."""
+    return next((len(values) - 1 - i for i, v in enumerate(reversed(values)) if v == value), -1)
+
+
 # Functions of the Kubernetes CEL libraries (beyond standard CEL) that the CRD's rules call.
-KUBERNETES_FUNCTIONS: dict[str, Callable[..., Any]] = {"split": _split}
+KUBERNETES_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "split": _split,
+    "isSorted": _is_sorted,
+    "indexOf": _index_of,
+    "lastIndexOf": _last_index_of,
+}
 # What a rule that cannot run raises: an absent field (KeyError), an unknown function, a type clash.
 _EVALUATION_ERRORS = (KeyError, RuntimeError, TypeError, ValueError, OverflowError)
 

@@ -53,6 +53,12 @@ PRINTER_COLUMNS: list[dict[str, str | int]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {
+        "name": "Rollout",
+        "type": "string",
+        "description": "stage of a canary rollout: canary 10%, promoted, rolled back",
+        "jsonPath": ".status.rollout.stage",
+    },
+    {
         "name": "GPUs",
         "type": "integer",
         "description": "AMD GPUs per replica",

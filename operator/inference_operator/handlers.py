@@ -11,6 +11,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, cast
@@ -21,16 +22,22 @@ from kubernetes.client.exceptions import ApiException
 
 from . import config, credentials, metrics, ownership, policy
 from . import status as st
+from .analysis import AnalysisRefused, check_allowed, measure, prometheus_url
+from .autoscaler.prometheus import PrometheusClient
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
 from .kinds import KINDS, unavailable_message
-from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, SpecError, parse_spec
+from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, RolloutStrategy, SpecError, parse_spec
 from .reconcile import ApplyRefused, ForeignObjectError, Result, api_message, reconcile
+from .rollout import COMMAND_ANNOTATION, Check, Command, Phase, RolloutState, advance
+from .rollout import Step as RolloutStep
 
+# A canary rolled back: Degraded until the spec changes (the stable revision serves meanwhile).
+ROLLED_BACK = "RolledBack"
 # Problems rollout news does not clear: only a spec change or the next re-check can.
-KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, st.API_ERROR, *credentials.REFUSALS)
+KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, st.API_ERROR, *credentials.REFUSALS, ROLLED_BACK)
 # At most this many drift repairs of one InferenceService's objects per window; more wait,
 # so a fight with another controller costs a few writes a minute, not a write storm.
 REPAIR_BURST = 3
@@ -187,12 +194,16 @@ def _report_api_error(
     kopf.warn(body, reason=problem.reason, message=problem.message)
 
 
-def _reconcile_checked(memo: kopf.Memo, name: str, namespace: str, uid: str, spec: JsonObject) -> tuple[Owner, Result]:
-    """Parse the spec, hold it to the platform's pod policy, then reconcile it."""
+def _reconcile_checked(
+    memo: kopf.Memo, name: str, namespace: str, uid: str, spec: JsonObject, status: JsonObject | None
+) -> tuple[Owner, Result]:
+    """Parse the spec, hold it to the platform's pod policy, then reconcile it (a canary
+    rollout where `status` left it)."""
     operator_config: config.OperatorConfig = memo.config
     owner = operator_config.owner(name, namespace, uid, parse_spec(spec))
     policy.check(owner.spec, operator_config.pod_policy)
-    return owner, reconcile(memo.api, owner, operator_config.credentials)
+    state = RolloutState.from_status(status)
+    return owner, reconcile(memo.api, owner, operator_config.credentials, state)
 
 
 def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: kopf.Logger) -> None:
@@ -201,7 +212,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
     problem: st.Problem | None = None
     recheck: float | None = None
     try:
-        owner, result = _reconcile_checked(memo, name, namespace, meta["uid"], dict(spec))
+        owner, result = _reconcile_checked(memo, name, namespace, meta["uid"], dict(spec), body.get("status"))
     except policy.PolicyViolation as exc:
         problem = st.Problem(exc.reason, str(exc))
     except credentials.CredentialsRefused as exc:
@@ -223,8 +234,11 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
         problem = st.Problem("ApiUnavailable", "; ".join(unavailable_message(k) for k in result.unavailable))
     state = st.rollout(result.deployment)
     extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector_string(owner)}
+    extra |= rollout_status(result)
+    _announce_rollout(body, RolloutState.from_status(body.get("status")), result.rollout)
+    shown = problem or _rollout_problem(result.rollout)
     previous, new_status = _publish(
-        memo, ref, lambda fresh: st.compute_status(fresh.get("status"), state, generation, problem) | extra
+        memo, ref, lambda fresh: st.compute_status(fresh.get("status"), state, generation, shown) | extra
     )
     logger.info(
         "reconciled generation %s: %d writes (%s), status keys changed: %s",
@@ -238,6 +252,17 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
         # Not permanent: the add-on may be installed, the Secret labelled, both outside the
         # spec. Looked at again on a slow timer, not in a hot loop.
         raise kopf.TemporaryError(problem.message, delay=credentials.RECHECK_SECONDS)
+
+
+def _rollout_problem(rollout: RolloutState | None) -> st.Problem | None:
+    if rollout is None or rollout.phase != Phase.ROLLED_BACK:
+        return None
+    return st.Problem(ROLLED_BACK, f"revision {rollout.revision}: {rollout.message}")
+
+
+def rollout_status(result: Result) -> JsonObject:
+    """`status.rollout` as reconcile left it; removed once the service no longer uses canaries."""
+    return {"rollout": result.rollout.to_status() if result.rollout is not None else None}
 
 
 def _give_up(
@@ -317,7 +342,9 @@ def _repair(
     try:
         # A repair renders the current spec: the platform's policy holds here too, or deleting
         # an owned object would roll out what the reconcile handler refused.
-        _, result = _reconcile_checked(memo, meta["name"], meta["namespace"], meta["uid"], isvc["spec"])
+        _, result = _reconcile_checked(
+            memo, meta["name"], meta["namespace"], meta["uid"], isvc["spec"], isvc.get("status")
+        )
     except policy.PolicyViolation as exc:
         logger.warning("not repaired (%s): %s", why, exc)
         return None, st.Problem(exc.reason, str(exc))
@@ -402,6 +429,134 @@ def _announce_readiness(isvc: JsonObject, previous: JsonObject | None, new: Json
         _normal_event(isvc, "Ready", condition["message"])
     else:
         kopf.warn(_body(isvc), reason=condition["reason"], message=condition["message"])
+
+
+def _announce_rollout(body: kopf.Body | JsonObject, before: RolloutState | None, after: RolloutState | None) -> None:
+    """An event and a count when a reconcile starts a canary of a new revision."""
+    if after is None or after.phase != Phase.PROGRESSING:
+        return
+    if before is not None and before.revision == after.revision and before.phase == Phase.PROGRESSING:
+        return
+    meta = body["metadata"]
+    metrics.ROLLOUTS.labels(meta["namespace"], meta["name"], "started").inc()
+    _normal_event(body, "CanaryStarted", after.message)
+
+
+# --- canary analysis ----------------------------------------------------------------------------
+
+ROLLOUT_EVENTS = {"CanaryStep": "stepped", "CanaryPromoted": "promoted", "CanaryRolledBack": "rolled_back"}
+
+
+def canary_strategy(spec: kopf.Spec, **_: Any) -> bool:
+    return bool((spec.get("rollout") or {}).get("strategy") == RolloutStrategy.CANARY.value)
+
+
+@kopf.daemon(
+    GROUP,
+    VERSION,
+    PLURAL,
+    id="canary",
+    when=canary_strategy,
+    cancellation_backoff=5,
+    cancellation_timeout=10,
+    backoff=15,
+)
+async def canary_analysis(
+    stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Judge a progressing canary every analysis interval; step, promote or roll it back."""
+    clients: dict[str, PrometheusClient] = {}
+    try:
+        while not stopped:
+            delay = await _analyse_once(memo, body, meta, logger, clients)
+            await stopped.wait(delay)
+    finally:
+        for client in clients.values():
+            await client.aclose()
+
+
+async def _analyse_once(
+    memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger: kopf.Logger, clients: dict[str, PrometheusClient]
+) -> float:
+    """One analysis tick; returns the seconds until the next."""
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+    except SpecError:
+        return 15.0  # the reconcile handler reports it
+    canary = spec.rollout.canary
+    state = RolloutState.from_status(body.get("status"))
+    if canary is None:
+        return 5.0
+    if state is None or state.phase != Phase.PROGRESSING:
+        return float(canary.analysis.interval_seconds)  # reading the body costs nothing
+    command = (meta.get("annotations") or {}).get(COMMAND_ANNOTATION)
+    check = None
+    if command not in (Command.PROMOTE, Command.ABORT):
+        url = prometheus_url(spec, canary)
+        try:
+            check_allowed(url, memo.config.credentials)
+        except AnalysisRefused as exc:
+            logger.warning("canary not analysed: %s", exc)
+            return float(canary.analysis.interval_seconds)
+        client = clients.get(url) or clients.setdefault(url, PrometheusClient(url))
+        model = spec.model.name or meta["name"]
+        check = await measure(client, spec, canary, meta["namespace"], meta["name"], model)
+    step = advance(state, canary, check, time.time(), command)
+    logger.info("canary analysis: %s (%s)", step.verdict, step.state.message)
+    if step.state != state:
+        await asyncio.to_thread(_apply_rollout_step, memo, dict(body), step, check, logger)
+    if command is not None:  # carried out (or meaningless): it must not act on the next rollout
+        ref = _isvc_ref(meta["namespace"], meta["name"])
+        await asyncio.to_thread(memo.api.patch, ref, {"metadata": {"annotations": {COMMAND_ANNOTATION: None}}})
+    return float(canary.analysis.interval_seconds)
+
+
+def _apply_rollout_step(
+    memo: kopf.Memo, isvc: JsonObject, step: RolloutStep, check: Check | None, logger: kopf.Logger
+) -> None:
+    """Record the new rollout state, with the check behind it, then reconcile to it (the canary's
+    replicas, the promotion or the rollback). Status first: the canary's deletion makes the
+    repair path reconcile too, and it must read the new state, not bring the canary back."""
+    meta = isvc["metadata"]
+    rollout = {"rollout": {**step.state.to_status(), "lastCheck": _check_status(check, step.verdict)}}
+    _publish(memo, _isvc_ref(meta["namespace"], meta["name"]), lambda fresh: rollout)
+    status = {**(isvc.get("status") or {}), **rollout}
+    try:
+        _, result = _reconcile_checked(memo, meta["name"], meta["namespace"], meta["uid"], isvc["spec"], status)
+    except (SpecError, ForeignObjectError, ApplyRefused, policy.PolicyViolation, credentials.CredentialsRefused) as exc:
+        logger.warning("canary step not applied: %s", exc)  # the reconcile handler reports it
+        return
+    for change in result.writes:
+        _normal_event(isvc, change.action.value, change.describe())
+    if (problem := _rollout_problem(step.state)) is not None:
+        deployment_state = st.rollout(result.deployment)
+        _publish(
+            memo,
+            _isvc_ref(meta["namespace"], meta["name"]),
+            lambda fresh: st.compute_status(
+                fresh.get("status"), deployment_state, fresh["metadata"].get("generation"), problem
+            ),
+        )
+    if step.event is not None:
+        reason, message = step.event
+        metrics.ROLLOUTS.labels(meta["namespace"], meta["name"], ROLLOUT_EVENTS[reason]).inc()
+        if reason == "CanaryRolledBack":
+            kopf.warn(_body(isvc), reason=reason, message=message)
+        else:
+            _normal_event(isvc, reason, message)
+
+
+def _check_status(check: Check | None, verdict: str) -> JsonObject:
+    found: JsonObject = {"time": st.now_iso(), "verdict": verdict}
+    if check is not None:
+        for key, value in (
+            ("latencyMs", check.latency_ms),
+            ("errorRatio", check.error_ratio),
+            ("requests", check.requests),
+        ):
+            if value is not None and math.isfinite(value):
+                found[key] = round(value, 4)
+    return found
 
 
 from .autoscaler import handlers as _autoscaler  # noqa: E402,F401

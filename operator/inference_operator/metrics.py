@@ -16,6 +16,8 @@ charts/rocm-inference-operator rely on them:
 - `inference_operator_autoscaler_decisions_total{namespace,name,direction}`: up | down | hold
 - `inference_operator_autoscaler_{desired,current,min,max}_replicas{namespace,name}`
 - `inference_operator_autoscaler_metric_value` / `..._target_value` `{namespace,name,metric}`
+- `inference_operator_rollouts_total{namespace,name,event}`: canary rollouts started, stepped,
+  promoted and rolled_back
 - `inference_operator_build_info{version}` (always 1)
 """
 
@@ -93,6 +95,12 @@ AUTOSCALER_TARGET = Gauge(
     "inference_operator_autoscaler_target_value",
     "spec.autoscaling.target for the scaling metric.",
     [*_SCALE_LABELS, "metric"],
+    registry=REGISTRY,
+)
+ROLLOUTS = Counter(
+    "inference_operator_rollouts_total",
+    "Canary rollout events per InferenceService: started, stepped, promoted, rolled_back.",
+    ["namespace", "name", "event"],
     registry=REGISTRY,
 )
 BUILD_INFO = Gauge(

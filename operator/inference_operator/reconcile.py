@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
@@ -25,7 +26,18 @@ from .credentials import CredentialPolicy, CredentialsRefused, keda_refusal, mod
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref
 from .kinds import KINDS, Kind, in_apply_order, kind_of_object
+from .models import RolloutStrategy
 from .ownership import Drift, drift, metadata_differs
+from .rollout import (
+    CANARY_SUFFIX,
+    RolloutState,
+    arms,
+    canary_deployment,
+    canary_replicas,
+    kept_stable,
+    live_revision,
+    with_revision,
+)
 from .status import Problem
 
 # The credential rules with nothing configured (the operator passes its own).
@@ -61,6 +73,8 @@ class Result:
     unavailable: list[Kind] = field(default_factory=list)
     # Something left out on purpose (a refused Prometheus credential): reported, then retried.
     problem: Problem | None = None
+    # Where a canary rollout stands (None: the service rolls its Deployment the usual way).
+    rollout: RolloutState | None = None
 
     @property
     def writes(self) -> list[Change]:
@@ -168,13 +182,21 @@ def _served(api: KubeApi, kind: Kind) -> bool:
     return kind.addon is None or api.serves(kind.api_version, kind.plural)
 
 
-def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy = DEFAULT_POLICY) -> Result:
+def reconcile(
+    api: KubeApi,
+    owner: Owner,
+    policy: CredentialPolicy = DEFAULT_POLICY,
+    rollout: RolloutState | None = None,
+    now: float | None = None,
+) -> Result:
     """Apply the desired set if anything differs; delete owned kinds no longer wanted.
 
     Wanted kinds the cluster does not serve are skipped and listed in the result; the rest
-    is still applied, so a service whose autoscaler add-on is missing still serves.
+    is still applied, so a service whose autoscaler add-on is missing still serves. With a
+    canary strategy, `rollout` (status.rollout) says which revision each Deployment runs.
     """
     wanted, refusal = desired_objects(api, owner, policy)
+    wanted, state = rollout_arms(api, owner, wanted, rollout, time.time() if now is None else now)
     missing = unserved_kinds(api, wanted)
     wanted = [obj for obj in wanted if kind_of_object(obj) not in missing]
     # Foreign fields become ours first (ownership only: no spec changes), so the dry run judges
@@ -183,11 +205,58 @@ def reconcile(api: KubeApi, owner: Owner, policy: CredentialPolicy = DEFAULT_POL
     steps = [_take_over(api, plan(obj, api.get(Ref.of(obj)), owner.uid)) for obj in wanted]
     dry_run(api, steps)
     result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
+    result.rollout = state
     for step in steps:
-        result.changes.append(apply_step(api, step, result))
+        result.changes.append(apply_step(api, step, result, owner.name))
     kept = {kind_of_object(obj) for obj in wanted} | set(missing)
     result.changes.extend(prune(api, owner, kept))
+    if rollout is not None or state is not None:
+        result.changes.extend(prune_canary(api, owner, wanted))
     return result
+
+
+def rollout_arms(
+    api: KubeApi, owner: Owner, wanted: list[JsonObject], state: RolloutState | None, now: float
+) -> tuple[list[JsonObject], RolloutState | None]:
+    """`wanted` with the Deployments a canary rollout asks for: the stable one on the revision
+    it runs until the candidate is promoted, the candidate beside it while it is judged."""
+    index = next((i for i, obj in enumerate(wanted) if obj["kind"] == "Deployment"), None)
+    if index is None:
+        return wanted, None
+    desired = wanted[index]
+    rollout = owner.spec.rollout
+    canary = rollout.canary if rollout.strategy == RolloutStrategy.CANARY else None
+    live = api.get(Ref.of(desired)) if canary is not None else None
+    desired_revision = live_revision(desired) or ""
+    plan_ = arms(canary, desired_revision, live_revision(live), state, now)
+    wanted = list(wanted)
+    if not plan_.stable_follows_spec and live is not None and (kept := kept_stable(live, desired)) is not None:
+        wanted[index] = with_hash(kept)
+    if plan_.canary_weight is not None:
+        # The spec's count where it sets one, else the HPA's or KEDA's on the live Deployment.
+        stable_replicas = int(desired["spec"].get("replicas") or (live or {}).get("spec", {}).get("replicas") or 1)
+        replicas = canary_replicas(stable_replicas, plan_.canary_weight)
+        candidate = canary_deployment(_unhashed(desired), replicas)
+        wanted.insert(index + 1, with_hash(candidate))
+    return wanted, plan_.state if canary is not None else None
+
+
+def _unhashed(obj: JsonObject) -> JsonObject:
+    manifest = copy.deepcopy(obj)
+    manifest["metadata"].get("annotations", {}).pop(SPEC_HASH_ANNOTATION, None)
+    return manifest
+
+
+def prune_canary(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
+    """Delete the canary Deployment once no rollout wants it (promoted, rolled back, aborted)."""
+    name = owner.name + CANARY_SUFFIX
+    if any(obj["kind"] == "Deployment" and obj["metadata"]["name"] == name for obj in wanted):
+        return []
+    ref = Ref("apps/v1", "Deployment", owner.namespace, name)
+    live = api.get(ref)
+    if live is not None and owned_by(live, owner.uid) and api.delete(ref):
+        return [Change(Action.DELETED, "Deployment", name)]
+    return []
 
 
 def desired_objects(
@@ -195,7 +264,8 @@ def desired_objects(
 ) -> tuple[list[JsonObject], CredentialsRefused | None]:
     """What the spec asks for, hashed and in the table's apply order, less the kinds that would
     hand out a credential the policy refuses (and that refusal, to report)."""
-    wanted = in_apply_order(with_hash(obj) for obj in build_all(owner))
+    built = (with_revision(obj) if obj["kind"] == "Deployment" else obj for obj in build_all(owner))
+    wanted = in_apply_order(with_hash(obj) for obj in built)
     secret = lambda name: api.get(Ref("v1", "Secret", owner.namespace, name))  # noqa: E731
     if refused := model_refusal(owner.spec, policy, secret):
         raise refused  # no pod may carry this token: change nothing, the handler reports why
@@ -224,15 +294,16 @@ def dry_run(api: KubeApi, steps: list[Step]) -> None:
             raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
 
 
-def apply_step(api: KubeApi, step: Step, result: Result) -> Change:
-    """Carry out one step (a replaced object is deleted first); record the live Deployment."""
+def apply_step(api: KubeApi, step: Step, result: Result, owner_name: str) -> Change:
+    """Carry out one step (a replaced object is deleted first); record the live (stable)
+    Deployment."""
     live = step.live
     if step.action == Action.REPLACED:
         api.delete(step.ref)
         live = None
     if step.action != Action.UNCHANGED:
         live = api.apply(keep_foreign_replicas(step.desired, live))
-    if step.ref.kind == "Deployment":
+    if step.ref.kind == "Deployment" and step.ref.name == owner_name:
         result.deployment = live
     return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else "")
 

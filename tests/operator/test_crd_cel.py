@@ -50,6 +50,10 @@ def _full_spec() -> dict[str, Any]:
             "prometheusAuth": {"bearerTokenSecret": {"name": "s", "key": "k"}},
         },
         "scheduling": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "high"},
+        "rollout": {
+            "strategy": "canary",
+            "canary": {"steps": [10, 50], "analysis": {"maxLatencyMs": 80, "metric": "latencyP99Ms"}},
+        },
     }
     return apply_defaults(SCHEMA["properties"]["spec"], spec)
 
@@ -143,6 +147,22 @@ VIOLATIONS = [
     ),
     ({"routing": {"endpointPicker": {"name": "epp"}}}, "spec.routing.endpointPicker", "inferencePool: true"),
     ({"model": {"uri": "s3://b/m/", "sha256": "ab" * 32}}, "spec.model.sha256", "applies to http(s)://"),
+    ({"rollout": {"strategy": "canary"}}, "spec.rollout.canary", "required with strategy: canary"),
+    (
+        {"rollout": {"strategy": "canary", "canary": {"steps": [50, 10], "analysis": {"maxLatencyMs": 5}}}},
+        "spec.rollout.canary.steps",
+        "increasing",
+    ),
+    (
+        {"rollout": {"strategy": "canary", "canary": {"steps": [10, 10], "analysis": {"maxLatencyMs": 5}}}},
+        "spec.rollout.canary.steps",
+        "increasing",
+    ),
+    (
+        {"rollout": {"strategy": "canary", "canary": {"analysis": {"maxLatencyMs": 5, "metric": "ttftP95Ms"}}}},
+        "spec.rollout.canary.analysis.metric",
+        "a latency the engine exports",
+    ),
 ]
 
 VLLM_ARGS_ACCEPTED = ["--max-num-seqs=4", "--enforce-eager", "--dtype=bfloat16", "--hf-overrides.rope_scaling=x"]

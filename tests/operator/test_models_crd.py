@@ -112,7 +112,7 @@ def test_crd_has_subresources_and_columns() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
-    assert columns == ["READY", "REPLICAS", "GPUS", "LATENCY", "METRIC", "VALUE", "URL", "AGE"]
+    assert columns == ["READY", "REPLICAS", "ROLLOUT", "GPUS", "LATENCY", "METRIC", "VALUE", "URL", "AGE"]
     names = crd()["spec"]["names"]
     assert (names["kind"], names["plural"], names["shortNames"]) == ("InferenceService", "inferenceservices", ["ris"])
 
@@ -132,6 +132,15 @@ def test_every_printer_column_points_at_a_schema_field() -> None:
 
 CEL_CASES = [
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "minReplicas"),
+    ({"rollout": {"strategy": "canary"}}, "rollout.canary is required"),
+    ({"rollout": {"strategy": "canary", "canary": {"steps": [20, 5], "analysis": {"maxLatencyMs": 5}}}}, "increasing"),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "rollout": {"strategy": "canary", "canary": {"analysis": {"maxLatencyMs": 5, "metric": "latencyP95Ms"}}},
+        },
+        "rollout.canary.analysis.metric must be a latency the engine exports",
+    ),
     ({"resources": {"gpu": {"count": 0, "productName": "X"}}}, "count is 0"),
     ({"resources": {"gpu": {"count": 2, "visibleDevices": "0"}}}, "visibleDevices"),
     ({"runtime": {"port": 9090, "metricsPort": 9090}}, "must differ"),

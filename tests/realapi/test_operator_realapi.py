@@ -381,3 +381,61 @@ def test_objects_created_by_post_are_taken_over(apiserver: ApiServer, operator: 
     assert not pod.get("tolerations")
     spec_owners = {m["manager"] for m in live["metadata"]["managedFields"] if "f:spec" in (m.get("fieldsV1") or {})}
     assert spec_owners == {"rocm-inference-operator"}, spec_owners
+
+
+def canary_spec(version: str) -> dict:
+    spec = resnet(gpus=0, runtime={"executionProviders": ["CPUExecutionProvider"]}, replicas=3)
+    spec["model"]["version"] = version
+    # Prometheus is not reachable here: the analysis has no data, so only a command moves it on.
+    spec["rollout"] = {"strategy": "canary", "canary": {"steps": [10, 50], "analysis": {"maxLatencyMs": 50}}}
+    return spec
+
+
+def version_of(obj: dict | None) -> str | None:
+    if obj is None:
+        return None
+    args = container(obj)["args"]
+    return str(args[args.index("--model-version") + 1])
+
+
+def annotations_of(server: ApiServer, ns: str) -> dict:
+    return ((isvc(server, ns, "resnet") or {}).get("metadata") or {}).get("annotations") or {}
+
+
+def rollout_of(server: ApiServer, ns: str) -> dict:
+    return ((isvc(server, ns, "resnet") or {}).get("status") or {}).get("rollout") or {}
+
+
+def test_canary_objects_weights_and_status_at_each_stage(apiserver: ApiServer, operator: Operator) -> None:
+    ns = namespace(apiserver)
+    apply_cr(apiserver, ns, "resnet", canary_spec("1"))
+    wait_for(lambda: rollout_of(apiserver, ns).get("phase") == "Stable", timeout=120, message="stable revision")
+    columns = apiserver.kubectl("get", "ris", "resnet", "-n", ns).stdout.splitlines()[0].split()
+    assert columns[:4] == ["NAME", "READY", "REPLICAS", "ROLLOUT"]
+
+    apply_cr(apiserver, ns, "resnet", canary_spec("2"))
+    wait_for(lambda: rollout_of(apiserver, ns).get("stage") == "canary 10%", timeout=120, message="canary at 10%")
+    stable, canary = deployment(apiserver, ns, "resnet"), deployment(apiserver, ns, "resnet-canary")
+    assert canary is not None and canary["spec"]["replicas"] == 1  # beside 3: 25%, by replica proportion
+    assert version_of(stable) == "1" and version_of(canary) == "2"
+    assert canary["spec"]["selector"]["matchLabels"]["inference.rocm.dev/track"] == "canary"
+    # Shown in `kubectl get` as the API server evaluates the printer column.
+    assert "canary 10%" in apiserver.kubectl("get", "ris", "resnet", "-n", ns).stdout
+
+    # No data from Prometheus: no verdict, so it stays; promote by hand.
+    apiserver.kubectl("annotate", "ris", "resnet", "-n", ns, "inference.rocm.dev/rollout=promote")
+    wait_for(lambda: rollout_of(apiserver, ns).get("phase") == "Promoted", timeout=120, message="promoted")
+    wait_for(lambda: deployment(apiserver, ns, "resnet-canary") is None, timeout=60, message="canary removed")
+    wait_for(lambda: version_of(deployment(apiserver, ns, "resnet")) == "2", timeout=60, message="stable rolled")
+    wait_for(lambda: "inference.rocm.dev/rollout" not in annotations_of(apiserver, ns), timeout=30, message="cleared")
+
+    # The next change starts a new canary; abort it by hand: the stable revision stays.
+    apply_cr(apiserver, ns, "resnet", canary_spec("3"))
+    wait_for(lambda: deployment(apiserver, ns, "resnet-canary"), timeout=120, message="second canary")
+    apiserver.kubectl("annotate", "ris", "resnet", "-n", ns, "inference.rocm.dev/rollout=abort")
+    back = wait_for(
+        lambda: (r := rollout_of(apiserver, ns)).get("phase") == "RolledBack" and r, timeout=120, message="aborted"
+    )
+    assert back["stage"] == "rolled back" and "aborted by hand" in back["message"]
+    wait_for(lambda: deployment(apiserver, ns, "resnet-canary") is None, timeout=60, message="canary removed")
+    assert version_of(deployment(apiserver, ns, "resnet")) == "2"

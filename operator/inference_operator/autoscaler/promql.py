@@ -150,3 +150,47 @@ def data_age_seconds(namespace: str, model: str, engine: Engine = Engine.MODEL_S
         return f"time() - max(timestamp({VLLM_WAITING}{sel}) or timestamp({VLLM_RUNNING}{sel}))"
     sel = selector(namespace, model)
     return f"time() - max(timestamp({QUEUE_DEPTH}{sel}) or timestamp({REQUESTS_TOTAL}{sel}))"
+
+
+# --- canary analysis: the candidate's pods alone -------------------------------------------------
+
+
+def canary_pods(name: str) -> str:
+    """The canary Deployment's pods by name (NAME-canary-<template hash>-<suffix>), as the `pod`
+    target label of the Prometheus Operator's and most scrape configs gives them."""
+    return f"{name}-canary-[a-z0-9]+-[a-z0-9]+"
+
+
+def _canary_selector(namespace: str, model: str, name: str, model_label: str, extra: str = "") -> str:
+    pods = ",pod=~" + _quote(canary_pods(name))
+    return "{namespace=" + _quote(namespace) + "," + model_label + "=" + _quote(model) + pods + extra + "}"
+
+
+def canary_latency_ms(metric: Metric, namespace: str, model: str, name: str, window_seconds: int) -> str:
+    """The canary's latency quantile in ms (no answer while it has served nothing)."""
+    if metric in VLLM_HISTOGRAMS:
+        histogram, quantile = VLLM_HISTOGRAMS[metric]
+        sel = _canary_selector(namespace, model, name, VLLM_MODEL_LABEL)
+    else:
+        histogram, quantile = LATENCY_HISTOGRAM, QUANTILES[metric]
+        sel = _canary_selector(namespace, model, name, "model")
+    return f"histogram_quantile({quantile}, sum by (le) (rate({histogram}_bucket{sel}[{window_seconds}s]))) * 1000"
+
+
+def canary_requests(engine: Engine, namespace: str, model: str, name: str, window_seconds: int) -> str:
+    """Requests the canary answered in the window (vLLM: requests it finished)."""
+    if engine == Engine.VLLM:
+        sel = _canary_selector(namespace, model, name, VLLM_MODEL_LABEL)
+        return f"sum(increase({VLLM_E2E}_count{sel}[{window_seconds}s]))"
+    return f"sum(increase({REQUESTS_TOTAL}{_canary_selector(namespace, model, name, 'model')}[{window_seconds}s]))"
+
+
+def canary_error_ratio(namespace: str, model: str, name: str, window_seconds: int) -> str:
+    """The share of the canary's answers that were 5xx (the model server's own count; vLLM
+    exports none, so its canaries are judged on latency alone). 0 when none was."""
+    errors = _canary_selector(namespace, model, name, "model", ',code=~"5.."')
+    every = _canary_selector(namespace, model, name, "model")
+    return (
+        f"(sum(rate({REQUESTS_TOTAL}{errors}[{window_seconds}s])) or vector(0))"
+        f" / sum(rate({REQUESTS_TOTAL}{every}[{window_seconds}s]))"
+    )

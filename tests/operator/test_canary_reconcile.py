@@ -1,0 +1,126 @@
+"""A canary rollout's Deployments on the emulated API server: the stable one keeps the revision
+it runs, the candidate runs beside it at its step's share, promotion rolls the stable one and
+removes the candidate, a rollback removes the candidate and leaves the stable one alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import kubernetes
+import kubernetes_validate
+import pytest
+
+from inference_operator.builders import Owner
+from inference_operator.k8s import KubeApi, Ref
+from inference_operator.models import parse_spec
+from inference_operator.reconcile import Action, Change, reconcile
+from inference_operator.rollout import REVISION_ANNOTATION, TRACK_LABEL, Phase, RolloutState
+from testsupport.cluster import Cluster
+
+NS, NAME = "ml", "resnet"
+STABLE = Ref("apps/v1", "Deployment", NS, NAME)
+CANARY = Ref("apps/v1", "Deployment", NS, f"{NAME}-canary")
+T0 = 1_000_000.0
+
+
+def owner(version: str, strategy: str = "canary", replicas: int = 3) -> Owner:
+    spec = {
+        "replicas": replicas,
+        "model": {"uri": "pvc://models/resnet", "version": version},
+        "resources": {"gpu": {"count": 0}},
+        "rollout": {
+            "strategy": strategy,
+            "canary": {"steps": [10, 50], "analysis": {"maxLatencyMs": 50}},
+        },
+    }
+    return Owner(name=NAME, namespace=NS, uid="u-1", spec=parse_spec(spec))
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> KubeApi:
+    return KubeApi(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)), timeout=10)
+
+
+def model_version(deployment: dict) -> str:
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args[args.index("--model-version") + 1]
+
+
+def test_a_canary_runs_beside_the_stable_revision_and_is_promoted(api: KubeApi) -> None:
+    first = reconcile(api, owner("1"), now=T0)
+    assert first.rollout is not None and first.rollout.phase == Phase.STABLE
+    stable = api.get(STABLE)
+    assert model_version(stable) == "1" and api.get(CANARY) is None
+    old_revision = stable["metadata"]["annotations"][REVISION_ANNOTATION]
+
+    started = reconcile(api, owner("2"), rollout=first.rollout, now=T0)
+    state = started.rollout
+    assert state is not None and (state.phase, state.weight, state.stable_revision) == (
+        Phase.PROGRESSING,
+        10,
+        old_revision,
+    )
+    assert Change(Action.CREATED, "Deployment", f"{NAME}-canary") in started.changes
+    assert model_version(api.get(STABLE)) == "1"  # the stable arm is left on its revision
+    canary = api.get(CANARY)
+    assert model_version(canary) == "2" and canary["spec"]["replicas"] == 1  # ~10% beside 3 (25%, said so)
+    assert canary["spec"]["selector"]["matchLabels"][TRACK_LABEL] == "canary"
+    assert canary["spec"]["template"]["metadata"]["labels"][TRACK_LABEL] == "canary"
+    assert canary["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    kubernetes_validate.validate(canary, "1.33", strict=True)
+    # The Service selects both arms (its selector is the stable Deployment's, without the track).
+    service = api.get(Ref("v1", "Service", NS, NAME))
+    assert TRACK_LABEL not in service["spec"]["selector"]
+    assert set(service["spec"]["selector"].items()) <= set(canary["spec"]["template"]["metadata"]["labels"].items())
+    assert started.deployment is not None and started.deployment["metadata"]["name"] == NAME
+
+    # The autoscaler resizes the stable arm during the canary; the stable template stays.
+    grown = reconcile(api, owner("2", replicas=9), rollout=replace(state, step=1, weight=50), now=T0 + 30)
+    assert model_version(api.get(STABLE)) == "1" and api.get(STABLE)["spec"]["replicas"] == 9
+    assert api.get(CANARY)["spec"]["replicas"] == 9  # 50% beside 9
+    assert grown.rollout is not None and grown.rollout.weight == 50
+
+    again = reconcile(api, owner("2", replicas=9), rollout=grown.rollout, now=T0 + 31)
+    assert again.writes == []  # nothing changes while the step lasts
+
+    promoted = reconcile(api, owner("2", replicas=9), rollout=replace(state, phase=Phase.PROMOTED), now=T0 + 60)
+    assert model_version(api.get(STABLE)) == "2" and api.get(CANARY) is None
+    assert Change(Action.DELETED, "Deployment", f"{NAME}-canary") in promoted.changes
+    settled = reconcile(api, owner("2", replicas=9), rollout=promoted.rollout, now=T0 + 61)
+    assert settled.rollout is not None and settled.rollout.stage == "promoted" and settled.writes == []
+
+
+def test_a_rolled_back_canary_is_removed_and_the_stable_revision_kept_until_the_next_change(api: KubeApi) -> None:
+    reconcile(api, owner("1"), now=T0)
+    started = reconcile(api, owner("2"), now=T0)
+    assert started.rollout is not None and api.get(CANARY) is not None
+    back = replace(started.rollout, phase=Phase.ROLLED_BACK, weight=0)
+    rolled_back = reconcile(api, owner("2"), rollout=back, now=T0 + 5)
+    assert api.get(CANARY) is None and model_version(api.get(STABLE)) == "1"
+    assert rolled_back.rollout is not None and rolled_back.rollout.stage == "rolled back"
+    assert reconcile(api, owner("2"), rollout=rolled_back.rollout, now=T0 + 6).writes == []  # it stays so
+    # A new change starts a new canary.
+    third = reconcile(api, owner("3"), rollout=rolled_back.rollout, now=T0 + 7)
+    assert third.rollout is not None and third.rollout.phase == Phase.PROGRESSING
+    assert model_version(api.get(CANARY)) == "3" and model_version(api.get(STABLE)) == "1"
+
+
+def test_back_to_rolling_removes_the_canary_and_rolls_the_stable_arm(api: KubeApi) -> None:
+    reconcile(api, owner("1"), now=T0)
+    started = reconcile(api, owner("2"), now=T0)
+    rolling = reconcile(api, owner("2", strategy="rolling"), rollout=started.rollout, now=T0 + 1)
+    assert rolling.rollout is None and api.get(CANARY) is None and model_version(api.get(STABLE)) == "2"
+
+
+def test_a_rolling_service_reads_nothing_more(api: KubeApi, cluster: Cluster) -> None:
+    reconcile(api, owner("1", strategy="rolling"), now=T0)
+    before = len(list(cluster.emulator))
+    result = reconcile(api, owner("1", strategy="rolling"), rollout=None, now=T0 + 1)
+    reads = [r for r in list(cluster.emulator)[before:] if r.resource and r.resource.plural == "deployments"]
+    assert result.writes == [] and result.rollout is None
+    assert [r.name for r in reads] == [NAME]  # the one Deployment, not a canary as well
+
+
+def test_the_state_is_kept_by_status_alone() -> None:
+    state = RolloutState(Phase.PROGRESSING, "b", "a", 1, 50, T0, 1, "m")
+    assert RolloutState.from_status({"rollout": state.to_status()}) == state

@@ -1,0 +1,196 @@
+"""Canary rollouts end to end: the real operator, real Prometheus, real model servers.
+
+The operator runs unmodified against the emulated API server. The test plays the kubelet: one
+model-server process is the stable Deployment's pod and, once the operator creates NAME-canary,
+another is the canary's pod, each scraped under the pod name Prometheus would give it. A steady
+client keeps both busy the whole time. A candidate that is slower than `maxLatencyMs` is rolled
+back by the operator on its own; a healthy one is promoted step by step to the stable Deployment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inference_operator.autoscaler import promql
+from inference_operator.models import Metric
+from tests.autoscaler.conftest import (
+    ModelServer,
+    Prometheus,
+    Target,
+    running_model_servers,
+    running_prometheus,
+    tiny_mlp,
+)
+from testsupport.cluster import Cluster, condition, wait_for
+from testsupport.load import Load
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NAMESPACE = "ml"
+NAME = "mlp"
+DEPLOYMENTS = "apps/v1/deployments"
+STABLE_POD = f"{NAME}-5b7c9d8f6-abcde"
+CANARY_POD = f"{NAME}-canary-6c8d9e7f5-fghij"
+INTERVAL = 1
+MAX_LATENCY_MS = 5.0
+WINDOW = 10
+
+
+def service(version: str, prometheus_url: str) -> dict:
+    return {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": 1,
+            "model": {"uri": "pvc://models/mlp", "name": NAME, "version": version},
+            "resources": {"gpu": {"count": 0}, "cpu": "2", "memory": "2Gi"},
+            "runtime": {"executionProviders": ["CPUExecutionProvider"]},
+            "rollout": {
+                "strategy": "canary",
+                "canary": {
+                    "steps": [10, 50],
+                    "stepSeconds": 2,
+                    "analysis": {
+                        "maxLatencyMs": MAX_LATENCY_MS,
+                        "minRequests": 5,
+                        "failureLimit": 1,
+                        "intervalSeconds": INTERVAL,
+                        "windowSeconds": WINDOW,
+                        "prometheusUrl": prometheus_url,
+                    },
+                },
+            },
+        },
+    }
+
+
+def rollout(cluster: Cluster) -> dict:
+    return ((cluster.get_cr(NAMESPACE, NAME) or {}).get("status") or {}).get("rollout") or {}
+
+
+def model_version(cluster: Cluster, name: str) -> str | None:
+    deployment = cluster.get(DEPLOYMENTS, NAMESPACE, name)
+    if deployment is None:
+        return None
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args[args.index("--model-version") + 1]
+
+
+@contextlib.contextmanager
+def stable_and_canary(tmp_path: Path, canary_model: Path) -> Iterator[tuple[ModelServer, ModelServer, Prometheus]]:
+    """The stable pod (a fast model) and the canary pod, scraped by a real Prometheus."""
+    fast = tiny_mlp(tmp_path / "fast.onnx", width=64, depth=1)
+    (tmp_path / "stable").mkdir()
+    (tmp_path / "canary").mkdir()
+    with (
+        running_model_servers(tmp_path / "stable", fast, NAME, count=1) as (stable,),
+        running_model_servers(tmp_path / "canary", canary_model, NAME, count=1) as (canary,),
+    ):
+        targets = [
+            Target(stable.address, {"namespace": NAMESPACE, "pod": STABLE_POD}),
+            Target(canary.address, {"namespace": NAMESPACE, "pod": CANARY_POD}),
+        ]
+        with running_prometheus(tmp_path, targets) as prom:
+            wait_for(lambda: prom.targets_up() == 2, timeout=20, interval=0.2, message="targets up")
+            yield stable, canary, prom
+
+
+@contextlib.contextmanager
+def stopping(load: Load) -> Iterator[Load]:
+    try:
+        yield load.start()
+    finally:
+        load.stop()
+
+
+def start_canary(cluster: Cluster, prometheus_url: str) -> None:
+    """Version 1 as the stable revision, then version 2: a canary of it."""
+    assert cluster.apply_cr(service("1", prometheus_url)).status_code in (200, 201)
+    wait_for(lambda: rollout(cluster).get("phase") == "Stable", timeout=30, message="the stable revision")
+    assert cluster.patch_cr(NAMESPACE, NAME, {"spec": {"model": {"version": "2"}}}).status_code == 200
+    wait_for(lambda: rollout(cluster).get("stage") == "canary 10%", timeout=30, message="a canary at 10%")
+    assert model_version(cluster, NAME) == "1" and model_version(cluster, f"{NAME}-canary") == "2"
+
+
+def test_a_slow_canary_is_rolled_back_by_itself(tmp_path: Path, cluster: Cluster, operator, record_property) -> None:
+    slow = tiny_mlp(tmp_path / "slow.onnx")  # ~7 ms a row: over maxLatencyMs as soon as it queues
+    with (
+        stable_and_canary(tmp_path, slow) as (stable, canary, prom),
+        stopping(Load([f"http://{stable.address}/infer"], concurrency=2, max_seconds=120)) as steady,
+    ):
+        start_canary(cluster, prom.url)
+        # The canary's pod takes traffic once its Deployment exists.
+        with stopping(Load([f"http://{canary.address}/infer"], concurrency=2, max_seconds=120)) as to_canary:
+            rolled_back = wait_for(
+                lambda: (r := rollout(cluster)).get("phase") == "RolledBack" and r,
+                timeout=60,
+                interval=0.05,
+                message="the canary rolled back",
+            )
+            rolled_back_at = time.time()
+            requests_to_canary = to_canary.sent
+        wait_for(
+            lambda: cluster.get(DEPLOYMENTS, NAMESPACE, f"{NAME}-canary") is None,
+            timeout=10,
+            message="the canary Deployment removed",
+        )
+        # The stable arm never ran the candidate, and goes on not running it.
+        time.sleep(2 * INTERVAL)
+        assert rollout(cluster)["phase"] == "RolledBack" and model_version(cluster, NAME) == "1"
+        degraded = wait_for(
+            lambda: (c := condition(cluster.get_cr(NAMESPACE, NAME), "Degraded")) and c["status"] == "True" and c,
+            timeout=10,
+            message="Degraded=RolledBack",
+        )
+        assert degraded["reason"] == "RolledBack" and "latency" in degraded["message"]
+        # When did Prometheus first show the breach? The analysis' own query, over time.
+        query = promql.canary_latency_ms(Metric.LATENCY_P95_MS, NAMESPACE, NAME, NAME, WINDOW)
+        series = prom.query_range(query, to_canary.started_at - 1, rolled_back_at, step=0.1)
+    assert steady.failed == 0 and to_canary.failed == 0, (steady.failures, to_canary.failures)
+
+    assert rolled_back["stage"] == "rolled back" and rolled_back["weight"] == 0
+    assert "latency" in rolled_back["message"] and "step 1 (10%)" in rolled_back["message"]
+    assert rolled_back["lastCheck"]["verdict"] == "fail" and rolled_back["lastCheck"]["latencyMs"] > MAX_LATENCY_MS
+    breach = next(t for t, v in series if v > MAX_LATENCY_MS)
+    reaction = rolled_back_at - breach
+    record_property("breach_to_rollback_seconds", round(reaction, 2))
+    record_property("requests_to_the_canary", requests_to_canary)
+    print(
+        f"\ncanary: breach visible in Prometheus {breach - to_canary.started_at:.2f}s after its first request; "
+        f"weight 0 (RolledBack) {reaction:.2f}s later (analysis interval {INTERVAL}s); "
+        f"{requests_to_canary} requests reached the canary"
+    )
+
+
+def test_a_healthy_canary_is_promoted_step_by_step(tmp_path: Path, cluster: Cluster, operator) -> None:
+    candidate = tiny_mlp(tmp_path / "candidate.onnx", width=64, depth=1)
+    stages: set[str] = set()
+
+    def promoted() -> dict | None:
+        state = rollout(cluster)
+        stages.add(state.get("stage") or "")
+        return state if state.get("phase") == "Promoted" else None
+
+    with (
+        stable_and_canary(tmp_path, candidate) as (stable, canary, prom),
+        stopping(Load([f"http://{stable.address}/infer"], concurrency=2, max_seconds=120)) as steady,
+    ):
+        start_canary(cluster, prom.url)
+        with stopping(Load([f"http://{canary.address}/infer"], concurrency=2, max_seconds=120)) as to_canary:
+            done = wait_for(promoted, timeout=60, interval=0.05, message="the canary promoted")
+        wait_for(lambda: model_version(cluster, NAME) == "2", timeout=10, message="the stable Deployment rolled")
+        wait_for(
+            lambda: cluster.get(DEPLOYMENTS, NAMESPACE, f"{NAME}-canary") is None,
+            timeout=10,
+            message="the canary Deployment removed",
+        )
+    assert steady.failed == 0 and to_canary.failed == 0, (steady.failures, to_canary.failures)
+    assert {"canary 10%", "canary 50%", "promoted"} <= stages, stages
+    assert done["weight"] == 100 and "promoted after 2 steps" in done["message"]
+    assert rollout(cluster)["stage"] == "promoted"
