@@ -97,7 +97,7 @@ class MemoryBudget:
                 future.set_result(None)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made once per request, and frozen fields cost a setattr each
 class RequestBody:
     """A request's body as a transport delivers it: the length it announced (None without one),
     and two ways to read it once: whole, or chunk by chunk as it arrives."""

@@ -52,7 +52,8 @@ class DataPlane:
         )
         served = self.repository.resolve(version)
         tracker.version = served.version
-        check_requested_outputs(req, [s.name for s in served.outputs])
+        if req.outputs:
+            check_requested_outputs(req, [s.name for s in served.outputs])
         outputs = await submit(served, arrays)
         return encode_response(req, self.settings.name, served.version, outputs, self.settings.parse_memory_bytes)
 

@@ -79,7 +79,7 @@ def _binary_requested(params: dict[str, Any] | None) -> bool:
     return _flag(params, "binary_data")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made once per request, and frozen fields cost a setattr each
 class Answer:
     """An encoded response: its bytes, their media type and, for the binary extension, the
     length of the JSON header in front of the raw tensors."""
