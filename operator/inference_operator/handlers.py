@@ -518,21 +518,26 @@ def _apply_rollout_step(
     replicas, the promotion or the rollback). Status first: the canary's deletion makes the
     repair path reconcile too, and it must read the new state, not bring the canary back."""
     meta = isvc["metadata"]
-    rollout = {"rollout": {**step.state.to_status(), "lastCheck": _check_status(check, step.verdict)}}
-    _publish(memo, _isvc_ref(meta["namespace"], meta["name"]), lambda fresh: rollout)
+    ref = _isvc_ref(meta["namespace"], meta["name"])
+    last_check = _check_status(check, step.verdict)
+    rollout = {"rollout": {**step.state.to_status(), "lastCheck": last_check}}
+    _publish(memo, ref, lambda fresh: rollout)
     status = {**(isvc.get("status") or {}), **rollout}
     try:
         _, result = _reconcile_checked(memo, meta["name"], meta["namespace"], meta["uid"], isvc["spec"], status)
     except (SpecError, ForeignObjectError, ApplyRefused, policy.PolicyViolation, credentials.CredentialsRefused) as exc:
         logger.warning("canary step not applied: %s", exc)  # the reconcile handler reports it
         return
+    if result.rollout is not None:  # as reconcile left it (a promotion records the new stable manifest)
+        settled = {"rollout": {**result.rollout.to_status(), "lastCheck": last_check}}
+        _publish(memo, ref, lambda fresh: settled)
     for change in result.writes:
         _normal_event(isvc, change.action.value, change.describe())
     if (problem := _rollout_problem(step.state)) is not None:
         deployment_state = st.rollout(result.deployment)
         _publish(
             memo,
-            _isvc_ref(meta["namespace"], meta["name"]),
+            ref,
             lambda fresh: st.compute_status(
                 fresh.get("status"), deployment_state, fresh["metadata"].get("generation"), problem
             ),

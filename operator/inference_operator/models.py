@@ -927,6 +927,7 @@ class RolloutStatus(_Status):
     step_started: datetime | None = None
     failures: int | None = None
     message: str | None = None
+    stable_digest: str | None = Field(None, description="Digest of the manifest the stable Deployment was given.")
     last_check: CanaryCheck | None = None
 
 

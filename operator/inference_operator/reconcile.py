@@ -36,6 +36,8 @@ from .rollout import (
     canary_replicas,
     kept_stable,
     live_revision,
+    manifest_digest,
+    unverified,
     with_revision,
 )
 from .status import Problem
@@ -228,10 +230,14 @@ def rollout_arms(
     canary = rollout.canary if rollout.strategy == RolloutStrategy.CANARY else None
     live = api.get(Ref.of(desired)) if canary is not None else None
     desired_revision = live_revision(desired) or ""
-    plan_ = arms(canary, desired_revision, live_revision(live), state, now)
+    plan_ = arms(canary, desired_revision, live_revision(live), state, now, manifest_digest(desired))
     wanted = list(wanted)
-    if not plan_.stable_follows_spec and live is not None and (kept := kept_stable(live, desired)) is not None:
-        wanted[index] = with_hash(kept)
+    if not plan_.stable_follows_spec:
+        kept = kept_stable(live, desired, plan_.state.stable_digest) if live is not None else None
+        if kept is None:
+            plan_ = unverified(desired_revision, manifest_digest(desired))
+        else:
+            wanted[index] = with_hash(kept)
     if plan_.canary_weight is not None:
         # The spec's count where it sets one, else the HPA's or KEDA's on the live Deployment.
         stable_replicas = int(desired["spec"].get("replicas") or (live or {}).get("spec", {}).get("replicas") or 1)

@@ -60,6 +60,10 @@ class RolloutState:
     step_started: float = 0.0  # seconds since the epoch
     failures: int = 0
     message: str = ""
+    # Digest of the manifest last applied to the stable Deployment. Its copy on the Deployment
+    # is used only when it matches: status is the operator's, annotations are anyone's who may
+    # edit Deployments, and the operator applies that copy with its own rights.
+    stable_digest: str | None = None
 
     @classmethod
     def from_status(cls, status: JsonObject | None) -> RolloutState | None:
@@ -76,6 +80,7 @@ class RolloutState:
             step_started=_epoch(started) if isinstance(started, str) else 0.0,
             failures=int(rollout.get("failures") or 0),
             message=str(rollout.get("message") or ""),
+            stable_digest=rollout.get("stableDigest"),
         )
 
     @property
@@ -99,6 +104,7 @@ class RolloutState:
             "weight": self.weight,
             "failures": self.failures,
             "message": self.message,
+            "stableDigest": self.stable_digest,
         }
         if self.step_started:
             status["stepStarted"] = datetime.fromtimestamp(self.step_started, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -134,14 +140,19 @@ def arms(
     stable_revision: str | None,
     state: RolloutState | None,
     now: float,
+    desired_digest: str | None = None,
 ) -> Arms:
-    """Pure: where each arm stands for `desired_revision` given the stable Deployment's revision
-    (None: no stable Deployment yet) and the recorded state; a new revision starts at `now`."""
+    """Pure: where each arm stands for `desired_revision` (whose manifest has `desired_digest`)
+    given the stable Deployment's revision (None: no stable Deployment yet) and the recorded
+    state; a new revision starts at `now`."""
     if state is not None and state.revision == desired_revision and state.phase == Phase.PROMOTED:
         # Rolling the stable Deployment to it, or done: it stays "promoted" until the next change.
-        return Arms(True, None, replace(state, stable_revision=stable_revision or desired_revision))
+        promoted = replace(state, stable_revision=stable_revision or desired_revision, stable_digest=desired_digest)
+        return Arms(True, None, promoted)
     if canary is None or stable_revision is None or stable_revision == desired_revision:
-        return Arms(True, None, RolloutState(Phase.STABLE, desired_revision, desired_revision))
+        return Arms(
+            True, None, RolloutState(Phase.STABLE, desired_revision, desired_revision, stable_digest=desired_digest)
+        )
     if state is not None and state.revision == desired_revision:
         if state.phase == Phase.ROLLED_BACK:
             return Arms(False, None, state)
@@ -155,8 +166,29 @@ def arms(
         weight=canary.steps[0],
         step_started=now,
         message=f"canary of revision {desired_revision} started at {canary.steps[0]}% of the traffic",
+        stable_digest=state.stable_digest if state is not None else None,
     )
     return Arms(False, canary.steps[0], started)
+
+
+def unverified(desired_revision: str, desired_digest: str | None) -> Arms:
+    """No trusted record of what the stable Deployment runs (it was made before the service
+    used canaries, or its copy was edited): roll the new revision the usual way, and say so."""
+    message = (
+        f"revision {desired_revision} rolled without a canary: the stable Deployment's manifest has no "
+        "matching record in status (a first canary after switching strategy, or an edited annotation)"
+    )
+    state = RolloutState(
+        Phase.STABLE, desired_revision, desired_revision, message=message, stable_digest=desired_digest
+    )
+    return Arms(True, None, state)
+
+
+def manifest_digest(deployment: JsonObject) -> str | None:
+    """The digest of the manifest copy `deployment` carries (see `with_revision`)."""
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(STABLE_MANIFEST_ANNOTATION)
+    return hashlib.sha256(text.encode()).hexdigest() if isinstance(text, str) else None
 
 
 def canary_replicas(stable_replicas: int, weight: int) -> int:
@@ -268,10 +300,13 @@ def live_revision(live: JsonObject | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def kept_stable(live: JsonObject, desired: JsonObject) -> JsonObject | None:
+def kept_stable(live: JsonObject, desired: JsonObject, digest: str | None) -> JsonObject | None:
     """The manifest the stable Deployment `live` was last given, with `desired`'s replicas
-    (the autoscaler goes on sizing it); None when `live` carries none."""
+    (the autoscaler goes on sizing it); None when `live` carries none or its copy does not
+    have the recorded `digest`."""
     annotations = (live.get("metadata") or {}).get("annotations") or {}
+    if digest is None or manifest_digest(live) != digest:
+        return None
     try:
         stored = json.loads(annotations[STABLE_MANIFEST_ANNOTATION])
     except (KeyError, TypeError, ValueError):

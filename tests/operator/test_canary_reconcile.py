@@ -4,6 +4,7 @@ removes the candidate, a rollback removes the candidate and leaves the stable on
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import kubernetes
@@ -14,7 +15,13 @@ from inference_operator.builders import Owner
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
 from inference_operator.reconcile import Action, Change, reconcile
-from inference_operator.rollout import REVISION_ANNOTATION, TRACK_LABEL, Phase, RolloutState
+from inference_operator.rollout import (
+    REVISION_ANNOTATION,
+    STABLE_MANIFEST_ANNOTATION,
+    TRACK_LABEL,
+    Phase,
+    RolloutState,
+)
 from testsupport.cluster import Cluster
 
 NS, NAME = "ml", "resnet"
@@ -88,11 +95,15 @@ def test_a_canary_runs_beside_the_stable_revision_and_is_promoted(api: KubeApi) 
     assert Change(Action.DELETED, "Deployment", f"{NAME}-canary") in promoted.changes
     settled = reconcile(api, owner("2", replicas=9), rollout=promoted.rollout, now=T0 + 61)
     assert settled.rollout is not None and settled.rollout.stage == "promoted" and settled.writes == []
+    # The promoted revision is the stable one now: the next change is a canary of it.
+    nxt = reconcile(api, owner("3", replicas=9), rollout=settled.rollout, now=T0 + 90)
+    assert nxt.rollout is not None and nxt.rollout.phase == Phase.PROGRESSING
+    assert model_version(api.get(STABLE)) == "2" and model_version(api.get(CANARY)) == "3"
 
 
 def test_a_rolled_back_canary_is_removed_and_the_stable_revision_kept_until_the_next_change(api: KubeApi) -> None:
-    reconcile(api, owner("1"), now=T0)
-    started = reconcile(api, owner("2"), now=T0)
+    first = reconcile(api, owner("1"), now=T0)
+    started = reconcile(api, owner("2"), rollout=first.rollout, now=T0)
     assert started.rollout is not None and api.get(CANARY) is not None
     back = replace(started.rollout, phase=Phase.ROLLED_BACK, weight=0)
     rolled_back = reconcile(api, owner("2"), rollout=back, now=T0 + 5)
@@ -106,10 +117,37 @@ def test_a_rolled_back_canary_is_removed_and_the_stable_revision_kept_until_the_
 
 
 def test_back_to_rolling_removes_the_canary_and_rolls_the_stable_arm(api: KubeApi) -> None:
-    reconcile(api, owner("1"), now=T0)
-    started = reconcile(api, owner("2"), now=T0)
+    first = reconcile(api, owner("1"), now=T0)
+    started = reconcile(api, owner("2"), rollout=first.rollout, now=T0)
     rolling = reconcile(api, owner("2", strategy="rolling"), rollout=started.rollout, now=T0 + 1)
     assert rolling.rollout is None and api.get(CANARY) is None and model_version(api.get(STABLE)) == "2"
+
+
+def test_without_a_record_of_the_stable_manifest_the_change_rolls_without_a_canary(api: KubeApi) -> None:
+    """A service switched to canary together with a change: nothing in status vouches for the
+    stable Deployment's copy of its manifest, so it is not used."""
+    reconcile(api, owner("1", strategy="rolling"), now=T0)
+    result = reconcile(api, owner("2"), rollout=None, now=T0)
+    assert api.get(CANARY) is None and model_version(api.get(STABLE)) == "2"
+    assert result.rollout is not None and "rolled without a canary" in result.rollout.message
+
+
+def test_an_edited_copy_of_the_stable_manifest_is_never_applied(api: KubeApi, cluster: Cluster) -> None:
+    """Whoever may edit Deployments must not reach the operator's rights through the copy it keeps:
+    a privileged container written into the annotation is not rolled out."""
+    first = reconcile(api, owner("1"), now=T0)
+    started = reconcile(api, owner("2"), rollout=first.rollout, now=T0)
+    live = api.get(STABLE)
+    copy_ = json.loads(live["metadata"]["annotations"][STABLE_MANIFEST_ANNOTATION])
+    copy_["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    tampered = json.dumps(copy_, sort_keys=True, separators=(",", ":"))
+    patch = {"metadata": {"annotations": {STABLE_MANIFEST_ANNOTATION: tampered}}}
+    assert cluster.patch("apps/v1/deployments", NS, NAME, patch).status_code == 200
+    result = reconcile(api, owner("2", replicas=4), rollout=started.rollout, now=T0 + 1)
+    containers = api.get(STABLE)["spec"]["template"]["spec"]["containers"]
+    assert not containers[0].get("securityContext", {}).get("privileged")
+    assert result.rollout is not None and "edited annotation" in result.rollout.message
+    assert api.get(CANARY) is None and model_version(api.get(STABLE)) == "2"  # the spec, from the builders
 
 
 def test_a_rolling_service_reads_nothing_more(api: KubeApi, cluster: Cluster) -> None:
