@@ -923,7 +923,6 @@ class RolloutStatus(_Status):
     stable_revision: str | None = None
     step: int | None = None
     weight: int | None = Field(None, description="Percent of the traffic the step gives the candidate.")
-    canary_replicas: int | None = None
     step_started: datetime | None = None
     failures: int | None = None
     message: str | None = None
