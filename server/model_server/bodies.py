@@ -2,7 +2,8 @@
 
 A JSON body turns into Python objects before it turns into tensors, and those take
 many times the body's bytes: a float is ~32 bytes for ~10 bytes of text, an empty
-list 64 bytes for 3. So a large body first reserves its buffer from one budget, then
+list 64 bytes for 3. So a large body first takes its bytes from one budget as they
+arrive (`ReadBudget`, which never lets concurrent uploads wait on each other), then
 its parse cost, estimated from a count of its separators (`estimate_parse_bytes`),
 from another; a body whose estimate exceeds the whole budget is refused (413) before
 it is parsed, and the parse runs in a small thread pool so that the event loop keeps
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -97,6 +99,88 @@ class MemoryBudget:
                 future.set_result(None)
 
 
+class ReadBudget:
+    """Bytes of bodies being read, taken as they arrive, each body up to its claim (its
+    Content-Length, or the largest body allowed).
+
+    Bodies arrive interleaved, so bodies that each hold part of themselves and wait for the
+    rest can fill a plain budget and wait on each other until they all time out. Here a
+    chunk is granted only if, with it, every reader could still finish in some order, each
+    returning what it holds (the banker's algorithm): some reader can always finish. A
+    reader that has sent nothing beyond its headers holds nothing and blocks no one.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._readers: dict[int, list[int]] = {}  # id -> [claim, held]
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # in arrival order
+        self._ids = itertools.count()
+
+    def open(self, claim: int) -> int:
+        """A reader of at most `claim` bytes (at most the whole budget); its id."""
+        reader = next(self._ids)
+        self._readers[reader] = [min(claim, self.total), 0]
+        return reader
+
+    async def take(self, reader: int, size: int, timeout: float) -> None:
+        """`size` more bytes for `reader`, waiting at most `timeout` s (then `Busy`)."""
+        claim, held = self._readers[reader]
+        if held + size > claim:
+            raise PayloadTooLarge(f"request body is larger than its {claim} bytes")
+        if not self._waiters and self._safe(reader, size):
+            self._grant(reader, size)
+            return
+        future = asyncio.get_running_loop().create_future()
+        waiter = (reader, size, future)
+        self._waiters.append(waiter)
+        self._wake()  # this chunk may be what lets a reader behind others finish
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            raise Busy() from None
+        finally:
+            if waiter in self._waiters:  # not granted: a grant leaves the list, and stays held
+                self._waiters.remove(waiter)
+
+    def close(self, reader: int) -> None:
+        """Return everything `reader` holds."""
+        _, held = self._readers.pop(reader)
+        self.free += held
+        self._wake()
+
+    def _grant(self, reader: int, size: int) -> None:
+        self._readers[reader][1] += size
+        self.free -= size
+
+    def _safe(self, reader: int, size: int) -> bool:
+        """Whether, after `size` more bytes to `reader`, the readers can all finish: the one
+        needing least finishes first and returns what it holds, and so on."""
+        free = self.free - size
+        if free < 0:
+            return False
+        needs = sorted(
+            (claim - held - (size if r == reader else 0), held + (size if r == reader else 0))
+            for r, (claim, held) in self._readers.items()
+        )
+        for need, held in needs:
+            if need > free:
+                return False
+            free += held
+        return True
+
+    def _wake(self) -> None:
+        """Grant, in arrival order, every waiting chunk that keeps the readers safe (not only
+        the first: the reader that can finish may be further back)."""
+        for waiter in list(self._waiters):
+            reader, size, future = waiter
+            if not future.done() and reader in self._readers and self._safe(reader, size):
+                self._waiters.remove(waiter)
+                self._grant(reader, size)
+                future.set_result(None)
+
+
 @dataclass(slots=True)  # not frozen: made once per request, and frozen fields cost a setattr each
 class RequestBody:
     """A request's body as a transport delivers it: the length it announced (None without one),
@@ -118,7 +202,7 @@ class BodyDecoder:
 
     def __init__(self, *, parse_bytes: int, max_body_bytes: int, wait_s: float = 10.0, threads: int = 2) -> None:
         self.parse = MemoryBudget(parse_bytes)
-        self.buffer = MemoryBudget(max(max_body_bytes, parse_bytes // 4))
+        self.buffer = ReadBudget(max(max_body_bytes, parse_bytes // 4))
         self.max_body_bytes = max_body_bytes
         self.wait_s = wait_s
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="parse")
@@ -137,15 +221,13 @@ class BodyDecoder:
         length = request.length
         if length is not None and length <= INLINE_BYTES:
             return decode(await request.read())
-        # Reserved as the bytes arrive, not as declared: a connection that sends headers
+        # Taken as the bytes arrive, not as declared: a connection that sends headers
         # announcing 50 MB and then nothing holds nothing, so it cannot starve the others; a
         # 503 means bytes other requests really hold.
-        reserved = 0
+        reader = self.buffer.open(self.max_body_bytes if length is None else length)
 
         async def take(size: int) -> None:
-            nonlocal reserved
-            await self.buffer.acquire(size, self.wait_s)
-            reserved += size
+            await self.buffer.take(reader, size, self.wait_s)
 
         handed_over = False
         try:
@@ -165,15 +247,15 @@ class BodyDecoder:
             handed_over = True
             # The budgets are returned when the thread is done with the body, even if
             # the request is cancelled (client gone, drain timeout) while it runs.
-            job.add_done_callback(lambda _: _call_soon(loop, self._release, cost, reserved))
+            job.add_done_callback(lambda _: _call_soon(loop, self._release, cost, reader))
             return await asyncio.wrap_future(job)
         finally:
             if not handed_over:
-                self.buffer.release(reserved)
+                self.buffer.close(reader)
 
-    def _release(self, cost: int, reserved: int) -> None:
+    def _release(self, cost: int, reader: int) -> None:
         self.parse.release(cost)
-        self.buffer.release(reserved)
+        self.buffer.close(reader)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:

@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from model_server.bodies import MemoryBudget, estimate_parse_bytes
-from model_server.errors import Busy
+from model_server.bodies import BodyDecoder, MemoryBudget, ReadBudget, RequestBody, estimate_parse_bytes
+from model_server.errors import Busy, PayloadTooLarge
 from model_server.settings import ServerSettings, detect_memory_limit
 from testsupport import payloads
 from testsupport.liveness import post_and_watch_liveness
@@ -212,6 +212,64 @@ async def test_budget_is_first_come_first_served_and_waits_are_bounded():
         await budget.acquire(101, timeout=1)
     budget.release(90)
     assert budget.free == 100
+
+
+def interleaved(count: int, size: int, chunk: int) -> list[RequestBody]:
+    """`count` bodies of `size` bytes whose chunks arrive in turns, as concurrent uploads do."""
+
+    def body() -> RequestBody:
+        async def chunks():
+            for start in range(0, size, chunk):
+                await asyncio.sleep(0)  # the other uploads' chunks arrive meanwhile
+                yield b"1" * min(chunk, size - start)
+
+        async def read() -> bytes:
+            raise AssertionError("large bodies are read chunk by chunk")
+
+        return RequestBody(size, read, chunks)
+
+    return [body() for _ in range(count)]
+
+
+async def test_bodies_arriving_in_turns_never_hold_each_other_up():
+    """Four 8 MiB uploads into a 29 MiB read budget, a chunk each in turn: taken as they came,
+    they held 7 MiB each, all waited for the rest, and all got 503 after the wait (CI saw
+    exactly that under load). Now a chunk is granted only while some upload can still
+    finish, so all four are decoded, the budget whole again after."""
+    decoder = BodyDecoder(parse_bytes=116 * MiB, max_body_bytes=16 * MiB, wait_s=2.0)
+    try:
+        assert decoder.buffer.total == 29 * MiB
+        bodies = interleaved(4, 8 * MiB, 64 * 1024)
+        sizes = await asyncio.gather(*(decoder.decode(b, len, estimate=len) for b in bodies))
+        assert sizes == [8 * MiB] * 4
+        await asyncio.sleep(0.05)  # the parse threads hand the budgets back on the loop
+        assert decoder.buffer.free == decoder.buffer.total and decoder.parse.free == decoder.parse.total
+    finally:
+        decoder.close()
+
+
+async def test_read_budget_grants_only_safe_chunks_and_headers_alone_hold_nothing():
+    budget = ReadBudget(100)
+    idle = [budget.open(100) for _ in range(5)]  # announced the whole budget, sent nothing
+    a, b = budget.open(60), budget.open(60)
+    await budget.take(a, 50, timeout=1)
+    await budget.take(b, 40, timeout=1)  # a can still finish: 10 left is a's need
+    with pytest.raises(Busy):  # 1 more to b and neither a (10) nor b (19) could finish
+        await budget.take(b, 1, timeout=0.05)
+    assert budget.free == 10 and not budget._waiters
+    waiting = asyncio.create_task(budget.take(b, 20, timeout=2))
+    await budget.take(a, 10, timeout=1)  # a's last bytes: always safe
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    budget.close(a)  # a parsed and done: b may have the rest
+    await waiting
+    assert budget.free == 40
+    with pytest.raises(PayloadTooLarge):
+        await budget.take(b, 1, timeout=1)
+    budget.close(b)
+    for reader in idle:
+        budget.close(reader)
+    assert budget.free == 100 and not budget._readers
 
 
 @pytest.mark.parametrize("chunked", [False, True])
