@@ -84,6 +84,7 @@ def serve(settings: ServerSettings) -> int:
         log_level=settings.log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
+        timeout_keep_alive=settings.keep_alive_timeout_s,
         lifespan="on",
         http=LimitedHttpProtocol.with_limits(connection_limits(settings)),
     )

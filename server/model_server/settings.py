@@ -114,6 +114,13 @@ class ServerSettings(BaseSettings):
     body_timeout_s: Annotated[float, Flag("body-timeout")] = Field(
         default=60.0, gt=0, description="seconds for a request's body to arrive"
     )
+    keep_alive_timeout_s: Annotated[int, Flag("keep-alive-timeout")] = Field(
+        default=75,
+        ge=1,
+        description="seconds an idle kept-alive connection stays open: longer than the idle timeout of "
+        "proxies and clients in front (nginx 60 s), so that they close it, never in the middle of "
+        "sending it a request",
+    )
     max_header_bytes: int = Field(default=64 * 1024, ge=1024, description="431 above this")
     max_connections: int = Field(default=1024, ge=1, description="connections beyond this are closed at once")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
