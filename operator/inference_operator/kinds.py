@@ -81,6 +81,15 @@ KINDS: tuple[Kind, ...] = (
         addon="the Gateway API Inference Extension CRDs",
         otherwise="set routing.inferencePool: false",
     ),
+    # routing.httpRoute; after the Service or InferencePool it routes to.
+    Kind(
+        "gateway.networking.k8s.io/v1",
+        "HTTPRoute",
+        "httproutes",
+        owned=True,
+        addon="the Gateway API CRDs (gateway.networking.k8s.io/v1)",
+        otherwise="remove routing.httpRoute",
+    ),
     Kind("v1", "Secret", "secrets"),
     Kind(API_VERSION, KIND, PLURAL),
 )

@@ -719,6 +719,28 @@ class EndpointPickerSpec(_Spec):
     )
 
 
+# A Gateway API hostname (a DNS name, or one wildcard label first), as HTTPRoute accepts it.
+HOSTNAME_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class ParentRef(_Spec):
+    """A Gateway the route attaches to (the Gateway's own allowedRoutes decide whether it may)."""
+
+    name: DnsSubdomain
+    namespace: DnsLabel | None = Field(None, description="The Gateway's namespace; the service's when unset.")
+    section_name: DnsSubdomain | None = Field(None, description="One listener of the Gateway; all when unset.")
+
+
+class HTTPRouteSpec(_Spec):
+    """A Gateway API HTTPRoute to the service, NAME: its requests for `hostnames` through the
+    parent Gateways. A canary rollout splits it by weights, exactly, instead of by replicas."""
+
+    parent_refs: list[ParentRef] = Field(min_length=1, max_length=32)
+    hostnames: list[Annotated[str, Field(pattern=HOSTNAME_PATTERN, max_length=253)]] = Field(
+        default_factory=list, max_length=16, description="Hosts the route answers; every host when empty."
+    )
+
+
 class RoutingSpec(_Spec):
     """Gateway routing to the pods."""
 
@@ -736,6 +758,11 @@ class RoutingSpec(_Spec):
         "selecting the pods, so an inference gateway can route to them by queue and KV-cache load.",
     )
     endpoint_picker: EndpointPickerSpec | None = None
+    http_route: HTTPRouteSpec | None = Field(
+        None,
+        description="Emit a Gateway API HTTPRoute (gateway.networking.k8s.io/v1) to the service (or to its "
+        "InferencePool); a canary rollout then splits traffic by its weights.",
+    )
 
 
 _VLLM_METRICS = ", ".join(f"'{m.value}'" for m in sorted(ENGINE_METRICS[Engine.VLLM]))
@@ -927,6 +954,11 @@ class RolloutStatus(_Status):
     failures: int | None = None
     message: str | None = None
     stable_digest: str | None = Field(None, description="Digest of the manifest the stable Deployment was given.")
+    traffic: str | None = Field(
+        None,
+        description="How the canary's share is set: httpRoute (route weights, exact) or replicas (by its "
+        "share of the pods behind the one Service, approximate).",
+    )
     last_check: CanaryCheck | None = None
 
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from .builders import Owner, build_all
+from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_name, arm_service, arm_services_fit, canary_deployment
 from .builders.common import SPEC_HASH_ANNOTATION
+from .builders.http_route import weighted
 from .credentials import CredentialPolicy, CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref
@@ -29,10 +31,8 @@ from .kinds import KINDS, Kind, in_apply_order, kind_of_object
 from .models import RolloutStrategy
 from .ownership import Drift, drift, metadata_differs
 from .rollout import (
-    CANARY_SUFFIX,
     RolloutState,
     arms,
-    canary_deployment,
     canary_replicas,
     kept_stable,
     live_revision,
@@ -221,7 +221,8 @@ def rollout_arms(
     api: KubeApi, owner: Owner, wanted: list[JsonObject], state: RolloutState | None, now: float
 ) -> tuple[list[JsonObject], RolloutState | None]:
     """`wanted` with the Deployments a canary rollout asks for: the stable one on the revision
-    it runs until the candidate is promoted, the candidate beside it while it is judged."""
+    it runs until the candidate is promoted, the candidate beside it while it is judged (and,
+    behind a route that can address each arm, the arms' Services and the route's weights)."""
     index = next((i for i, obj in enumerate(wanted) if obj["kind"] == "Deployment"), None)
     if index is None:
         return wanted, None
@@ -238,13 +239,46 @@ def rollout_arms(
             plan_ = unverified(desired_revision, manifest_digest(desired))
         else:
             wanted[index] = with_hash(kept)
-    if plan_.canary_weight is not None:
-        # The spec's count where it sets one, else the HPA's or KEDA's on the live Deployment.
-        stable_replicas = int(desired["spec"].get("replicas") or (live or {}).get("spec", {}).get("replicas") or 1)
-        replicas = canary_replicas(stable_replicas, plan_.canary_weight)
-        candidate = canary_deployment(_unhashed(desired), replicas)
-        wanted.insert(index + 1, with_hash(candidate))
-    return wanted, plan_.state if canary is not None else None
+    weight = plan_.canary_weight
+    if weight is None:
+        return wanted, plan_.state if canary is not None else None
+    # The spec's count where it sets one, else the HPA's or KEDA's on the live Deployment.
+    stable_replicas = int(desired["spec"].get("replicas") or (live or {}).get("spec", {}).get("replicas") or 1)
+    by_route = _route_can_split(api, owner, wanted, wanted[index])
+    replicas = canary_replicas(stable_replicas, weight, exact_split=by_route)
+    wanted.append(with_hash(canary_deployment(_unhashed(desired), replicas)))
+    if by_route:
+        wanted = _split_by_route(wanted, owner.name, weight)
+    traffic = "httpRoute" if by_route else "replicas"
+    return in_apply_order(wanted), dataclasses.replace(plan_.state, traffic=traffic)
+
+
+def _route_can_split(api: KubeApi, owner: Owner, wanted: list[JsonObject], stable: JsonObject) -> bool:
+    """Whether the route's weights can split this canary: a served HTTPRoute to Services (not
+    a pool), and stable pods a Service can select alone (a stable Deployment from before the
+    route has no `track: stable`: its canary is split by replicas, the next one by weights)."""
+    route = next((obj for obj in wanted if obj["kind"] == "HTTPRoute"), None)
+    labels = stable["spec"]["template"]["metadata"].get("labels") or {}
+    return (
+        route is not None
+        and not owner.spec.routing.inference_pool
+        and labels.get(TRACK_LABEL) == STABLE
+        and arm_services_fit(owner.name)
+        and not unserved_kinds(api, [route])
+    )
+
+
+def _split_by_route(wanted: list[JsonObject], name: str, weight: int) -> list[JsonObject]:
+    """`wanted` with NAME-stable and NAME-canary Services and the route weighted between them."""
+    split = []
+    for obj in wanted:
+        if obj["kind"] == "HTTPRoute":
+            split.append(with_hash(weighted(_unhashed(obj), name, weight)))
+            continue
+        split.append(obj)
+        if obj["kind"] == "Service" and obj["metadata"]["name"] == name:
+            split += [with_hash(arm_service(_unhashed(obj), track)) for track in (STABLE, CANARY)]
+    return split
 
 
 def _unhashed(obj: JsonObject) -> JsonObject:
@@ -253,16 +287,23 @@ def _unhashed(obj: JsonObject) -> JsonObject:
     return manifest
 
 
+# The objects a canary adds beside the service's own, as (apiVersion, kind, track).
+ARM_OBJECTS = (("apps/v1", "Deployment", CANARY), ("v1", "Service", STABLE), ("v1", "Service", CANARY))
+
+
 def prune_canary(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
-    """Delete the canary Deployment once no rollout wants it (promoted, rolled back, aborted)."""
-    name = owner.name + CANARY_SUFFIX
-    if any(obj["kind"] == "Deployment" and obj["metadata"]["name"] == name for obj in wanted):
-        return []
-    ref = Ref("apps/v1", "Deployment", owner.namespace, name)
-    live = api.get(ref)
-    if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-        return [Change(Action.DELETED, "Deployment", name)]
-    return []
+    """Delete the canary's objects once no rollout wants them (promoted, rolled back, aborted)."""
+    wanted_names = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
+    deleted = []
+    for api_version, kind, track in ARM_OBJECTS:
+        name = arm_name(owner.name, track)
+        if (kind, name) in wanted_names:
+            continue
+        ref = Ref(api_version, kind, owner.namespace, name)
+        live = api.get(ref)
+        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
+            deleted.append(Change(Action.DELETED, kind, name))
+    return deleted
 
 
 def desired_objects(

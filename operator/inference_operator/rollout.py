@@ -2,8 +2,10 @@
 
 A change of the pods (a new pod template: model, image, engine flags, resources) is a new
 revision. With `rollout.strategy: canary` it does not roll over the stable Deployment: a second
-Deployment, NAME-canary, runs it beside the stable one, both behind the one Service, and takes
-a share of the traffic by its share of the replicas (approximate, and said so in the status).
+Deployment, NAME-canary, runs it beside the stable one. Behind a `routing.httpRoute` it takes
+the step's share of the requests by the route's weights (exact); otherwise both arms are
+behind the one Service and it takes a share by its share of the replicas (approximate). The
+status says which (`traffic`).
 Every `analysis.intervalSeconds` the canary's own pods are judged from Prometheus: its latency
 quantile against `maxLatencyMs` and its 5xx share against `maxErrorRatio`, once it has served
 `minRequests` in the window; data older than two intervals gives no verdict. A step lasts at
@@ -32,8 +34,6 @@ REVISION_ANNOTATION = "inference.rocm.dev/revision"
 # The manifest last applied to the stable Deployment: what it keeps while a canary runs.
 STABLE_MANIFEST_ANNOTATION = "inference.rocm.dev/stable-manifest"
 COMMAND_ANNOTATION = "inference.rocm.dev/rollout"
-TRACK_LABEL = "inference.rocm.dev/track"
-CANARY_SUFFIX = "-canary"
 
 
 class Phase(StrEnum):
@@ -64,6 +64,8 @@ class RolloutState:
     # is used only when it matches: status is the operator's, annotations are anyone's who may
     # edit Deployments, and the operator applies that copy with its own rights.
     stable_digest: str | None = None
+    # How the canary gets its share: "httpRoute" (weights) or "replicas" (approximate).
+    traffic: str = ""
 
     @classmethod
     def from_status(cls, status: JsonObject | None) -> RolloutState | None:
@@ -81,6 +83,7 @@ class RolloutState:
             failures=int(rollout.get("failures") or 0),
             message=str(rollout.get("message") or ""),
             stable_digest=rollout.get("stableDigest"),
+            traffic=str(rollout.get("traffic") or ""),
         )
 
     @property
@@ -106,6 +109,8 @@ class RolloutState:
             "message": self.message,
             "stableDigest": self.stable_digest,
         }
+        if self.traffic:
+            status["traffic"] = self.traffic
         if self.step_started:
             status["stepStarted"] = datetime.fromtimestamp(self.step_started, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return status
@@ -191,11 +196,14 @@ def manifest_digest(deployment: JsonObject) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest() if isinstance(text, str) else None
 
 
-def canary_replicas(stable_replicas: int, weight: int) -> int:
-    """Replicas that give the canary about `weight`% of the traffic beside `stable_replicas`
-    (the stable arm keeps its size, so capacity never drops); at least one."""
+def canary_replicas(stable_replicas: int, weight: int, *, exact_split: bool = False) -> int:
+    """The canary's replicas beside `stable_replicas` (which keep their size, so capacity never
+    drops); at least one. Split by replicas, they give it about `weight`% of the traffic; split
+    exactly (route weights), they serve `weight`% of what the stable ones serve now."""
     if stable_replicas <= 0:
         return 1
+    if exact_split:
+        return max(1, math.ceil(stable_replicas * weight / 100))
     return max(1, round(stable_replicas * weight / (100 - weight)))
 
 
@@ -318,16 +326,3 @@ def kept_stable(live: JsonObject, desired: JsonObject, digest: str | None) -> Js
     if "replicas" in desired["spec"]:
         kept["spec"]["replicas"] = desired["spec"]["replicas"]
     return kept
-
-
-def canary_deployment(desired: JsonObject, replicas: int) -> JsonObject:
-    """The candidate revision beside the stable Deployment: NAME-canary, its pods labelled
-    `track: canary` (the Service selects both arms; the stable Deployment's selector is kept)."""
-    canary = copy.deepcopy(desired)
-    meta = canary["metadata"]
-    meta["name"] += CANARY_SUFFIX
-    meta.get("annotations", {}).pop(STABLE_MANIFEST_ANNOTATION, None)
-    canary["spec"]["selector"]["matchLabels"][TRACK_LABEL] = "canary"
-    canary["spec"]["template"]["metadata"]["labels"][TRACK_LABEL] = "canary"
-    canary["spec"]["replicas"] = replicas
-    return canary

@@ -12,17 +12,18 @@ import kubernetes_validate
 import pytest
 
 from inference_operator.builders import Owner
+from inference_operator.builders.canary import TRACK_LABEL
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
 from inference_operator.reconcile import Action, Change, reconcile
 from inference_operator.rollout import (
     REVISION_ANNOTATION,
     STABLE_MANIFEST_ANNOTATION,
-    TRACK_LABEL,
     Phase,
     RolloutState,
 )
 from testsupport.cluster import Cluster
+from testsupport.emulator import declare
 
 NS, NAME = "ml", "resnet"
 STABLE = Ref("apps/v1", "Deployment", NS, NAME)
@@ -30,7 +31,11 @@ CANARY = Ref("apps/v1", "Deployment", NS, f"{NAME}-canary")
 T0 = 1_000_000.0
 
 
-def owner(version: str, strategy: str = "canary", replicas: int = 3) -> Owner:
+ROUTE = Ref("gateway.networking.k8s.io/v1", "HTTPRoute", NS, NAME)
+GATEWAY = {"parentRefs": [{"name": "inference", "namespace": "gateways"}], "hostnames": ["resnet.example.com"]}
+
+
+def owner(version: str, strategy: str = "canary", replicas: int = 3, route: dict | None = None) -> Owner:
     spec = {
         "replicas": replicas,
         "model": {"uri": "pvc://models/resnet", "version": version},
@@ -40,6 +45,8 @@ def owner(version: str, strategy: str = "canary", replicas: int = 3) -> Owner:
             "canary": {"steps": [10, 50], "analysis": {"maxLatencyMs": 50}},
         },
     }
+    if route is not None:
+        spec["routing"] = {"httpRoute": route}
     return Owner(name=NAME, namespace=NS, uid="u-1", spec=parse_spec(spec))
 
 
@@ -162,3 +169,68 @@ def test_a_rolling_service_reads_nothing_more(api: KubeApi, cluster: Cluster) ->
 def test_the_state_is_kept_by_status_alone() -> None:
     state = RolloutState(Phase.PROGRESSING, "b", "a", 1, 50, T0, 1, "m")
     assert RolloutState.from_status({"rollout": state.to_status()}) == state
+
+
+def backends(api: KubeApi) -> list[tuple[str, int]]:
+    route = api.get(ROUTE)
+    return [(ref["name"], ref["weight"]) for ref in route["spec"]["rules"][0]["backendRefs"]]
+
+
+def test_behind_a_route_the_canary_gets_the_weight_of_its_step_exactly(api: KubeApi, cluster: Cluster) -> None:
+    declare(cluster.emulator, "gateway.networking.k8s.io/v1/httproutes", "HTTPRoute")  # Gateway API installed
+    first = reconcile(api, owner("1", route=GATEWAY), now=T0)
+    route = api.get(ROUTE)
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference", "namespace": "gateways"}
+    ]
+    assert route["spec"]["hostnames"] == ["resnet.example.com"]
+    assert route["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert backends(api) == [(NAME, 1)]  # no canary: the one Service
+    assert api.get(STABLE)["spec"]["template"]["metadata"]["labels"][TRACK_LABEL] == "stable"
+
+    started = reconcile(api, owner("2", route=GATEWAY), rollout=first.rollout, now=T0)
+    assert started.rollout is not None and started.rollout.traffic == "httpRoute"
+    assert started.rollout.to_status()["traffic"] == "httpRoute"
+    assert backends(api) == [(f"{NAME}-stable", 90), (f"{NAME}-canary", 10)]
+    for track in ("stable", "canary"):
+        arm = api.get(Ref("v1", "Service", NS, f"{NAME}-{track}"))
+        assert arm["spec"]["selector"][TRACK_LABEL] == track
+        assert arm["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        kubernetes_validate.validate(arm, "1.33", strict=True)
+    # Each arm's pods carry their own track: each Service selects one arm alone.
+    assert api.get(STABLE)["spec"]["template"]["metadata"]["labels"][TRACK_LABEL] == "stable"
+    assert api.get(CANARY)["spec"]["template"]["metadata"]["labels"][TRACK_LABEL] == "canary"
+    # Sized for its share of what the stable arm serves (10% of 3 pods' load: 1), not by proportion.
+    assert api.get(CANARY)["spec"]["replicas"] == 1
+
+    half = reconcile(api, owner("2", replicas=5, route=GATEWAY), rollout=replace(started.rollout, step=1, weight=50))
+    assert backends(api) == [(f"{NAME}-stable", 50), (f"{NAME}-canary", 50)]
+    assert api.get(CANARY)["spec"]["replicas"] == 3 and api.get(STABLE)["spec"]["replicas"] == 5
+    assert half.rollout is not None
+
+    promoted = reconcile(
+        api, owner("2", replicas=5, route=GATEWAY), rollout=replace(half.rollout, phase=Phase.PROMOTED)
+    )
+    assert backends(api) == [(NAME, 1)]
+    for gone in (CANARY, Ref("v1", "Service", NS, f"{NAME}-stable"), Ref("v1", "Service", NS, f"{NAME}-canary")):
+        assert api.get(gone) is None
+        assert Change(Action.DELETED, gone.kind, gone.name) in promoted.changes
+
+
+def test_a_route_added_with_the_change_splits_that_canary_by_replicas(api: KubeApi, cluster: Cluster) -> None:
+    """The stable pods from before the route have no `track: stable`: a Service of the stable arm
+    would select none of them, so this canary is split by replicas, and says so."""
+    declare(cluster.emulator, "gateway.networking.k8s.io/v1/httproutes", "HTTPRoute")
+    first = reconcile(api, owner("1"), now=T0)
+    started = reconcile(api, owner("2", route=GATEWAY), rollout=first.rollout, now=T0)
+    assert started.rollout is not None and started.rollout.traffic == "replicas"
+    assert backends(api) == [(NAME, 1)] and api.get(Ref("v1", "Service", NS, f"{NAME}-stable")) is None
+    assert TRACK_LABEL not in api.get(STABLE)["spec"]["template"]["metadata"]["labels"]
+
+
+def test_without_the_gateway_api_the_canary_is_split_by_replicas_and_the_route_reported(api: KubeApi) -> None:
+    first = reconcile(api, owner("1", route=GATEWAY), now=T0)
+    assert [kind.kind for kind in first.unavailable] == ["HTTPRoute"]
+    started = reconcile(api, owner("2", route=GATEWAY), rollout=first.rollout, now=T0)
+    assert started.rollout is not None and started.rollout.traffic == "replicas"
+    assert api.get(CANARY) is not None and api.get(Ref("v1", "Service", NS, f"{NAME}-canary")) is None

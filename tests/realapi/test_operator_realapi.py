@@ -439,3 +439,54 @@ def test_canary_objects_weights_and_status_at_each_stage(apiserver: ApiServer, o
     assert back["stage"] == "rolled back" and "aborted by hand" in back["message"]
     wait_for(lambda: deployment(apiserver, ns, "resnet-canary") is None, timeout=60, message="canary removed")
     assert version_of(deployment(apiserver, ns, "resnet")) == "2"
+
+
+HTTPROUTE_CRD = ROOT / "testsupport" / "crds" / "httproutes.gateway.networking.k8s.io.yaml"
+
+
+def route_backends(server: ApiServer, ns: str) -> list[tuple[str, int]] | None:
+    route = get(server, f"/apis/gateway.networking.k8s.io/v1/namespaces/{ns}/httproutes/resnet")
+    if route is None:
+        return None
+    return [(ref["name"], ref["weight"]) for ref in route["spec"]["rules"][0]["backendRefs"]]
+
+
+def test_canary_behind_an_httproute_is_split_by_its_weights(apiserver: ApiServer, operator: Operator) -> None:
+    """With the Gateway API served (found by discovery), the route's weights follow the steps:
+    each arm has a Service of its own, and promotion leaves the route on the one Service."""
+    apiserver.kubectl("apply", "--server-side", "-f", str(HTTPROUTE_CRD))
+    apiserver.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/httproutes.gateway.networking.k8s.io"
+    )
+    ns = namespace(apiserver)
+
+    def routed(version: str) -> dict:
+        spec = canary_spec(version)
+        spec["routing"] = {"httpRoute": {"parentRefs": [{"name": "inference", "namespace": "gateways"}]}}
+        return spec
+
+    apply_cr(apiserver, ns, "resnet", routed("1"))
+    wait_for(lambda: route_backends(apiserver, ns) == [("resnet", 1)], timeout=120, message="route to the Service")
+    apply_cr(apiserver, ns, "resnet", routed("2"))
+    wait_for(
+        lambda: route_backends(apiserver, ns) == [("resnet-stable", 90), ("resnet-canary", 10)],
+        timeout=120,
+        message="route weights 90/10",
+    )
+    rollout = rollout_of(apiserver, ns)
+    assert (rollout["stage"], rollout["traffic"]) == ("canary 10%", "httpRoute")
+    canary = deployment(apiserver, ns, "resnet-canary")
+    assert canary is not None and canary["spec"]["replicas"] == 1  # 10% of what 3 serve
+    for track in ("stable", "canary"):
+        arm = service_obj(apiserver, ns, f"resnet-{track}")
+        assert arm is not None and arm["spec"]["selector"]["inference.rocm.dev/track"] == track
+    stable = deployment(apiserver, ns, "resnet")
+    assert (
+        stable is not None and stable["spec"]["template"]["metadata"]["labels"]["inference.rocm.dev/track"] == "stable"
+    )
+
+    apiserver.kubectl("annotate", "ris", "resnet", "-n", ns, "inference.rocm.dev/rollout=promote")
+    wait_for(lambda: route_backends(apiserver, ns) == [("resnet", 1)], timeout=120, message="route back to one")
+    for name in ("resnet-stable", "resnet-canary"):
+        wait_for(lambda name=name: service_obj(apiserver, ns, name) is None, timeout=60, message=f"{name} removed")
+    wait_for(lambda: deployment(apiserver, ns, "resnet-canary") is None, timeout=60, message="canary removed")

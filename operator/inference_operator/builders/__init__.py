@@ -9,6 +9,7 @@ from .common import Owner, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
 from .gpu import build_resource_claim_template, needs_claim_template
 from .hpa import build_hpa
+from .http_route import build_http_route
 from .inference_pool import build_inference_pool
 from .keda import build_scaled_object, build_trigger_authentication
 from .pdb import build_pdb, needs_pdb
@@ -32,6 +33,8 @@ def build_all(owner: Owner) -> list[JsonObject]:
         objects.append(build_scaled_object(owner))
     if owner.spec.routing.inference_pool:
         objects.append(build_inference_pool(owner))
+    if owner.spec.routing.http_route is not None:
+        objects.append(build_http_route(owner))  # after the Service or pool it routes to
     return objects
 
 
@@ -41,6 +44,7 @@ __all__ = [
     "build_all",
     "build_deployment",
     "build_hpa",
+    "build_http_route",
     "build_inference_pool",
     "build_pdb",
     "build_resource_claim_template",

@@ -6,6 +6,7 @@ import math
 
 from ..jsontypes import JsonObject
 from ..models import AutoscalingMode, Engine, InferenceServiceSpec
+from .canary import STABLE, TRACK_LABEL, labels_stable_pods
 from .common import Owner, object_meta, selector_labels, standard_labels
 from .gpu import GpuWiring, gpu_wiring
 from .storage import MODEL_DIR, model_storage
@@ -137,6 +138,14 @@ def metrics_port(owner: Owner) -> int:
     return runtime.port if runtime.engine == Engine.VLLM else runtime.metrics_port
 
 
+def pod_labels(owner: Owner) -> dict[str, str]:
+    """The pods' labels; `track: stable` where a route's weights address the stable arm alone."""
+    labels = standard_labels(owner)
+    if labels_stable_pods(owner):
+        labels[TRACK_LABEL] = STABLE
+    return labels
+
+
 def build_deployment(owner: Owner) -> JsonObject:
     spec = owner.spec
     runtime = spec.runtime
@@ -199,7 +208,7 @@ def build_deployment(owner: Owner) -> JsonObject:
         "revisionHistoryLimit": 5,
         "template": {
             "metadata": {
-                "labels": standard_labels(owner),
+                "labels": pod_labels(owner),
                 "annotations": {
                     "prometheus.io/scrape": "true",
                     "prometheus.io/port": str(metrics_port(owner)),

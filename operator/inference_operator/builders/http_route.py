@@ -1,0 +1,61 @@
+"""InferenceService (routing.httpRoute) → Gateway API HTTPRoute.
+
+The route sends its Gateways' requests for its hostnames to the service: to the Service, or
+to the InferencePool with `routing.inferencePool` (whose endpoint picker chooses the pod).
+While a canary runs behind a route, its backends become the two arms' Services, weighted
+by the step's percentage (`weighted`): the split is exact per request, whatever the sizes
+of the arms. Only fields of the v1 (standard channel) schema are set.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..jsontypes import JsonObject
+from .canary import CANARY, STABLE, arm_name
+from .common import Owner, object_meta
+from .inference_pool import API_VERSION as POOL_API_VERSION
+from .inference_pool import KIND as POOL_KIND
+from .service import HTTP_PORT
+
+API_VERSION = "gateway.networking.k8s.io/v1"
+KIND = "HTTPRoute"
+
+
+def _service_backend(name: str, weight: int) -> JsonObject:
+    return {"group": "", "kind": "Service", "name": name, "port": HTTP_PORT, "weight": weight}
+
+
+def build_http_route(owner: Owner) -> JsonObject:
+    route = owner.spec.routing.http_route
+    if route is None:
+        raise ValueError("an HTTPRoute is built only for routing.httpRoute")
+    parents: list[JsonObject] = []
+    for parent in route.parent_refs:
+        ref: JsonObject = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": parent.name}
+        if parent.namespace:
+            ref["namespace"] = parent.namespace
+        if parent.section_name:
+            ref["sectionName"] = parent.section_name
+        parents.append(ref)
+    if owner.spec.routing.inference_pool:
+        backend: JsonObject = {"group": POOL_API_VERSION.split("/")[0], "kind": POOL_KIND, "name": owner.name}
+    else:
+        backend = _service_backend(owner.name, 1)
+    spec: JsonObject = {
+        "parentRefs": parents,
+        "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [backend]}],
+    }
+    if route.hostnames:
+        spec["hostnames"] = list(route.hostnames)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": object_meta(owner), "spec": spec}
+
+
+def weighted(route: JsonObject, owner_name: str, canary_weight: int) -> JsonObject:
+    """`route` split between the arms: NAME-canary gets `canary_weight` percent."""
+    split = copy.deepcopy(route)
+    split["spec"]["rules"][0]["backendRefs"] = [
+        _service_backend(arm_name(owner_name, STABLE), 100 - canary_weight),
+        _service_backend(arm_name(owner_name, CANARY), canary_weight),
+    ]
+    return split
