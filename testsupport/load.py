@@ -24,6 +24,7 @@ class Load:
         body: Any = None,
         timeout: float = 10,
         on_success: Callable[[httpx.Response], None] | None = None,
+        keep_alive: bool = True,
     ) -> None:
         self.urls = urls
         self.concurrency = concurrency
@@ -31,6 +32,8 @@ class Load:
         self.body = {"data": [0.1] * 64} if body is None else body
         self.timeout = timeout
         self.on_success = on_success  # sees each 200 answer (e.g. to count generated tokens)
+        # Without keep-alive each request opens a connection: behind a Service, each picks a pod.
+        self.limits = httpx.Limits() if keep_alive else httpx.Limits(max_keepalive_connections=0)
         self.sent = 0
         self.failed = 0
         self.failures: Counter[str] = Counter()  # "503", "ConnectError", ...
@@ -40,7 +43,7 @@ class Load:
 
     async def _run(self) -> None:
         deadline = time.monotonic() + self.max_seconds
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
+        async with httpx.AsyncClient(timeout=self.timeout, limits=self.limits) as client:
 
             async def worker(i: int) -> None:
                 url = self.urls[i % len(self.urls)]

@@ -1,6 +1,7 @@
 """End to end on a real node: the chart's operator pods, an InferenceService whose model is fetched
 by its init container over https, inference through the Service's ClusterIP, the built-in
-autoscaler on real Prometheus, a rolling update under load, a leader killed, and deletion.
+autoscaler on real Prometheus, a rolling update and two canaries (one rolled back, one promoted)
+under load, a leader killed, and deletion.
 
 The tests run in order on one cluster and one InferenceService (each step starts from where the
 last one left it), in namespaces that enforce Pod Security `restricted`."""
@@ -44,6 +45,13 @@ RELEASE = "rio"
 SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=predictor"
 OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
 TARGET_MS = 40.0
+SLOW = "9"
+# One step at half the traffic (one canary pod beside the one stable pod), judged every second.
+CANARY = {
+    "steps": [50],
+    "stepSeconds": 3,
+    "analysis": {"maxLatencyMs": 300, "minRequests": 5, "failureLimit": 1, "intervalSeconds": 1, "windowSeconds": 10},
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +60,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     for version in ("1", "2"):
         (root / "mlp" / version).mkdir(parents=True)
         tiny_mlp(root / "mlp" / version / "model.onnx")
+    # A candidate twenty times slower (~140 ms of CPU a row): what a bad new version looks like.
+    (root / "mlp" / SLOW).mkdir(parents=True)
+    tiny_mlp(root / "mlp" / SLOW / "model.onnx", depth=200)
     return root
 
 
@@ -294,6 +305,77 @@ def test_a_rolling_update_under_load_fails_no_request(
     assert load.sent > 20 and load.failed == 0, (load.sent, load.failures)
     (pod,) = pods(node, NS, SELECTOR)
     assert "/mlp/2/model.onnx" in json.dumps(pod["spec"]["initContainers"])
+
+
+def canary_service(files: FileServer, prometheus: PodPrometheus, version: str, strategy: str = "canary") -> dict:
+    spec = inference_service(files, prometheus, version)
+    spec["spec"]["autoscaling"]["target"] = 10_000  # steady: no scaling during the rollout
+    if strategy == "canary":
+        spec["spec"]["rollout"] = {"strategy": "canary", "canary": CANARY}
+    return spec
+
+
+def rollout_of(node: NodeCluster) -> dict:
+    return ris(node).get("status", {}).get("rollout") or {}
+
+
+def canary_rollout(node: NodeCluster, files: FileServer, prometheus: PodPrometheus, version: str) -> tuple[dict, Load]:
+    """Roll `version` out as a canary under a steady load; the final status and the load.
+
+    The load opens a connection per request: kube-proxy picks a pod per connection, so kept-alive
+    connections would stay on the pods they first reached and the canary might get none."""
+    apply(node, canary_service(files, prometheus, "2"))  # the running revision becomes the stable one
+    wait_for(lambda: rollout_of(node).get("phase") == "Stable", timeout=60, message="canary strategy recorded")
+    load = Load([f"http://{cluster_ip(node)}/infer"], concurrency=4, max_seconds=300, keep_alive=False).start()
+    try:
+        time.sleep(2)
+        started = time.monotonic()
+        apply(node, canary_service(files, prometheus, version))
+        wait_for(lambda: rollout_of(node).get("stage") == "canary 50%", timeout=60, message="canary started")
+        done = wait_for(
+            lambda: (r := rollout_of(node)).get("phase") in ("Promoted", "RolledBack") and r,
+            timeout=180,
+            interval=0.5,
+            message="a verdict on the canary",
+        )
+        FIGURES[f"canary of version {version}: applied to {done['stage']} (s)"] = time.monotonic() - started
+        wait_for(
+            lambda: not kubectl_json(node, "get", "deployment", "-n", NS, "-l", f"{SELECTOR}")["items"][1:],
+            timeout=120,
+            interval=0.5,
+            message="the canary Deployment removed",
+        )
+        wait_for(lambda: len(pods(node, NS, SELECTOR)) == 1, timeout=120, interval=0.5, message="one pod left")
+        time.sleep(2)
+    finally:
+        load.stop()
+    return done, load
+
+
+def test_a_slow_canary_is_rolled_back_under_load_and_fails_no_request(
+    node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
+) -> None:
+    done, load = canary_rollout(node, files, prometheus, SLOW)
+    assert done["phase"] == "RolledBack" and "latency" in done["message"], done
+    answered = prometheus.value(
+        f'sum(max_over_time(model_server_requests_total{{namespace="{NS}",pod=~"{NAME}-canary-.*"}}[5m]))'
+    )
+    FIGURES["slow canary: requests it answered before the rollback"] = answered or 0
+    assert condition(ris(node), "Degraded")["reason"] == "RolledBack"
+    assert load.sent > 20 and load.failed == 0, (load.sent, load.failures)
+    (pod,) = pods(node, NS, SELECTOR)  # the stable revision, untouched
+    assert "/mlp/2/model.onnx" in json.dumps(pod["spec"]["initContainers"])
+
+
+def test_a_healthy_canary_is_promoted_under_load_and_fails_no_request(
+    node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
+) -> None:
+    done, load = canary_rollout(node, files, prometheus, "1")
+    assert done["phase"] == "Promoted", done
+    assert load.sent > 20 and load.failed == 0, (load.sent, load.failures)
+    (pod,) = wait_ready_pods(node, NS, SELECTOR, 1, timeout=60)  # the stable Deployment, rolled to it
+    assert "/mlp/1/model.onnx" in json.dumps(pod["spec"]["initContainers"])
+    apply(node, canary_service(files, prometheus, "1", strategy="rolling"))  # as the next tests expect
 
 
 def _change_batch_and_wait(node: NodeCluster, size: int) -> float:
