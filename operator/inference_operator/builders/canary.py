@@ -17,8 +17,6 @@ from .common import Owner
 TRACK_LABEL = "inference.rocm.dev/track"
 CANARY = "canary"
 STABLE = "stable"
-CANARY_SUFFIX = "-" + CANARY
-STABLE_SUFFIX = "-" + STABLE
 
 
 def arm_name(owner_name: str, track: str) -> str:
