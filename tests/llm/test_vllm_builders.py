@@ -125,6 +125,7 @@ def test_vllm_gets_the_same_gpu_wiring_as_the_model_server() -> None:
     # A read-only root needs a writable HOME for vLLM's caches; the model is local, so no Hub.
     env = {e["name"]: e.get("value") for e in cb["env"]}
     assert env["HOME"] == "/tmp" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "75"  # outlasts the proxies' idle timeouts
     kubernetes_validate.validate(b, K8S_VERSION, strict=True)
 
 

@@ -43,11 +43,14 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
 
 def vllm_env(env: list[JsonObject]) -> list[JsonObject]:
     """The pod's environment plus what vLLM needs under a read-only root filesystem: a
-    writable HOME for its caches, and no Hub access (the model is already on disk)."""
+    writable HOME for its caches, and no Hub access (the model is already on disk). Idle
+    kept-alive connections stay open 75 s, as the model server's do: with vLLM's own 5 s, a
+    proxy or client reusing one as vLLM closed it got a reset."""
     ours = [
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "75"},
     ]
     names = {e["name"] for e in env}
     return [e for e in ours if e["name"] not in names] + env
