@@ -1,15 +1,20 @@
 """The canary's check, read from Prometheus: its latency quantile, 5xx share and request count
 over the analysis window, from its own pods only (promql.canary_*). The I/O half of the
-analysis; rollout.py judges the numbers."""
+analysis; rollout.py judges the numbers.
+
+The analysis queries the autoscaler's Prometheus unless it names its own. The autoscaler's
+credentials (`autoscaling.prometheusAuth`) go with it only to that same URL, under the same
+rules: never to a URL the analysis names, which could be anyone's."""
 
 from __future__ import annotations
 
 import time
 
 from .autoscaler import promql
+from .autoscaler.clients import PrometheusClients
 from .autoscaler.prometheus import PrometheusClient, PrometheusError, Sample
-from .credentials import CredentialPolicy, url_allowed
-from .models import DEFAULT_PROMETHEUS_URL, CanarySpec, Engine, InferenceServiceSpec, Metric
+from .credentials import CredentialPolicy, check_url, url_allowed
+from .models import DEFAULT_PROMETHEUS_URL, CanarySpec, Engine, InferenceServiceSpec, Metric, PrometheusAuth
 from .rollout import Check
 
 
@@ -33,6 +38,27 @@ def analysis_metric(spec: InferenceServiceSpec, canary: CanarySpec) -> Metric:
 def check_allowed(url: str, policy: CredentialPolicy) -> None:
     if not url_allowed(url, policy.allowed_urls):
         raise AnalysisRefused(f"rollout.canary.analysis: {url} is not among the operator's allowed Prometheus URLs")
+
+
+def credentials_for(spec: InferenceServiceSpec, url: str, policy: CredentialPolicy) -> PrometheusAuth | None:
+    """The autoscaler's credentials when the analysis queries the autoscaler's own URL (and the
+    rules let that URL have them: CredentialsRefused otherwise); None for any other URL."""
+    scaling = spec.autoscaling
+    if scaling is None or scaling.prometheus_auth is None or url != scaling.prometheus_url:
+        return None
+    check_url(scaling, policy)
+    return scaling.prometheus_auth
+
+
+async def analysis_client(
+    clients: PrometheusClients, spec: InferenceServiceSpec, canary: CanarySpec, policy: CredentialPolicy
+) -> PrometheusClient:
+    """The client the analysis queries with: AnalysisRefused for a URL off the allow-list,
+    CredentialsRefused (or the Secret's own errors, see PrometheusClients.get) for credentials
+    the rules refuse."""
+    url = prometheus_url(spec, canary)
+    check_allowed(url, policy)
+    return await clients.get(url, credentials_for(spec, url, policy))
 
 
 async def measure(

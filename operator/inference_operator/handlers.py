@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import logging
 import math
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, cast
@@ -22,14 +23,26 @@ from kubernetes.client.exceptions import ApiException
 
 from . import config, credentials, metrics, ownership, policy
 from . import status as st
-from .analysis import AnalysisRefused, check_allowed, measure, prometheus_url
-from .autoscaler.prometheus import PrometheusClient
+from .analysis import AnalysisRefused, analysis_client, measure
+from .autoscaler.clients import PrometheusClients
+from .autoscaler.prometheus import PrometheusError
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
 from .kinds import KINDS, unavailable_message
-from .models import API_VERSION, GROUP, KIND, PLURAL, VERSION, RolloutStrategy, SpecError, parse_spec
+from .models import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    CanarySpec,
+    InferenceServiceSpec,
+    RolloutStrategy,
+    SpecError,
+    parse_spec,
+)
 from .reconcile import ApplyRefused, ForeignObjectError, Result, api_message, reconcile
 from .rollout import COMMAND_ANNOTATION, Check, Command, Phase, RolloutState, advance
 from .rollout import Step as RolloutStep
@@ -465,18 +478,17 @@ async def canary_analysis(
     stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     """Judge a progressing canary every analysis interval; step, promote or roll it back."""
-    clients: dict[str, PrometheusClient] = {}
+    clients = PrometheusClients(memo.api, meta["namespace"])
     try:
         while not stopped:
             delay = await _analyse_once(memo, body, meta, logger, clients)
             await stopped.wait(delay)
     finally:
-        for client in clients.values():
-            await client.aclose()
+        await clients.aclose()
 
 
 async def _analyse_once(
-    memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger: kopf.Logger, clients: dict[str, PrometheusClient]
+    memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger: kopf.Logger, clients: PrometheusClients
 ) -> float:
     """One analysis tick; returns the seconds until the next."""
     try:
@@ -490,18 +502,13 @@ async def _analyse_once(
     if state is None or state.phase != Phase.PROGRESSING:
         return float(canary.analysis.interval_seconds)  # reading the body costs nothing
     command = (meta.get("annotations") or {}).get(COMMAND_ANNOTATION)
-    check = None
+    check, refused = None, None
     if command not in (Command.PROMOTE, Command.ABORT):
-        url = prometheus_url(spec, canary)
-        try:
-            check_allowed(url, memo.config.credentials)
-        except AnalysisRefused as exc:
-            logger.warning("canary not analysed: %s", exc)
-            return float(canary.analysis.interval_seconds)
-        client = clients.get(url) or clients.setdefault(url, PrometheusClient(url))
-        model = spec.model.name or meta["name"]
-        check = await measure(client, spec, canary, meta["namespace"], meta["name"], model)
+        check, refused = await _canary_check(memo, clients, spec, canary, meta, logger)
     step = advance(state, canary, check, time.time(), command)
+    if refused is not None and step.verdict == "inconclusive":  # say why there is no data
+        why = f"step {state.step + 1} at {state.weight}%: not analysed: {refused}"
+        step = dataclasses.replace(step, state=dataclasses.replace(step.state, message=why))
     logger.info("canary analysis: %s (%s)", step.verdict, step.state.message)
     if step.state != state:
         await asyncio.to_thread(_apply_rollout_step, memo, dict(body), step, check, logger)
@@ -509,6 +516,28 @@ async def _analyse_once(
         ref = _isvc_ref(meta["namespace"], meta["name"])
         await asyncio.to_thread(memo.api.patch, ref, {"metadata": {"annotations": {COMMAND_ANNOTATION: None}}})
     return float(canary.analysis.interval_seconds)
+
+
+async def _canary_check(
+    memo: kopf.Memo,
+    clients: PrometheusClients,
+    spec: InferenceServiceSpec,
+    canary: CanarySpec,
+    meta: kopf.Meta,
+    logger: kopf.Logger,
+) -> tuple[Check | None, str | None]:
+    """The canary's numbers from Prometheus, or none and why the analysis may not query."""
+    try:
+        client = await analysis_client(clients, spec, canary, memo.config.credentials)
+    except (AnalysisRefused, credentials.CredentialsRefused, PrometheusError) as exc:
+        refused = str(exc)
+    except (ApiException, ValueError, ssl.SSLError) as exc:  # the Secret's text is never quoted
+        refused = f"unusable Prometheus credential ({type(exc).__name__})"
+    else:
+        model = spec.model.name or meta["name"]
+        return await measure(client, spec, canary, meta["namespace"], meta["name"], model), None
+    logger.warning("canary not analysed: %s", refused)
+    return None, refused
 
 
 def _apply_rollout_step(

@@ -16,11 +16,13 @@ import kubernetes
 import pytest
 
 from inference_operator import credentials as cr
+from inference_operator.analysis import AnalysisRefused, analysis_client, measure
+from inference_operator.autoscaler.clients import PrometheusClients
 from inference_operator.autoscaler.loop import SCALING_ACTIVE, Autoscaler
 from inference_operator.autoscaler.prometheus import PrometheusClient
 from inference_operator.builders import Owner
 from inference_operator.k8s import KubeApi
-from inference_operator.models import SpecError, parse_spec
+from inference_operator.models import InferenceServiceSpec, SpecError, parse_spec
 from inference_operator.reconcile import reconcile
 from testsupport.cluster import Cluster, condition, wait_for
 
@@ -436,3 +438,76 @@ def test_the_charts_default_allow_list_is_the_operators() -> None:
 
     values = yaml.safe_load((ROOT / "charts" / "rocm-inference-operator" / "values.yaml").read_text())
     assert tuple(values["prometheus"]["allowedUrls"]) == cr.DEFAULT_ALLOWED_URLS
+
+
+# --------------------------------------------------------------------------- canary analysis
+
+
+def canary_analysis_spec(autoscaler_url: str, analysis_url: str | None = None) -> InferenceServiceSpec:
+    analysis: dict = {"maxLatencyMs": 50}
+    if analysis_url:
+        analysis["prometheusUrl"] = analysis_url
+    return parse_spec(
+        {
+            "model": {"uri": "pvc://models/mlp"},
+            "autoscaling": {
+                "maxReplicas": 4,
+                "target": 10,
+                "prometheusUrl": autoscaler_url,
+                "prometheusAuth": {"bearerTokenSecret": {"name": "db-admin", "key": "token"}},
+            },
+            "rollout": {"strategy": "canary", "canary": {"analysis": analysis}},
+        }
+    )
+
+
+async def analysed(cluster: Cluster, spec: InferenceServiceSpec, policy: cr.CredentialPolicy) -> Recorder:
+    """One canary check as the analysis daemon makes it; what reached Prometheus."""
+    recorder = Recorder()
+    clients = PrometheusClients(api_of(cluster), NS, factory=recorder.factory)
+    try:
+        canary = spec.rollout.canary
+        assert canary is not None
+        client = await analysis_client(clients, spec, canary, policy)
+        await measure(client, spec, canary, NS, NAME, "mlp")
+    finally:
+        await clients.aclose()
+    return recorder
+
+
+async def test_the_analysis_queries_the_autoscalers_prometheus_with_its_opted_in_credential(cluster: Cluster) -> None:
+    add_secret(cluster, "db-admin", b"s3cret\n", labelled=True)
+    recorder = await analysed(cluster, canary_analysis_spec(HTTPS), cr.CredentialPolicy(allowed_urls=(HTTPS,)))
+    assert len(recorder.requests) == 3 and recorder.tokens == {"Bearer s3cret"}
+
+
+async def test_the_analysis_never_takes_the_autoscalers_credential_to_a_url_of_its_own(cluster: Cluster) -> None:
+    """The author names the analysis URL: the Secret meant for the autoscaler's Prometheus must
+    not go there, even where the operator allows any URL."""
+    add_secret(cluster, "db-admin", b"s3cret", labelled=True)
+    spec = canary_analysis_spec(HTTPS, analysis_url="https://attacker.example")
+    recorder = await analysed(cluster, spec, cr.CredentialPolicy(allowed_urls=ANY))
+    assert recorder.requests and recorder.tokens == {None}
+
+
+@pytest.mark.parametrize(
+    ("url", "labelled", "policy", "reason"),
+    [
+        (HTTPS, False, cr.CredentialPolicy(allowed_urls=ANY), cr.SECRET_NOT_LABELLED),
+        ("http://prometheus.monitoring:9090", True, cr.CredentialPolicy(allowed_urls=ANY), cr.INSECURE_URL),
+        (HTTPS, True, cr.CredentialPolicy(allowed_urls=ANY, enabled=False), cr.DISABLED),
+    ],
+)
+async def test_the_analysis_sends_nothing_when_the_credential_is_refused(
+    cluster: Cluster, url: str, labelled: bool, policy: cr.CredentialPolicy, reason: str
+) -> None:
+    add_secret(cluster, "db-admin", b"hunter2", labelled)
+    with pytest.raises(cr.CredentialsRefused) as refused:
+        await analysed(cluster, canary_analysis_spec(url), policy)
+    assert refused.value.reason == reason and "hunter2" not in str(refused.value)
+
+
+async def test_the_analysis_refuses_a_url_off_the_allow_list(cluster: Cluster) -> None:
+    spec = canary_analysis_spec(HTTPS, analysis_url="http://10.0.0.1:9090")
+    with pytest.raises(AnalysisRefused):
+        await analysed(cluster, spec, cr.CredentialPolicy(allowed_urls=(HTTPS,)))

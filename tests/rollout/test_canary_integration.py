@@ -197,3 +197,26 @@ def test_a_healthy_canary_is_promoted_step_by_step(tmp_path: Path, cluster: Clus
     assert {"canary 10%", "canary 50%", "promoted"} <= stages, stages
     assert done["weight"] == 100 and "promoted after 2 steps" in done["message"]
     assert rollout(cluster)["stage"] == "promoted"
+
+
+def test_a_refused_prometheus_credential_leaves_the_canary_at_its_step_and_says_why(cluster: Cluster, operator) -> None:
+    """The analysis queries the autoscaler's Prometheus with the autoscaler's credential, by the
+    same rules: an http URL may not have it, so nothing is queried, and the status says why."""
+    cluster.add_secret(NAMESPACE, "prom-token", {"token": b"hunter2"}, labels={})
+    obj = service("1", "http://127.0.0.1:9")
+    del obj["spec"]["rollout"]["canary"]["analysis"]["prometheusUrl"]  # the autoscaler's, then
+    obj["spec"]["autoscaling"] = {
+        "maxReplicas": 2,
+        "target": 1000,
+        "prometheusUrl": "http://127.0.0.1:9",
+        "prometheusAuth": {"bearerTokenSecret": {"name": "prom-token", "key": "token"}},
+    }
+    assert cluster.apply_cr(obj).status_code in (200, 201)
+    wait_for(lambda: rollout(cluster).get("phase") == "Stable", timeout=30, message="the stable revision")
+    assert cluster.patch_cr(NAMESPACE, NAME, {"spec": {"model": {"version": "2"}}}).status_code == 200
+    state = wait_for(
+        lambda: "not analysed" in (r := rollout(cluster)).get("message", "") and r,
+        timeout=30,
+        message="the refusal in status.rollout",
+    )
+    assert state["stage"] == "canary 10%" and "https" in state["message"] and "hunter2" not in str(state)

@@ -9,7 +9,6 @@ instead of scaling down.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import math
 import ssl
@@ -21,7 +20,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from .. import metrics
-from ..credentials import CredentialPolicy, CredentialsRefused, check_secret, check_url
+from ..credentials import CredentialPolicy, CredentialsRefused, check_url
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
 from ..models import (
@@ -31,15 +30,13 @@ from ..models import (
     Engine,
     InferenceServiceSpec,
     Metric,
-    PrometheusAuth,
-    SecretKeyRef,
 )
 from ..status import find_condition, now_iso, set_condition, status_changes
 from . import promql
+from .clients import PrometheusClients
 from .policy import Decision, History, Observation, Policy, decide
 from .prometheus import PrometheusClient, PrometheusError, Sample
 
-SECRET_TTL_SECONDS = 300
 # The condition telling whether the built-in loop can query its metric, like an HPA's.
 SCALING_ACTIVE = "ScalingActive"
 EventPoster = Callable[[str, str], None]
@@ -137,12 +134,9 @@ class Autoscaler:
         self.logger = logger
         self.post_event = post_event
         self.clock = clock
-        self.prometheus_factory = prometheus_factory
         self.policy = policy  # the operator's (OperatorConfig.credentials)
         self.history = History()
-        self._client: PrometheusClient | None = None
-        self._client_key: tuple[str, PrometheusAuth | None] | None = None
-        self._client_born = 0.0
+        self._clients = PrometheusClients(api, namespace, clock, prometheus_factory)
         self._had_data = True
         # (generation before our last scale write, replicas written): until the watch delivers
         # the object with a newer generation, the body still shows the old count.
@@ -153,38 +147,12 @@ class Autoscaler:
         return Ref(API_VERSION, KIND, self.namespace, self.name)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    def _secret_value(self, ref: SecretKeyRef) -> str:
-        secret = self.api.get(Ref("v1", "Secret", self.namespace, ref.name))
-        if secret is None:
-            raise PrometheusError(f"secret {ref.name} not found")
-        check_secret(secret, ref)
-        data = (secret.get("data") or {}).get(ref.key)
-        if data is None:
-            raise PrometheusError(f"secret {ref.name} has no key {ref.key}")
-        return base64.b64decode(data).decode()
+        await self._clients.aclose()
 
     async def _prometheus(self, scaling: AutoscalingSpec) -> PrometheusClient:
-        """A client for the spec's URL and auth, rebuilt when they change or secrets may rotate."""
-        auth = scaling.prometheus_auth
-        key = (scaling.prometheus_url, auth)
-        now = self.clock()
-        fresh = not auth or now - self._client_born < SECRET_TTL_SECONDS
-        if self._client is not None and key == self._client_key and fresh:
-            return self._client
+        """A client for the spec's URL and auth, once the URL may have them."""
         check_url(scaling, self.policy)
-        token = ca_pem = None
-        if auth and auth.bearer_token_secret:
-            token = (await asyncio.to_thread(self._secret_value, auth.bearer_token_secret)).strip()
-        if auth and auth.ca_secret:
-            ca_pem = await asyncio.to_thread(self._secret_value, auth.ca_secret)
-        await self.aclose()
-        self._client = self.prometheus_factory(scaling.prometheus_url, token=token, ca_pem=ca_pem)
-        self._client_key, self._client_born = key, now
-        return self._client
+        return await self._clients.get(scaling.prometheus_url, scaling.prometheus_auth)
 
     async def _observe(
         self, scaling: AutoscalingSpec, model: str, ready: int | None, engine: Engine = Engine.MODEL_SERVER
