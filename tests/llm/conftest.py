@@ -91,6 +91,8 @@ def kubelet_env(container: dict, home: pathlib.Path) -> dict[str, str]:
         if "value" in var and not var["name"].endswith("VISIBLE_DEVICES"):
             env[var["name"]] = var["value"]
     env["HOME"] = str(home)  # the pod's /tmp emptyDir
+    # The node-local compile cache stands in for the pod's cache volume (VLLM_CACHE_ROOT).
+    env["VLLM_CACHE_ROOT"] = CPU_BACKEND_ENV["VLLM_CACHE_ROOT"]
     return env
 
 

@@ -312,3 +312,30 @@ def test_render_takes_the_default_images_from_flags_over_the_environment(monkeyp
             assert main(["render", "-f", str(EXAMPLE), *argv]) == 0
         deployment = next(yaml.safe_load_all(buffer.getvalue()))
         assert container_of(deployment)["image"] == expected, argv
+
+
+def env_of(container: dict) -> dict:
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_the_compile_cache_is_on_the_cache_claim_per_service_else_on_the_pods_tmp() -> None:
+    """vLLM's compiled graphs on the model cache claim: the second replica and each restart skip
+    compilation. A directory per InferenceService, apart from every model's (the cache holds
+    code vLLM runs); without a claim, the pod's /tmp volume (it outlives container restarts)."""
+    spec = vllm_spec()
+    spec["model"] = {"uri": "hf://org/llama", "name": "llama", "cachePvc": "model-cache"}
+    deployment = build_deployment(owner(spec))
+    container = container_of(deployment)
+    assert env_of(container)["VLLM_CACHE_ROOT"] == "/var/cache/vllm"
+    cache = next(m for m in container["volumeMounts"] if m["mountPath"] == "/var/cache/vllm")
+    assert cache == {"name": "model-store", "mountPath": "/var/cache/vllm", "subPath": "vllm-cache/llm"}
+    model = next(m for m in container["volumeMounts"] if m["mountPath"] == MODEL_DIR)
+    assert model["readOnly"] is True and model["subPath"] == cache_key("hf://org/llama") != cache["subPath"]
+    claims = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == [{"name": "model-store", "persistentVolumeClaim": {"claimName": "model-cache"}}]
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+    for uncached in (vllm_spec(), {**vllm_spec(), "model": {"uri": "hf://org/llama", "name": "llama"}}):
+        container = container_of(build_deployment(owner(uncached)))
+        assert env_of(container)["VLLM_CACHE_ROOT"] == "/tmp/vllm-cache"  # the tmp emptyDir
+        assert not any(m["mountPath"] == "/var/cache/vllm" for m in container["volumeMounts"])

@@ -15,6 +15,11 @@ from ..jsontypes import JsonObject
 from .common import Owner
 
 CONTAINER = "vllm"
+# vLLM's compiled graphs and kernels (VLLM_CACHE_ROOT): half of a CPU start is torch.compile.
+COMPILE_CACHE_DIR = "/var/cache/vllm"
+# Without a cache claim: the pod's /tmp volume, which outlives the container's restarts.
+POD_COMPILE_CACHE_DIR = "/tmp/vllm-cache"
+COMPILE_CACHE_PREFIX = "vllm-cache"
 # The module rather than the `vllm` CLI: the same in every image, whatever the distribution's name.
 COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 HEALTH_PATH = "/health"
@@ -41,9 +46,10 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
     return args + list(runtime.args)
 
 
-def vllm_env(env: list[JsonObject]) -> list[JsonObject]:
+def vllm_env(env: list[JsonObject], cache_dir: str) -> list[JsonObject]:
     """The pod's environment plus what vLLM needs under a read-only root filesystem: a
-    writable HOME for its caches, and no Hub access (the model is already on disk). Idle
+    writable HOME, its compile cache in `cache_dir` (see `compile_cache`), and no Hub access
+    (the model is already on disk). Idle
     kept-alive connections stay open 75 s, as the model server's do: with vLLM's own 5 s, a
     proxy or client reusing one as vLLM closed it got a reset."""
     ours = [
@@ -51,9 +57,25 @@ def vllm_env(env: list[JsonObject]) -> list[JsonObject]:
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "75"},
+        {"name": "VLLM_CACHE_ROOT", "value": cache_dir},
     ]
     names = {e["name"] for e in env}
     return [e for e in ours if e["name"] not in names] + env
+
+
+def compile_cache(owner: Owner, model_volume: str) -> tuple[str, list[JsonObject]]:
+    """Where vLLM keeps its compile cache, and the mount that puts it there.
+
+    With `model.cachePvc` it is on the claim, under vllm-cache/NAME, so the second replica and
+    every restart reuse what the first compiled (vLLM keys its entries on the model, the
+    engine's configuration and its own version, so a change compiles afresh beside them). Each
+    InferenceService has a directory of its own: the cache holds code vLLM runs. Otherwise it
+    is the pod's /tmp volume, which container restarts keep."""
+    model = owner.spec.model
+    if not model.cache_pvc or model.uri.startswith("pvc://"):
+        return POD_COMPILE_CACHE_DIR, []
+    mount = {"name": model_volume, "mountPath": COMPILE_CACHE_DIR, "subPath": f"{COMPILE_CACHE_PREFIX}/{owner.name}"}
+    return COMPILE_CACHE_DIR, [mount]
 
 
 def _probe(period: int, failures: int) -> JsonObject:
@@ -66,9 +88,15 @@ def _probe(period: int, failures: int) -> JsonObject:
 
 
 def vllm_container(
-    owner: Owner, model_dir: str, env: list[JsonObject], resources: JsonObject, mounts: list[JsonObject]
+    owner: Owner,
+    model_dir: str,
+    env: list[JsonObject],
+    resources: JsonObject,
+    mounts: list[JsonObject],
+    model_volume: str,
 ) -> JsonObject:
     runtime = owner.spec.runtime
+    cache_dir, cache_mounts = compile_cache(owner, model_volume)
     return {
         "name": CONTAINER,
         "image": owner.image,
@@ -76,9 +104,9 @@ def vllm_container(
         "command": list(COMMAND),
         "args": vllm_args(owner, model_dir),
         "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
-        "env": vllm_env(env),
+        "env": vllm_env(env, cache_dir),
         "resources": resources,
-        "volumeMounts": mounts,
+        "volumeMounts": mounts + cache_mounts,
         # Loading weights and compiling kernels of a large model takes minutes.
         "startupProbe": _probe(PROBE_PERIOD_SECONDS, math.ceil(runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)),
         "livenessProbe": _probe(10, 3),
