@@ -14,9 +14,18 @@ import jsonschema
 import yaml
 
 from inference_operator.jsontypes import JsonObject
-from inference_operator.validation import apply_defaults, validate_custom_resource
+from inference_operator.validation import apply_defaults, cel_errors, unknown_fields, validate_custom_resource
 
-__all__ = ["CRD_PATH", "ROOT", "apply_defaults", "crd", "crd_schema", "schema_errors", "validate_custom_resource"]
+__all__ = [
+    "CRD_PATH",
+    "ROOT",
+    "addon_errors",
+    "apply_defaults",
+    "crd",
+    "crd_schema",
+    "schema_errors",
+    "validate_custom_resource",
+]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CRD_PATH = ROOT / "crds" / "inferenceservices.inference.rocm.dev.yaml"
@@ -41,3 +50,34 @@ def schema_errors(obj: JsonObject) -> list[str]:
         f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
         for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
     ]
+
+
+# Add-on kinds kubernetes-validate has no schema for, and the stand-in CRD this repository has.
+ADDON_CRDS = {
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): ROOT
+    / "testsupport"
+    / "crds"
+    / "httproutes.gateway.networking.k8s.io.yaml",
+}
+
+
+@functools.cache
+def _addon_schema(api_version: str, kind: str) -> JsonObject | None:
+    path = ADDON_CRDS.get((api_version, kind))
+    if path is None:
+        return None
+    schema: JsonObject = yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def addon_errors(obj: JsonObject) -> list[str] | None:
+    """An add-on's object as an API server with its (stand-in) CRD would judge it: unknown
+    fields, the schema on the defaulted object, then the CEL rules; None without a stand-in."""
+    schema = _addon_schema(obj["apiVersion"], obj["kind"])
+    if schema is None:
+        return None
+    errors = [f"{path}: unknown field" for path in unknown_fields(schema, obj)]
+    defaulted = apply_defaults(schema, obj)
+    validator = jsonschema.Draft4Validator(schema)
+    errors += [f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in validator.iter_errors(defaulted)]
+    return errors or cel_errors(schema, defaulted)

@@ -23,6 +23,7 @@ from inference_operator.rollout import (
     RolloutState,
 )
 from testsupport.cluster import Cluster
+from testsupport.crd import addon_errors
 from testsupport.emulator import declare
 
 NS, NAME = "ml", "resnet"
@@ -173,6 +174,7 @@ def test_the_state_is_kept_by_status_alone() -> None:
 
 def backends(api: KubeApi) -> list[tuple[str, int]]:
     route = api.get(ROUTE)
+    assert addon_errors(route) == []  # valid for the HTTPRoute CRD (the stand-in of its v1 schema)
     return [(ref["name"], ref["weight"]) for ref in route["spec"]["rules"][0]["backendRefs"]]
 
 
