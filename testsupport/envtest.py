@@ -33,6 +33,7 @@ from testsupport.processes import free_port, stop
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RBAC = ROOT / "charts" / "rocm-inference-operator" / "files" / "rbac"
 CRD_DIRS = (ROOT / "crds", ROOT / "charts" / "rocm-inference-operator" / "crds")
+STAND_IN_CRDS = ROOT / "testsupport" / "crds"
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 DEFAULT_ASSETS = pathlib.Path("/usr/local/kubebuilder/bin")
 OPERATOR_USER = "inference-operator"
@@ -193,8 +194,10 @@ def _write_rbac(server: ApiServer) -> None:
 
 
 def install_crds(server: ApiServer) -> None:
-    """The CRDs as shipped (`kubectl apply -f crds/`, and the chart's copy), once Established."""
-    for crds in CRD_DIRS:
+    """The CRDs as shipped (`kubectl apply -f crds/`, and the chart's copy), and the stand-ins of
+    add-on CRDs (testsupport/crds: the Gateway API's HTTPRoute), once Established. Before the
+    operator starts: it remembers an API it found missing for a minute."""
+    for crds in (*CRD_DIRS, STAND_IN_CRDS):
         server.kubectl("apply", "--server-side", "-f", str(crds))
     server.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
 
