@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Sequence
 
-from pydantic import ValidationError
+from . import signals
 
-from .settings import ENV_PREFIX, ServerSettings, add_arguments, flag_name
+if sys.argv[1:2] == ["serve"]:
+    # Before the imports that take a while: as PID 1, a SIGTERM meanwhile would be lost.
+    signals.remember_stop_signals()
+
+import argparse  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+from pydantic import ValidationError  # noqa: E402
+
+from .settings import ENV_PREFIX, ServerSettings, add_arguments, flag_name  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

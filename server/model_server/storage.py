@@ -64,7 +64,20 @@ from types import FrameType
 from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
-import httpx
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    """The pod is going away: stop now. As PID 1 of the init container the fetcher would
+    otherwise ignore SIGTERM and hold the pod until the kubelet kills it at the end of its
+    grace period. A partial file is never renamed into place: a leftover .part file on a cache
+    claim is never taken for the model."""
+    print(f"fetch stopped by signal {signum}", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":  # the init container's process, before the imports that take a while
+    signal.signal(signal.SIGTERM, _stopped)
+
+import httpx  # noqa: E402
 
 log = logging.getLogger("model_server.storage")
 CHUNK = 1 << 20

@@ -411,6 +411,7 @@ def _max_batch(node: NodeCluster) -> str | None:
 
 
 def test_deleting_the_inference_service_removes_every_owned_object_and_pod(node: NodeCluster, release: dict) -> None:
+    started = time.monotonic()
     node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=60s")
     owned = f"inference.rocm.dev/inference-service={NAME}"
     wait_for(
@@ -418,3 +419,4 @@ def test_deleting_the_inference_service_removes_every_owned_object_and_pod(node:
                                  "-l", owned)["items"],
         timeout=90, interval=0.5, message="every owned object and pod gone",
     )  # fmt: skip
+    FIGURES["InferenceService deleted to every pod gone (s)"] = time.monotonic() - started
