@@ -12,7 +12,6 @@ import collections
 import dataclasses
 import logging
 import math
-import ssl
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, cast
@@ -24,8 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from . import config, credentials, metrics, ownership, policy
 from . import status as st
 from .analysis import AnalysisRefused, analysis_client, measure
-from .autoscaler.clients import PrometheusClients
-from .autoscaler.prometheus import PrometheusError
+from .autoscaler.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from .builders import selector_string, service_url
 from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
 from .jsontypes import JsonObject
@@ -529,10 +527,10 @@ async def _canary_check(
     """The canary's numbers from Prometheus, or none and why the analysis may not query."""
     try:
         client = await analysis_client(clients, spec, canary, memo.config.credentials)
-    except (AnalysisRefused, credentials.CredentialsRefused, PrometheusError) as exc:
+    except (AnalysisRefused, credentials.CredentialsRefused) as exc:
         refused = str(exc)
-    except (ApiException, ValueError, ssl.SSLError) as exc:  # the Secret's text is never quoted
-        refused = f"unusable Prometheus credential ({type(exc).__name__})"
+    except CLIENT_ERRORS as exc:
+        refused = client_problem(exc)
     else:
         model = spec.model.name or meta["name"]
         return await measure(client, spec, canary, meta["namespace"], meta["name"], model), None

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ssl
 import time
 from collections.abc import Callable
+
+from kubernetes.client.exceptions import ApiException
 
 from ..credentials import check_secret
 from ..k8s import KubeApi, Ref
@@ -20,6 +23,19 @@ from ..models import PrometheusAuth, SecretKeyRef
 from .prometheus import PrometheusClient, PrometheusError
 
 SECRET_TTL_SECONDS = 300
+# What getting a client or querying with it raises, besides CredentialsRefused (a rule's verdict,
+# which each caller reports its own way).
+CLIENT_ERRORS = (PrometheusError, ApiException, ValueError, ssl.SSLError)
+
+
+def client_problem(exc: BaseException) -> str:
+    """One of CLIENT_ERRORS as a status can say it: never what the URL answered (PrometheusError
+    messages are bounded) nor the Secret's text."""
+    if isinstance(exc, PrometheusError):
+        return str(exc) or type(exc).__name__
+    if isinstance(exc, ApiException):
+        return f"API error {exc.status} reading a Prometheus credential Secret"
+    return f"unusable Prometheus credential ({type(exc).__name__})"
 
 
 class PrometheusClients:

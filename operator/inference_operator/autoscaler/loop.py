@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,9 +32,9 @@ from ..models import (
 )
 from ..status import find_condition, now_iso, set_condition, status_changes
 from . import promql
-from .clients import PrometheusClients
+from .clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from .policy import Decision, History, Observation, Policy, decide
-from .prometheus import PrometheusClient, PrometheusError, Sample
+from .prometheus import PrometheusClient, Sample
 
 # The condition telling whether the built-in loop can query its metric, like an HPA's.
 SCALING_ACTIVE = "ScalingActive"
@@ -168,14 +167,8 @@ class Autoscaler:
         except CredentialsRefused as exc:
             await self.aclose()
             return observation_from(at, None, None, ready, error=f"{exc.reason}: {exc.message}"), None, exc
-        except PrometheusError as exc:  # bounded messages: never what the URL answered
-            return observation_from(at, None, None, ready, error=str(exc) or type(exc).__name__), None, None
-        except ApiException as exc:
-            error = f"API error {exc.status} reading a Prometheus credential Secret"
-            return observation_from(at, None, None, ready, error=error), None, None
-        except (ValueError, ssl.SSLError) as exc:  # the Secret's text is never quoted
-            error = f"unusable Prometheus credential ({type(exc).__name__})"
-            return observation_from(at, None, None, ready, error=error), None, None
+        except CLIENT_ERRORS as exc:
+            return observation_from(at, None, None, ready, error=client_problem(exc)), None, None
         value, age = answers[0], answers[1]
         p95 = answers[2] if len(answers) > 2 else value
         observation = observation_from(at, value, age, ready)
