@@ -9,7 +9,7 @@ from ..models import AutoscalingMode, Engine, InferenceServiceSpec
 from .canary import STABLE, TRACK_LABEL, labels_stable_pods
 from .common import Owner, object_meta, selector_labels, standard_labels
 from .gpu import GpuWiring, gpu_wiring
-from .storage import MODEL_DIR, MODEL_VOLUME, model_storage
+from .storage import MODEL_DIR, model_storage
 from .vllm import vllm_container
 
 CONTAINER = "model-server"
@@ -164,7 +164,7 @@ def build_deployment(owner: Owner) -> JsonObject:
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if runtime.engine == Engine.VLLM:
-        container = vllm_container(owner, MODEL_DIR, env, _resources(spec, gpus), mounts, MODEL_VOLUME)
+        container = vllm_container(owner, MODEL_DIR, env, _resources(spec, gpus), mounts)
     else:
         container = _model_server_container(owner, env, _resources(spec, gpus), mounts)
     container["securityContext"] = _container_security()

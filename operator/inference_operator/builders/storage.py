@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..jsontypes import JsonObject
+from ..models import ModelSpec
 from .common import Owner
 
 MODEL_DIR = "/mnt/models"
@@ -98,6 +99,12 @@ def fetch_env(owner: Owner, user_env: list[JsonObject]) -> list[JsonObject]:
     return env
 
 
+def uses_cache_claim(model: ModelSpec) -> bool:
+    """Whether the model volume is the writable cache claim (`model.cachePvc`; a pvc:// model
+    is mounted from its own claim, read-only, and has no cache)."""
+    return bool(model.cache_pvc) and not model.uri.startswith("pvc://")
+
+
 def model_storage(owner: Owner, user_env: list[JsonObject], security_context: JsonObject) -> ModelStorage:
     """Volumes, init container and mount that put the model at MODEL_DIR, by URI scheme.
 
@@ -117,7 +124,7 @@ def model_storage(owner: Owner, user_env: list[JsonObject], security_context: Js
 
     volumes: list[JsonObject] = []
     fetch_mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR}
-    if model.cache_pvc:
+    if uses_cache_claim(model):
         volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": model.cache_pvc}})
         fetch_mount["subPath"] = mount["subPath"] = cache_key(uri)
     else:

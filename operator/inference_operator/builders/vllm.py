@@ -13,6 +13,7 @@ import math
 
 from ..jsontypes import JsonObject
 from .common import Owner
+from .storage import MODEL_VOLUME, uses_cache_claim
 
 CONTAINER = "vllm"
 # vLLM's compiled graphs and kernels (VLLM_CACHE_ROOT): half of a CPU start is torch.compile.
@@ -49,9 +50,8 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
 def vllm_env(env: list[JsonObject], cache_dir: str) -> list[JsonObject]:
     """The pod's environment plus what vLLM needs under a read-only root filesystem: a
     writable HOME, its compile cache in `cache_dir` (see `compile_cache`), and no Hub access
-    (the model is already on disk). Idle
-    kept-alive connections stay open 75 s, as the model server's do: with vLLM's own 5 s, a
-    proxy or client reusing one as vLLM closed it got a reset."""
+    (the model is already on disk). Idle kept-alive connections stay open 75 s, as the model
+    server's do: with vLLM's own 5 s, a proxy or client reusing one as vLLM closed it got a reset."""
     ours = [
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -63,7 +63,7 @@ def vllm_env(env: list[JsonObject], cache_dir: str) -> list[JsonObject]:
     return [e for e in ours if e["name"] not in names] + env
 
 
-def compile_cache(owner: Owner, model_volume: str) -> tuple[str, list[JsonObject]]:
+def compile_cache(owner: Owner) -> tuple[str, list[JsonObject]]:
     """Where vLLM keeps its compile cache, and the mount that puts it there.
 
     With `model.cachePvc` it is on the claim, under vllm-cache/NAME, so the second replica and
@@ -71,10 +71,9 @@ def compile_cache(owner: Owner, model_volume: str) -> tuple[str, list[JsonObject
     engine's configuration and its own version, so a change compiles afresh beside them). Each
     InferenceService has a directory of its own: the cache holds code vLLM runs. Otherwise it
     is the pod's /tmp volume, which container restarts keep."""
-    model = owner.spec.model
-    if not model.cache_pvc or model.uri.startswith("pvc://"):
+    if not uses_cache_claim(owner.spec.model):
         return POD_COMPILE_CACHE_DIR, []
-    mount = {"name": model_volume, "mountPath": COMPILE_CACHE_DIR, "subPath": f"{COMPILE_CACHE_PREFIX}/{owner.name}"}
+    mount = {"name": MODEL_VOLUME, "mountPath": COMPILE_CACHE_DIR, "subPath": f"{COMPILE_CACHE_PREFIX}/{owner.name}"}
     return COMPILE_CACHE_DIR, [mount]
 
 
@@ -93,10 +92,9 @@ def vllm_container(
     env: list[JsonObject],
     resources: JsonObject,
     mounts: list[JsonObject],
-    model_volume: str,
 ) -> JsonObject:
     runtime = owner.spec.runtime
-    cache_dir, cache_mounts = compile_cache(owner, model_volume)
+    cache_dir, cache_mounts = compile_cache(owner)
     return {
         "name": CONTAINER,
         "image": owner.image,
