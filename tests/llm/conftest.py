@@ -84,21 +84,28 @@ def kubelet_command(container: dict, mounts: dict[str, pathlib.Path], host: str,
     return command + args
 
 
-def kubelet_env(container: dict, home: pathlib.Path) -> dict[str, str]:
-    """The container's environment (plain values; device selection is the node's business)."""
+def kubelet_env(container: dict, home: pathlib.Path, cache_root: pathlib.Path | None = None) -> dict[str, str]:
+    """The container's environment (plain values; device selection is the node's business), with
+    the compile cache at `cache_root` (default: the node-local one)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **CPU_BACKEND_ENV}
     for var in container.get("env") or []:
         if "value" in var and not var["name"].endswith("VISIBLE_DEVICES"):
             env[var["name"]] = var["value"]
     env["HOME"] = str(home)  # the pod's /tmp emptyDir
-    # The node-local compile cache stands in for the pod's cache volume (VLLM_CACHE_ROOT).
-    env["VLLM_CACHE_ROOT"] = CPU_BACKEND_ENV["VLLM_CACHE_ROOT"]
+    # A local directory stands in for the pod's cache volume (VLLM_CACHE_ROOT).
+    env["VLLM_CACHE_ROOT"] = str(cache_root) if cache_root else CPU_BACKEND_ENV["VLLM_CACHE_ROOT"]
     return env
 
 
 @contextlib.contextmanager
 def running_vllm(
-    container: dict, model_dir: pathlib.Path, mount_path: str, port: int, workdir: pathlib.Path, timeout: float = 600
+    container: dict,
+    model_dir: pathlib.Path,
+    mount_path: str,
+    port: int,
+    workdir: pathlib.Path,
+    timeout: float = 600,
+    cache_root: pathlib.Path | None = None,
 ) -> Iterator[subprocess.Popen]:
     """vLLM started from `container`, ready on 127.0.0.1:`port`; its process group is stopped
     on the way out (the API server runs the engine in a child process)."""
@@ -109,7 +116,7 @@ def running_vllm(
     with log.open("wb") as out:
         process = subprocess.Popen(
             command,
-            env=kubelet_env(container, home),
+            env=kubelet_env(container, home, cache_root),
             cwd=workdir,
             stdout=out,
             stderr=subprocess.STDOUT,
