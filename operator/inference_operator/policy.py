@@ -46,6 +46,14 @@ def normalized_image(image: str) -> str:
     return image
 
 
+def normalized_prefix(prefix: str) -> str:
+    """A registry prefix as image names start: `mirror.example` and `ghcr.io/org/` name hosts
+    (kept), `org/` a Docker Hub namespace (`docker.io/org/`); always ending in one `/`."""
+    path = prefix.rstrip("/")
+    first = path.split("/", 1)[0]
+    return f"{path}/" if "." in first or ":" in first or first == "localhost" else f"docker.io/{path}/"
+
+
 def repository_prefix(image: str) -> str:
     """`ghcr.io/org/model-server:1.0` → `ghcr.io/org/`: where the operator's own images live."""
     name = normalized_image(image).split("@", 1)[0]
@@ -85,7 +93,7 @@ class PodPolicy:
         if ANY in self.image_registries:
             return True
         name = normalized_image(image)
-        return any(name.startswith(normalized_image(prefix.rstrip("/")) + "/") for prefix in self.image_registries)
+        return any(name.startswith(normalized_prefix(prefix)) for prefix in self.image_registries)
 
 
 def violations(spec: InferenceServiceSpec, policy: PodPolicy) -> list[str]:

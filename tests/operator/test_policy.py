@@ -91,6 +91,18 @@ def test_images_name_their_registry() -> None:
     assert pol.repository_prefix("ghcr.io/rocm-inference/model-server:0.1.0") == "ghcr.io/rocm-inference/"
 
 
+def test_a_registry_named_by_its_host_alone_allows_its_images() -> None:
+    """`mirror.example/` was read as the Docker Hub image docker.io/library/mirror.example/."""
+    own = ["registry.example.com/vllm-rocm:1"]  # the operator's image directly under a host
+    mirrors = pol.PodPolicy.from_env({pol.IMAGE_REGISTRIES_ENV: "mirror.example/,localhost:5000,team/"}, own)
+    allowed = ["mirror.example/x:1", "localhost:5000/a/b:2", "docker.io/team/x", "team/x"]
+    refused = ["mirror.example.evil/x:1", "localhost:50000/a", "docker.io/library/mirror.example", "teams/x"]
+    assert [mirrors.image_allowed(i) for i in allowed + refused] == [True] * 4 + [False] * 4
+    default = pol.PodPolicy.from_env({}, own)
+    assert default.image_allowed("registry.example.com/other:2")
+    assert not default.image_allowed("registry.example.com.evil/x")
+
+
 @pytest.fixture
 def default_policy(monkeypatch):
     """The operator as the chart installs it by default (the test session widens the registries)."""
