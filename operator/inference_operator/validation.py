@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -132,7 +133,34 @@ def _validator() -> jsonschema.Draft4Validator:
 def schema_errors(obj: Any) -> list[str]:
     """OpenAPI schema violations of a (defaulted) object, each naming the field."""
     found = sorted(_validator().iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
-    return [f"{_path(e.absolute_path) or '<root>'}: {_shorten(e.message)}" for e in found]
+    errors = [f"{_path(e.absolute_path) or '<root>'}: {_shorten(e.message)}" for e in found]
+    return errors + list_type_errors(open_api_schema(), obj)
+
+
+def list_type_errors(schema: dict[str, Any], value: Any) -> list[str]:
+    """Repeated entries of `x-kubernetes-list-type` map (by their keys) and set lists, which the
+    API server refuses (`Duplicate value`) before any CEL rule runs."""
+    errors = []
+    stack: list[tuple[dict[str, Any], Any, str]] = [(schema, value, "")]
+    while stack:
+        node, item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, child_value in item.items():
+                if isinstance(child_schema := (node.get("properties") or {}).get(key), dict):
+                    stack.append((child_schema, child_value, _join(path, key)))
+        elif isinstance(item, list) and isinstance(node.get("items"), dict):
+            list_type = node.get("x-kubernetes-list-type")
+            keys = node.get("x-kubernetes-list-map-keys") or []
+            seen: set[str] = set()
+            for index, entry in enumerate(item):
+                if list_type in ("map", "set"):
+                    by_keys = list_type == "map" and isinstance(entry, dict)
+                    identity = json.dumps({k: entry.get(k) for k in keys} if by_keys else entry, sort_keys=True)
+                    if identity in seen:
+                        errors.append(f"{path}[{index}]: Duplicate value: {_shorten(identity)}")
+                    seen.add(identity)
+                stack.append((node["items"], entry, f"{path}[{index}]"))
+    return sorted(errors)
 
 
 def _path(parts: Iterable[Any]) -> str:

@@ -167,3 +167,17 @@ def test_runtime_env_values_are_bounded() -> None:
     parse_spec({**base, "runtime": {"env": [{"name": "A", "value": "x" * 4096}]}})
     with pytest.raises(SpecError, match="runtime.env"):
         parse_spec({**base, "runtime": {"env": [{"name": "A", "value": "x" * 4097}]}})
+
+
+def test_repeated_list_map_keys_and_set_entries_are_refused_as_the_api_server_does() -> None:
+    """The API server answers `Duplicate value` for a list-map entry whose keys repeat (and a
+    repeated set entry) before any CEL rule runs; the schema alone does not say it."""
+    spec = {
+        "model": {"uri": "pvc://m"},
+        "runtime": {"executionProviders": ["CPUExecutionProvider", "CPUExecutionProvider"]},
+        "autoscaling": {"maxReplicas": 2, "target": 100},
+    }
+    errors = validate_custom_resource({"metadata": {"name": "m"}, "spec": spec})
+    assert errors == ['spec.runtime.executionProviders[1]: Duplicate value: "CPUExecutionProvider"']
+    spec = {"model": {"uri": "pvc://m"}, "scheduling": {"nodeSelector": {"a": "1"}}}
+    assert validate_custom_resource({"metadata": {"name": "m"}, "spec": spec}) == []
