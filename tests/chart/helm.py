@@ -21,7 +21,7 @@ import tempfile
 import kmock
 import yaml
 
-from testsupport.cluster import Cluster
+from testsupport.cluster import Cluster, running_cluster
 from testsupport.emulator import declare
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -45,6 +45,8 @@ CHART_RESOURCES = [
     ("monitoring.coreos.com/v1/servicemonitors", "ServiceMonitor", True),
     ("monitoring.coreos.com/v1/podmonitors", "PodMonitor", True),
     ("monitoring.coreos.com/v1/prometheusrules", "PrometheusRule", True),
+    ("admissionregistration.k8s.io/v1/validatingadmissionpolicies", "ValidatingAdmissionPolicy", False),
+    ("admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", False),
 ]
 
 
@@ -127,6 +129,15 @@ def install(
         path.write_text(json.dumps(values))
         args += ["-f", str(path)]
     return _helm(*args)
+
+
+def render(values: dict | None, namespace: str = RELEASE_NAMESPACE, release: str = RELEASE) -> list[dict]:
+    """The chart's objects for `values`, as `helm template` prints them (the engine has none: an
+    install into a throwaway emulated cluster renders the same manifests)."""
+    with tempfile.TemporaryDirectory(prefix="helm-render-") as work, running_cluster(pathlib.Path(work)) as cluster:
+        prepare(cluster)
+        manifest = install(cluster, values, namespace, release)["manifest"]
+    return [doc for doc in yaml.safe_load_all(manifest) if doc]
 
 
 def installed_objects(cluster: Cluster) -> list[dict]:

@@ -23,7 +23,14 @@ from testsupport.cluster import Cluster
 from testsupport.crd import schema_errors
 
 KUBERNETES_VERSIONS = ("1.33", kubernetes_validate.latest_version())
-BUILTIN_GROUPS = {"v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}
+BUILTIN_GROUPS = {
+    "v1",
+    "apps/v1",
+    "policy/v1",
+    "rbac.authorization.k8s.io/v1",
+    "apiextensions.k8s.io/v1",
+    "admissionregistration.k8s.io/v1",
+}
 
 
 def _crd_schema(kind: str) -> dict:

@@ -1,0 +1,279 @@
+"""The chart's ValidatingAdmissionPolicy is the operator's pod policy, refused at admission.
+
+Rendered by Helm from the same values that set the operator's environment, its CEL is run
+(testsupport/admission.py) over a table of specs and must refuse exactly what
+`policy.violations` refuses, with the same messages, under each set of values; the objects pass
+kubernetes-validate (strict). tests/realapi/test_admission_realapi.py has a real API server
+enforce it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from inference_operator import policy
+from inference_operator.config import OperatorConfig
+from inference_operator.models import parse_spec
+from tests.chart import helm as h
+from tests.chart.test_helm import KUBERNETES_VERSIONS
+from testsupport.admission import evaluate
+from testsupport.cluster import Cluster
+from testsupport.crd import apply_defaults, crd_schema
+
+FULLNAME = f"{h.RELEASE}-{h.CHART.name}"
+VAP_KEY = "admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+DIGEST = "sha256:" + "0" * 64
+
+VALUE_SETS = {
+    "defaults": None,
+    "wide": {
+        "policy": {
+            "serviceAccounts": ["default", "inference"],
+            "priorityClasses": ["*"],
+            "imageRegistries": ["*"],
+            "allowServiceAccountToken": True,
+        }
+    },
+    "lists": {
+        "policy": {
+            "serviceAccounts": ["ml-runner"],
+            "priorityClasses": ["high", "low"],
+            "imageRegistries": [
+                "registry.internal:5000/ml",
+                "docker.io/library/",
+                "ghcr.io/example//",
+                "localhost/dev/",
+                "mirror.example",  # a bare host: every image it serves
+            ],
+        }
+    },
+    # Empty imageRegistries: the repository prefixes of the operator's own images.
+    "own-images": {"images": {"modelServer": f"localhost:5000/rio/model-server@{DIGEST}", "vllm": "vllm/openai:v1"}},
+    # An own image directly under a host: that whole host is allowed (registry.example.com/).
+    "own-images-hub": {"images": {"modelServer": "model-server:0.1", "vllm": "registry.example.com/vllm-rocm:1"}},
+}
+
+SPECS: dict[str, dict[str, Any]] = {
+    "minimal": {"model": {"uri": "pvc://models/m"}},
+    "account-default": {"model": {"uri": "pvc://m"}, "scheduling": {"serviceAccountName": "default"}},
+    "account-inference": {"model": {"uri": "pvc://m"}, "scheduling": {"serviceAccountName": "inference"}},
+    "account-ml-runner": {"model": {"uri": "pvc://m"}, "scheduling": {"serviceAccountName": "ml-runner"}},
+    "account-admin": {"model": {"uri": "pvc://m"}, "scheduling": {"serviceAccountName": "cluster-admin"}},
+    "priority-high": {"model": {"uri": "pvc://m"}, "scheduling": {"priorityClassName": "high"}},
+    "priority-system": {"model": {"uri": "pvc://m"}, "scheduling": {"priorityClassName": "system-node-critical"}},
+    "token-on": {"model": {"uri": "pvc://m"}, "scheduling": {"automountServiceAccountToken": True}},
+    "token-off": {"model": {"uri": "pvc://m"}, "scheduling": {"automountServiceAccountToken": False}},
+    "scheduling-nodes-only": {"model": {"uri": "pvc://m"}, "scheduling": {"nodeSelector": {"gpu": "mi300x"}}},
+    "runtime-without-image": {"model": {"uri": "pvc://m"}, "runtime": {"engine": "vllm"}},
+    **{
+        f"image {image}": {"model": {"uri": "pvc://m"}, "runtime": {"image": image}}
+        for image in (
+            "ghcr.io/rocm-inference/model-server:0.2.0",
+            f"ghcr.io/rocm-inference/model-server@{DIGEST}",
+            "ghcr.io/rocm-inference-evil/model-server:1",
+            "ghcr.io/rocm-inference",
+            "ghcr.io/example/custom:1",
+            "docker.io/vllm/vllm-openai-rocm:v0.32.1",
+            "vllm/vllm-openai-rocm:v0.32.1",
+            "vllm/openai:v2",
+            "docker.io/vllm-evil/x:1",
+            "ubuntu",
+            "ubuntu:24.04",
+            "library/ubuntu:24.04",
+            "docker.io/library/ubuntu",
+            "model-server:0.2",
+            "attacker/steal",
+            "docker.io/attacker/steal:1",
+            "localhost:5000/rio/model-server:2",
+            "localhost:5000/other/x:1",
+            "localhost/dev/x:1",
+            "localhost/x",
+            "registry.internal:5000/ml/x:1",
+            "registry.internal:5000/mlx/y:1",
+            "registry.example.com/vllm-rocm:2",
+            "registry.example.com/team/vllm-rocm:2",
+            "mirror.example/team/x:1",
+            "mirror.example.evil/x:1",
+        )
+    },
+    **{
+        f"model {uri}": {"model": {"uri": uri}}
+        for uri in (
+            "oci://ghcr.io/example/modelcar:1",
+            "oci://ghcr.io/rocm-inference/models/resnet:1",
+            "oci://attacker/steal:latest",
+            "oci://ubuntu",
+            "oci://localhost:5000/rio/m:1",
+            "oci://registry.internal:5000/ml/m:1",
+            "hf://org/name",
+            "s3://bucket/attacker/steal",
+            "https://attacker.example/steal.onnx",
+        )
+    },
+    "everything-wrong": {
+        "model": {"uri": "oci://attacker/model:1"},
+        "runtime": {"image": "attacker/steal"},
+        "scheduling": {
+            "serviceAccountName": "cluster-admin",
+            "priorityClassName": "system-cluster-critical",
+            "automountServiceAccountToken": True,
+        },
+    },
+}
+
+
+def inference_service(spec: dict[str, Any], name: str = "m", namespace: str = "ml") -> dict[str, Any]:
+    return {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def installed(cluster: Cluster, values: dict | None) -> tuple[list[dict], policy.PodPolicy]:
+    """The chart's objects, and the pod policy its operator reads from the environment it sets."""
+    h.install(cluster, values)
+    objects = h.installed_objects(cluster)
+    (container,) = h.one(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    return objects, OperatorConfig.from_environ(env).pod_policy
+
+
+def operator_messages(spec: dict[str, Any], pod_policy: policy.PodPolicy) -> tuple[str, ...]:
+    return tuple(policy.violations(parse_spec(spec), pod_policy))
+
+
+def admission_messages(vap: dict, spec: dict[str, Any]) -> tuple[str, ...]:
+    """The policy's messages for a create of `spec`, as written and as the API server defaults it."""
+    obj = inference_service(copy.deepcopy(spec))
+    verdict = evaluate(vap, obj)
+    assert verdict.matched
+    assert evaluate(vap, apply_defaults(crd_schema(), obj)) == verdict, "CRD defaults change the verdict"
+    return verdict.messages
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_admission_refuses_exactly_what_the_operator_refuses(chart_cluster: Cluster, values: dict | None) -> None:
+    objects, pod_policy = installed(chart_cluster, values)
+    vap = h.one(objects, "ValidatingAdmissionPolicy")
+    verdicts = {}
+    for name, spec in SPECS.items():
+        expected = operator_messages(spec, pod_policy)
+        assert admission_messages(vap, spec) == expected, name
+        verdicts[name] = expected
+    # Not a vacuous table: under every value set some specs pass and some are refused.
+    assert any(verdicts.values()) and not all(verdicts.values())
+
+
+def test_the_table_refuses_every_field_somewhere(chart_cluster: Cluster) -> None:
+    """Each rule is exercised both ways by the table under the default values."""
+    _, pod_policy = installed(chart_cluster, None)
+    refused = {m.split(" ", 1)[0] for spec in SPECS.values() for m in operator_messages(spec, pod_policy)}
+    assert refused == {
+        "scheduling.serviceAccountName",
+        "scheduling.priorityClassName",
+        "scheduling.automountServiceAccountToken",
+        "runtime.image",
+        "model.uri",
+    }
+
+
+def test_the_parity_check_would_catch_a_policy_without_docker_hub_normalisation(chart_cluster: Cluster) -> None:
+    objects, pod_policy = installed(chart_cluster, None)
+    vap = copy.deepcopy(h.one(objects, "ValidatingAdmissionPolicy"))
+    for variable in vap["spec"]["variables"]:
+        if variable["name"] == "runtimeImageName":
+            variable["expression"] = "variables.runtimeImage"
+    differing = [n for n, s in SPECS.items() if admission_messages(vap, s) != operator_messages(s, pod_policy)]
+    assert "image vllm/vllm-openai-rocm:v0.32.1" in differing
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_partial_objects_pass_without_errors(chart_cluster: Cluster, values: dict | None) -> None:
+    """An object missing any part the rules read is no error (which failurePolicy Fail would refuse)."""
+    objects, _ = installed(chart_cluster, values)
+    vap = h.one(objects, "ValidatingAdmissionPolicy")
+    for spec in (None, {}, {"scheduling": {}}, {"runtime": {}}, {"model": {}}, {"model": {"format": "onnx"}}):
+        obj = inference_service(spec or {}) if spec is not None else {"metadata": {"name": "m"}}
+        assert evaluate(vap, obj).allowed, spec
+
+
+def test_an_update_is_judged_only_when_it_writes_the_spec(chart_cluster: Cluster) -> None:
+    """Objects from before the policy keep their finalizer and annotations and can be deleted."""
+    objects, _ = installed(chart_cluster, None)
+    vap = h.one(objects, "ValidatingAdmissionPolicy")
+    old = inference_service(SPECS["account-admin"])
+    relabelled = copy.deepcopy(old)
+    relabelled["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
+    assert not evaluate(vap, relabelled, old, "UPDATE").matched
+    rescaled = copy.deepcopy(old)
+    rescaled["spec"]["replicas"] = 3
+    assert evaluate(vap, rescaled, old, "UPDATE").messages == (
+        "scheduling.serviceAccountName 'cluster-admin' is not allowed (allowed: default)",
+    )
+    fixed = inference_service(SPECS["minimal"])
+    assert evaluate(vap, fixed, old, "UPDATE").allowed
+    assert not evaluate(vap, old, None, "CREATE").allowed
+
+
+def test_default_install_has_a_cluster_wide_deny_policy(chart_cluster: Cluster) -> None:
+    objects, _ = installed(chart_cluster, None)
+    vap = h.one(objects, "ValidatingAdmissionPolicy")
+    binding = h.one(objects, "ValidatingAdmissionPolicyBinding")
+    assert vap["metadata"]["name"] == binding["metadata"]["name"] == f"{FULLNAME}-pod-policy"
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    assert vap["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["inference.rocm.dev"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["inferenceservices"],
+        }
+    ]
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    for obj in (vap, binding):
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("watch", "namespaces"),
+    [
+        ({"allNamespaces": False, "namespaces": ["ml-team-a", "ml-team-b"]}, ["ml-team-a", "ml-team-b"]),
+        ({"allNamespaces": False, "namespaces": []}, [h.RELEASE_NAMESPACE]),
+    ],
+    ids=["listed", "release-namespace"],
+)
+def test_a_namespaced_install_binds_the_policy_to_the_watched_namespaces(
+    chart_cluster: Cluster, watch: dict, namespaces: list[str]
+) -> None:
+    objects, _ = installed(chart_cluster, {"watch": watch, "replicaCount": 1, "ha": {"enabled": False}})
+    binding = h.one(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"] == {
+        "namespaceSelector": {
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}]
+        }
+    }
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(binding, version, strict=True)
+
+
+def test_the_policy_can_be_turned_off(chart_cluster: Cluster) -> None:
+    objects, pod_policy = installed(chart_cluster, {"policy": {"admission": {"enabled": False}}})
+    assert not h.by_kind(objects, "ValidatingAdmissionPolicy")
+    assert not h.by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert pod_policy.service_accounts == ("default",)  # the operator's check stays
+
+
+def test_a_cluster_without_the_api_gets_no_policy(chart_cluster: Cluster) -> None:
+    """Before Kubernetes 1.30 (no admissionregistration.k8s.io/v1 policies) the install still works."""
+    del chart_cluster.emulator.resources[VAP_KEY]
+    objects, _ = installed(chart_cluster, None)
+    assert h.one(objects, "Deployment")
+    assert not h.by_kind(objects, "ValidatingAdmissionPolicy")
+    assert not h.by_kind(objects, "ValidatingAdmissionPolicyBinding")
