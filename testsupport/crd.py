@@ -52,12 +52,16 @@ def schema_errors(obj: JsonObject) -> list[str]:
     ]
 
 
-# Add-on kinds kubernetes-validate has no schema for, and the stand-in CRD this repository has.
+# Add-on kinds kubernetes-validate has no schema for, and the stand-in CRDs this repository has.
 ADDON_CRDS = {
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): ROOT
     / "testsupport"
     / "crds"
     / "httproutes.gateway.networking.k8s.io.yaml",
+    ("inference.networking.k8s.io/v1", "InferencePool"): ROOT
+    / "testsupport"
+    / "crds"
+    / "inferencepools.inference.networking.k8s.io.yaml",
 }
 
 

@@ -229,6 +229,9 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         declare(self, "keda.sh/v1alpha1/triggerauthentications", "TriggerAuthentication")
         declare(self, "v1/secrets", "Secret")
         declare(self, "resource.k8s.io/v1/resourceclaimtemplates", "ResourceClaimTemplate")
+        # routing.inferencePool: the endpoint picker's identity and its RoleBinding.
+        declare(self, "v1/serviceaccounts", "ServiceAccount")
+        declare(self, "rbac.authorization.k8s.io/v1/rolebindings", "RoleBinding")
 
     # --- request handling -------------------------------------------------------------------
 

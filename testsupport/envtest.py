@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import httpx
 import yaml
 
+from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
 from inference_operator.jsontypes import JsonObject
 from testsupport.processes import free_port, stop
 
@@ -189,13 +190,21 @@ def _write_rbac(server: ApiServer) -> None:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_USER},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
     }
-    documents = [{**role, "rules": rules}, binding]
+    # The ClusterRole the chart ships for the endpoint pickers the operator deploys and binds.
+    picker = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": PICKER_CLUSTER_ROLE},
+        "rules": yaml.safe_load((RBAC / "endpoint-picker.yaml").read_text()),
+    }
+    documents = [{**role, "rules": rules}, binding, picker]
     server.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
 
 
 def install_crds(server: ApiServer) -> None:
     """The CRDs as shipped (`kubectl apply -f crds/`, and the chart's copy), and the stand-ins of
-    add-on CRDs (testsupport/crds: the Gateway API's HTTPRoute), once Established. Before the
+    add-on CRDs (testsupport/crds: the Gateway API's HTTPRoute, the Inference Extension's
+    InferencePool), once Established. Before the
     operator starts: it remembers an API it found missing for a minute."""
     for crds in (*CRD_DIRS, STAND_IN_CRDS):
         server.kubectl("apply", "--server-side", "-f", str(crds))

@@ -11,6 +11,7 @@ never looks at the environment again.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,7 +55,11 @@ class OperatorConfig:
         """Pure: the configuration `environ` and the flags describe. A bad value raises
         `ValueError` (SettingsError is one) naming its variable."""
         env_images = Images.from_environment(environ)
-        images = Images(model_server=model_server_image or env_images.model_server, vllm=vllm_image or env_images.vllm)
+        images = dataclasses.replace(
+            env_images,
+            model_server=model_server_image or env_images.model_server,
+            vllm=vllm_image or env_images.vllm,
+        )
         return cls(
             images=images,
             gpu=GpuDefaults.from_env(environ),

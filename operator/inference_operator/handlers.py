@@ -25,7 +25,7 @@ from . import status as st
 from .analysis import AnalysisRefused, analysis_client, measure
 from .autoscaler.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from .builders import selector_string, service_url
-from .builders.common import MANAGER, SPEC_HASH_ANNOTATION, Owner
+from .builders.common import COMPONENT, MANAGER, SPEC_HASH_ANNOTATION, Owner
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
 from .kinds import KINDS, unavailable_message
@@ -377,7 +377,9 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
     owner_ref = _controller_owner(body)
     if owner_ref is None:
         return
-    is_deployment = body.get("kind") == "Deployment"
+    # The service's pods (stable or canary arm), not its endpoint picker's: only they make its status.
+    labels = body["metadata"].get("labels") or {}
+    is_deployment = body.get("kind") == "Deployment" and labels.get("app.kubernetes.io/component") == COMPONENT
     why = f"{body.get('kind')} deleted" if event["type"] == "DELETED" else _suspect(body)
     if why is None and not is_deployment:
         return

@@ -60,6 +60,10 @@ KINDS: tuple[Kind, ...] = (
         addon="Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+)",
         replaced_on_change=True,
     ),
+    # routing.inferencePool: the endpoint picker's identity and rights (NAME-epp), before its
+    # pods; a RoleBinding's roleRef is immutable.
+    Kind("v1", "ServiceAccount", "serviceaccounts", owned=True),
+    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", owned=True, replaced_on_change=True),
     Kind("apps/v1", "Deployment", "deployments", owned=True, keeps_live_replicas=True),
     Kind("v1", "Service", "services", owned=True),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", owned=True),

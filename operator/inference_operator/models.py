@@ -706,16 +706,52 @@ class SchedulingSpec(_Spec):
     )
 
 
+class ScorerWeights(_Spec):
+    """Weights of the endpoint picker's scorers: each pod's score is their weighted sum, and the
+    highest wins. 0 leaves a scorer out. The defaults are the Inference Extension's own (queue 2,
+    KV cache 2, prefix cache 3) plus LoRA affinity 1."""
+
+    prefix_cache: int = Field(
+        3, ge=0, le=100, description="prefix-cache-scorer: prefer the pod that served the longest prefix of the prompt."
+    )
+    queue: int = Field(2, ge=0, le=100, description="queue-scorer: prefer the pod with fewer waiting requests.")
+    kv_cache_utilization: int = Field(
+        2, ge=0, le=100, description="kv-cache-utilization-scorer: prefer the pod with more free KV cache."
+    )
+    lora_affinity: int = Field(
+        1, ge=0, le=100, description="lora-affinity-scorer: prefer a pod that has the request's LoRA adapter loaded."
+    )
+
+
 class EndpointPickerSpec(_Spec):
-    """The endpoint picker (EPP) Service that routes the pool's requests (installed separately)."""
+    """The endpoint picker (EPP) that routes the pool's requests: deployed by the operator as
+    NAME-epp, or one installed separately (`name`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.name) || !has(self.weights)",
+                "routing.endpointPicker.weights configure the picker the operator deploys, not an external one (name)",
+                ".weights",
+            ),
+            cel(
+                "has(self.name) || !has(self.port) || self.port != 9090",
+                "routing.endpointPicker.port 9090 is the deployed picker's metrics port",
+                ".port",
+            ),
+        )
+    )
 
     name: DnsLabel | None = Field(
         None,
-        description="Service name of the endpoint picker; NAME-epp when unset.",
+        description="Service of an endpoint picker installed separately; unset, the operator deploys one as NAME-epp.",
     )
     port: int = Field(9002, ge=1, le=65535, description="Service port of the endpoint picker's ext-proc.")
     failure_mode: Literal["FailOpen", "FailClose"] = Field(
         "FailClose", description="What the gateway does when the picker does not answer."
+    )
+    weights: ScorerWeights | None = Field(
+        None, description="Scorer weights of the picker the operator deploys; the defaults when unset."
     )
 
 

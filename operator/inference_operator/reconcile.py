@@ -23,6 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from .builders import Owner, build_all
 from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_name, arm_service, arm_services_fit, canary_deployment
 from .builders.common import SPEC_HASH_ANNOTATION
+from .builders.endpoint_picker import OBJECT_KINDS as PICKER_OBJECTS
+from .builders.endpoint_picker import PICKER_ONLY_KINDS, picker_name
 from .builders.http_route import weighted
 from .credentials import CredentialPolicy, CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
@@ -212,6 +214,7 @@ def reconcile(
         result.changes.append(apply_step(api, step, result, owner.name))
     kept = {kind_of_object(obj) for obj in wanted} | set(missing)
     result.changes.extend(prune(api, owner, kept))
+    result.changes.extend(prune_endpoint_picker(api, owner, wanted))
     if rollout is not None or state is not None:
         result.changes.extend(prune_canary(api, owner, wanted))
     return result
@@ -223,7 +226,7 @@ def rollout_arms(
     """`wanted` with the Deployments a canary rollout asks for: the stable one on the revision
     it runs until the candidate is promoted, the candidate beside it while it is judged (and,
     behind a route that can address each arm, the arms' Services and the route's weights)."""
-    index = next((i for i, obj in enumerate(wanted) if obj["kind"] == "Deployment"), None)
+    index = next((i for i, obj in enumerate(wanted) if _is_deployment_of(obj, owner.name)), None)
     if index is None:
         return wanted, None
     desired = wanted[index]
@@ -311,7 +314,7 @@ def desired_objects(
 ) -> tuple[list[JsonObject], CredentialsRefused | None]:
     """What the spec asks for, hashed and in the table's apply order, less the kinds that would
     hand out a credential the policy refuses (and that refusal, to report)."""
-    built = (with_revision(obj) if obj["kind"] == "Deployment" else obj for obj in build_all(owner))
+    built = (with_revision(obj) if _is_deployment_of(obj, owner.name) else obj for obj in build_all(owner))
     wanted = in_apply_order(with_hash(obj) for obj in built)
     secret = lambda name: api.get(Ref("v1", "Secret", owner.namespace, name))  # noqa: E731
     if refused := model_refusal(owner.spec, policy, secret):
@@ -359,10 +362,34 @@ def prune(api: KubeApi, owner: Owner, kept: set[Kind]) -> list[Change]:
     """Delete this InferenceService's objects of owned kinds it no longer wants (never another's)."""
     deleted = []
     for kind in KINDS:
-        if not kind.owned or kind in kept or not _served(api, kind):
+        if not kind.owned or kind in kept or kind.key in PICKER_ONLY_KINDS or not _served(api, kind):
             continue
         ref = Ref(kind.api_version, kind.kind, owner.namespace, owner.name)
         live = api.get(ref)
         if live is not None and owned_by(live, owner.uid) and api.delete(ref):
             deleted.append(Change(Action.DELETED, kind.kind, owner.name))
+    return deleted
+
+
+def _is_deployment_of(obj: JsonObject, name: str) -> bool:
+    """The service's own Deployment (not its endpoint picker's)."""
+    return bool(obj["kind"] == "Deployment" and obj["metadata"]["name"] == name)
+
+
+def prune_endpoint_picker(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
+    """Delete the endpoint picker the operator deployed once none is wanted (the pool is off, or
+    an external picker is named). Its ServiceAccount, created first, says whether there is one:
+    one read per reconcile, whatever the service's routing."""
+    name = picker_name(owner)
+    if any(obj["kind"] == "ServiceAccount" and obj["metadata"]["name"] == name for obj in wanted):
+        return []
+    account = api.get(Ref("v1", "ServiceAccount", owner.namespace, name))
+    if account is None or not owned_by(account, owner.uid):
+        return []
+    deleted = []
+    for api_version, kind in reversed(PICKER_OBJECTS):  # the pods before the rights they use
+        ref = Ref(api_version, kind, owner.namespace, name)
+        live = account if kind == "ServiceAccount" else api.get(ref)
+        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
+            deleted.append(Change(Action.DELETED, kind, name))
     return deleted

@@ -16,11 +16,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from inference_operator.builders.common import Images
+from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
 from inference_operator.credentials import DEFAULT_ALLOWED_URLS
 from inference_operator.models import parse_spec
 from tests.chart import helm as h
 from testsupport.cluster import Cluster
 from testsupport.crd import schema_errors
+
+
+def operator_cluster_roles(objects: list[dict]) -> list[dict]:
+    return [r for r in h.by_kind(objects, "ClusterRole") if r["metadata"]["name"] != PICKER_CLUSTER_ROLE]
+
 
 KUBERNETES_VERSIONS = ("1.33", kubernetes_validate.latest_version())
 BUILTIN_GROUPS = {
@@ -125,8 +132,18 @@ def test_default_install(chart_cluster: Cluster) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": h.RELEASE_NAMESPACE}
     ]
-    assert binding["roleRef"]["name"] == h.one(objects, "ClusterRole")["metadata"]["name"]
+    assert (
+        binding["roleRef"]["name"] == h.one(objects, "ClusterRole", "rio-rocm-inference-operator")["metadata"]["name"]
+    )
     assert not h.by_kind(objects, "Role")
+    # The endpoint pickers' ClusterRole: read-only, bound by nothing the chart makes, and the
+    # image the operator deploys them with.
+    picker = h.one(objects, "ClusterRole", PICKER_CLUSTER_ROLE)
+    assert picker["rules"] == yaml.safe_load((h.CHART / "files" / "rbac" / "endpoint-picker.yaml").read_text())
+    assert {v for rule in picker["rules"] for v in rule["verbs"]} == {"get", "list", "watch"}
+    assert PICKER_CLUSTER_ROLE not in {b["roleRef"]["name"] for b in h.by_kind(objects, "ClusterRoleBinding")}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["INFERENCE_OPERATOR_ENDPOINT_PICKER_IMAGE"] == Images().endpoint_picker
 
     peering = h.one(objects, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "rio-rocm-inference-operator"
@@ -164,7 +181,7 @@ def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: 
     assert sorted(p["metadata"]["namespace"] for p in peerings) == ["ml-team-a", "ml-team-b"]
     assert not h.by_kind(objects, "ClusterKopfPeering")
     # Only the discovery reads are cluster-wide: no write verb in any ClusterRole.
-    (cluster_role,) = h.by_kind(objects, "ClusterRole")
+    (cluster_role,) = operator_cluster_roles(objects)
     assert {v for r in cluster_role["rules"] for v in r["verbs"]} == {"list", "watch"}
     assert {res for r in cluster_role["rules"] for res in r["resources"]} == {"customresourcedefinitions", "namespaces"}
 
@@ -172,7 +189,9 @@ def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: 
 def test_single_namespace_install_has_no_cluster_scoped_rbac(chart_cluster: Cluster) -> None:
     h.install(chart_cluster, h.values_of(h.CHART / "ci" / "namespaced-values.yaml"))
     objects = h.installed_objects(chart_cluster)
-    assert not h.by_kind(objects, "ClusterRole") and not h.by_kind(objects, "ClusterRoleBinding")
+    # Only the endpoint pickers' ClusterRole, which grants nothing until a RoleBinding names it.
+    assert not operator_cluster_roles(objects) and not h.by_kind(objects, "ClusterRoleBinding")
+    assert h.one(objects, "ClusterRole", PICKER_CLUSTER_ROLE)
     (role,) = h.by_kind(objects, "Role")
     assert role["metadata"]["namespace"] == "ml-team-a"
     assert "kopfpeerings" not in {res for r in role["rules"] for res in r["resources"]}

@@ -33,6 +33,7 @@ from kopf.testing import KopfRunner
 
 from inference_operator import k8s
 from inference_operator.builders import OWNED_KINDS, Owner
+from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
 from inference_operator.credentials import MODEL_SECRET_LABEL
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import AutoscalingMode, parse_spec
@@ -110,6 +111,8 @@ def derived_from_code() -> set[Permission]:
     for api_version, kind in OWNED_KINDS:
         plural = k8s.PLURALS[api_version, kind]
         needed |= {(group_of(api_version), plural, verb) for verb in ("get", "create", "patch", "delete")}
+    # The endpoint picker's RoleBinding names a ClusterRole the operator does not hold: `bind`.
+    needed.add(("rbac.authorization.k8s.io", "clusterroles", "bind"))
     definition = crd()
     plural = definition["spec"]["names"]["plural"]
     for sub in definition["spec"]["versions"][0].get("subresources") or {}:
@@ -215,6 +218,26 @@ def test_namespaced_role_grants_what_the_code_needs_inside_namespaces() -> None:
     assert rules_permissions(rule_file("discovery")) <= {
         (g, r, v) for g, r in cluster_scoped for v in ("get", "list", "watch")
     }
+
+
+def test_the_operator_binds_only_the_endpoint_pickers_cluster_role_and_holds_none_of_its_rights() -> None:
+    (bind,) = [rule for rule in rule_file("operator") if "bind" in rule["verbs"]]
+    assert bind == {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["clusterroles"],
+        "resourceNames": [PICKER_CLUSTER_ROLE],
+        "verbs": ["bind"],
+    }
+    assert not [
+        r for f in RBAC.glob("*.yaml") for r in rule_file(f.stem) if {"escalate", "impersonate"} & set(r["verbs"])
+    ]
+    picker = rules_permissions(rule_file("endpoint-picker"))
+    assert {v for _, _, v in picker} == {"get", "list", "watch"}
+    assert ("", "pods", "watch") in picker and ("inference.networking.k8s.io", "inferencepools", "watch") in picker
+    # The pickers may read pods; the operator needs no such right for them.
+    assert ("", "pods", "watch") not in cluster_wide_grant()
+    template = (h.CHART / "templates" / "endpoint-picker-rbac.yaml").read_text()
+    assert f"name: {PICKER_CLUSTER_ROLE}\n" in template and '(list "endpoint-picker")' in template
 
 
 def test_secrets_are_only_read_by_name() -> None:

@@ -50,6 +50,7 @@ def _full_spec() -> dict[str, Any]:
             "prometheusAuth": {"bearerTokenSecret": {"name": "s", "key": "k"}},
         },
         "scheduling": {"nodeSelector": {"pool": "gpu"}, "priorityClassName": "high"},
+        "routing": {"inferencePool": True, "endpointPicker": {"port": 9102, "weights": {"queue": 1}}},
         "rollout": {
             "strategy": "canary",
             "canary": {"steps": [10, 50], "analysis": {"maxLatencyMs": 80, "metric": "latencyP99Ms"}},
@@ -146,6 +147,16 @@ VIOLATIONS = [
         "the engine exports",
     ),
     ({"routing": {"endpointPicker": {"name": "epp"}}}, "spec.routing.endpointPicker", "inferencePool: true"),
+    (
+        {"routing": {"inferencePool": True, "endpointPicker": {"name": "epp", "weights": {"queue": 1}}}},
+        "spec.routing.endpointPicker.weights",
+        "not an external one",
+    ),
+    (
+        {"routing": {"inferencePool": True, "endpointPicker": {"port": 9090}}},
+        "spec.routing.endpointPicker.port",
+        "metrics port",
+    ),
     ({"model": {"uri": "s3://b/m/", "sha256": "ab" * 32}}, "spec.model.sha256", "applies to http(s)://"),
     ({"rollout": {"strategy": "canary"}}, "spec.rollout.canary", "required with strategy: canary"),
     (

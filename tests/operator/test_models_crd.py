@@ -163,6 +163,11 @@ CEL_CASES = [
     ),
     ({"autoscaling": {"maxReplicas": 2, "target": 5, "metric": "ttftP95Ms"}}, "must be one the engine exports"),
     ({"routing": {"endpointPicker": {"name": "epp"}}}, "endpointPicker needs routing.inferencePool"),
+    (
+        {"routing": {"inferencePool": True, "endpointPicker": {"name": "epp", "weights": {"queue": 1}}}},
+        "weights configure the picker the operator deploys",
+    ),
+    ({"routing": {"inferencePool": True, "endpointPicker": {"port": 9090}}}, "the deployed picker's metrics port"),
 ]
 
 

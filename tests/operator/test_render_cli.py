@@ -43,7 +43,8 @@ def test_several_files_and_stdin_make_one_stream(tmp_path: pathlib.Path) -> None
     both = "\n---\n".join(p.read_text() for p in EXAMPLES[:2])
     result = render("-f", "-", "-f", str(EXAMPLES[2]), stdin=both)
     assert result.returncode == 0, result.stderr
-    names = {o["metadata"]["name"] for o in yaml.safe_load_all(result.stdout)}
+    # Every object names its InferenceService (an endpoint picker's are NAME-epp).
+    names = {o["metadata"]["labels"]["inference.rocm.dev/inference-service"] for o in yaml.safe_load_all(result.stdout)}
     expected = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in EXAMPLES[:3]}
     assert names == expected
 

@@ -52,7 +52,7 @@ def cr(spec: dict, name: str = "fuzz") -> dict:
 def api_server_problems(obj: dict) -> list[str]:
     """What the API server checks in code rather than in its OpenAPI schema."""
     problems = []
-    pod = obj["spec"].get("template", {}).get("spec", {})
+    pod = (obj.get("spec") or {}).get("template", {}).get("spec", {})  # a ServiceAccount has no spec
     labels = {**obj["metadata"].get("labels", {}), **pod.get("nodeSelector", {})}
     for key, value in labels.items():
         if not re.match(LABEL_KEY_PATTERN, key) or not re.match(LABEL_VALUE_PATTERN, value) or len(value) > 63:

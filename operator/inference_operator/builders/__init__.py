@@ -7,6 +7,7 @@ from ..kinds import OWNED_KINDS
 from ..models import AutoscalingMode
 from .common import Owner, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
+from .endpoint_picker import build_endpoint_picker, deploys_endpoint_picker
 from .gpu import build_resource_claim_template, needs_claim_template
 from .hpa import build_hpa
 from .http_route import build_http_route
@@ -32,6 +33,8 @@ def build_all(owner: Owner) -> list[JsonObject]:
             objects.append(auth)  # before the ScaledObject that refers to it
         objects.append(build_scaled_object(owner))
     if owner.spec.routing.inference_pool:
+        if deploys_endpoint_picker(owner):
+            objects += build_endpoint_picker(owner)
         objects.append(build_inference_pool(owner))
     if owner.spec.routing.http_route is not None:
         objects.append(build_http_route(owner))  # after the Service or pool it routes to
@@ -43,6 +46,7 @@ __all__ = [
     "Owner",
     "build_all",
     "build_deployment",
+    "build_endpoint_picker",
     "build_hpa",
     "build_http_route",
     "build_inference_pool",

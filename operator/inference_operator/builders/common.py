@@ -17,6 +17,9 @@ OWNER_LABEL = "inference.rocm.dev/inference-service"
 # and `--vllm-image` override them).
 MODEL_SERVER_IMAGE_ENV = "INFERENCE_OPERATOR_MODEL_SERVER_IMAGE"
 VLLM_IMAGE_ENV = "INFERENCE_OPERATOR_VLLM_IMAGE"
+ENDPOINT_PICKER_IMAGE_ENV = "INFERENCE_OPERATOR_ENDPOINT_PICKER_IMAGE"
+# llm-d's endpoint picker (the Gateway API Inference Extension's EPP with llm-d's plugins).
+DEFAULT_ENDPOINT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.8.0"
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,15 @@ class Images:
 
     model_server: str = DEFAULT_IMAGE
     vllm: str = DEFAULT_VLLM_IMAGE
+    # The endpoint picker of routing.inferencePool (the platform's, never the spec's).
+    endpoint_picker: str = DEFAULT_ENDPOINT_PICKER_IMAGE
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> Images:
         return cls(
             model_server=environ.get(MODEL_SERVER_IMAGE_ENV) or DEFAULT_IMAGE,
             vllm=environ.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
+            endpoint_picker=environ.get(ENDPOINT_PICKER_IMAGE_ENV) or DEFAULT_ENDPOINT_PICKER_IMAGE,
         )
 
     @property
