@@ -25,6 +25,8 @@ an emulator that does less hides the operator's bugs. This one adds:
   create and on every update that changes the spec (unchanged specs are not judged again, like
   validation ratcheting), and are stored with the schema's defaults filled.
 
+- lists honour an equality-based `labelSelector` (`k=v,k2=v2`), as the API server does; kmock
+  returns every object of the resource;
 - Service cluster IPs: every Service but a headless one takes an address from a range of
   `service_ip_range` addresses (the API server's `--service-cluster-ip-range`; 65,534 as a /16)
   and frees it when deleted; with the range full, creating one (dry runs too) answers the real
@@ -228,6 +230,8 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         declare(self, "keda.sh/v1alpha1/scaledobjects", "ScaledObject", subresources=("status",))
         declare(self, "keda.sh/v1alpha1/triggerauthentications", "TriggerAuthentication")
         declare(self, "v1/secrets", "Secret")
+        declare(self, "v1/configmaps", "ConfigMap")
+        declare(self, "v1/pods", "Pod", subresources=("status",))
         declare(self, "resource.k8s.io/v1/resourceclaimtemplates", "ResourceClaimTemplate")
         # routing.inferencePool: the endpoint picker's identity and its RoleBinding.
         declare(self, "v1/serviceaccounts", "ServiceAccount")
@@ -347,6 +351,8 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         async with self._lock:
             items = self._objects_of(request)
             version = str(self._last_version)
+        if selector := request.params.get("labelSelector"):
+            items = [obj for obj in items if _labels_match(obj, selector)]
         return {"metadata": {"resourceVersion": version}, "items": items}
 
     async def _serve_watch(self, request: kmock.Request) -> Any:
@@ -715,3 +721,13 @@ def _same(live: JsonObject, new: JsonObject) -> bool:
 
 def _error(status: int, reason: str, message: str, details: Any = None) -> kmock.KubernetesError:
     return kmock.KubernetesError(status=status, reason=reason, message=message, details=details or {})
+
+
+def _labels_match(obj: JsonObject, selector: str) -> bool:
+    """Whether `obj` has every `key=value` (or `key==value`) label of an equality-based selector."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, _, value = term.replace("==", "=").partition("=")
+        if labels.get(key.strip()) != value.strip():
+            return False
+    return True

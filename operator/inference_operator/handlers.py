@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn, cast
 
+import httpx
 import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from . import config, credentials, metrics, ownership, policy
+from . import adapter_status, adapter_watch, config, credentials, metrics, ownership, policy
 from . import status as st
 from .analysis import AnalysisRefused, analysis_client, measure
 from .autoscaler.clients import CLIENT_ERRORS, PrometheusClients, client_problem
@@ -591,6 +592,72 @@ def _check_status(check: Check | None, verdict: str) -> JsonObject:
             if value is not None and math.isfinite(value):
                 found[key] = round(value, 4)
     return found
+
+
+# --- LoRA adapters ------------------------------------------------------------------------------
+
+ADAPTER_STATUS_SECONDS = 5.0
+
+
+def has_adapters(spec: kopf.Spec, **_: Any) -> bool:
+    return bool(spec.get("adapters"))
+
+
+@kopf.daemon(
+    GROUP,
+    VERSION,
+    PLURAL,
+    id="adapters",
+    when=has_adapters,
+    cancellation_backoff=5,
+    cancellation_timeout=10,
+    backoff=15,
+)
+async def adapters_status(
+    stopped: kopf.DaemonStopped, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """Keep status.adapters and AdaptersReady up to date from the replicas' sidecars; clear
+    both when the spec no longer has adapters (kopf then stops this daemon)."""
+    ref = _isvc_ref(meta["namespace"], meta["name"])
+    async with adapter_watch.client() as http:
+        try:
+            while not stopped:
+                await _report_adapters(memo, body, ref, http)
+                await stopped.wait(ADAPTER_STATUS_SECONDS)
+        finally:
+            if not (body.get("spec") or {}).get("adapters"):
+                await asyncio.to_thread(_publish, memo, ref, _without_adapter_status)
+
+
+async def _report_adapters(memo: kopf.Memo, body: kopf.Body, ref: Ref, http: httpx.AsyncClient) -> None:
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+    except SpecError:
+        return  # the reconcile handler reports it
+    if not spec.adapters:
+        return
+    owner = memo.config.owner(ref.name, ref.namespace, body["metadata"]["uid"], spec)
+    found = await adapter_watch.answers(memo.api, http, owner)
+    entries, ready, reason, message = adapter_status.summarize(spec, found)
+
+    def compute(fresh: JsonObject) -> JsonObject:
+        status = fresh.get("status") or {}
+        generation = fresh["metadata"].get("generation")
+        conditions = st.set_condition(
+            status.get("conditions") or [], adapter_status.CONDITION, ready, reason, message, st.now_iso(), generation
+        )
+        return {"adapters": entries, "conditions": conditions}
+
+    await asyncio.to_thread(_publish, memo, ref, compute)
+
+
+def _without_adapter_status(fresh: JsonObject) -> JsonObject | None:
+    status = fresh.get("status") or {}
+    conditions = status.get("conditions") or []
+    kept = [c for c in conditions if c.get("type") != adapter_status.CONDITION]
+    if "adapters" not in status and len(kept) == len(conditions):
+        return None
+    return {"adapters": None, "conditions": kept}
 
 
 from .autoscaler import handlers as _autoscaler  # noqa: E402,F401

@@ -105,6 +105,12 @@ class KubeApi:
                 return None
             raise
 
+    def list_objects(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[JsonObject]:
+        """The objects of a kind in `namespace` whose labels match `label_selector` (k=v,...)."""
+        path = Ref(api_version, kind, namespace, "").path(collection=True)
+        items = self._call("GET", path, query=[("labelSelector", label_selector)]).get("items")
+        return list(items or [])
+
     def apply(self, obj: JsonObject, dry_run: bool = False) -> JsonObject:
         """Server-side apply, which also creates a missing object. One field manager owns
         exactly the fields we send (forcing conflicts: the operator is the authority on

@@ -37,6 +37,8 @@ class Kind:
     # An autoscaler may own the replica count: a desired object without one gets the live count
     # back, or server-side apply would remove the field and the count fall to 1.
     keeps_live_replicas: bool = False
+    # Read by label selector (a list), never one by name.
+    listed: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -60,6 +62,8 @@ KINDS: tuple[Kind, ...] = (
         addon="Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+)",
         replaced_on_change=True,
     ),
+    # spec.adapters: the list the pods' adapters sidecars load; before the pods that mount it.
+    Kind("v1", "ConfigMap", "configmaps", owned=True),
     # routing.inferencePool: the endpoint picker's identity and rights (NAME-epp), before its
     # pods; a RoleBinding's roleRef is immutable.
     Kind("v1", "ServiceAccount", "serviceaccounts", owned=True),
@@ -95,6 +99,8 @@ KINDS: tuple[Kind, ...] = (
         otherwise="remove routing.httpRoute",
     ),
     Kind("v1", "Secret", "secrets"),
+    # Read for status.adapters: which replicas to ask how their adapters stand.
+    Kind("v1", "Pod", "pods", listed=True),
     Kind(API_VERSION, KIND, PLURAL),
 )
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .cel_rules import evaluate_rules
@@ -107,6 +107,8 @@ OPERATOR_ENV = (
     "HF_ENDPOINT",
     "HF_HOME",
     "MODEL_FETCH_ALLOW_HTTP_TOKEN",
+    # vLLM's adapter endpoints: opened by the operator only with the guard in front (spec.adapters).
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
 )
 # An InferenceService's name is its Service's, Deployment's and its label values: a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -270,6 +272,12 @@ VLLM_RESERVED_FLAGS = (
     "port",
     "uds",
     "config",
+    # LoRA: sized by runtime.lora, adapters from spec.adapters, and the guard of their endpoints.
+    "enable-lora",
+    "max-loras",
+    "max-lora-rank",
+    "lora-modules",
+    "middleware",
 )
 VLLM_ARG_PATTERN = r"^--[A-Za-z0-9][-_A-Za-z0-9.+]*(=[\s\S]*)?$"
 
@@ -330,11 +338,6 @@ class ModelSpec(_Spec):
                 ".sha256",
             ),
             cel(
-                "!has(self.huggingFace) || (has(self.uri) && self.uri.startsWith('hf://'))",
-                "model.huggingFace applies to hf:// URIs only",
-                ".huggingFace",
-            ),
-            cel(
                 "!has(self.cachePvc) || !has(self.uri)"
                 " || !(self.uri.startsWith('pvc://') || self.uri.startsWith('oci://'))",
                 CACHE_PVC_MESSAGE,
@@ -359,7 +362,9 @@ class ModelSpec(_Spec):
         None,
         description="Model name in the inference API and metrics; defaults to the InferenceService's name.",
     )
-    hugging_face: HuggingFaceSpec | None = Field(None, description="Hub token and endpoint for hf:// URIs.")
+    hugging_face: HuggingFaceSpec | None = Field(
+        None, description="Hub token and endpoint for hf:// URIs (the model's and the adapters')."
+    )
     cache_pvc: DnsLabel | None = Field(
         None,
         description="A (ReadWriteMany) PersistentVolumeClaim to keep fetched models on: replicas and restarts reuse "
@@ -431,6 +436,36 @@ def _cel_string(pattern: str) -> str:
 
 _IS_VLLM = "has(self.engine) && self.engine == 'vllm'"
 
+# The LoRA ranks vLLM accepts (--max-lora-rank).
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+# hf://ORG/NAME[@REVISION] or s3://BUCKET/PATH: a directory of PEFT adapter files.
+ADAPTER_URI_PATTERN = rf"^({HF_URI_PATTERN}|s3://[a-z0-9][-a-z0-9.]*[a-z0-9](/\S*)?)$"
+
+
+class LoraSpec(_Spec):
+    """How many LoRA adapters vLLM holds at once, and how large they may be."""
+
+    max_loras: int = Field(4, ge=1, le=256, description="Adapters one batch may use at once (--max-loras).")
+    max_lora_rank: LoraRank = Field(
+        16, description="Largest adapter rank (--max-lora-rank); a larger one fails to load."
+    )
+
+
+class AdapterSpec(_Spec):
+    """A LoRA adapter of the base model, served by name through the OpenAI API (engine vllm)."""
+
+    name: str = Field(
+        pattern=SAFE_NAME_PATTERN,
+        max_length=63,
+        description="The name clients ask for (the OpenAI `model` field); not the base model's.",
+    )
+    uri: str = Field(
+        pattern=ADAPTER_URI_PATTERN,
+        max_length=2048,
+        description="hf://ORG/NAME[@REVISION] (with model.huggingFace's token and endpoint) or s3://BUCKET/PATH: "
+        "a PEFT LoRA adapter's directory (adapter_config.json and its weights).",
+    )
+
 
 class RuntimeSpec(_Spec):
     """The serving container: engine, image, providers, batching and probes."""
@@ -441,6 +476,7 @@ class RuntimeSpec(_Spec):
                 "!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
                 "runtime.port and runtime.metricsPort must differ",
             ),
+            cel(f"!has(self.lora) || ({_IS_VLLM})", "runtime.lora applies to engine vllm only", ".lora"),
             cel(
                 f"!has(self.maxModelLen) || ({_IS_VLLM})",
                 "runtime.maxModelLen applies to engine vllm only",
@@ -473,6 +509,11 @@ class RuntimeSpec(_Spec):
         le=10_000_000,
         description="vllm: longest context (prompt + output tokens) per request (--max-model-len); the model's own "
         "limit when unset.",
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="vllm: serve LoRA adapters (spec.adapters), loaded and unloaded without a restart; on with "
+        "these sizes whenever spec.adapters has one.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     execution_providers: list[ExecutionProvider] = Field(
@@ -922,6 +963,19 @@ class InferenceServiceSpec(_Spec):
                 "for modelServer; ttftP95Ms, itlP95Ms or e2eLatencyP95Ms for vllm",
                 ".rollout.canary.analysis.metric",
             ),
+            cel(
+                "!has(self.model) || !has(self.model.huggingFace)"
+                " || (has(self.model.uri) && self.model.uri.startsWith('hf://'))"
+                " || (has(self.adapters) && self.adapters.exists(a, has(a.uri) && a.uri.startsWith('hf://')))",
+                "model.huggingFace applies to hf:// models and adapters only",
+                ".model.huggingFace",
+            ),
+            cel(
+                "!has(self.adapters) || size(self.adapters) == 0"
+                " || (has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm')",
+                "spec.adapters needs runtime.engine vllm",
+                ".adapters",
+            ),
         )
     )
 
@@ -940,6 +994,22 @@ class InferenceServiceSpec(_Spec):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        max_length=64,
+        description="LoRA adapters served beside the model (engine vllm), each by its name; added and removed in "
+        "running replicas without a restart, and loaded by a new replica before it turns Ready. Their state "
+        "per replica is in status.adapters.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_adapters(cls, adapters: list[AdapterSpec]) -> list[AdapterSpec]:
+        names = [a.name for a in adapters]
+        if len(set(names)) != len(names):
+            raise ValueError("adapter names must be unique")
+        return adapters
 
 
 Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
@@ -998,6 +1068,20 @@ class RolloutStatus(_Status):
     last_check: CanaryCheck | None = None
 
 
+class AdapterPodStatus(_Status):
+    pod: str
+    state: str = Field(description="Pending, Loading, Ready or Failed on this replica.")
+    reason: str | None = None
+
+
+class AdapterStatus(_Status):
+    name: str
+    state: str = Field(description="Ready on every replica, Loading, or Failed on one (see pods).")
+    ready_replicas: int | None = None
+    replicas: int | None = Field(None, description="Running replicas asked.")
+    pods: list[AdapterPodStatus] | None = Field(None, description="Per replica (the first 16).")
+
+
 class InferenceServiceStatus(_Status):
     """`status` of an InferenceService (schema only: status.py writes it as plain mappings)."""
 
@@ -1012,6 +1096,9 @@ class InferenceServiceStatus(_Status):
     )
     autoscaler: AutoscalerStatus | None = None
     rollout: RolloutStatus | None = None
+    adapters: list[AdapterStatus] | None = Field(
+        None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
+    )
 
 
 class SpecError(ValueError):

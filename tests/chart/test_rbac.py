@@ -36,6 +36,7 @@ from inference_operator.builders import OWNED_KINDS, Owner
 from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
 from inference_operator.credentials import MODEL_SECRET_LABEL
 from inference_operator.k8s import KubeApi, Ref
+from inference_operator.kinds import kind_of
 from inference_operator.models import AutoscalingMode, parse_spec
 from inference_operator.reconcile import reconcile
 from tests.chart import helm as h
@@ -107,7 +108,8 @@ def derived_from_code() -> set[Permission]:
     for (group, resource), verbs in KOPF_BACKBONE_VERBS.items():
         needed |= {(group, resource, verb) for verb in verbs}
     for api_version, kind in k8s.PLURALS:
-        needed.add((group_of(api_version), k8s.PLURALS[api_version, kind], "get"))
+        verb = "list" if kind_of(api_version, kind).listed else "get"
+        needed.add((group_of(api_version), k8s.PLURALS[api_version, kind], verb))
     for api_version, kind in OWNED_KINDS:
         plural = k8s.PLURALS[api_version, kind]
         needed |= {(group_of(api_version), plural, verb) for verb in ("get", "create", "patch", "delete")}

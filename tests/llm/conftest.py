@@ -14,7 +14,7 @@ import pathlib
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -65,7 +65,15 @@ def tiny_llama() -> pathlib.Path:
     return out
 
 
-def kubelet_command(container: dict, mounts: dict[str, pathlib.Path], host: str, port: int) -> list[str]:
+def local_path(value: str, mounts: Mapping[str, pathlib.Path]) -> str:
+    """`value` with a volume's mount path replaced by the local directory standing in for it."""
+    for mount_path, local in mounts.items():
+        if value == mount_path or value.startswith(mount_path + "/"):
+            return str(local) + value[len(mount_path) :]
+    return value
+
+
+def kubelet_command(container: dict, mounts: Mapping[str, pathlib.Path], host: str, port: int) -> list[str]:
     """The container's command line as a node would run it, on loopback: the image's `python3`
     is the vLLM venv's, volume paths are local directories, the pod's address is `host:port`."""
     command = [str(vllm_python()) if part == "python3" else part for part in container["command"]]
@@ -77,20 +85,23 @@ def kubelet_command(container: dict, mounts: dict[str, pathlib.Path], host: str,
         elif flag == "--port":
             value = str(port)
         else:
-            for mount_path, local in mounts.items():
-                if value == mount_path or value.startswith(mount_path + "/"):
-                    value = str(local) + value[len(mount_path) :]
+            value = local_path(value, mounts)
         args.append(f"{flag}={value}" if value else flag)
     return command + args
 
 
-def kubelet_env(container: dict, home: pathlib.Path, cache_root: pathlib.Path | None = None) -> dict[str, str]:
+def kubelet_env(
+    container: dict,
+    home: pathlib.Path,
+    cache_root: pathlib.Path | None = None,
+    mounts: Mapping[str, pathlib.Path] | None = None,
+) -> dict[str, str]:
     """The container's environment (plain values; device selection is the node's business), with
-    the compile cache at `cache_root` (default: the node-local one)."""
+    the compile cache at `cache_root` (default: the node-local one) and volume paths local."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **CPU_BACKEND_ENV}
     for var in container.get("env") or []:
         if "value" in var and not var["name"].endswith("VISIBLE_DEVICES"):
-            env[var["name"]] = var["value"]
+            env[var["name"]] = local_path(var["value"], mounts or {})
     env["HOME"] = str(home)  # the pod's /tmp emptyDir
     # A local directory stands in for the pod's cache volume (VLLM_CACHE_ROOT).
     env["VLLM_CACHE_ROOT"] = str(cache_root) if cache_root else CPU_BACKEND_ENV["VLLM_CACHE_ROOT"]
@@ -106,17 +117,20 @@ def running_vllm(
     workdir: pathlib.Path,
     timeout: float = 600,
     cache_root: pathlib.Path | None = None,
+    volumes: Mapping[str, pathlib.Path] | None = None,
 ) -> Iterator[subprocess.Popen]:
     """vLLM started from `container`, ready on 127.0.0.1:`port`; its process group is stopped
-    on the way out (the API server runs the engine in a child process)."""
+    on the way out (the API server runs the engine in a child process). `volumes` maps more
+    mount paths to local directories."""
     home = workdir / "home"
     home.mkdir(exist_ok=True)
     log = workdir / "vllm.log"
-    command = kubelet_command(container, {mount_path: model_dir}, "127.0.0.1", port)
+    mounts = {mount_path: model_dir, **(volumes or {})}
+    command = kubelet_command(container, mounts, "127.0.0.1", port)
     with log.open("wb") as out:
         process = subprocess.Popen(
             command,
-            env=kubelet_env(container, home, cache_root),
+            env=kubelet_env(container, home, cache_root, mounts),
             cwd=workdir,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -117,6 +117,13 @@ def test_rules_hold_on_full_objects(document: dict[str, Any]) -> None:
 
 
 VIOLATIONS = [
+    ({"adapters": [{"name": "a", "uri": "hf://o/a"}]}, "spec.adapters", "needs runtime.engine vllm"),
+    ({"runtime": {"lora": {"maxLoras": 2}}}, "spec.runtime.lora", "engine vllm only"),
+    (
+        {"model": {"uri": "pvc://m", "huggingFace": {"tokenSecret": "t"}}, "runtime": {"engine": "vllm"}},
+        "spec.model.huggingFace",
+        "hf:// models and adapters only",
+    ),
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "spec.autoscaling.minReplicas", "<="),
     ({"resources": {"gpu": {"count": 0, "productName": "X"}}}, "spec.resources.gpu", "count is 0"),
     ({"resources": {"gpu": {"count": 2, "visibleDevices": "0"}}}, "spec.resources.gpu.visibleDevices", "exactly"),

@@ -131,6 +131,8 @@ def test_every_printer_column_points_at_a_schema_field() -> None:
 
 
 CEL_CASES = [
+    ({"adapters": [{"name": "a", "uri": "hf://o/a"}]}, "spec.adapters needs runtime.engine vllm"),
+    ({"runtime": {"lora": {"maxLoras": 2}}}, "runtime.lora applies to engine vllm only"),
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "minReplicas"),
     ({"rollout": {"strategy": "canary"}}, "rollout.canary is required"),
     ({"rollout": {"strategy": "canary", "canary": {"steps": [20, 5], "analysis": {"maxLatencyMs": 5}}}}, "increasing"),

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -41,6 +42,10 @@ class Hub:
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     commit: str = COMMIT  # what the revision resolves to (a hostile Hub may name anything)
     declared: dict[str, int] = field(default_factory=dict)  # sizes the tree claims, if not the real ones
+    others: dict[str, dict[str, bytes]] = field(default_factory=dict)  # more repositories, by id
+
+    def repo(self, repo_id: str) -> dict[str, bytes] | None:
+        return self.files if repo_id == "org/tiny" else self.others.get(repo_id)
 
     def resolves(self, method: str) -> list[str]:
         return [path for m, path, _ in self.requests if m == method and "/resolve/" in path]
@@ -60,10 +65,12 @@ def hub() -> Iterator[Hub]:
         def answer(self, body: bool) -> None:
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             state.requests.append((self.command, path, self.headers.get("Authorization")))
-            if path.startswith("/api/models/org/tiny/revision/"):
-                info = {"id": "org/tiny", "sha": state.commit, "siblings": [{"rfilename": f} for f in state.files]}
+            api = re.match(rf"^/api/models/([^/]+/[^/]+)/(revision/.*|tree/{COMMIT})$", path)
+            files = state.repo(api[1]) if api else None
+            if api and files is not None and api[2].startswith("revision/"):
+                info = {"id": api[1], "sha": state.commit, "siblings": [{"rfilename": f} for f in files]}
                 return self.reply(json.dumps(info).encode())
-            if path == f"/api/models/org/tiny/tree/{COMMIT}":
+            if api and files is not None:
                 tree = [
                     {
                         "type": "file",
@@ -71,12 +78,13 @@ def hub() -> Iterator[Hub]:
                         "size": state.declared.get(name, len(data)),
                         "path": name,
                     }
-                    for name, data in state.files.items()
+                    for name, data in files.items()
                 ]
                 return self.reply(json.dumps(tree).encode())
-            prefix = f"/org/tiny/resolve/{COMMIT}/"
-            if path.startswith(prefix) and path[len(prefix) :] in state.files:
-                data = state.files[path[len(prefix) :]]
+            resolve = re.match(rf"^/([^/]+/[^/]+)/resolve/{COMMIT}/(.+)$", path)
+            files = state.repo(resolve[1]) if resolve else None
+            if resolve and files is not None and resolve[2] in files:
+                data = files[resolve[2]]
                 self.send_response(200)
                 self.send_header("X-Repo-Commit", COMMIT)
                 self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')

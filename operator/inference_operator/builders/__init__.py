@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..jsontypes import JsonObject
 from ..kinds import OWNED_KINDS
 from ..models import AutoscalingMode
+from .adapters import build_adapters_config_map, lora_enabled
 from .common import Owner, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
 from .endpoint_picker import build_endpoint_picker, deploys_endpoint_picker
@@ -22,6 +23,8 @@ def build_all(owner: Owner) -> list[JsonObject]:
     objects = []
     if needs_claim_template(owner):
         objects.append(build_resource_claim_template(owner))  # before the pods that reference it
+    if lora_enabled(owner.spec):
+        objects.append(build_adapters_config_map(owner))  # before the pods that mount it
     objects += [build_deployment(owner), build_service(owner)]
     if needs_pdb(owner):
         objects.append(build_pdb(owner))

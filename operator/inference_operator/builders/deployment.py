@@ -6,6 +6,7 @@ import math
 
 from ..jsontypes import JsonObject
 from ..models import AutoscalingMode, Engine, InferenceServiceSpec
+from .adapters import adapter_volumes, adapters_sidecar, lora_enabled
 from .canary import STABLE, TRACK_LABEL, labels_stable_pods
 from .common import Owner, object_meta, selector_labels, standard_labels
 from .gpu import GpuWiring, gpu_wiring
@@ -163,6 +164,9 @@ def build_deployment(owner: Owner) -> JsonObject:
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    if lora_enabled(spec):
+        volumes += adapter_volumes(owner)
+        init_containers = [*init_containers, adapters_sidecar(owner, fetch_env, _container_security())]
     if runtime.engine == Engine.VLLM:
         container = vllm_container(owner, MODEL_DIR, env, _resources(spec, gpus), mounts)
     else:

@@ -81,7 +81,16 @@ def fetch_env(owner: Owner, user_env: list[JsonObject]) -> list[JsonObject]:
     Nothing else of `runtime.env` reaches it: a proxy, a CA file, a Python start-up hook or a
     preloaded library chosen by the InferenceService author would see or send elsewhere a
     credential the operator wires in."""
-    scheme = owner.spec.model.uri.split("://", 1)[0]
+    return _fetch_env(owner, {owner.spec.model.uri.split("://", 1)[0]}, user_env)
+
+
+def adapter_fetch_env(owner: Owner, user_env: list[JsonObject]) -> list[JsonObject]:
+    """The same rules for the adapters sidecar, for every scheme an adapter may use whether or
+    not one does yet: an adapter added later must not change the pod template (a restart)."""
+    return _fetch_env(owner, {"hf", "s3"}, user_env)
+
+
+def _fetch_env(owner: Owner, schemes: set[str], user_env: list[JsonObject]) -> list[JsonObject]:
     settings = owner.fetch
     env: list[JsonObject] = []
     for names, value in (
@@ -92,9 +101,9 @@ def fetch_env(owner: Owner, user_env: list[JsonObject]) -> list[JsonObject]:
         env += [{"name": name, "value": value} for name in names if value]
     if settings.ca_bundle:
         env.append({"name": CA_BUNDLE_ENV, "value": settings.ca_bundle})
-    if scheme == "hf":
+    if "hf" in schemes:
         env = [*hub_env(owner), *env]
-    if scheme == "s3":
+    if "s3" in schemes:
         env += [var for var in user_env if var["name"] in S3_USER_ENV]
     return env
 

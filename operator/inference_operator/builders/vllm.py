@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from ..jsontypes import JsonObject
+from .adapters import lora_args, lora_enabled, lora_env, vllm_mounts
 from .common import Owner
 from .storage import MODEL_VOLUME, uses_cache_claim
 
@@ -44,6 +45,8 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
     ]
     if runtime.max_model_len is not None:
         args.append(f"--max-model-len={runtime.max_model_len}")
+    if lora_enabled(owner.spec):
+        args += lora_args(owner.spec)
     return args + list(runtime.args)
 
 
@@ -95,6 +98,10 @@ def vllm_container(
 ) -> JsonObject:
     runtime = owner.spec.runtime
     cache_dir, cache_mounts = compile_cache(owner)
+    env = vllm_env(env, cache_dir)
+    if lora_enabled(owner.spec):
+        env = lora_env(env)
+        cache_mounts += vllm_mounts()
     return {
         "name": CONTAINER,
         "image": owner.image,
@@ -102,7 +109,7 @@ def vllm_container(
         "command": list(COMMAND),
         "args": vllm_args(owner, model_dir),
         "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
-        "env": vllm_env(env, cache_dir),
+        "env": env,
         "resources": resources,
         "volumeMounts": mounts + cache_mounts,
         # Loading weights and compiling kernels of a large model takes minutes.

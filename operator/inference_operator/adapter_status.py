@@ -1,0 +1,111 @@
+"""status.adapters and the AdaptersReady condition, from what each replica's sidecar reports.
+
+Every pod of a service with spec.adapters runs an `adapters` sidecar that answers
+`GET /adapters` with each adapter's state on that replica (Pending, Loading, Ready, Failed and
+why). The operator asks every running replica and sums up here, per adapter: Ready when every
+replica that answered has loaded it, Failed when one could not (with that replica's reason),
+else Loading. A replica that does not answer is counted, never guessed.
+
+What the operator asks is bounded by who could have made the pod: only pods of the service's
+own selector, with a pod IP of their own (never a hostNetwork pod: its IP is the node's), on the
+sidecar's port and path; only the fields below are read from the answer, each bounded, and a
+reason comes from the pod's own sidecar about the service's own adapters.
+
+Pure: the caller does the requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .jsontypes import JsonObject
+from .models import InferenceServiceSpec
+
+CONDITION = "AdaptersReady"
+STATES = ("Pending", "Loading", "Ready", "Failed")
+MAX_REPLICAS_LISTED = 16  # per adapter in status: a 100-replica service keeps a small status
+REASON_LENGTH = 300
+MAX_ANSWER_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Target:
+    pod: str
+    url: str
+
+
+def targets(pods: list[JsonObject], port: int, path: str) -> list[Target]:
+    """The replicas to ask: running, not being deleted, with a pod IP that is not the node's."""
+    found = []
+    for pod in pods:
+        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        ip = status.get("podIP")
+        if (
+            not ip
+            or spec.get("hostNetwork")
+            or status.get("phase") != "Running"
+            or meta.get("deletionTimestamp")
+            or ip == status.get("hostIP")
+        ):
+            continue
+        host = f"[{ip}]" if ":" in ip else ip
+        found.append(Target(meta["name"], f"http://{host}:{port}{path}"))
+    return sorted(found, key=lambda t: t.pod)
+
+
+def _bounded(text: object) -> str:
+    value = " ".join(str(text).split())
+    return value if len(value) <= REASON_LENGTH else value[: REASON_LENGTH - 3] + "..."
+
+
+def replica_states(answer: JsonObject | None, wanted: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """name -> (state, reason) on one replica, for the adapters the spec wants: an adapter the
+    sidecar has not read yet (the kubelet updates the ConfigMap within a minute) or with
+    another uri is Pending; an unanswered or unreadable replica has every adapter Pending."""
+    entries = (answer or {}).get("adapters")
+    reported: dict[str, tuple[str, str]] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        name, uri, state = entry.get("name"), entry.get("uri"), entry.get("state")
+        if isinstance(name, str) and name in wanted and uri == wanted[name] and state in STATES:
+            reported[name] = (str(state), _bounded(entry.get("reason") or ""))
+    return {name: reported.get(name, ("Pending", "")) for name in wanted}
+
+
+def summarize(
+    spec: InferenceServiceSpec, answers: Mapping[str, JsonObject | None]
+) -> tuple[list[JsonObject], bool, str, str]:
+    """status.adapters, and the AdaptersReady condition's (status, reason, message), from each
+    replica's answer (pod name -> its /adapters JSON, None when it did not answer)."""
+    wanted = {a.name: a.uri for a in spec.adapters}
+    per_pod = {pod: replica_states(answer, wanted) for pod, answer in sorted(answers.items())}
+    entries: list[JsonObject] = []
+    failed, loading = [], []
+    for name in wanted:
+        states = {pod: states[name] for pod, states in per_pod.items()}
+        ready = sum(1 for state, _ in states.values() if state == "Ready")
+        failures = [(pod, reason) for pod, (state, reason) in states.items() if state == "Failed"]
+        if failures:
+            overall = "Failed"
+            failed.append(f"{name} on {failures[0][0]}: {failures[0][1] or 'failed'}")
+        elif states and ready == len(states):
+            overall = "Ready"
+        else:
+            overall = "Loading"
+            loading.append(name)
+        replicas = [
+            {"pod": pod, "state": state, **({"reason": reason} if reason else {})}
+            for pod, (state, reason) in list(states.items())[:MAX_REPLICAS_LISTED]
+        ]
+        entries.append(
+            {"name": name, "state": overall, "readyReplicas": ready, "replicas": len(states), "pods": replicas}
+        )
+    if failed:
+        return entries, False, "AdapterFailed", _bounded("; ".join(failed))
+    if not per_pod and wanted:
+        return entries, False, "NoReplicas", "no running replica to load the adapters into"
+    if loading:
+        return entries, False, "Loading", f"loading {', '.join(loading)}"
+    return entries, True, "Loaded", f"{len(wanted)} adapter(s) loaded on {len(per_pod)} replica(s)"

@@ -1,0 +1,141 @@
+"""spec.adapters → LoRA adapters loaded into running vLLM replicas, without a restart.
+
+The wanted adapters live in a ConfigMap named after the service (`adapters.json`), not in the
+pod template: changing them rolls no pod. Each pod mounts it, and its `adapters` sidecar (the
+operator's model-server image, `model_server.adapters`) fetches every listed adapter into a
+volume vLLM reads and loads it through vLLM's runtime endpoints on loopback, unloads the ones
+that left the list, and reports each one's state on its port for status.adapters. vLLM's
+adapter endpoints would otherwise be open to every client of the Service: vLLM loads a guard
+middleware (`--middleware`, copied next to it by the sidecar) that refuses them from anywhere
+but loopback. The sidecar is a native sidecar (an init container that keeps running), so vLLM
+starts after the guard is in place, and its readiness holds a new pod out of the Service until
+the adapters it started with are loaded.
+
+The sidecar fetches with the model fetcher's rules: the platform's proxy and CA, the Hub token
+of model.huggingFace for hf://, S3's variables of runtime.env for s3://, and nothing else of
+runtime.env.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..jsontypes import JsonObject
+from ..models import Engine, InferenceServiceSpec, LoraSpec
+from .common import Owner, object_meta
+from .storage import TMP_VOLUME, adapter_fetch_env
+
+SIDECAR = "adapters"
+CONFIG_KEY = "adapters.json"
+LIST_VOLUME = "adapter-list"
+LIST_DIR = "/etc/inference/adapters"
+FILES_VOLUME = "adapters"
+FILES_DIR = "/var/lib/adapters"  # the same path in the sidecar and in vLLM: vLLM loads from it
+PLUGINS_VOLUME = "vllm-plugins"
+PLUGINS_DIR = "/var/run/vllm-plugins"
+GUARD_MIDDLEWARE = "rocm_inference_guard.LocalAdminOnly"
+STATUS_PATH = "/adapters"
+
+
+def lora_enabled(spec: InferenceServiceSpec) -> bool:
+    """LoRA is on for a vLLM service with adapters or runtime.lora: turning it on rolls the pods
+    once; adapters added after that do not."""
+    return spec.runtime.engine == Engine.VLLM and (bool(spec.adapters) or spec.runtime.lora is not None)
+
+
+def sidecar_port(spec: InferenceServiceSpec) -> int:
+    """vLLM serves its metrics on its API port, which leaves runtime.metricsPort to the sidecar
+    (the CRD already keeps it apart from runtime.port)."""
+    return spec.runtime.metrics_port
+
+
+def lora_args(spec: InferenceServiceSpec) -> list[str]:
+    lora = spec.runtime.lora or LoraSpec()
+    return [
+        "--enable-lora",
+        f"--max-loras={lora.max_loras}",
+        f"--max-lora-rank={lora.max_lora_rank}",
+        f"--middleware={GUARD_MIDDLEWARE}",
+    ]
+
+
+def lora_env(env: list[JsonObject]) -> list[JsonObject]:
+    """vLLM's environment with runtime LoRA updating on and the guard's directory first on
+    PYTHONPATH (before any the spec sets, so no module of the spec's can stand in for it)."""
+    user_path = next((e.get("value") for e in env if e["name"] == "PYTHONPATH"), None)
+    path = f"{PLUGINS_DIR}:{user_path}" if user_path else PLUGINS_DIR
+    ours = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}, {"name": "PYTHONPATH", "value": path}]
+    return ours + [e for e in env if e["name"] != "PYTHONPATH"]
+
+
+def vllm_mounts() -> list[JsonObject]:
+    return [
+        {"name": FILES_VOLUME, "mountPath": FILES_DIR, "readOnly": True},
+        {"name": PLUGINS_VOLUME, "mountPath": PLUGINS_DIR, "readOnly": True},
+    ]
+
+
+def adapter_volumes(owner: Owner) -> list[JsonObject]:
+    return [
+        {"name": LIST_VOLUME, "configMap": {"name": owner.name, "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]}},
+        {"name": FILES_VOLUME, "emptyDir": {}},
+        {"name": PLUGINS_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}},
+    ]
+
+
+def adapters_document(spec: InferenceServiceSpec) -> str:
+    """The ConfigMap's file, in the spec's order (the sidecar loads them in that order)."""
+    return json.dumps({"adapters": [{"name": a.name, "uri": a.uri} for a in spec.adapters]}, indent=1)
+
+
+def build_adapters_config_map(owner: Owner) -> JsonObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(owner),
+        "data": {CONFIG_KEY: adapters_document(owner.spec)},
+    }
+
+
+def _probe(path: str, period: int, failures: int) -> JsonObject:
+    return {
+        "httpGet": {"path": path, "port": SIDECAR},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def adapters_sidecar(owner: Owner, user_env: list[JsonObject], security_context: JsonObject) -> JsonObject:
+    """The native sidecar that keeps vLLM's adapters equal to the ConfigMap's list."""
+    spec = owner.spec
+    port = sidecar_port(spec)
+    command = [
+        "python",
+        "-m",
+        "model_server.adapters",
+        f"--desired={LIST_DIR}/{CONFIG_KEY}",
+        f"--dir={FILES_DIR}",
+        f"--engine=http://127.0.0.1:{spec.runtime.port}",
+        f"--port={port}",
+        f"--plugins={PLUGINS_DIR}",
+    ]
+    return {
+        "name": SIDECAR,
+        "image": owner.fetcher_image,
+        "restartPolicy": "Always",
+        "command": command,
+        "ports": [{"name": SIDECAR, "containerPort": port, "protocol": "TCP"}],
+        "env": adapter_fetch_env(owner, user_env),
+        "volumeMounts": [
+            {"name": LIST_VOLUME, "mountPath": LIST_DIR, "readOnly": True},
+            {"name": FILES_VOLUME, "mountPath": FILES_DIR},
+            {"name": PLUGINS_VOLUME, "mountPath": PLUGINS_DIR},
+            {"name": TMP_VOLUME, "mountPath": "/tmp"},
+        ],
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "securityContext": security_context,
+        # vLLM starts once this passes: the guard is in place by then.
+        "startupProbe": _probe("/health/live", 1, 30),
+        "readinessProbe": _probe("/ready", 2, 1),
+    }

@@ -1,0 +1,360 @@
+"""LoRA adapters of a vLLM pod, loaded and unloaded while it serves: the pod's `adapters` sidecar.
+
+    python -m model_server.adapters --desired /etc/adapters/adapters.json --dir /var/lib/adapters \
+        --engine http://127.0.0.1:8080 --port 8081 --plugins /var/run/vllm-plugins
+
+The operator writes the adapters a service wants (`spec.adapters`: name and uri) into the
+ConfigMap NAME-adapters, which the pod mounts; the kubelet updates the file in place, with no
+restart. Every `--interval` seconds this sidecar compares that list with what vLLM serves
+(`GET /v1/models`) and closes the gap: a new adapter is fetched into `--dir` with the model
+fetcher's rules and limits (hf://, s3://) and loaded (`POST /v1/load_lora_adapter`); one that
+left the list is unloaded and its files removed; one whose uri changed is fetched and loaded
+in place. Comparing with vLLM's own list each time also reloads everything after vLLM restarts.
+
+On `--port` it answers `GET /adapters` (each adapter's state: Pending, Loading, Ready or
+Failed with a reason the operator copies into status) and `GET /ready`: 200 once every
+adapter of the list it first read has settled (Ready or Failed), so a new replica takes no
+request before its adapters are loaded, while adapters added later never take a serving
+replica out of its Service.
+
+At start it copies `vllm_guard.py` into `--plugins`, vLLM's `--middleware`, which refuses
+adapter management to any client but this sidecar; vLLM starts after it (a native sidecar's
+startup probe on /health/live).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from . import storage, vllm_guard
+
+log = logging.getLogger("model_server.adapters")
+
+GUARD_MODULE = "rocm_inference_guard"  # the name vLLM imports it under (--middleware)
+MAX_ADAPTERS = 256
+RETRY_SECONDS = 30.0  # a failed adapter is tried again after this, unless its uri changes
+REASON_LENGTH = 300
+
+
+class State(enum.StrEnum):
+    PENDING = "Pending"
+    LOADING = "Loading"
+    READY = "Ready"
+    FAILED = "Failed"
+
+
+@dataclasses.dataclass
+class Adapter:
+    uri: str
+    state: State = State.PENDING
+    reason: str = ""
+    failed_at: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    name: str
+    uri: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Unload:
+    name: str
+
+
+Action = Load | Unload
+
+
+def read_desired(text: str) -> dict[str, str]:
+    """name -> uri from the ConfigMap's file (`{"adapters": [{"name", "uri"}]}`); ValueError
+    when it is not such a file (the caller keeps the list it had)."""
+    data = json.loads(text)
+    entries = data.get("adapters") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or len(entries) > MAX_ADAPTERS:
+        raise ValueError(f"expected {{'adapters': [...]}} with at most {MAX_ADAPTERS} entries")
+    desired: dict[str, str] = {}
+    for entry in entries:
+        name, uri = (entry.get("name"), entry.get("uri")) if isinstance(entry, dict) else (None, None)
+        if not isinstance(name, str) or not isinstance(uri, str) or not name or name in desired:
+            raise ValueError(f"bad or repeated adapter entry {entry!r:.100}")
+        desired[name] = uri
+    return desired
+
+
+def adapter_dir(root: Path, name: str, uri: str) -> Path:
+    """Where an adapter's files go: a changed uri gets a new directory beside the old one."""
+    return root / f"{name}-{hashlib.sha256(uri.encode()).hexdigest()[:12]}"
+
+
+def plan(
+    desired: Mapping[str, str],
+    served: Mapping[str, str],
+    known: Mapping[str, Adapter],
+    root: Path,
+    now: float,
+) -> list[Action]:
+    """What brings vLLM's adapters (`served`: name -> path it loaded) to `desired`: unloads
+    first (they free slots of --max-loras), then loads, in the list's order. A failed adapter
+    waits RETRY_SECONDS before it is tried again with the same uri."""
+    actions: list[Action] = [Unload(name) for name in served if name not in desired]
+    for name, uri in desired.items():
+        if served.get(name) == str(adapter_dir(root, name, uri)):
+            continue
+        adapter = known.get(name)
+        if adapter and adapter.uri == uri and adapter.state == State.FAILED and now - adapter.failed_at < RETRY_SECONDS:
+            continue
+        actions.append(Load(name, uri))
+    return actions
+
+
+def served_adapters(models: Any) -> dict[str, str]:
+    """name -> path of the LoRA adapters in vLLM's /v1/models answer (entries with a parent)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return {
+        entry["id"]: str(entry.get("root") or "")
+        for entry in data or []
+        if isinstance(entry, dict) and entry.get("parent") and isinstance(entry.get("id"), str)
+    }
+
+
+def _reason(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= REASON_LENGTH else text[: REASON_LENGTH - 3] + "..."
+
+
+class Engine:
+    """vLLM's adapter endpoints on loopback."""
+
+    def __init__(self, url: str, timeout: float = 120.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        # Loopback only: no proxy from the environment (the sidecar may have the platform's).
+        self.client = httpx.AsyncClient(base_url=url, timeout=timeout, trust_env=False, transport=transport)
+
+    async def served(self) -> dict[str, str]:
+        answer = await self.client.get("/v1/models")
+        answer.raise_for_status()
+        return served_adapters(answer.json())
+
+    async def load(self, name: str, path: Path, in_place: bool) -> str | None:
+        """None when loaded, else vLLM's refusal."""
+        body = {"lora_name": name, "lora_path": str(path), "load_inplace": in_place}
+        return self._refusal(await self.client.post("/v1/load_lora_adapter", json=body))
+
+    async def unload(self, name: str) -> str | None:
+        return self._refusal(await self.client.post("/v1/unload_lora_adapter", json={"lora_name": name}))
+
+    @staticmethod
+    def _refusal(answer: httpx.Response) -> str | None:
+        if answer.is_success:
+            return None
+        try:
+            message = answer.json().get("error", {}).get("message") or answer.text
+        except (ValueError, AttributeError):
+            message = answer.text
+        return f"vLLM answered {answer.status_code}: {message}"
+
+
+class Sidecar:
+    """Keeps vLLM's adapters equal to the desired list; the state of each, for /adapters."""
+
+    def __init__(self, desired_file: Path, root: Path, engine: Engine, limits: storage.Limits) -> None:
+        self.desired_file = desired_file
+        self.root = root
+        self.engine = engine
+        self.limits = limits
+        self.desired: dict[str, str] = {}
+        self.adapters: dict[str, Adapter] = {}
+        self.first: set[str] | None = None  # the list read at start; /ready waits for it
+        self.engine_up = False
+
+    def read(self) -> None:
+        try:
+            desired = read_desired(self.desired_file.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("keeping the adapters list: %s: %s", self.desired_file, _reason(str(exc)))
+            return
+        self.desired = desired
+        for name, uri in desired.items():
+            adapter = self.adapters.get(name)
+            if adapter is None or adapter.uri != uri:
+                self.adapters[name] = Adapter(uri)
+        for name in set(self.adapters) - set(desired):
+            del self.adapters[name]
+        if self.first is None:
+            self.first = set(desired)
+
+    async def step(self) -> None:
+        """Read the list, look at vLLM, and act."""
+        self.read()
+        try:
+            served = await self.engine.served()
+        except (httpx.HTTPError, ValueError):
+            self.engine_up = False  # vLLM is starting or restarting: nothing to compare with yet
+            return
+        self.engine_up = True
+        for name, adapter in self.adapters.items():
+            if served.get(name) == str(adapter_dir(self.root, name, adapter.uri)):
+                adapter.state, adapter.reason = State.READY, ""
+        for action in plan(self.desired, served, self.adapters, self.root, time.monotonic()):
+            if isinstance(action, Unload):
+                await self._unload(action.name)
+            else:
+                await self._load(action.name, action.uri, in_place=action.name in served)
+
+    async def _unload(self, name: str) -> None:
+        refusal = await self.engine.unload(name)
+        if refusal:
+            log.warning("unloading adapter %s: %s", name, _reason(refusal))
+            return
+        log.info("unloaded adapter %s", name)
+        for old in self.root.glob(f"{name}-*"):
+            shutil.rmtree(old, ignore_errors=True)
+
+    async def _load(self, name: str, uri: str, in_place: bool) -> None:
+        adapter = self.adapters[name]
+        adapter.state, adapter.reason = State.LOADING, ""
+        target = adapter_dir(self.root, name, uri)
+        try:
+            if not (target / "adapter_config.json").exists():
+                await asyncio.to_thread(self._fetch, uri, target)
+            refusal = await self.engine.load(name, target, in_place)
+        except storage.FetchError as exc:
+            refusal = f"fetching {uri}: {exc}"
+        except (httpx.HTTPError, OSError) as exc:
+            refusal = f"{type(exc).__name__}: {exc}"
+        if refusal:
+            adapter.state, adapter.reason, adapter.failed_at = State.FAILED, _reason(refusal), time.monotonic()
+            log.warning("adapter %s failed: %s", name, adapter.reason)
+            return
+        adapter.state = State.READY
+        log.info("loaded adapter %s from %s", name, uri)
+        for old in self.root.glob(f"{name}-*"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _fetch(self, uri: str, target: Path) -> None:
+        """Into a temporary directory first, so a half-fetched adapter is never loaded."""
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        limits = dataclasses.replace(self.limits, started=time.monotonic(), written=0)
+        try:
+            storage.fetch(uri, partial, limits)
+            if not (partial / "adapter_config.json").exists():
+                raise storage.NotAModelError(f"{uri}: no adapter_config.json (not a PEFT LoRA adapter)")
+            partial.rename(target)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "engine": "up" if self.engine_up else "starting",
+            "adapters": [
+                {"name": name, "uri": a.uri, "state": a.state.value, **({"reason": a.reason} if a.reason else {})}
+                for name, a in self.adapters.items()
+            ],
+        }
+
+    def ready(self) -> bool:
+        """Every adapter of the first list settled (a later one never makes a replica unready)."""
+        if self.first is None:
+            return False
+        settled = (State.READY, State.FAILED)
+        return all(a.state in settled for n, a in self.adapters.items() if n in self.first)
+
+
+def install_guard(plugins: Path) -> Path:
+    """vllm_guard.py as `rocm_inference_guard.py` in `plugins`, for vLLM's --middleware."""
+    plugins.mkdir(parents=True, exist_ok=True)
+    target = plugins / f"{GUARD_MODULE}.py"
+    partial = plugins / f".{GUARD_MODULE}.py.partial"
+    shutil.copyfile(vllm_guard.__file__, partial)
+    partial.rename(target)
+    return target
+
+
+async def _answer(sidecar: Sidecar, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A minimal HTTP/1.0 answer to the kubelet's probes and the operator's status reads."""
+    with contextlib.suppress(Exception):
+        request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+        parts = request.split(b" ", 2)
+        path = parts[1].decode("latin-1") if len(parts) > 1 else ""
+        status = 404
+        body: object = {"error": "not found"}
+        if path == "/adapters":
+            status, body = 200, sidecar.status()
+        elif path == "/ready":
+            status, body = (200, {"ready": True}) if sidecar.ready() else (503, {"ready": False})
+        elif path == "/health/live":
+            status, body = 200, {"live": True}
+        data = json.dumps(body).encode()
+        head = f"HTTP/1.0 {status} {'OK' if status == 200 else 'Error'}\r\nContent-Type: application/json\r\n"
+        writer.write(head.encode() + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        await writer.drain()
+    writer.close()
+
+
+async def run(args: argparse.Namespace) -> None:
+    limits = storage.Limits(max_bytes=args.max_bytes, deadline_seconds=args.deadline)
+    sidecar = Sidecar(Path(args.desired), Path(args.dir), Engine(args.engine), limits)
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    server = await asyncio.start_server(lambda r, w: _answer(sidecar, r, w), args.host, args.port)
+    log.info("adapters sidecar on %s:%d, vLLM at %s", args.host, args.port, args.engine)
+    async with server:
+        while not stop.is_set():
+            await sidecar.step()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.interval)
+    await sidecar.engine.client.aclose()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m model_server.adapters", description=__doc__.split("\n\n")[0])
+    p.add_argument("--desired", required=True, help="the ConfigMap's adapters.json")
+    p.add_argument("--dir", required=True, help="where adapters are fetched (a volume vLLM mounts at the same path)")
+    p.add_argument("--engine", default="http://127.0.0.1:8080", help="vLLM's URL on loopback")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--plugins", help="copy vLLM's adapter guard middleware here first")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between two looks")
+    p.add_argument("--max-bytes", type=storage.parse_size, default=storage.parse_size("20Gi"))
+    p.add_argument("--deadline", type=float, default=1800.0, help="seconds one adapter's fetch may take")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        storage.trust_ca_bundle(os.environ)  # the platform's CA, as for the model's fetch
+    except storage.FetchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.plugins:
+        install_guard(Path(args.plugins))
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

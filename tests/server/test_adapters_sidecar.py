@@ -1,0 +1,306 @@
+"""The adapters sidecar against a stand-in of vLLM's adapter endpoints, and vLLM's guard."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from model_server import adapters as sidecar_module
+from model_server import storage, vllm_guard
+from model_server.adapters import Engine, Load, Sidecar, Unload, adapter_dir, plan, read_desired
+
+BASE = "tiny"
+
+
+class FakeVllm:
+    """vLLM's /v1/models, /v1/load_lora_adapter and /v1/unload_lora_adapter, in memory."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, str] = {}
+        self.refuse: dict[str, str] = {}
+        self.up = True
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if not self.up:
+            raise httpx.ConnectError("connection refused")
+        if request.url.path == "/v1/models":
+            cards = [{"id": BASE, "root": "/mnt/models", "parent": None}]
+            cards += [{"id": name, "root": path, "parent": BASE} for name, path in self.loaded.items()]
+            return httpx.Response(200, json={"object": "list", "data": cards})
+        body = json.loads(request.content)
+        name = body["lora_name"]
+        if request.url.path == "/v1/load_lora_adapter":
+            if name in self.refuse:
+                return httpx.Response(400, json={"error": {"message": self.refuse[name], "code": 400}})
+            if name in self.loaded and not body.get("load_inplace"):
+                return httpx.Response(400, json={"error": {"message": f"'{name}' has already been loaded"}})
+            self.loaded[name] = body["lora_path"]
+            return httpx.Response(200, text=f"Success: LoRA adapter '{name}' added successfully.")
+        if request.url.path == "/v1/unload_lora_adapter":
+            if self.loaded.pop(name, None) is None:
+                return httpx.Response(404, json={"error": {"message": f"'{name}' not found"}})
+            return httpx.Response(200, text="removed")
+        return httpx.Response(404)
+
+
+@pytest.fixture
+def fetched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """storage.fetch, writing an adapter's files (or failing for hf://org/missing); the URIs asked."""
+    asked: list[str] = []
+
+    def fetch(uri: str, dest: pathlib.Path, limits: storage.Limits | None = None) -> list[pathlib.Path]:
+        asked.append(uri)
+        if uri.endswith("/missing"):
+            raise storage.FetchError(f"{uri}: RepositoryNotFoundError: 404")
+        if uri.endswith("/html"):
+            (dest / "index.html").write_text("<html>")
+            return [dest / "index.html"]
+        (dest / "adapter_config.json").write_text(json.dumps({"uri": uri}))
+        return [dest / "adapter_config.json"]
+
+    monkeypatch.setattr(storage, "fetch", fetch)
+    return asked
+
+
+class Pod:
+    def __init__(self, root: pathlib.Path) -> None:
+        self.vllm = FakeVllm()
+        self.desired = root / "adapters.json"
+        self.dir = root / "adapters"
+        self.dir.mkdir()
+        engine = Engine("http://vllm", transport=httpx.MockTransport(self.vllm))
+        self.sidecar = Sidecar(self.desired, self.dir, engine, storage.Limits())
+
+    def want(self, **adapters: str) -> None:
+        self.desired.write_text(json.dumps({"adapters": [{"name": n, "uri": u} for n, u in adapters.items()]}))
+
+    def step(self) -> None:
+        asyncio.run(self.sidecar.step())
+
+    def states(self) -> dict[str, tuple[str, str]]:
+        return {a["name"]: (a["state"], a.get("reason", "")) for a in self.sidecar.status()["adapters"]}
+
+
+@pytest.fixture
+def pod(tmp_path: pathlib.Path, fetched: list[str]) -> Pod:
+    return Pod(tmp_path)
+
+
+def test_the_list_is_fetched_and_loaded_and_reported(pod: Pod, fetched: list[str]) -> None:
+    pod.want(sql="hf://org/sql", chat="s3://bucket/chat")
+    assert not pod.sidecar.ready()
+    pod.step()
+    assert pod.vllm.loaded == {
+        "sql": str(adapter_dir(pod.dir, "sql", "hf://org/sql")),
+        "chat": str(adapter_dir(pod.dir, "chat", "s3://bucket/chat")),
+    }
+    assert pod.states() == {"sql": ("Ready", ""), "chat": ("Ready", "")}
+    assert pod.sidecar.ready() and fetched == ["hf://org/sql", "s3://bucket/chat"]
+    pod.step()  # nothing left to do: no second fetch or load
+    assert fetched == ["hf://org/sql", "s3://bucket/chat"]
+
+
+def test_a_removed_adapter_is_unloaded_and_its_files_removed(pod: Pod) -> None:
+    pod.want(sql="hf://org/sql", chat="hf://org/chat")
+    pod.step()
+    pod.want(chat="hf://org/chat")
+    pod.step()
+    assert set(pod.vllm.loaded) == {"chat"} and set(pod.states()) == {"chat"}
+    assert [p.name for p in pod.dir.iterdir()] == [adapter_dir(pod.dir, "chat", "hf://org/chat").name]
+
+
+def test_a_changed_uri_is_loaded_in_place_and_the_old_files_go(pod: Pod) -> None:
+    pod.want(sql="hf://org/sql@v1")
+    pod.step()
+    pod.want(sql="hf://org/sql@v2")
+    pod.step()
+    new = adapter_dir(pod.dir, "sql", "hf://org/sql@v2")
+    assert pod.vllm.loaded == {"sql": str(new)} and pod.states() == {"sql": ("Ready", "")}
+    assert [p.name for p in pod.dir.iterdir()] == [new.name]
+
+
+def test_a_failed_fetch_is_reported_settles_readiness_and_is_retried_later(
+    pod: Pod, fetched: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod.want(sql="hf://org/sql", bad="hf://org/missing", page="hf://org/html")
+    pod.step()
+    states = pod.states()
+    assert states["sql"] == ("Ready", "")
+    assert states["bad"][0] == "Failed" and "RepositoryNotFoundError" in states["bad"][1]
+    assert states["page"][0] == "Failed" and "no adapter_config.json" in states["page"][1]
+    assert set(pod.vllm.loaded) == {"sql"}
+    assert not any(p.name.endswith(".partial") for p in pod.dir.iterdir())  # nothing half-fetched is left
+    assert pod.sidecar.ready()  # settled: a bad adapter must not keep the replica out of its Service
+    pod.step()
+    assert fetched.count("hf://org/missing") == 1  # not again before the retry delay
+    monkeypatch.setattr(sidecar_module, "RETRY_SECONDS", 0.0)
+    pod.step()
+    assert fetched.count("hf://org/missing") == 2
+
+
+def test_vllms_refusal_is_the_reason(pod: Pod) -> None:
+    pod.vllm.refuse["big"] = "LoRA rank 64 is greater than max_lora_rank 16."
+    pod.want(big="hf://org/big")
+    pod.step()
+    state, reason = pod.states()["big"]
+    assert state == "Failed" and reason == "vLLM answered 400: LoRA rank 64 is greater than max_lora_rank 16."
+
+
+def test_a_restarted_vllm_gets_its_adapters_again_without_a_new_download(pod: Pod, fetched: list[str]) -> None:
+    pod.want(sql="hf://org/sql")
+    pod.step()
+    pod.vllm.up = False
+    pod.step()
+    assert pod.sidecar.status()["engine"] == "starting"
+    pod.vllm.up, pod.vllm.loaded = True, {}  # a new vLLM process: no adapters
+    pod.step()
+    assert set(pod.vllm.loaded) == {"sql"} and fetched == ["hf://org/sql"]
+
+
+def test_readiness_waits_for_the_first_list_only(pod: Pod) -> None:
+    pod.vllm.up = False
+    pod.want(sql="hf://org/sql")
+    pod.step()
+    assert not pod.sidecar.ready()  # vLLM is not up: nothing is loaded yet
+    pod.vllm.up = True
+    pod.step()
+    assert pod.sidecar.ready()
+    pod.vllm.up = False
+    pod.want(sql="hf://org/sql", chat="hf://org/chat")  # added later, not loaded yet
+    pod.step()
+    assert pod.states()["chat"][0] == "Pending" and pod.sidecar.ready()
+
+
+def test_a_broken_list_file_keeps_the_list(pod: Pod) -> None:
+    pod.want(sql="hf://org/sql")
+    pod.step()
+    for text in ("{", '{"adapters": {}}', '{"adapters": [{"name": "a"}]}', "[]"):
+        pod.desired.write_text(text)
+        pod.step()
+        assert set(pod.vllm.loaded) == {"sql"} and set(pod.states()) == {"sql"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"adapters": [{"name": "a", "uri": "hf://o/a"}, {"name": "a", "uri": "hf://o/b"}]}',
+        '{"adapters": [{"name": "", "uri": "hf://o/a"}]}',
+        '{"adapters": [{"name": 1, "uri": "hf://o/a"}]}',
+        json.dumps({"adapters": [{"name": f"a{i}", "uri": "hf://o/a"} for i in range(257)]}),
+    ],
+)
+def test_read_desired_refuses_what_the_operator_never_writes(text: str) -> None:
+    with pytest.raises(ValueError):
+        read_desired(text)
+
+
+def test_plan_unloads_before_it_loads(tmp_path: pathlib.Path) -> None:
+    served = {"old": "/x/old-1", "keep": str(adapter_dir(tmp_path, "keep", "hf://o/keep"))}
+    actions = plan({"keep": "hf://o/keep", "new": "hf://o/new"}, served, {}, tmp_path, 0.0)
+    assert actions == [Unload("old"), Load("new", "hf://o/new")]
+
+
+def test_the_sidecar_answers_the_probes_and_the_operator(pod: Pod) -> None:
+    pod.want(sql="hf://org/sql")
+
+    async def exchange() -> dict[str, tuple[int, object]]:
+        server = await asyncio.start_server(
+            lambda r, w: sidecar_module._answer(pod.sidecar, r, w),  # noqa: SLF001
+            "127.0.0.1",
+            0,
+        )
+        port = server.sockets[0].getsockname()[1]
+        answers = {}
+        async with server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            for label in ("before", "after"):
+                if label == "after":
+                    await pod.sidecar.step()
+                for path in ("/ready", "/adapters"):
+                    got = await client.get(path)
+                    answers[f"{label} {path}"] = (got.status_code, got.json())
+            got = await client.get("/nothing")
+            answers["unknown"] = (got.status_code, got.json())
+            live = await client.get("/health/live")
+            answers["live"] = (live.status_code, live.json())
+        return answers
+
+    answers = asyncio.run(exchange())
+    assert answers["before /ready"][0] == 503
+    assert answers["after /ready"] == (200, {"ready": True})
+    status = answers["after /adapters"][1]
+    assert isinstance(status, dict) and status["adapters"] == [{"name": "sql", "uri": "hf://org/sql", "state": "Ready"}]
+    assert answers["unknown"][0] == 404 and answers["live"][0] == 200
+
+
+# --- the guard vLLM loads with --middleware ----------------------------------------------------
+
+
+async def _through_guard(path: str, client: str, kind: str = "http") -> tuple[int | None, bool]:
+    """(the status the guard answered or None, whether vLLM's app was reached)."""
+    reached = []
+
+    async def app(scope, receive, send) -> None:
+        reached.append(scope["path"])
+
+    sent: list[dict] = []
+
+    async def send(message) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b""}
+
+    guard = vllm_guard.LocalAdminOnly(app)
+    await guard({"type": kind, "path": path, "client": (client, 5000)}, receive, send)
+    status = next((m["status"] for m in sent if m["type"] == "http.response.start"), None)
+    return status, bool(reached)
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/adapters", "/adapters/sql", "/v1/LOAD_LoRA_x"]
+)
+def test_the_guard_refuses_adapter_management_from_outside_the_pod(path: str) -> None:
+    assert asyncio.run(_through_guard(path, "10.244.0.7")) == (403, False)
+    assert asyncio.run(_through_guard(path, "127.0.0.1")) == (None, True)
+
+
+def test_the_guard_lets_inference_through_from_anywhere() -> None:
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/metrics", "/health"):
+        assert asyncio.run(_through_guard(path, "10.244.0.7")) == (None, True)
+
+
+def test_the_guard_closes_a_websocket_to_a_management_path() -> None:
+    sent: list[dict] = []
+
+    async def run() -> None:
+        async def app(scope, receive, send) -> None:
+            raise AssertionError("reached vLLM")
+
+        async def send(message) -> None:
+            sent.append(message)
+
+        guard = vllm_guard.LocalAdminOnly(app)
+        await guard({"type": "websocket", "path": "/adapters", "client": ("10.0.0.1", 1)}, None, send)
+
+    asyncio.run(run())
+    assert sent == [{"type": "websocket.close", "code": 1008}]
+
+
+def test_the_installed_guard_imports_with_the_standard_library_alone(tmp_path: pathlib.Path) -> None:
+    """It runs in vLLM's image, which has no model_server package."""
+    target = sidecar_module.install_guard(tmp_path / "plugins")
+    check = "import rocm_inference_guard as g; print(g.LocalAdminOnly.__name__)"
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target.parent)!r}); {check}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "LocalAdminOnly", result.stderr
