@@ -467,8 +467,13 @@ def test_canary_behind_an_httproute_is_split_by_its_weights(apiserver: ApiServer
         timeout=120,
         message="route weights 90/10",
     )
-    rollout = rollout_of(apiserver, ns)
-    assert (rollout["stage"], rollout["traffic"]) == ("canary 10%", "httpRoute")
+    # The status is written after the objects it describes: wait for it rather than race it.
+    rollout = wait_for(
+        lambda: (r := rollout_of(apiserver, ns)) and r.get("stage") == "canary 10%" and r,
+        timeout=30,
+        message="status.rollout at canary 10%",
+    )
+    assert rollout["traffic"] == "httpRoute", rollout
     canary = deployment(apiserver, ns, "resnet-canary")
     assert canary is not None and canary["spec"]["replicas"] == 1  # 10% of what 3 serve
     for track in ("stable", "canary"):
