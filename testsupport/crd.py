@@ -62,6 +62,10 @@ ADDON_CRDS = {
     / "testsupport"
     / "crds"
     / "inferencepools.inference.networking.k8s.io.yaml",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): ROOT
+    / "testsupport"
+    / "crds"
+    / "leaderworkersets.leaderworkerset.x-k8s.io.yaml",
 }
 
 

@@ -29,7 +29,7 @@ from .builders import selector_string, service_url
 from .builders.common import COMPONENT, MANAGER, SPEC_HASH_ANNOTATION, Owner
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
-from .kinds import KINDS, unavailable_message
+from .kinds import KINDS, WORKLOAD_KINDS, unavailable_message
 from .models import (
     API_VERSION,
     GROUP,
@@ -380,7 +380,7 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
         return
     # The service's pods (stable or canary arm), not its endpoint picker's: only they make its status.
     labels = body["metadata"].get("labels") or {}
-    is_deployment = body.get("kind") == "Deployment" and labels.get("app.kubernetes.io/component") == COMPONENT
+    is_deployment = body.get("kind") in WORKLOAD_KINDS and labels.get("app.kubernetes.io/component") == COMPONENT
     why = f"{body.get('kind')} deleted" if event["type"] == "DELETED" else _suspect(body)
     if why is None and not is_deployment:
         return

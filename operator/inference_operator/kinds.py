@@ -69,6 +69,16 @@ KINDS: tuple[Kind, ...] = (
     Kind("v1", "ServiceAccount", "serviceaccounts", owned=True),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", owned=True, replaced_on_change=True),
     Kind("apps/v1", "Deployment", "deployments", owned=True, keeps_live_replicas=True),
+    # resources.gpu.nodes > 1: the replicas as groups of pods, instead of the Deployment.
+    Kind(
+        "leaderworkerset.x-k8s.io/v1",
+        "LeaderWorkerSet",
+        "leaderworkersets",
+        owned=True,
+        addon="LeaderWorkerSet (lws.sigs.k8s.io)",
+        otherwise="set resources.gpu.nodes: 1",
+        keeps_live_replicas=True,
+    ),
     Kind("v1", "Service", "services", owned=True),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", owned=True),
     Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", owned=True),
@@ -105,6 +115,8 @@ KINDS: tuple[Kind, ...] = (
 )
 
 BY_KEY: dict[tuple[str, str], Kind] = {k.key: k for k in KINDS}
+# What runs the pods, whose rollout status is the service's: a Deployment, or groups of pods.
+WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 APPLY_ORDER: dict[tuple[str, str], int] = {k.key: position for position, k in enumerate(KINDS)}
 OWNED_KINDS: list[tuple[str, str]] = [k.key for k in KINDS if k.owned]
 PLURALS: dict[tuple[str, str], str] = {k.key: k.plural for k in KINDS}

@@ -280,6 +280,18 @@ VLLM_RESERVED_FLAGS = (
     "middleware",
 )
 VLLM_ARG_PATTERN = r"^--[A-Za-z0-9][-_A-Za-z0-9.+]*(=[\s\S]*)?$"
+# vLLM flags a multi-node replica (resources.gpu.nodes > 1) sets: the pipeline across nodes and
+# the multiprocessing bootstrap between them; runtime.args may not set them there.
+VLLM_MULTI_NODE_FLAGS = (
+    "pipeline-parallel-size",
+    "distributed-executor-backend",
+    "nnodes",
+    "node-rank",
+    "master-addr",
+    "master-port",
+    "headless",
+    "data-parallel-size",
+)
 
 
 def _prefixes(flag: str) -> str:
@@ -295,6 +307,7 @@ def _prefixes(flag: str) -> str:
 # JSON-argument syntax for the same flag. Shared with the CRD's CEL rule.
 VLLM_RESERVED_ARG_PATTERN = "^--(" + "|".join(_prefixes(f) for f in VLLM_RESERVED_FLAGS) + ")([.+=][\\s\\S]*)?$"
 VLLM_ARGS_MESSAGE = "runtime.args for engine vllm"
+VLLM_MULTI_NODE_ARG_PATTERN = "^--(" + "|".join(_prefixes(f) for f in VLLM_MULTI_NODE_FLAGS) + ")([.+=][\\s\\S]*)?$"
 
 
 class AutoscalingMode(StrEnum):
@@ -605,7 +618,15 @@ class GpuSpec(_Spec):
         ge=0,
         le=16,
         description="GPUs (or GPU partitions) per replica: amd.com/gpu, amd.com/<partition> under mixed naming, "
-        "or the count of a DRA claim; 0 runs on CPU.",
+        "or the count of a DRA claim; 0 runs on CPU. With nodes > 1: per node.",
+    )
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="vllm: nodes one replica spans. Above 1 each replica is a LeaderWorkerSet group of this many "
+        "pods (leaderworkerset.x-k8s.io/v1): tensor parallel over count GPUs within a node, pipeline parallel "
+        "across nodes, the leader serving the API; autoscaling adds and removes whole groups.",
     )
     allocation: GpuAllocation | None = Field(
         None,
@@ -931,6 +952,12 @@ class RolloutSpec(_Spec):
     canary: CanarySpec | None = None
 
 
+_MULTI_NODE = (
+    "has(self.resources) && has(self.resources.gpu) && has(self.resources.gpu.nodes) && self.resources.gpu.nodes > 1"
+)
+_IS_VLLM_SPEC = "has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm'"
+
+
 class InferenceServiceSpec(_Spec):
     """`spec` of an InferenceService."""
 
@@ -969,6 +996,26 @@ class InferenceServiceSpec(_Spec):
                 " || (has(self.adapters) && self.adapters.exists(a, has(a.uri) && a.uri.startsWith('hf://')))",
                 "model.huggingFace applies to hf:// models and adapters only",
                 ".model.huggingFace",
+            ),
+            cel(
+                f"{_MULTI_NODE} ? ({_IS_VLLM_SPEC}) : true",
+                "resources.gpu.nodes above 1 needs runtime.engine vllm",
+                ".resources.gpu.nodes",
+            ),
+            cel(
+                f"{_MULTI_NODE}"
+                " ? !(has(self.rollout) && has(self.rollout.strategy) && self.rollout.strategy == 'canary')"
+                " && !(has(self.adapters) && size(self.adapters) > 0) : true",
+                "resources.gpu.nodes above 1 does not take a canary rollout or adapters yet",
+                ".resources.gpu.nodes",
+            ),
+            cel(
+                f"{_MULTI_NODE} && has(self.runtime) && has(self.runtime.args)"
+                f" ? self.runtime.args.all(a, !a.matches({_cel_string(VLLM_MULTI_NODE_ARG_PATTERN)})) : true",
+                "runtime.args may not set what a multi-node replica sets: "
+                + ", ".join("--" + f for f in VLLM_MULTI_NODE_FLAGS)
+                + " (or an abbreviation)",
+                ".runtime.args",
             ),
             cel(
                 "!has(self.adapters) || size(self.adapters) == 0"

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .jsontypes import JsonObject
+from .kinds import BY_KEY
 
 FieldSet = dict[str, "FieldSet"]
 Path = tuple[str, ...]
@@ -80,7 +81,8 @@ def tolerated(desired: JsonObject, owner_uid: str) -> Callable[[Path], bool]:
         ("f:metadata", "f:annotations"): {f"f:{k}" for k in meta.get("annotations") or {}},
         ("f:metadata", "f:ownerReferences"): {"k:" + json.dumps({"uid": owner_uid}, separators=(",", ":"))},
     }
-    external_replicas = desired.get("kind") == "Deployment" and "replicas" not in (desired.get("spec") or {})
+    kind = BY_KEY.get((desired.get("apiVersion", ""), desired.get("kind", "")))
+    external_replicas = bool(kind and kind.keeps_live_replicas) and "replicas" not in (desired.get("spec") or {})
 
     def keep(path: Path) -> bool:
         top = path[0]

@@ -29,7 +29,7 @@ from .builders.http_route import weighted
 from .credentials import CredentialPolicy, CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref
-from .kinds import KINDS, Kind, in_apply_order, kind_of_object
+from .kinds import KINDS, WORKLOAD_KINDS, Kind, in_apply_order, kind_of_object
 from .models import RolloutStrategy
 from .ownership import Drift, drift, metadata_differs
 from .rollout import (
@@ -72,6 +72,7 @@ class Change:
 @dataclass
 class Result:
     changes: list[Change] = field(default_factory=list)
+    # The live workload (the Deployment, or the LeaderWorkerSet of a multi-node service).
     deployment: JsonObject | None = None
     # Wanted kinds the cluster does not serve (an add-on is missing): not applied.
     unavailable: list[Kind] = field(default_factory=list)
@@ -353,7 +354,7 @@ def apply_step(api: KubeApi, step: Step, result: Result, owner_name: str) -> Cha
         live = None
     if step.action != Action.UNCHANGED:
         live = api.apply(keep_foreign_replicas(step.desired, live))
-    if step.ref.kind == "Deployment" and step.ref.name == owner_name:
+    if step.ref.kind in WORKLOAD_KINDS and step.ref.name == owner_name:
         result.deployment = live
     return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else "")
 

@@ -120,6 +120,8 @@ def rollout(deployment: JsonObject | None) -> Rollout:
     """
     if deployment is None:
         return NOT_CREATED
+    if deployment.get("kind") == "LeaderWorkerSet":
+        return group_rollout(deployment)
     spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
     desired = int(spec.get("replicas", 1))
     replicas = int(status.get("replicas", 0))
@@ -146,6 +148,30 @@ def rollout(deployment: JsonObject | None) -> Rollout:
         return replace(counts, message=f"{replicas - updated} old replicas are pending termination")
     if available < updated:
         return replace(counts, message=f"{available} of {updated} updated replicas are available")
+    return replace(counts, done=True, message="successfully rolled out")
+
+
+def group_rollout(lws: JsonObject) -> Rollout:
+    """The rollout state of a LeaderWorkerSet (a multi-node service), by groups: its status
+    counts groups (`readyReplicas`: groups whose every pod is ready), and `UpdateInProgress`
+    stays True until a template change has reached every group."""
+    spec, status = lws.get("spec") or {}, lws.get("status") or {}
+    desired = int(spec.get("replicas", 1))
+    replicas = int(status.get("replicas", 0))
+    ready = int(status.get("readyReplicas", 0))
+    updated = int(status.get("updatedReplicas", 0))
+    counts = Rollout(False, "", desired=desired, replicas=replicas, ready=ready, updated=updated, available=ready)
+    generation = (lws.get("metadata") or {}).get("generation")
+    observed = status.get("observedGeneration")
+    if generation is not None and (observed is None or observed < generation):
+        return replace(counts, message="waiting for the LeaderWorkerSet controller to observe the new spec")
+    updating = find_condition(status.get("conditions"), "UpdateInProgress")
+    if updated < desired or (updating and updating.get("status") == "True"):
+        return replace(counts, message=f"{updated} out of {desired} new groups have been updated")
+    if replicas > desired:
+        return replace(counts, message=f"{replicas - desired} old groups are pending termination")
+    if ready < desired:
+        return replace(counts, message=f"{ready} of {desired} groups are ready")
     return replace(counts, done=True, message="successfully rolled out")
 
 

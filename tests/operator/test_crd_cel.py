@@ -117,6 +117,21 @@ def test_rules_hold_on_full_objects(document: dict[str, Any]) -> None:
 
 
 VIOLATIONS = [
+    ({"resources": {"gpu": {"nodes": 2}}}, "spec.resources.gpu.nodes", "needs runtime.engine vllm"),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "resources": {"gpu": {"nodes": 2}},
+            "adapters": [{"name": "a", "uri": "hf://o/a"}],
+        },
+        "spec.resources.gpu.nodes",
+        "does not take a canary rollout or adapters",
+    ),
+    (
+        {"runtime": {"engine": "vllm", "args": ["--master-addr=x"]}, "resources": {"gpu": {"nodes": 2}}},
+        "spec.runtime.args",
+        "what a multi-node replica sets",
+    ),
     ({"adapters": [{"name": "a", "uri": "hf://o/a"}]}, "spec.adapters", "needs runtime.engine vllm"),
     ({"runtime": {"lora": {"maxLoras": 2}}}, "spec.runtime.lora", "engine vllm only"),
     (

@@ -131,6 +131,19 @@ def test_every_printer_column_points_at_a_schema_field() -> None:
 
 
 CEL_CASES = [
+    ({"resources": {"gpu": {"nodes": 2}}}, "resources.gpu.nodes above 1 needs runtime.engine vllm"),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "resources": {"gpu": {"nodes": 2}},
+            "adapters": [{"name": "a", "uri": "hf://o/a"}],
+        },
+        "does not take a canary rollout or adapters yet",
+    ),
+    (
+        {"runtime": {"engine": "vllm", "args": ["--nnodes=3"]}, "resources": {"gpu": {"nodes": 2}}},
+        "runtime.args may not set what a multi-node replica sets",
+    ),
     ({"adapters": [{"name": "a", "uri": "hf://o/a"}]}, "spec.adapters needs runtime.engine vllm"),
     ({"runtime": {"lora": {"maxLoras": 2}}}, "runtime.lora applies to engine vllm only"),
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "minReplicas"),

@@ -6,7 +6,7 @@ from ..jsontypes import JsonObject
 from ..kinds import OWNED_KINDS
 from ..models import AutoscalingMode
 from .adapters import build_adapters_config_map, lora_enabled
-from .common import Owner, selector_string, service_url
+from .common import Owner, multi_node, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
 from .endpoint_picker import build_endpoint_picker, deploys_endpoint_picker
 from .gpu import build_resource_claim_template, needs_claim_template
@@ -14,6 +14,7 @@ from .hpa import build_hpa
 from .http_route import build_http_route
 from .inference_pool import build_inference_pool
 from .keda import build_scaled_object, build_trigger_authentication
+from .leader_worker_set import build_leader_worker_set
 from .pdb import build_pdb, needs_pdb
 from .service import build_service
 
@@ -25,7 +26,8 @@ def build_all(owner: Owner) -> list[JsonObject]:
         objects.append(build_resource_claim_template(owner))  # before the pods that reference it
     if lora_enabled(owner.spec):
         objects.append(build_adapters_config_map(owner))  # before the pods that mount it
-    objects += [build_deployment(owner), build_service(owner)]
+    workload = build_leader_worker_set(owner) if multi_node(owner.spec) else build_deployment(owner)
+    objects += [workload, build_service(owner)]
     if needs_pdb(owner):
         objects.append(build_pdb(owner))
     scaling = owner.spec.autoscaling
@@ -53,6 +55,7 @@ __all__ = [
     "build_hpa",
     "build_http_route",
     "build_inference_pool",
+    "build_leader_worker_set",
     "build_pdb",
     "build_resource_claim_template",
     "build_scaled_object",

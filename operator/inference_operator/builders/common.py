@@ -96,6 +96,31 @@ def selector_labels(owner: Owner) -> dict[str, str]:
     }
 
 
+# LeaderWorkerSet (resources.gpu.nodes > 1): each group's pods carry their index; 0 is the leader.
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def multi_node(spec: InferenceServiceSpec) -> bool:
+    """A replica spans nodes: a LeaderWorkerSet group instead of a Deployment's pod."""
+    return spec.resources.gpu.nodes > 1
+
+
+def serving_labels(owner: Owner) -> dict[str, str]:
+    """The pods that serve requests: all of the service's, or only the leader of each group
+    (a multi-node replica's workers run no API server)."""
+    labels = selector_labels(owner)
+    return {**labels, LWS_WORKER_INDEX_LABEL: "0"} if multi_node(owner.spec) else labels
+
+
+def workload_ref(owner: Owner) -> JsonObject:
+    """What an HPA or KEDA scales: the Deployment, or the LeaderWorkerSet by groups."""
+    if multi_node(owner.spec):
+        return {"apiVersion": LWS_API_VERSION, "kind": LWS_KIND, "name": owner.name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name}
+
+
 def standard_labels(owner: Owner) -> dict[str, str]:
     return {
         **selector_labels(owner),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..autoscaler import promql
 from ..jsontypes import JsonObject
 from ..models import AutoscalingSpec, Engine, Metric, ScalingRule
-from .common import Owner, object_meta
+from .common import Owner, object_meta, workload_ref
 
 PROMQL_ANNOTATION = "inference.rocm.dev/promql"
 
@@ -95,7 +95,7 @@ def build_hpa(owner: Owner) -> JsonObject:
         "kind": "HorizontalPodAutoscaler",
         "metadata": object_meta(owner, annotations={PROMQL_ANNOTATION: query}),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
+            "scaleTargetRef": workload_ref(owner),
             "minReplicas": scaling.min_replicas,
             "maxReplicas": scaling.max_replicas,
             "metrics": [metric_spec(owner)],

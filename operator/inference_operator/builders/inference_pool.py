@@ -10,7 +10,7 @@ v1.0 already required are set, so the object is valid for every v1 release of th
 from __future__ import annotations
 
 from ..jsontypes import JsonObject
-from .common import Owner, object_meta, selector_labels
+from .common import Owner, object_meta, serving_labels
 
 API_VERSION = "inference.networking.k8s.io/v1"
 KIND = "InferencePool"
@@ -29,7 +29,7 @@ def build_inference_pool(owner: Owner) -> JsonObject:
         "kind": KIND,
         "metadata": object_meta(owner),
         "spec": {
-            "selector": {"matchLabels": selector_labels(owner)},
+            "selector": {"matchLabels": serving_labels(owner)},
             # The pods' serving port (the picker addresses pods directly, not the Service).
             "targetPorts": [{"number": owner.spec.runtime.port}],
             "endpointPickerRef": {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..autoscaler import promql
 from ..jsontypes import JsonObject
-from .common import Owner, object_meta
+from .common import Owner, object_meta, workload_ref
 from .hpa import behavior
 
 KEDA_API_VERSION = "keda.sh/v1alpha1"
@@ -47,7 +47,7 @@ def build_scaled_object(owner: Owner) -> JsonObject:
         "kind": "ScaledObject",
         "metadata": object_meta(owner),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name},
+            "scaleTargetRef": workload_ref(owner),
             "pollingInterval": scaling.interval_seconds,
             "minReplicaCount": scaling.min_replicas,
             "maxReplicaCount": scaling.max_replicas,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..jsontypes import JsonObject
 from ..models import Engine
-from .common import Owner, object_meta, selector_labels
+from .common import Owner, object_meta, serving_labels
 
 HTTP_PORT = 80
 
@@ -22,7 +22,7 @@ def build_service(owner: Owner) -> JsonObject:
         "metadata": object_meta(owner),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(owner),
+            "selector": serving_labels(owner),  # a multi-node replica's leader only
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {
