@@ -101,6 +101,28 @@ class Cluster:
     def get_cr(self, namespace: str, name: str) -> JsonObject | None:
         return self.get(CR_RESOURCE, namespace, name)
 
+    def wait_condition(
+        self,
+        namespace: str,
+        name: str,
+        type_: str,
+        status: str | None = None,
+        reason: str | None = None,
+        timeout: float = 30,
+    ) -> JsonObject:
+        """An InferenceService's condition of `type_` once it has this status and reason (each
+        if given); fails naming what it waited for."""
+
+        def matching() -> JsonObject | None:
+            found = condition(self.get_cr(namespace, name), type_)
+            if found is None or (status, reason) != (status and found["status"], reason and found.get("reason")):
+                return None
+            return found
+
+        wanted = " ".join(filter(None, [type_, status, reason]))
+        result: JsonObject = wait_for(matching, timeout=timeout, message=f"{wanted} on {namespace}/{name}")
+        return result
+
     def replicas(self, namespace: str, name: str) -> int | None:
         """An InferenceService's spec.replicas (what the autoscaler writes)."""
         cr = self.get_cr(namespace, name)

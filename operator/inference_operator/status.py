@@ -112,6 +112,27 @@ def set_condition(
     return sorted([*others, condition], key=lambda c: c["type"])
 
 
+def _counts(workload: JsonObject, available_key: str) -> Rollout:
+    """The replica counts of a workload's spec and status, not yet judged."""
+    spec, status = workload.get("spec") or {}, workload.get("status") or {}
+    return Rollout(
+        False,
+        "",
+        desired=int(spec.get("replicas", 1)),
+        replicas=int(status.get("replicas", 0)),
+        ready=int(status.get("readyReplicas", 0)),
+        updated=int(status.get("updatedReplicas", 0)),
+        available=int(status.get(available_key, 0)),
+    )
+
+
+def _unobserved(workload: JsonObject) -> bool:
+    """Whether its controller has not yet seen its latest spec (its status is older news)."""
+    generation = (workload.get("metadata") or {}).get("generation")
+    observed = (workload.get("status") or {}).get("observedGeneration")
+    return generation is not None and (observed is None or observed < generation)
+
+
 def rollout(deployment: JsonObject | None) -> Rollout:
     """The rollout state of a Deployment, with kubectl's rules (kubectl/pkg/polymorphichelpers).
 
@@ -122,26 +143,19 @@ def rollout(deployment: JsonObject | None) -> Rollout:
         return NOT_CREATED
     if deployment.get("kind") == "LeaderWorkerSet":
         return group_rollout(deployment)
-    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
-    desired = int(spec.get("replicas", 1))
-    replicas = int(status.get("replicas", 0))
-    ready = int(status.get("readyReplicas", 0))
-    updated = int(status.get("updatedReplicas", 0))
-    available = int(status.get("availableReplicas", 0))
-    counts = Rollout(False, "", desired=desired, replicas=replicas, ready=ready, updated=updated, available=available)
-
-    generation = (deployment.get("metadata") or {}).get("generation")
-    observed = status.get("observedGeneration")
-    if generation is not None and (observed is None or observed < generation):
+    counts = _counts(deployment, "availableReplicas")
+    if _unobserved(deployment):
         return replace(counts, message="waiting for the Deployment controller to observe the new spec")
-    failure = find_condition(status.get("conditions"), "ReplicaFailure")
+    conditions = (deployment.get("status") or {}).get("conditions")
+    failure = find_condition(conditions, "ReplicaFailure")
     if failure and failure.get("status") == "True":
         problem = Problem("ReplicaFailure", failure.get("message") or "pods cannot be created")
         return replace(counts, message=problem.message, problem=problem)
-    progress = find_condition(status.get("conditions"), "Progressing")
+    progress = find_condition(conditions, "Progressing")
     if progress and progress.get("reason") == "ProgressDeadlineExceeded":
         problem = Problem("ProgressDeadlineExceeded", progress.get("message") or "rollout exceeded its deadline")
         return replace(counts, message=problem.message, problem=problem)
+    desired, replicas, updated, available = counts.desired, counts.replicas, counts.updated, counts.available
     if updated < desired:
         return replace(counts, message=f"{updated} out of {desired} new replicas have been updated")
     if replicas > updated:
@@ -153,19 +167,13 @@ def rollout(deployment: JsonObject | None) -> Rollout:
 
 def group_rollout(lws: JsonObject) -> Rollout:
     """The rollout state of a LeaderWorkerSet (a multi-node service), by groups: its status
-    counts groups (`readyReplicas`: groups whose every pod is ready), and `UpdateInProgress`
-    stays True until a template change has reached every group."""
-    spec, status = lws.get("spec") or {}, lws.get("status") or {}
-    desired = int(spec.get("replicas", 1))
-    replicas = int(status.get("replicas", 0))
-    ready = int(status.get("readyReplicas", 0))
-    updated = int(status.get("updatedReplicas", 0))
-    counts = Rollout(False, "", desired=desired, replicas=replicas, ready=ready, updated=updated, available=ready)
-    generation = (lws.get("metadata") or {}).get("generation")
-    observed = status.get("observedGeneration")
-    if generation is not None and (observed is None or observed < generation):
+    counts groups (`readyReplicas`: groups whose every pod is ready, so they are the available
+    ones), and `UpdateInProgress` stays True until a template change has reached every group."""
+    counts = _counts(lws, "readyReplicas")
+    if _unobserved(lws):
         return replace(counts, message="waiting for the LeaderWorkerSet controller to observe the new spec")
-    updating = find_condition(status.get("conditions"), "UpdateInProgress")
+    updating = find_condition((lws.get("status") or {}).get("conditions"), "UpdateInProgress")
+    desired, replicas, ready, updated = counts.desired, counts.replicas, counts.ready, counts.updated
     if updated < desired or (updating and updating.get("status") == "True"):
         return replace(counts, message=f"{updated} out of {desired} new groups have been updated")
     if replicas > desired:

@@ -104,24 +104,15 @@ def test_adapters_status_follows_the_replicas_sidecars(
     add_pod(cluster, "llama-host", phase="Running", podIP="127.0.0.1", hostIP="127.0.0.1")
     add_pod(cluster, "llama-pending", phase="Pending")
     state.answer = {"adapters": [entry("sql", SQL["uri"], "Loading")]}
-    loading = wait_for(
-        lambda: (c := adapters_condition(cluster)) and c["reason"] == "Loading" and c,
-        timeout=30,
-        message="AdaptersReady=False Loading",
-    )
-    assert loading["status"] == "False" and "sql" in loading["message"]
+    loading = cluster.wait_condition(NAMESPACE, NAME, "AdaptersReady", "False", "Loading")
+    assert "sql" in loading["message"]
     (sql,) = cluster.get_cr(NAMESPACE, NAME)["status"]["adapters"]
     assert sql["state"] == "Loading" and sql["replicas"] == 2 and sql["readyReplicas"] == 0
     assert [p["pod"] for p in sql["pods"]] == ["llama-a", "llama-b"]
     assert set(state.asked) == {"/adapters"}
 
     state.answer = {"adapters": [entry("sql", SQL["uri"], "Ready")]}
-    ready = wait_for(
-        lambda: (c := adapters_condition(cluster)) and c["status"] == "True" and c,
-        timeout=30,
-        message="AdaptersReady=True",
-    )
-    assert ready["reason"] == "Loaded"
+    cluster.wait_condition(NAMESPACE, NAME, "AdaptersReady", "True", "Loaded")
 
     # A second adapter: the ConfigMap changes, the pods' template does not (no restart).
     assert cluster.patch_cr(NAMESPACE, NAME, {"spec": {"adapters": [SQL, CHAT]}}).is_success
@@ -137,11 +128,7 @@ def test_adapters_status_follows_the_replicas_sidecars(
     # One replica cannot load it; a hostile reason is cut short, and the other keeps serving.
     failed = {"adapters": [entry("sql", SQL["uri"], "Ready"), entry("chat", CHAT["uri"], "Failed", "x" * 5000)]}
     state.answer = failed
-    failure = wait_for(
-        lambda: (c := adapters_condition(cluster)) and c["reason"] == "AdapterFailed" and c,
-        timeout=30,
-        message="AdapterFailed",
-    )
+    failure = cluster.wait_condition(NAMESPACE, NAME, "AdaptersReady", "False", "AdapterFailed")
     assert failure["message"].startswith("chat on llama-a: xxx") and len(failure["message"]) <= 300
     states = {a["name"]: a["state"] for a in cluster.get_cr(NAMESPACE, NAME)["status"]["adapters"]}
     assert states == {"sql": "Ready", "chat": "Failed"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inference_operator import credentials, k8s
-from testsupport.cluster import Cluster, condition, wait_for
+from testsupport.cluster import Cluster, wait_for
 from testsupport.emulator import declare
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -39,12 +39,7 @@ def test_a_missing_inference_pool_crd_degrades_the_service_until_it_is_installed
     monkeypatch.setattr(k8s, "MISSING_API_RECHECK_SECONDS", 0.5)
     assert cluster.apply_cr(llm_service()).status_code in (200, 201)
 
-    degraded = wait_for(
-        lambda: (c := condition(cluster.get_cr(NAMESPACE, NAME), "Degraded")) and c["status"] == "True" and c,
-        timeout=30,
-        message="Degraded",
-    )
-    assert degraded["reason"] == "ApiUnavailable"
+    degraded = cluster.wait_condition(NAMESPACE, NAME, "Degraded", "True", "ApiUnavailable")
     assert "InferencePool" in degraded["message"] and "Inference Extension" in degraded["message"]
     assert "set routing.inferencePool: false" in degraded["message"]
     # The service still serves: its Deployment and Service exist.
@@ -58,8 +53,4 @@ def test_a_missing_inference_pool_crd_degrades_the_service_until_it_is_installed
     pool = wait_for(lambda: cluster.get(POOLS, NAMESPACE, NAME), timeout=30, message="the InferencePool")
     assert pool["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == NAME
     assert pool["spec"]["targetPorts"] == [{"number": 8080}]
-    wait_for(
-        lambda: (condition(cluster.get_cr(NAMESPACE, NAME), "Degraded") or {}).get("status") == "False",
-        timeout=30,
-        message="Degraded cleared",
-    )
+    cluster.wait_condition(NAMESPACE, NAME, "Degraded", "False")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inference_operator import credentials, k8s
-from testsupport.cluster import Cluster, condition, wait_for
+from testsupport.cluster import Cluster, wait_for
 from testsupport.emulator import declare
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -33,12 +33,7 @@ def test_a_missing_leader_worker_set_crd_degrades_the_service_until_it_is_instal
         },
     }
     assert cluster.apply_cr(service).status_code in (200, 201)
-    degraded = wait_for(
-        lambda: (c := condition(cluster.get_cr(NAMESPACE, NAME), "Degraded")) and c["status"] == "True" and c,
-        timeout=30,
-        message="Degraded",
-    )
-    assert degraded["reason"] == "ApiUnavailable"
+    degraded = cluster.wait_condition(NAMESPACE, NAME, "Degraded", "True", "ApiUnavailable")
     assert "LeaderWorkerSet" in degraded["message"] and "set resources.gpu.nodes: 1" in degraded["message"]
     assert cluster.get("apps/v1/deployments", NAMESPACE, NAME) is None  # no half of a pipeline
     assert cluster.get("v1/services", NAMESPACE, NAME) is not None
@@ -46,8 +41,4 @@ def test_a_missing_leader_worker_set_crd_degrades_the_service_until_it_is_instal
     declare(cluster.emulator, LWS, "LeaderWorkerSet", subresources=("status", "scale"))  # the CRD is installed
     lws = wait_for(lambda: cluster.get(LWS, NAMESPACE, NAME), timeout=30, message="the LeaderWorkerSet")
     assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
-    wait_for(
-        lambda: (c := condition(cluster.get_cr(NAMESPACE, NAME), "Degraded")) and c["status"] == "False",
-        timeout=30,
-        message="Degraded cleared",
-    )
+    cluster.wait_condition(NAMESPACE, NAME, "Degraded", "False")
