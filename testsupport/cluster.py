@@ -180,6 +180,16 @@ class ReplicaRecorder:
         return [(t, before, after) for (_, before), (t, after) in itertools.pairwise(self.changes)]
 
 
+def inference_service(name: str, namespace: str, spec: JsonObject) -> JsonObject:
+    """An InferenceService manifest, as a test applies it."""
+    return {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
 def condition(obj: JsonObject | None, type_: str) -> JsonObject | None:
     """The condition of `type_` in an object's status, if it has one."""
     conditions: list[JsonObject] = ((obj or {}).get("status") or {}).get("conditions") or []

@@ -11,7 +11,7 @@ import pytest
 
 from inference_operator import handlers
 from tests.http_stub import QuietHandler, serving
-from testsupport.cluster import Cluster, condition, wait_for
+from testsupport.cluster import Cluster, condition, inference_service, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,16 +52,12 @@ def sidecars() -> Iterator[tuple[Sidecars, int]]:
 
 
 def service(port: int, adapters: list[dict]) -> dict:
-    return {
-        "apiVersion": "inference.rocm.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": NAME, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"uri": "pvc://models/llama", "name": "llama"},
-            "runtime": {"engine": "vllm", "metricsPort": port},
-            "adapters": adapters,
-        },
+    spec = {
+        "model": {"uri": "pvc://models/llama", "name": "llama"},
+        "runtime": {"engine": "vllm", "metricsPort": port},
+        "adapters": adapters,
     }
+    return inference_service(NAME, NAMESPACE, spec)
 
 
 def add_pod(cluster: Cluster, name: str, **status: object) -> None:

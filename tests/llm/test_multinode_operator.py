@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inference_operator import credentials, k8s
-from testsupport.cluster import Cluster, wait_for
+from testsupport.cluster import Cluster, inference_service, wait_for
 from testsupport.emulator import declare
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -22,16 +22,12 @@ def test_a_missing_leader_worker_set_crd_degrades_the_service_until_it_is_instal
 ) -> None:
     monkeypatch.setattr(credentials, "RECHECK_SECONDS", 1)
     monkeypatch.setattr(k8s, "MISSING_API_RECHECK_SECONDS", 0.5)
-    service = {
-        "apiVersion": "inference.rocm.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": NAME, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"uri": "pvc://models/llama-405b", "name": "llama"},
-            "runtime": {"engine": "vllm"},
-            "resources": {"gpu": {"count": 8, "nodes": 2}},
-        },
+    spec = {
+        "model": {"uri": "pvc://models/llama-405b", "name": "llama"},
+        "runtime": {"engine": "vllm"},
+        "resources": {"gpu": {"count": 8, "nodes": 2}},
     }
+    service = inference_service(NAME, NAMESPACE, spec)
     assert cluster.apply_cr(service).status_code in (200, 201)
     degraded = cluster.wait_condition(NAMESPACE, NAME, "Degraded", "True", "ApiUnavailable")
     assert "LeaderWorkerSet" in degraded["message"] and "set resources.gpu.nodes: 1" in degraded["message"]
