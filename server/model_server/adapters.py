@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -34,7 +33,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -42,6 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from . import storage, vllm_guard
 
@@ -289,43 +292,44 @@ def install_guard(plugins: Path) -> Path:
     return target
 
 
-async def _answer(sidecar: Sidecar, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A minimal HTTP/1.0 answer to the kubelet's probes and the operator's status reads."""
-    with contextlib.suppress(Exception):
-        request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-        parts = request.split(b" ", 2)
-        path = parts[1].decode("latin-1") if len(parts) > 1 else ""
-        status = 404
-        body: object = {"error": "not found"}
-        if path == "/adapters":
-            status, body = 200, sidecar.status()
-        elif path == "/ready":
-            status, body = (200, {"ready": True}) if sidecar.ready() else (503, {"ready": False})
-        elif path == "/health/live":
-            status, body = 200, {"live": True}
-        data = json.dumps(body).encode()
-        head = f"HTTP/1.0 {status} {'OK' if status == 200 else 'Error'}\r\nContent-Type: application/json\r\n"
-        writer.write(head.encode() + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        await writer.drain()
-    writer.close()
+def status_app(sidecar: Sidecar) -> Starlette:
+    """The kubelet's probes and the operator's status reads; nothing here changes anything."""
+
+    async def adapters(request: Request) -> JSONResponse:
+        return JSONResponse(sidecar.status())
+
+    async def ready(request: Request) -> JSONResponse:
+        settled = sidecar.ready()
+        return JSONResponse({"ready": settled}, status_code=200 if settled else 503)
+
+    async def live(request: Request) -> JSONResponse:
+        return JSONResponse({"live": True})
+
+    return Starlette(
+        routes=[Route("/adapters", adapters), Route("/ready", ready), Route("/health/live", live)],
+    )
 
 
 async def run(args: argparse.Namespace) -> None:
+    """Serve the status, and keep vLLM's adapters equal to the list until SIGTERM (which
+    uvicorn catches: the loop ends after the step under way)."""
     limits = storage.Limits(max_bytes=args.max_bytes, deadline_seconds=args.deadline)
     sidecar = Sidecar(Path(args.desired), Path(args.dir), Engine(args.engine), limits)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    server = await asyncio.start_server(lambda r, w: _answer(sidecar, r, w), args.host, args.port)
+    config = uvicorn.Config(
+        status_app(sidecar), host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
     log.info("adapters sidecar on %s:%d, vLLM at %s", args.host, args.port, args.engine)
-    async with server:
-        while not stop.is_set():
+    try:
+        while not server.should_exit and not serving.done():
             await sidecar.step()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), args.interval)
-    await sidecar.engine.client.aclose()
+            await asyncio.sleep(args.interval)
+    finally:
+        server.should_exit = True
+        await serving
+        await sidecar.engine.client.aclose()
 
 
 def parser() -> argparse.ArgumentParser:

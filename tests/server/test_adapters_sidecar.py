@@ -14,6 +14,7 @@ import pytest
 from model_server import adapters as sidecar_module
 from model_server import storage, vllm_guard
 from model_server.adapters import Engine, Load, Sidecar, Unload, adapter_dir, plan, read_desired
+from testsupport.processes import free_port, running, stop
 
 BASE = "tiny"
 
@@ -210,24 +211,20 @@ def test_the_sidecar_answers_the_probes_and_the_operator(pod: Pod) -> None:
     pod.want(sql="hf://org/sql")
 
     async def exchange() -> dict[str, tuple[int, object]]:
-        server = await asyncio.start_server(
-            lambda r, w: sidecar_module._answer(pod.sidecar, r, w),  # noqa: SLF001
-            "127.0.0.1",
-            0,
-        )
-        port = server.sockets[0].getsockname()[1]
+        transport = httpx.ASGITransport(app=sidecar_module.status_app(pod.sidecar))
         answers = {}
-        async with server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as client:
             for label in ("before", "after"):
                 if label == "after":
                     await pod.sidecar.step()
                 for path in ("/ready", "/adapters"):
                     got = await client.get(path)
                     answers[f"{label} {path}"] = (got.status_code, got.json())
-            got = await client.get("/nothing")
-            answers["unknown"] = (got.status_code, got.json())
-            live = await client.get("/health/live")
-            answers["live"] = (live.status_code, live.json())
+            for path in ("/nothing", "/health/live"):
+                got = await client.get(path)
+                answers[path] = (got.status_code, got.text)
+            got = await client.post("/adapters", json={"adapters": []})
+            answers["post"] = (got.status_code, got.text)
         return answers
 
     answers = asyncio.run(exchange())
@@ -235,7 +232,21 @@ def test_the_sidecar_answers_the_probes_and_the_operator(pod: Pod) -> None:
     assert answers["after /ready"] == (200, {"ready": True})
     status = answers["after /adapters"][1]
     assert isinstance(status, dict) and status["adapters"] == [{"name": "sql", "uri": "hf://org/sql", "state": "Ready"}]
-    assert answers["unknown"][0] == 404 and answers["live"][0] == 200
+    assert answers["/nothing"][0] == 404 and answers["/health/live"][0] == 200
+    assert answers["post"][0] == 405  # read-only: the list comes from the ConfigMap alone
+
+
+def test_the_sidecar_process_serves_until_sigterm(tmp_path: pathlib.Path) -> None:
+    """Started as the pod starts it: the guard in place and /health/live up, then a clean stop."""
+    desired = tmp_path / "adapters.json"
+    desired.write_text('{"adapters": [{"name": "sql", "uri": "hf://org/sql"}]}')
+    port = free_port()
+    command = [sys.executable, "-m", "model_server.adapters", f"--desired={desired}", f"--dir={tmp_path / 'a'}"]
+    command += [f"--plugins={tmp_path / 'p'}", "--engine=http://127.0.0.1:9", "--host=127.0.0.1", f"--port={port}"]
+    with running(command, ready_url=f"http://127.0.0.1:{port}/health/live", timeout=30) as process:
+        assert (tmp_path / "p" / "rocm_inference_guard.py").exists()
+        assert httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 503  # vLLM is not there to load it
+        assert stop(process) in (0, -15)
 
 
 # --- the guard vLLM loads with --middleware ----------------------------------------------------
