@@ -14,6 +14,7 @@ from testsupport.cluster import condition, wait_for
 from testsupport.envtest import ApiServer
 
 from .conftest import Operator
+from .test_operator_realapi import observed
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -101,6 +102,9 @@ def test_a_multi_node_service_runs_as_a_leader_worker_set(apiserver: ApiServer, 
     scaled = wait_for(
         lambda: (lws := get(apiserver, lws_path)) and lws["spec"]["replicas"] == 2 and lws, timeout=60, message="2"
     )
+    # The controller answers once the operator's reconcile of the scale is done (an event that
+    # comes during it is news the reconcile's own status then outdates, until the next one).
+    wait_for(lambda: observed(apiserver, ns, NAME), timeout=60, message="the scale reconciled")
     write_status(
         apiserver,
         lws_path,
