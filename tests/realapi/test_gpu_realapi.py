@@ -22,7 +22,7 @@ from inference_operator.builders import Owner, build_all
 from inference_operator.builders.gpu import CLAIM_HASH_ANNOTATION
 from inference_operator.models import GpuAllocation, ResourceNaming, parse_spec
 from inference_operator.settings import GpuDefaults
-from testsupport.cluster import wait_for
+from testsupport.cluster import inference_service, wait_for
 from testsupport.envtest import ROOT, ApiServer
 
 from .conftest import Operator
@@ -61,15 +61,6 @@ def create(client: httpx.Client, path: str, obj: dict, dry_run: bool = False) ->
 def causes(response: httpx.Response) -> list[tuple[str, str]]:
     details = response.json().get("details") or {}
     return [(c.get("field", ""), c.get("message", "")) for c in details.get("causes", [])]
-
-
-def inference_service(ns: str, name: str, spec: dict) -> dict:
-    return {
-        "apiVersion": "inference.rocm.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": spec,
-    }
 
 
 MODES = [
@@ -144,7 +135,7 @@ def test_the_examples_are_accepted(api: httpx.Client, ns: str, path: pathlib.Pat
     ],
 )
 def test_bad_visible_devices_are_refused_naming_the_field(api: httpx.Client, ns: str, gpu: dict, message: Any) -> None:
-    document = inference_service(ns, "visible", {"model": {"uri": "pvc://m"}, "resources": {"gpu": gpu}})
+    document = inference_service("visible", ns, {"model": {"uri": "pvc://m"}, "resources": {"gpu": gpu}})
     response = create(api, CRS.format(ns=ns), document, dry_run=True)
     assert response.status_code == 422
     ((field, text),) = causes(response)
@@ -156,7 +147,7 @@ def test_partition_names_are_those_the_device_plugin_advertises(
     api: httpx.Client, ns: str, partition: str, accepted: bool
 ) -> None:
     spec = {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"partition": partition}}}
-    response = create(api, CRS.format(ns=ns), inference_service(ns, "partition", spec), dry_run=True)
+    response = create(api, CRS.format(ns=ns), inference_service("partition", ns, spec), dry_run=True)
     assert (response.status_code == 201) is accepted, response.text
 
 
@@ -168,7 +159,7 @@ def test_the_operator_creates_and_replaces_a_claim_template(apiserver: ApiServer
 
     def apply(gpu: dict) -> None:
         spec = {"model": {"uri": "pvc://models/m"}, "resources": {"gpu": {"allocation": "dra", **gpu}}}
-        apiserver.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(inference_service(ns, "dra", spec)))
+        apiserver.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(inference_service("dra", ns, spec)))
 
     def read(path: str) -> dict | None:
         with apiserver.client() as client:
