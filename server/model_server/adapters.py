@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -137,9 +138,23 @@ def served_adapters(models: Any) -> dict[str, str]:
     }
 
 
-def _reason(text: str) -> str:
-    text = " ".join(text.split())
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*")
+
+
+def _reason(text: str, *hidden: str) -> str:
+    """One bounded line, without the `hidden` strings (the adapter's uri, its bucket path) or
+    any URL (an S3 endpoint's address, a redirect's target): the port that reports it answers
+    other pods, not only the operator."""
+    for secret in sorted((h for h in hidden if h), key=len, reverse=True):
+        text = text.replace(secret, "<uri>")
+    text = " ".join(_URL.sub("<url>", text).split())
     return text if len(text) <= REASON_LENGTH else text[: REASON_LENGTH - 3] + "..."
+
+
+def _uri_parts(uri: str) -> tuple[str, ...]:
+    """The uri and what an error message may quote of it: its path, its bucket or repository."""
+    rest = uri.split("://", 1)[-1]
+    return (uri, rest, rest.split("@", 1)[0], rest.split("/", 1)[0] if "/" in rest else "")
 
 
 class Engine:
@@ -203,7 +218,8 @@ class Sidecar:
             self.first = set(desired)
 
     async def step(self) -> None:
-        """Read the list, look at vLLM, and act."""
+        """Read the list, look at vLLM, and act. One adapter's failure, whatever raised it, is
+        that adapter's state: the others go on, and so does the process."""
         self.read()
         try:
             served = await self.engine.served()
@@ -215,10 +231,15 @@ class Sidecar:
             if served.get(name) == str(adapter_dir(self.root, name, adapter.uri)):
                 adapter.state, adapter.reason = State.READY, ""
         for action in plan(self.desired, served, self.adapters, self.root, time.monotonic()):
-            if isinstance(action, Unload):
-                await self._unload(action.name)
-            else:
-                await self._load(action.name, action.uri, in_place=action.name in served)
+            try:
+                if isinstance(action, Unload):
+                    await self._unload(action.name)
+                else:
+                    await self._load(action.name, action.uri, in_place=action.name in served)
+            except Exception as exc:  # a bug or an error type nobody listed: log it, keep going
+                log.exception("adapter %s: %s", action.name, type(exc).__name__)
+                if isinstance(action, Load) and action.name in self.adapters:
+                    self._failed(action.name, f"{type(exc).__name__}: {exc}")
 
     async def _unload(self, name: str) -> None:
         refusal = await self.engine.unload(name)
@@ -238,18 +259,23 @@ class Sidecar:
                 await asyncio.to_thread(self._fetch, uri, target)
             refusal = await self.engine.load(name, target, in_place)
         except storage.FetchError as exc:
-            refusal = f"fetching {uri}: {exc}"
-        except (httpx.HTTPError, OSError) as exc:
+            refusal = f"fetching: {exc}"
+        except Exception as exc:  # boto3's and huggingface_hub's own errors among them
             refusal = f"{type(exc).__name__}: {exc}"
         if refusal:
-            adapter.state, adapter.reason, adapter.failed_at = State.FAILED, _reason(refusal), time.monotonic()
-            log.warning("adapter %s failed: %s", name, adapter.reason)
+            self._failed(name, refusal)
             return
         adapter.state = State.READY
         log.info("loaded adapter %s from %s", name, uri)
         for old in self.root.glob(f"{name}-*"):
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def _failed(self, name: str, why: str) -> None:
+        adapter = self.adapters[name]
+        adapter.state, adapter.failed_at = State.FAILED, time.monotonic()
+        adapter.reason = _reason(why, *_uri_parts(adapter.uri))
+        log.warning("adapter %s failed: %s", name, adapter.reason)
 
     def _fetch(self, uri: str, target: Path) -> None:
         """Into a temporary directory first, so a half-fetched adapter is never loaded."""
@@ -324,7 +350,10 @@ async def run(args: argparse.Namespace) -> None:
     log.info("adapters sidecar on %s:%d, vLLM at %s", args.host, args.port, args.engine)
     try:
         while not server.should_exit and not serving.done():
-            await sidecar.step()
+            try:
+                await sidecar.step()
+            except Exception:  # the process keeps serving its probes and tries again
+                log.exception("adapters step failed")
             await asyncio.sleep(args.interval)
     finally:
         server.should_exit = True

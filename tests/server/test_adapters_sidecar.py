@@ -50,6 +50,33 @@ class FakeVllm:
         return httpx.Response(404)
 
 
+class EndpointConnectionError(Exception):
+    """What botocore raises, as far as the sidecar can see: exceptions of its own hierarchy."""
+
+
+class ClientError(Exception):
+    pass
+
+
+class NoCredentialsError(Exception):
+    pass
+
+
+BOTO_ERRORS: dict[str, Exception] = {
+    "s3://corp-adapters/team-a/unreachable": EndpointConnectionError(
+        'Could not connect to the endpoint URL: "http://10.20.30.40:9000/corp-adapters?list-type=2&prefix=team-a%2F"'
+    ),
+    "s3://corp-adapters/team-a/nobucket": ClientError(
+        "An error occurred (NoSuchBucket) when calling the ListObjectsV2 operation: The specified bucket "
+        "does not exist: corp-adapters/team-a/nobucket"
+    ),
+    "s3://corp-adapters/team-a/denied": ClientError(
+        "An error occurred (AccessDenied) when calling the ListObjectsV2 operation: Access Denied " + "x" * 5000
+    ),
+    "s3://corp-adapters/team-a/nocreds": NoCredentialsError("Unable to locate credentials"),
+}
+
+
 @pytest.fixture
 def fetched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """storage.fetch, writing an adapter's files (or failing for hf://org/missing); the URIs asked."""
@@ -57,6 +84,8 @@ def fetched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def fetch(uri: str, dest: pathlib.Path, limits: storage.Limits | None = None) -> list[pathlib.Path]:
         asked.append(uri)
+        if uri in BOTO_ERRORS:
+            raise BOTO_ERRORS[uri]
         if uri.endswith("/missing"):
             raise storage.FetchError(f"{uri}: RepositoryNotFoundError: 404")
         if uri.endswith("/html"):
@@ -143,6 +172,29 @@ def test_a_failed_fetch_is_reported_settles_readiness_and_is_retried_later(
     monkeypatch.setattr(sidecar_module, "RETRY_SECONDS", 0.0)
     pod.step()
     assert fetched.count("hf://org/missing") == 2
+
+
+def test_s3_errors_fail_their_adapter_only_with_a_bounded_reason_that_names_no_bucket_or_endpoint(
+    pod: Pod,
+) -> None:
+    names = {uri.rsplit("/", 1)[1]: uri for uri in BOTO_ERRORS}
+    pod.want(sql="hf://org/sql", **names)
+    pod.step()  # raises nothing
+    states = pod.states()
+    assert states.pop("sql") == ("Ready", "") and set(pod.vllm.loaded) == {"sql"}
+    expected = {
+        "unreachable": "EndpointConnectionError",
+        "nobucket": "NoSuchBucket",
+        "denied": "AccessDenied",
+        "nocreds": "NoCredentialsError: Unable to locate credentials",
+    }
+    for name, (state, reason) in states.items():
+        assert state == "Failed" and expected[name] in reason, reason
+        assert len(reason) <= sidecar_module.REASON_LENGTH
+        assert not any(leak in reason for leak in ("corp-adapters", "team-a", "10.20.30.40", "://")), reason
+    pod.want(sql="hf://org/sql", chat="hf://org/chat", **names)  # the sidecar goes on with the next list
+    pod.step()
+    assert set(pod.vllm.loaded) == {"sql", "chat"}
 
 
 def test_vllms_refusal_is_the_reason(pod: Pod) -> None:
