@@ -133,7 +133,8 @@ def adapters_sidecar(owner: Owner, user_env: list[JsonObject], security_context:
             {"name": PLUGINS_VOLUME, "mountPath": PLUGINS_DIR},
             {"name": TMP_VOLUME, "mountPath": "/tmp"},
         ],
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        # requests == limits: a pod is Guaranteed only when every container, sidecars included, is.
+        "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"cpu": "250m", "memory": "1Gi"}},
         "securityContext": security_context,
         # vLLM starts once this passes: the guard is in place by then.
         "startupProbe": _probe("/health/live", 1, 30),

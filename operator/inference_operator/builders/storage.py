@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from ..jsontypes import JsonObject
 from ..models import ModelSpec
@@ -142,6 +143,39 @@ def model_storage(owner: Owner, user_env: list[JsonObject], security_context: Js
     init_env: list[JsonObject] = []
     # /tmp: huggingface_hub's lock files and token, and the fetcher's CA bundle file.
     mounts = [fetch_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
+# What a fetch may use at most: it streams to disk, so more only helps TLS and checksums.
+FETCH_CPU = "2"
+FETCH_MEMORY = "2Gi"
+_SUFFIXES = {
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
+    **{f"{s}i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")},
+    **{"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1)},
+}
+_QUANTITY = re.compile(r"^\+?([0-9.]+)((?:[eE][+-]?[0-9]+)?)([A-Za-z]*)$")
+
+
+def quantity_value(quantity: str) -> Decimal:
+    """The number a Kubernetes quantity stands for ("500m" is 0.5, "2Gi" is 2**31); the schema
+    has already checked its form."""
+    match = _QUANTITY.match(quantity.strip())
+    if match is None or match.group(3) not in _SUFFIXES:
+        raise ValueError(f"not a quantity: {quantity!r}")
+    number, exponent, suffix = match.groups()
+    return Decimal(number + exponent) * _SUFFIXES[suffix]
+
+
+def fetch_resources(cpu: str, memory: str) -> JsonObject:
+    """The fetch container's requests and limits: equal (a pod is Guaranteed only when every
+    container, init containers included, asks for what it is limited to) and never more than
+    the serving container's, so the fetch does not raise what the pod reserves (a pod reserves
+    the larger of its biggest init container and its containers' sum)."""
+    amounts = {
+        "cpu": min(cpu, FETCH_CPU, key=quantity_value),
+        "memory": min(memory, FETCH_MEMORY, key=quantity_value),
+    }
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
     if scheme == "oci":
         # A "modelcar" image: the model lives under /models of the image named by the URI.
         init |= {"image": rest, "command": ["sh", "-c", f"cp -R /models/. {MODEL_DIR}/"]}
@@ -153,7 +187,7 @@ def model_storage(owner: Owner, user_env: list[JsonObject], security_context: Js
         init_env = fetch_env(owner, user_env)
     init |= {
         "volumeMounts": mounts,
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
+        "resources": fetch_resources(owner.spec.resources.cpu, owner.spec.resources.memory),
         "securityContext": security_context,
         "env": init_env,
     }

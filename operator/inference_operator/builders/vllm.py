@@ -25,6 +25,8 @@ COMPILE_CACHE_PREFIX = "vllm-cache"
 # The module rather than the `vllm` CLI: the same in every image, whatever the distribution's name.
 COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 HEALTH_PATH = "/health"
+# vLLM finishes the generations it is streaming when it stops; a long completion takes a while.
+VLLM_TERMINATION_GRACE_SECONDS = 60
 PROBE_PERIOD_SECONDS = 10
 
 
