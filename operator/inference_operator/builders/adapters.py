@@ -13,7 +13,9 @@ the adapters it started with are loaded.
 
 The sidecar fetches with the model fetcher's rules: the platform's proxy and CA, the Hub token
 of model.huggingFace for hf://, S3's variables of runtime.env for s3://, and nothing else of
-runtime.env.
+runtime.env. Holding those, it shares with vLLM (which runs the author's code) only the two
+volumes it writes and vLLM mounts read-only (the adapters' files and the guard); its /tmp, its
+HOME and every tool's configuration path are in a volume of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 from ..jsontypes import JsonObject
 from ..models import Engine, InferenceServiceSpec, LoraSpec
 from .common import Owner, object_meta
-from .storage import TMP_VOLUME, adapter_fetch_env
+from .storage import TOOL_CONFIG_ENV, adapter_fetch_env, tool_config_env
 
 SIDECAR = "adapters"
 CONFIG_KEY = "adapters.json"
@@ -33,6 +35,11 @@ FILES_VOLUME = "adapters"
 FILES_DIR = "/var/lib/adapters"  # the same path in the sidecar and in vLLM: vLLM loads from it
 PLUGINS_VOLUME = "vllm-plugins"
 PLUGINS_DIR = "/var/run/vllm-plugins"
+# The sidecar's own /tmp, its HOME and every tool's configuration: no other container mounts it.
+# (The pod's `tmp` volume is vLLM's, writable by the author's code: an AWS config planted there
+# would have run its credential_process in here, with the Hub token in its environment.)
+PRIVATE_VOLUME = "adapters-home"
+PRIVATE_DIR = "/tmp"
 GUARD_MIDDLEWARE = "rocm_inference_guard.LocalAdminOnly"
 STATUS_PATH = "/adapters"
 
@@ -80,6 +87,7 @@ def adapter_volumes(owner: Owner) -> list[JsonObject]:
         {"name": LIST_VOLUME, "configMap": {"name": owner.name, "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}]}},
         {"name": FILES_VOLUME, "emptyDir": {}},
         {"name": PLUGINS_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}},
+        {"name": PRIVATE_VOLUME, "emptyDir": {}},
     ]
 
 
@@ -106,6 +114,13 @@ def _probe(path: str, period: int, failures: int) -> JsonObject:
     }
 
 
+def sidecar_env(owner: Owner, user_env: list[JsonObject]) -> list[JsonObject]:
+    """The fetcher's variables, with HOME and every tool's configuration in the sidecar's own
+    directory (never the pod's shared /tmp)."""
+    fetch = [e for e in adapter_fetch_env(owner, user_env) if e["name"] not in TOOL_CONFIG_ENV]
+    return fetch + tool_config_env(PRIVATE_DIR)
+
+
 def adapters_sidecar(owner: Owner, user_env: list[JsonObject], security_context: JsonObject) -> JsonObject:
     """The native sidecar that keeps vLLM's adapters equal to the ConfigMap's list."""
     spec = owner.spec
@@ -126,12 +141,12 @@ def adapters_sidecar(owner: Owner, user_env: list[JsonObject], security_context:
         "restartPolicy": "Always",
         "command": command,
         "ports": [{"name": SIDECAR, "containerPort": port, "protocol": "TCP"}],
-        "env": adapter_fetch_env(owner, user_env),
+        "env": sidecar_env(owner, user_env),
         "volumeMounts": [
             {"name": LIST_VOLUME, "mountPath": LIST_DIR, "readOnly": True},
             {"name": FILES_VOLUME, "mountPath": FILES_DIR},
             {"name": PLUGINS_VOLUME, "mountPath": PLUGINS_DIR},
-            {"name": TMP_VOLUME, "mountPath": "/tmp"},
+            {"name": PRIVATE_VOLUME, "mountPath": PRIVATE_DIR},
         ],
         # requests == limits: a pod is Guaranteed only when every container, sidecars included, is.
         "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"cpu": "250m", "memory": "1Gi"}},

@@ -75,6 +75,34 @@ def hub_env(owner: Owner) -> list[JsonObject]:
     return env
 
 
+# Where boto3, huggingface_hub, httpx and Python look for configuration, credentials and caches
+# (a config file's credential_process, a .netrc, a user site-packages) unless told otherwise:
+# under HOME. A container that holds a credential sets every one of them to its own directory.
+TOOL_CONFIG_ENV = {
+    "HOME": "",
+    "TMPDIR": "",
+    "AWS_CONFIG_FILE": ".aws/config",
+    "AWS_SHARED_CREDENTIALS_FILE": ".aws/credentials",
+    "HF_HOME": "hf",
+    "NETRC": ".netrc",
+    "XDG_CONFIG_HOME": ".config",
+    "XDG_CACHE_HOME": ".cache",
+    "XDG_DATA_HOME": ".local/share",
+    "XDG_STATE_HOME": ".local/state",
+}
+
+
+def tool_config_env(home: str) -> list[JsonObject]:
+    """HOME and every tool-configuration path under `home`, a directory no other container
+    mounts (the author's code, in the serving container, must not be able to write any of
+    them); no user site-packages either."""
+    env: list[JsonObject] = [
+        {"name": name, "value": f"{home}/{relative}" if relative else home}
+        for name, relative in TOOL_CONFIG_ENV.items()
+    ]
+    return [*env, {"name": "PYTHONNOUSERSITE", "value": "1"}]
+
+
 def fetch_env(owner: Owner, user_env: list[JsonObject]) -> list[JsonObject]:
     """The fetch container's environment: the operator's proxy and CA settings, the Hub's
     variables for hf://, and of the InferenceService's own variables only S3's, for s3://.
