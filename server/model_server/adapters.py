@@ -52,7 +52,16 @@ from . import storage, vllm_guard
 log = logging.getLogger("model_server.adapters")
 
 GUARD_MODULE = "rocm_inference_guard"  # the name vLLM imports it under (--middleware)
-MAX_ADAPTERS = 256
+# The CRD's rules for spec.adapters (operator/inference_operator/models.py: AdapterSpec and
+# InferenceServiceSpec.adapters; the two programs share no code, tests/server/test_adapters_sidecar.py
+# holds these to them). The ConfigMap is the operator's, but a name goes into paths: checked again.
+MAX_ADAPTERS = 64
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME_MAX_LENGTH = 63
+HF_URI_PATTERN = r"hf://[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(@[A-Za-z0-9][-A-Za-z0-9_./]*)?"
+URI_PATTERN = re.compile(rf"^({HF_URI_PATTERN}|s3://[a-z0-9][-a-z0-9.]*[a-z0-9](/\S*)?)$")
+URI_MAX_LENGTH = 2048
+_DIGEST_LENGTH = 12
 RETRY_SECONDS = 30.0  # a failed adapter is tried again after this, unless its uri changes
 REASON_LENGTH = 300
 
@@ -86,9 +95,19 @@ class Unload:
 Action = Load | Unload
 
 
+def valid_name(name: str) -> bool:
+    return len(name) <= NAME_MAX_LENGTH and NAME_PATTERN.match(name) is not None
+
+
+def valid_uri(uri: str) -> bool:
+    return len(uri) <= URI_MAX_LENGTH and URI_PATTERN.match(uri) is not None
+
+
 def read_desired(text: str) -> dict[str, str]:
     """name -> uri from the ConfigMap's file (`{"adapters": [{"name", "uri"}]}`); ValueError
-    when it is not such a file (the caller keeps the list it had)."""
+    when it is not such a file (the caller keeps the list it had). An entry whose name breaks
+    the CRD's rules is left out (a name becomes a directory); one whose uri does is kept, for
+    `Sidecar.read` to report Failed without fetching it."""
     data = json.loads(text)
     entries = data.get("adapters") if isinstance(data, dict) else None
     if not isinstance(entries, list) or len(entries) > MAX_ADAPTERS:
@@ -96,15 +115,33 @@ def read_desired(text: str) -> dict[str, str]:
     desired: dict[str, str] = {}
     for entry in entries:
         name, uri = (entry.get("name"), entry.get("uri")) if isinstance(entry, dict) else (None, None)
-        if not isinstance(name, str) or not isinstance(uri, str) or not name or name in desired:
+        if not isinstance(name, str) or not isinstance(uri, str) or name in desired:
             raise ValueError(f"bad or repeated adapter entry {entry!r:.100}")
+        if not valid_name(name):
+            log.warning("adapter name %r refused: not the CRD's pattern %s", name[:80], NAME_PATTERN.pattern)
+            continue
         desired[name] = uri
     return desired
 
 
+def digest(uri: str) -> str:
+    """What tells two uris of one adapter apart, in its directory's name and in /adapters."""
+    return hashlib.sha256(uri.encode()).hexdigest()[:_DIGEST_LENGTH]
+
+
 def adapter_dir(root: Path, name: str, uri: str) -> Path:
     """Where an adapter's files go: a changed uri gets a new directory beside the old one."""
-    return root / f"{name}-{hashlib.sha256(uri.encode()).hexdigest()[:12]}"
+    return root / f"{name}-{digest(uri)}"
+
+
+def adapter_of(directory: str) -> str | None:
+    """The adapter whose directory (or partial fetch) this is: `sql-v2-<digest>` is sql-v2's,
+    never sql's."""
+    stem = directory.removesuffix(".partial")
+    name, _, hashed = stem.rpartition("-")
+    if len(hashed) == _DIGEST_LENGTH and all(c in "0123456789abcdef" for c in hashed) and valid_name(name):
+        return name
+    return None
 
 
 def plan(
@@ -207,11 +244,16 @@ class Sidecar:
         except (OSError, ValueError) as exc:
             log.warning("keeping the adapters list: %s: %s", self.desired_file, _reason(str(exc)))
             return
-        self.desired = desired
+        self.desired = {name: uri for name, uri in desired.items() if valid_uri(uri)}
         for name, uri in desired.items():
             adapter = self.adapters.get(name)
             if adapter is None or adapter.uri != uri:
-                self.adapters[name] = Adapter(uri)
+                self.adapters[name] = adapter = Adapter(uri)
+            if name not in self.desired:
+                adapter.state, adapter.reason = (
+                    State.FAILED,
+                    "uri refused: hf://ORG/NAME[@REVISION] or s3://BUCKET/PATH",
+                )
         for name in set(self.adapters) - set(desired):
             del self.adapters[name]
         if self.first is None:
@@ -247,7 +289,7 @@ class Sidecar:
             log.warning("unloading adapter %s: %s", name, _reason(refusal))
             return
         log.info("unloaded adapter %s", name)
-        for old in self.root.glob(f"{name}-*"):
+        for old in self._directories(name):
             shutil.rmtree(old, ignore_errors=True)
 
     async def _load(self, name: str, uri: str, in_place: bool) -> None:
@@ -267,9 +309,13 @@ class Sidecar:
             return
         adapter.state = State.READY
         log.info("loaded adapter %s from %s", name, uri)
-        for old in self.root.glob(f"{name}-*"):
+        for old in self._directories(name):
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def _directories(self, name: str) -> list[Path]:
+        """The adapter's directories under the root (each uri's), by exact name: no glob."""
+        return [entry for entry in self.root.iterdir() if adapter_of(entry.name) == name]
 
     def _failed(self, name: str, why: str) -> None:
         adapter = self.adapters[name]

@@ -243,14 +243,72 @@ def test_a_broken_list_file_keeps_the_list(pod: Pod) -> None:
     "text",
     [
         '{"adapters": [{"name": "a", "uri": "hf://o/a"}, {"name": "a", "uri": "hf://o/b"}]}',
-        '{"adapters": [{"name": "", "uri": "hf://o/a"}]}',
         '{"adapters": [{"name": 1, "uri": "hf://o/a"}]}',
-        json.dumps({"adapters": [{"name": f"a{i}", "uri": "hf://o/a"} for i in range(257)]}),
+        json.dumps({"adapters": [{"name": f"a{i}", "uri": "hf://o/a"} for i in range(65)]}),  # the CRD's 64
     ],
 )
 def test_read_desired_refuses_what_the_operator_never_writes(text: str) -> None:
     with pytest.raises(ValueError):
         read_desired(text)
+
+
+def test_the_sidecar_checks_the_list_with_the_crds_own_rules() -> None:
+    """Names go into paths: the sidecar holds the ConfigMap to the CRD's rules, which are the
+    operator's (models.py); the two programs share no code, so this keeps them equal."""
+    from inference_operator.models import AdapterSpec, InferenceServiceSpec
+
+    crd = AdapterSpec.model_json_schema()["properties"]
+    assert sidecar_module.NAME_PATTERN.pattern == crd["name"]["pattern"]
+    assert sidecar_module.NAME_MAX_LENGTH == crd["name"]["maxLength"]
+    assert sidecar_module.URI_PATTERN.pattern == crd["uri"]["pattern"]
+    assert sidecar_module.URI_MAX_LENGTH == crd["uri"]["maxLength"]
+    assert sidecar_module.MAX_ADAPTERS == InferenceServiceSpec.model_json_schema()["properties"]["adapters"]["maxItems"]
+
+
+HOSTILE_NAMES = ["..", "*", "s*", "../../etc", "a/b", "", ".hidden", "x" * 64, "sql?", "[a]"]
+
+
+def test_names_the_crd_refuses_are_never_used_and_uris_it_refuses_never_fetched(pod: Pod, fetched: list[str]) -> None:
+    (pod.dir / "keep-me").mkdir()  # not an adapter's: a glob or a path from a name could reach it
+    pod.want(sql="hf://org/sql")
+    pod.step()
+    entries = [{"name": name, "uri": "hf://org/evil"} for name in HOSTILE_NAMES]
+    entries += [
+        {"name": "sql", "uri": "hf://org/sql"},
+        {"name": "web", "uri": "https://attacker.example/adapter"},
+        {"name": "local", "uri": "file:///var/run/secrets/token"},
+        {"name": "shout", "uri": "s3://Bad_Bucket/x"},
+    ]
+    pod.desired.write_text(json.dumps({"adapters": entries}))
+    pod.step()
+    states = pod.states()
+    assert not set(HOSTILE_NAMES) & set(states)
+    assert states.pop("sql") == ("Ready", "")
+    assert {name: state for name, (state, _) in states.items()} == {
+        "web": "Failed",
+        "local": "Failed",
+        "shout": "Failed",
+    }
+    assert all("uri refused" in reason and "attacker" not in reason for _, reason in states.values())
+    assert fetched == ["hf://org/sql"] and set(pod.vllm.loaded) == {"sql"}
+    assert sorted(p.name for p in pod.dir.iterdir()) == sorted(
+        ["keep-me", adapter_dir(pod.dir, "sql", "hf://org/sql").name]
+    )
+    assert pod.sidecar.ready()  # refused ones are settled
+
+
+def test_removing_an_adapter_leaves_another_whose_name_it_prefixes(pod: Pod) -> None:
+    """sql and sql-v2: sql's files are sql-<digest>/, sql-v2's sql-v2-<digest>/."""
+    pod.want(**{"sql": "hf://org/sql@v1", "sql-v2": "hf://org/sql2", "sql.": "hf://org/sql3"})
+    pod.step()
+    pod.want(**{"sql": "hf://org/sql@v2", "sql-v2": "hf://org/sql2", "sql.": "hf://org/sql3"})  # sql reloaded
+    pod.step()
+    pod.want(**{"sql-v2": "hf://org/sql2", "sql.": "hf://org/sql3"})  # sql removed
+    pod.step()
+    v2 = adapter_dir(pod.dir, "sql-v2", "hf://org/sql2")
+    dot = adapter_dir(pod.dir, "sql.", "hf://org/sql3")
+    assert sorted(p.name for p in pod.dir.iterdir()) == sorted([v2.name, dot.name])
+    assert (v2 / "adapter_config.json").exists() and pod.vllm.loaded == {"sql-v2": str(v2), "sql.": str(dot)}
 
 
 def test_plan_unloads_before_it_loads(tmp_path: pathlib.Path) -> None:
