@@ -33,9 +33,13 @@ Options (each also an environment variable, which the operator's init container 
 
 Credentials: S3 from the usual AWS_* variables (needs `boto3`, the `s3` extra); the Hub from
 HF_TOKEN (a token for private or gated repositories) and HF_ENDPOINT (a mirror's URL, default
-https://huggingface.co; the token goes only to an https endpoint). A Hub fetch into a
-directory that already holds the same revision (a PVC shared by replicas) downloads only what
-is missing.
+https://huggingface.co; the token goes only to an https endpoint).
+
+A destination may be a cache claim's directory that outlives the pod (shared by replicas): a
+fetch takes an flock on `.cache/model-fetch.lock` in it, removes every file the source does not
+name, keeps a file already there only when it matches the digest the source publishes (the
+Hub's sha256 of an LFS file or git blob id of a small one; S3's full-object ChecksumSHA256, an
+MD5 ETag or a `.sha256` object), downloads the rest and refuses a download that does not match.
 
 Exit codes: 0 fetched; 1 the source failed (HTTP error, unreachable, no such object or repo);
 2 bad arguments or URI; 3 refused as unsafe (a path leaving the destination, a redirect not
@@ -46,14 +50,18 @@ allowed); 4 not a model (HTML); 5 over the size cap; 6 past the deadline; 7 chec
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import enum
+import fcntl
 import hashlib
 import logging
 import os
 import re
+import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -195,11 +203,75 @@ def _parse_digest(text: str, what: str) -> str:
     return digest
 
 
-def write_file(target: Path, chunks: Iterable[bytes], limits: Limits, sha256: str | None = None) -> Path:
-    """Stream `chunks` to a temporary file beside `target`, check it, then rename it into place."""
+@dataclasses.dataclass(frozen=True)
+class Expected:
+    """What one file must be, as its source publishes it: its size and the digests the source
+    gives (the content's sha256; git's blob id, the sha1 of `blob SIZE\\0` and the content;
+    an S3 ETag that is the content's MD5). A file with no digest to check is never reused."""
+
+    size: int | None = None
+    sha256: str | None = None
+    git_blob: str | None = None
+    md5: str | None = None
+
+    @property
+    def checkable(self) -> bool:
+        return bool(self.sha256 or self.git_blob or self.md5)
+
+
+def _hex(value: object, length: int) -> str | None:
+    """A published digest as lowercase hex, or None when it is not one of `length` digits."""
+    text = str(value or "").strip().strip('"').lower()
+    return text if re.fullmatch(f"[0-9a-f]{{{length}}}", text) else None
+
+
+class _Digests:
+    """The digests `expected` names (and one more sha256 to match), over bytes as they stream."""
+
+    def __init__(self, expected: Expected, sha256: str | None = None) -> None:
+        self.wanted = {
+            "sha256": [d for d in (expected.sha256, sha256) if d],
+            "md5": [expected.md5] if expected.md5 else [],
+        }
+        self.hashes: dict[str, Any] = {}
+        if self.wanted["sha256"]:
+            self.hashes["sha256"] = hashlib.sha256()
+        if self.wanted["md5"]:
+            self.hashes["md5"] = hashlib.md5(usedforsecurity=False)
+        if expected.git_blob and expected.size is not None:
+            blob = hashlib.sha1(usedforsecurity=False)  # git's object id, not a security choice of ours
+            blob.update(b"blob %d\0" % expected.size)
+            self.hashes["git blob id"] = blob
+            self.wanted["git blob id"] = [expected.git_blob]
+
+    def update(self, chunk: bytes) -> None:
+        for h in self.hashes.values():
+            h.update(chunk)
+
+    def mismatch(self) -> str | None:
+        """Which digest differs from what was published, in words; None when all match."""
+        for name, h in self.hashes.items():
+            for want in self.wanted[name]:
+                if h.hexdigest() != want:
+                    return f"{name} is {h.hexdigest()}, expected {want}"
+        return None
+
+
+NOTHING_PUBLISHED = Expected()
+
+
+def write_file(
+    target: Path,
+    chunks: Iterable[bytes],
+    limits: Limits,
+    sha256: str | None = None,
+    expected: Expected = NOTHING_PUBLISHED,
+) -> Path:
+    """Stream `chunks` to a temporary file beside `target`, check it (`sha256`, and the digests
+    its source published), then rename it into place: a file that does not match is refused."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-    digest = hashlib.sha256()
+    digests = _Digests(expected, sha256)
     head = b""
     sniff = not target.name.lower().endswith(TEXT_NAMES)
     try:
@@ -211,15 +283,110 @@ def write_file(target: Path, chunks: Iterable[bytes], limits: Limits, sha256: st
                     head += chunk[: SNIFF_BYTES - len(head)]
                     if looks_like_html(head):
                         raise NotAModelError(f"{target.name}: the source sent an HTML page, not a model")
-                digest.update(chunk)
+                digests.update(chunk)
                 out.write(chunk)
-        if sha256 is not None and digest.hexdigest() != sha256:
-            raise ChecksumError(f"{target.name}: sha256 is {digest.hexdigest()}, expected {sha256}")
+        if (problem := digests.mismatch()) is not None:
+            raise ChecksumError(f"{target.name}: {problem}")
         os.replace(part, target)
     finally:
         if os.path.exists(part):
             os.unlink(part)
     return target
+
+
+# --- the destination as a cache ----------------------------------------------------------------
+# A destination on a cache claim outlives the pod and may hold what an earlier fetch, or a fetch
+# of another service, left there: nothing in it is served unless it is a file the source names
+# now, with the digest the source publishes for it.
+
+STATE_DIR = ".cache"  # the fetcher's own state in the destination (dot-names are never served)
+LOCK_FILE = PurePosixPath(STATE_DIR, "model-fetch.lock")
+LOCK_POLL_SECONDS = 0.2
+REMOVED_NAMED = 5  # of the files removed, how many a log line names
+
+
+def manifest_path(path: str, what: str) -> PurePosixPath:
+    """A file the source names, as a path in the destination (see safe_relative); never inside
+    the fetcher's own state directory."""
+    relative = safe_relative(path, what)
+    if relative.parts[0] == STATE_DIR:
+        raise UnsafeError(f"refusing {what} {path!r}: {STATE_DIR}/ holds the fetcher's own state")
+    return relative
+
+
+@contextlib.contextmanager
+def exclusive(dest_dir: Path, limits: Limits) -> Iterator[None]:
+    """One fetch at a time into a destination (an flock on a file in it): replicas sharing a
+    cache claim take turns, so none removes or replaces what another is still writing. Waiting
+    counts against the deadline."""
+    state = dest_dir / STATE_DIR
+    if state.is_symlink() or (state.exists() and not state.is_dir()):
+        state.unlink()  # the fetcher's state directory is a real directory or nothing
+    state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(dest_dir.joinpath(*LOCK_FILE.parts), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    log.info("waiting for another fetch into %s to end", dest_dir)
+                    waited = True
+                limits.remaining()
+                time.sleep(LOCK_POLL_SECONDS)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def prune(dest_dir: Path, keep: Iterable[PurePosixPath]) -> list[PurePosixPath]:
+    """Remove from `dest_dir` every entry that is not a regular file of `keep`, a directory on
+    the way to one, or the fetcher's lock; return what was removed. Nothing is followed: a
+    symbolic link is removed wherever it is, so a kept path never leads elsewhere."""
+    files = {*keep, LOCK_FILE}
+    directories = {parent for path in files for parent in path.parents if parent.parts}
+    removed: list[PurePosixPath] = []
+
+    def walk(directory: Path, relative: PurePosixPath) -> None:
+        with os.scandir(directory) as scan:
+            entries = list(scan)
+        for entry in entries:
+            path = relative / entry.name
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if is_dir and path in directories:
+                walk(Path(entry.path), path)
+            elif not (entry.is_file(follow_symlinks=False) and path in files):
+                removed.append(path)
+                shutil.rmtree(entry.path) if is_dir else os.unlink(entry.path)
+
+    if dest_dir.is_dir():
+        walk(dest_dir, PurePosixPath())
+    if removed:
+        named = ", ".join(repr(p.as_posix()) for p in removed[:REMOVED_NAMED])
+        more = f" and {len(removed) - REMOVED_NAMED} more" if len(removed) > REMOVED_NAMED else ""
+        log.warning("removed %d entr(ies) the source does not name from %s: %s%s", len(removed), dest_dir, named, more)
+    return removed
+
+
+def verified(path: Path, expected: Expected, limits: Limits) -> bool:
+    """Whether `path` already is the file its source publishes: a regular file of the declared
+    size whose every published digest matches. A file with nothing to check it against is not."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or not expected.checkable:
+        return False
+    if expected.size is not None and st.st_size != expected.size:
+        return False
+    digests = _Digests(expected)
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        while chunk := f.read(CHUNK):
+            limits.remaining()
+            digests.update(chunk)
+    return digests.mismatch() is None
 
 
 # --- http(s) -----------------------------------------------------------------------------
@@ -401,24 +568,41 @@ def parse_hf(uri: str) -> tuple[str, str]:
 
 
 def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Path]:
-    """The repository's files at one commit, listed and checked first (paths, total size)."""
+    """The repository's files at one commit, listed and checked first (paths, total size).
+
+    What the destination already holds is kept only when the Hub's digest for it matches (an
+    LFS file's sha256, a small file's git blob id); everything else the commit does not name
+    is removed, and a download whose bytes differ from the Hub's digest is refused."""
     limits = limits or Limits()
     repo, revision = parse_hf(uri)
     if limits.sha256:
         raise UsageError(f"{uri}: --sha256 names one file; the Hub checks its own files")
-    hub = _Hub.connect(dest_dir)
+    hub = _Hub.connect()
     try:
         commit = hub.commit(uri, repo, revision)
-        tree = hub.files(repo, commit)
-        relatives = [safe_relative(f.path, "repository file") for f in tree]
-        for rel in relatives:
-            contained(dest_dir, rel, "repository file")
-        limits.expect(sum(f.size or 0 for f in tree), uri)
+        manifest = {manifest_path(f.path, "repository file"): hub_expectation(f) for f in hub.files(repo, commit)}
+        limits.expect(sum(e.size or 0 for e in manifest.values()), uri)
         limits.remaining()
-        hub.download(uri, repo, commit, dest_dir, limits, list(zip(relatives, tree, strict=True)))
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive(dest_dir, limits):
+            prune(dest_dir, manifest)
+            targets = {rel: contained(dest_dir, rel, "repository file") for rel in manifest}
+            missing = [(rel, e) for rel, e in manifest.items() if not verified(targets[rel], e, limits)]
+            log.info("%s: %d of %d file(s) to download at %s", uri, len(missing), len(manifest), commit)
+            hub.download(uri, repo, commit, dest_dir, limits, missing)
+            prune(dest_dir, manifest)
     except hub.not_found as exc:
         raise FetchError(f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-    return [contained(dest_dir, rel, "repository file") for rel in relatives]
+    return list(targets.values())
+
+
+def hub_expectation(f: Any) -> Expected:
+    """What the Hub publishes about one file of its tree: an LFS file's sha256, or a file kept
+    in git itself, its blob id (the LFS pointer's id says nothing of the content)."""
+    lfs = getattr(f, "lfs", None)
+    if lfs is not None:
+        return Expected(size=f.size, sha256=_hex(getattr(lfs, "sha256", None), 64))
+    return Expected(size=f.size, git_blob=_hex(getattr(f, "blob_id", None), 40))
 
 
 class _Hub:
@@ -438,10 +622,12 @@ class _Hub:
         )
 
     @classmethod
-    def connect(cls, dest_dir: Path) -> _Hub:
-        # huggingface_hub reads these when imported. Its own state goes beside the model, since
-        # the init container's root filesystem is read-only; no telemetry, no progress bars.
-        os.environ.setdefault("HF_HOME", str(dest_dir / ".cache" / "hf-home"))
+    def connect(cls) -> _Hub:
+        # huggingface_hub reads these when imported. Its own state goes to a fresh temporary
+        # directory unless HF_HOME names one (the init container's root filesystem is read-only;
+        # the destination holds only the model); no telemetry, no progress bars.
+        if not os.environ.get("HF_HOME"):
+            os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="model-fetch-hf-home-")
         os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         try:
@@ -465,32 +651,74 @@ class _Hub:
         return str(commit)
 
     def files(self, repo: str, commit: str) -> list[Any]:
-        """The repository's files (not folders) at `commit`, with their declared sizes."""
+        """The repository's files (not folders) at `commit`, with their declared sizes and digests."""
         tree = self.api.list_repo_tree(repo, revision=commit, recursive=True)
         return [f for f in tree if isinstance(f, self.module.hf_api.RepoFile)]
 
     def download(
-        self, uri: str, repo: str, commit: str, dest_dir: Path, limits: Limits, files: list[tuple[PurePosixPath, Any]]
+        self,
+        uri: str,
+        repo: str,
+        commit: str,
+        dest_dir: Path,
+        limits: Limits,
+        files: list[tuple[PurePosixPath, Expected]],
     ) -> None:
-        """Download `commit` into `dest_dir`, keeping only files of the size the Hub declared."""
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        # The tree's sizes are the Hub's word: the bytes actually written are watched too.
-        oversize: TooLargeError | None = None
+        """Download `files` of `commit` into a staging directory inside `dest_dir`, then move
+        each into place only if it is the size the Hub declared and has the digest it published."""
+        if not files:
+            return
+        staging = Path(tempfile.mkdtemp(dir=dest_dir / STATE_DIR, prefix="hf-"))
         try:
+            # The tree's sizes are the Hub's word: the bytes actually written are watched too.
             with _size_watch(dest_dir, limits.max_bytes - limits.written):
-                self.module.snapshot_download(
-                    repo, revision=commit, local_dir=dest_dir, endpoint=self.endpoint, token=self.token, max_workers=4
-                )
-        except TooLargeError as exc:
-            oversize = exc
-        for rel, f in files:
-            path = contained(dest_dir, rel, "repository file")
-            if f.size is not None and path.exists() and path.stat().st_size != f.size:
-                actual = path.stat().st_size
-                path.unlink()  # not the file the Hub declared: nothing of it is kept
-                oversize = oversize or TooLargeError(f"{uri}: {rel} is {actual} bytes, the Hub declared {f.size}")
-        if oversize is not None:
-            raise oversize
+                self._get(repo, commit, staging, [rel.as_posix() for rel, _ in files])
+            refused: FetchError | None = None
+            for rel, expected in files:
+                problem = _staged_problem(uri, rel, staging.joinpath(*rel.parts), expected, limits)
+                if problem is None:
+                    target = contained(dest_dir, rel, "repository file")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staging.joinpath(*rel.parts), target)
+                refused = refused or problem
+            if refused is not None:
+                raise refused
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _get(self, repo: str, commit: str, staging: Path, names: list[str]) -> None:
+        def one(name: str) -> None:
+            self.module.hf_hub_download(
+                repo, name, revision=commit, local_dir=staging, endpoint=self.endpoint, token=self.token
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=HUB_WORKERS, thread_name_prefix="hf-get") as pool:
+            for _ in pool.map(one, names):
+                pass
+
+
+HUB_WORKERS = 4
+
+
+def _staged_problem(
+    uri: str, rel: PurePosixPath, staged: Path, expected: Expected, limits: Limits
+) -> FetchError | None:
+    """Why a downloaded file may not be served (None: it may): not the declared size (the cap
+    held only what was declared) or not the digest the Hub published."""
+    name = repr(rel.as_posix())
+    if not staged.is_file() or staged.is_symlink():
+        return FetchError(f"{uri}: {name} was not downloaded")
+    actual = staged.stat().st_size
+    if expected.size is not None and actual != expected.size:
+        return TooLargeError(f"{uri}: {name} is {actual} bytes, the Hub declared {expected.size}")
+    digests = _Digests(expected)
+    with staged.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            limits.remaining()
+            digests.update(chunk)
+    if (problem := digests.mismatch()) is not None:
+        return ChecksumError(f"{uri}: {name}: {problem} (the Hub's digest)")
+    return None
 
 
 COMMIT_SHA = re.compile(r"[0-9a-f]{40}")

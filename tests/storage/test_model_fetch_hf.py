@@ -8,6 +8,7 @@ the real Hub's redirects of large files to its CDN.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ class Hub:
     commit: str = COMMIT  # what the revision resolves to (a hostile Hub may name anything)
     declared: dict[str, int] = field(default_factory=dict)  # sizes the tree claims, if not the real ones
     others: dict[str, dict[str, bytes]] = field(default_factory=dict)  # more repositories, by id
+    served: dict[str, bytes] = field(default_factory=dict)  # bytes sent instead of a file's own (tampering)
 
     def repo(self, repo_id: str) -> dict[str, bytes] | None:
         return self.files if repo_id == "org/tiny" else self.others.get(repo_id)
@@ -51,9 +53,34 @@ class Hub:
         return [path for m, path, _ in self.requests if m == method and "/resolve/" in path]
 
 
+LFS_SUFFIXES = (".safetensors", ".bin", ".gguf")  # what a repository's .gitattributes sends to LFS
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def tree_entry(name: str, data: bytes, size: int) -> dict:
+    """A file as the Hub's tree API lists it: git's blob id, and for an LFS file the pointer's
+    blob id with the content's sha256 under `lfs`."""
+    if not name.endswith(LFS_SUFFIXES):
+        return {"type": "file", "oid": git_blob_id(data), "size": size, "path": name}
+    sha256 = hashlib.sha256(data).hexdigest()
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+    lfs = {"oid": sha256, "size": size, "pointerSize": len(pointer)}
+    return {"type": "file", "oid": git_blob_id(pointer), "size": size, "path": name, "lfs": lfs}
+
+
 @pytest.fixture
 def hub() -> Iterator[Hub]:
-    state = Hub("", dict(FILES))
+    with running_hub(dict(FILES)) as state:
+        yield state
+
+
+@contextlib.contextmanager
+def running_hub(files: dict[str, bytes]) -> Iterator[Hub]:
+    """A stand-in Hub on loopback serving `files` as org/tiny at COMMIT."""
+    state = Hub("", files)
 
     class Handler(QuietHandler):
         def do_HEAD(self) -> None:
@@ -71,20 +98,12 @@ def hub() -> Iterator[Hub]:
                 info = {"id": api[1], "sha": state.commit, "siblings": [{"rfilename": f} for f in files]}
                 return self.reply(json.dumps(info).encode())
             if api and files is not None:
-                tree = [
-                    {
-                        "type": "file",
-                        "oid": hashlib.sha1(data).hexdigest(),
-                        "size": state.declared.get(name, len(data)),
-                        "path": name,
-                    }
-                    for name, data in files.items()
-                ]
+                tree = [tree_entry(name, data, state.declared.get(name, len(data))) for name, data in files.items()]
                 return self.reply(json.dumps(tree).encode())
             resolve = re.match(rf"^/([^/]+/[^/]+)/resolve/{COMMIT}/(.+)$", path)
             files = state.repo(resolve[1]) if resolve else None
             if resolve and files is not None and resolve[2] in files:
-                data = files[resolve[2]]
+                data = state.served.get(resolve[2], files[resolve[2]])
                 self.send_response(200)
                 self.send_header("X-Repo-Commit", COMMIT)
                 self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
