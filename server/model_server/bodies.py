@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import heapq
 import itertools
 import threading
 from collections import deque
@@ -108,19 +109,30 @@ class ReadBudget:
     chunk is granted only if, with it, every reader could still finish in some order, each
     returning what it holds (the banker's algorithm): some reader can always finish. A
     reader that has sent nothing beyond its headers holds nothing and blocks no one.
+
+    Each check costs O(log total), not a sort of every reader (`NeedTree`), and waiting
+    chunks are granted nearest-to-finishing reader first, stopping at the first that must
+    still wait: re-checking every waiter against every reader on each event took 18 s of
+    the event loop for 1,000 stalled uploads, and /health/live went unanswered.
     """
 
     def __init__(self, total: int) -> None:
         self.total = total
         self.free = total
         self._readers: dict[int, list[int]] = {}  # id -> [claim, held]
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # in arrival order
+        self._needs = NeedTree(total)
+        # Waiting chunks by (their reader's need, arrival): the live ones in `_waiters`, and in
+        # `_queue` until popped (a chunk that stopped waiting is skipped then, or compacted away).
+        self._waiters: dict[int, tuple[int, int, asyncio.Future[None]]] = {}  # seq -> (reader, size, future)
+        self._queue: list[tuple[int, int]] = []  # heap of (need, seq)
         self._ids = itertools.count()
 
     def open(self, claim: int) -> int:
         """A reader of at most `claim` bytes (at most the whole budget); its id."""
         reader = next(self._ids)
-        self._readers[reader] = [min(claim, self.total), 0]
+        claim = min(claim, self.total)
+        self._readers[reader] = [claim, 0]
+        self._needs.add(claim, 0)
         return reader
 
     async def take(self, reader: int, size: int, timeout: float) -> None:
@@ -128,30 +140,37 @@ class ReadBudget:
         claim, held = self._readers[reader]
         if held + size > claim:
             raise PayloadTooLarge(f"request body is larger than its {claim} bytes")
-        if not self._waiters and self._safe(reader, size):
+        if self._safe(reader, size):
             self._grant(reader, size)
+            self._wake()  # this reader, now nearer its end, may be what lets a waiting one go on
             return
+        seq = next(self._ids)
         future = asyncio.get_running_loop().create_future()
-        waiter = (reader, size, future)
-        self._waiters.append(waiter)
-        self._wake()  # this chunk may be what lets a reader behind others finish
+        self._waiters[seq] = (reader, size, future)
+        heapq.heappush(self._queue, (claim - held, seq))
         try:
             async with asyncio.timeout(timeout):
                 await future
         except TimeoutError:
             raise Busy() from None
         finally:
-            if waiter in self._waiters:  # not granted: a grant leaves the list, and stays held
-                self._waiters.remove(waiter)
+            if self._waiters.pop(seq, None) is not None and len(self._queue) > 2 * len(self._waiters) + 16:
+                self._queue = [entry for entry in self._queue if entry[1] in self._waiters]
+                heapq.heapify(self._queue)
 
     def close(self, reader: int) -> None:
         """Return everything `reader` holds."""
-        _, held = self._readers.pop(reader)
+        claim, held = self._readers.pop(reader)
+        self._needs.remove(claim - held, held)
         self.free += held
         self._wake()
 
     def _grant(self, reader: int, size: int) -> None:
-        self._readers[reader][1] += size
+        claims = self._readers[reader]
+        claim, held = claims
+        self._needs.remove(claim - held, held)
+        self._needs.add(claim - held - size, held + size)
+        claims[1] = held + size
         self.free -= size
 
     def _safe(self, reader: int, size: int) -> bool:
@@ -160,25 +179,108 @@ class ReadBudget:
         free = self.free - size
         if free < 0:
             return False
-        needs = sorted(
-            (claim - held - (size if r == reader else 0), held + (size if r == reader else 0))
-            for r, (claim, held) in self._readers.items()
-        )
-        for need, held in needs:
-            if need > free:
-                return False
-            free += held
-        return True
+        claim, held = self._readers[reader]
+        need = claim - held
+        if self._needs.worst() <= self.free:
+            # Safe now: the grant only brings nearer to their end the readers needing more than
+            # the reader's new need, so only those needing at most that, and the reader, decide.
+            worst, held_below = self._needs.prefix(need - size)
+            return worst <= free and need - held_below <= self.free
+        # Not safe now (a reader that cannot finish yet has opened since): check the state the
+        # grant would make, whole.
+        self._needs.remove(need, held)
+        self._needs.add(need - size, held + size)
+        safe = self._needs.worst() <= free
+        self._needs.remove(need - size, held + size)
+        self._needs.add(need, held)
+        return safe
 
     def _wake(self) -> None:
-        """Grant, in arrival order, every waiting chunk that keeps the readers safe (not only
-        the first: the reader that can finish may be further back)."""
-        for waiter in list(self._waiters):
+        """Grant waiting chunks, the reader nearest to finishing first (the one needing least
+        can always go on), until one must still wait."""
+        while self._queue:
+            _, seq = self._queue[0]
+            waiter = self._waiters.get(seq)
+            if waiter is None or waiter[2].done():
+                heapq.heappop(self._queue)
+                continue
             reader, size, future = waiter
-            if not future.done() and reader in self._readers and self._safe(reader, size):
-                self._waiters.remove(waiter)
-                self._grant(reader, size)
-                future.set_result(None)
+            if not self._safe(reader, size):
+                return
+            heapq.heappop(self._queue)
+            del self._waiters[seq]
+            self._grant(reader, size)
+            future.set_result(None)
+
+
+_NONE = -(1 << 62)  # no reader: below any need
+_EMPTY = (0, _NONE)
+
+
+class NeedTree:
+    """Readers by need (bytes still to come) with what they hold: whether they can all
+    finish with `free` bytes in O(log total) per change and per question.
+
+    Sorted by need, the readers can all finish iff each one's need is at most `free` plus
+    what the readers before it hold: iff `worst()`, the largest of need minus the bytes held
+    by readers needing less, is at most `free`. A segment tree over needs 0..total keeps, per
+    range, the bytes held in it and that largest value counted from the range's start; only
+    ranges with readers are stored. No library keeps such sums over a sorted order.
+    """
+
+    __slots__ = ("_counts", "_leaves", "_nodes")
+
+    def __init__(self, total: int) -> None:
+        self._leaves = 1 << max(total, 1).bit_length()  # needs run from 0 to total
+        self._nodes: dict[int, tuple[int, int]] = {}  # node -> (held, worst); the root is 1
+        self._counts: dict[int, int] = {}  # need -> readers
+
+    def add(self, need: int, held: int) -> None:
+        self._update(need, held, 1)
+
+    def remove(self, need: int, held: int) -> None:
+        self._update(need, -held, -1)
+
+    def worst(self) -> int:
+        return self._nodes.get(1, _EMPTY)[1]
+
+    def prefix(self, need: int) -> tuple[int, int]:
+        """`worst()` over the readers needing at most `need`, and what those needing less hold."""
+        nodes = self._nodes
+        node, start, span = 1, 0, self._leaves
+        worst, held = _NONE, 0
+        while span > 1 and node in nodes:
+            span >>= 1
+            if need >= start + span:  # the left half is all below: take it whole
+                left_held, left_worst = nodes.get(2 * node, _EMPTY)
+                worst = max(worst, left_worst - held)
+                held += left_held
+                node, start = 2 * node + 1, start + span
+            else:
+                node = 2 * node
+        if span == 1 and need in self._counts:
+            worst = max(worst, need - held)
+        return worst, held
+
+    def _update(self, need: int, held: int, count: int) -> None:
+        nodes = self._nodes
+        node = self._leaves + need
+        readers = self._counts.get(need, 0) + count
+        if readers:
+            self._counts[need] = readers
+            nodes[node] = (nodes.get(node, _EMPTY)[0] + held, need)
+        else:
+            del self._counts[need]
+            del nodes[node]
+        node >>= 1
+        while node:
+            left_held, left_worst = nodes.get(2 * node, _EMPTY)
+            right_held, right_worst = nodes.get(2 * node + 1, _EMPTY)
+            if left_worst == _NONE and right_worst == _NONE:
+                nodes.pop(node, None)
+            else:
+                nodes[node] = (left_held + right_held, max(left_worst, right_worst - left_held))
+            node >>= 1
 
 
 @dataclass(slots=True)  # not frozen: made once per request, and frozen fields cost a setattr each

@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model_server.bodies import BodyDecoder, MemoryBudget, ReadBudget, RequestBody, estimate_parse_bytes
 from model_server.errors import Busy, PayloadTooLarge
@@ -270,6 +272,72 @@ async def test_read_budget_grants_only_safe_chunks_and_headers_alone_hold_nothin
     for reader in idle:
         budget.close(reader)
     assert budget.free == 100 and not budget._readers
+
+
+def all_can_finish(readers: list[tuple[int, int]], free: int) -> bool:
+    """The banker's check, as written first: sort every reader by need, each returns what it holds."""
+    for need, held in sorted((claim - held, held) for claim, held in readers):
+        if need > free:
+            return False
+        free += held
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 9), st.integers(1, 70)), max_size=60))
+def test_read_budget_grants_exactly_what_the_whole_bankers_check_allows(steps: list[tuple[int, int, int]]) -> None:
+    """The check that no longer sorts every reader answers as the one that did, for any sequence
+    of readers opening, taking and closing."""
+    budget = ReadBudget(100)
+    open_readers: list[int] = []
+    for action, pick, amount in steps:
+        if action == 0 or not open_readers:
+            open_readers.append(budget.open(amount))
+            continue
+        reader = open_readers[pick % len(open_readers)]
+        if action == 2:
+            budget.close(reader)
+            open_readers.remove(reader)
+            continue
+        claim, held = budget._readers[reader]
+        size = min(amount, claim - held)
+        after = [(c, h + (size if r == reader else 0)) for r, (c, h) in budget._readers.items()]
+        expected = budget.free >= size and all_can_finish(after, budget.free - size)
+        assert budget._safe(reader, size) == expected
+        if expected:
+            budget._grant(reader, size)
+    assert budget.free == 100 - sum(held for _, held in budget._readers.values())
+
+
+async def test_a_release_checks_a_bounded_number_of_the_waiting_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,000 stalled uploads each waiting for a chunk: every event re-checked every waiter against
+    every reader (sorted), 18 s of event loop in all, and /health/live went unanswered. A release
+    now checks the waiters nearest to finishing until one must still wait."""
+    budget = ReadBudget(100_000)
+    readers = [budget.open(10_000) for _ in range(1_000)]
+    for reader in readers:
+        await budget.take(reader, 90, timeout=1)  # 90,000 held, each needs 9,910 more
+    await budget.take(readers[0], 100, timeout=1)  # the one needing least can always go on
+    waiting = [asyncio.create_task(budget.take(reader, 100, timeout=5)) for reader in readers[1:]]
+    await asyncio.sleep(0)
+    assert not any(task.done() for task in waiting) and len(budget._waiters) == 999
+    checks = 0
+    check = ReadBudget._safe
+
+    def counted(self: ReadBudget, reader: int, size: int) -> bool:
+        nonlocal checks
+        checks += 1
+        return check(self, reader, size)
+
+    monkeypatch.setattr(ReadBudget, "_safe", counted)
+    budget.close(readers[0])  # 190 bytes back: two waiting chunks can go on
+    await asyncio.sleep(0)
+    assert sum(task.done() for task in waiting) == 2 and len(budget._waiters) == 997
+    assert checks <= 5, checks
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert not budget._waiters
 
 
 @pytest.mark.parametrize("chunked", [False, True])
