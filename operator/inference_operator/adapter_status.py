@@ -2,7 +2,8 @@
 
 Every pod of a service with spec.adapters runs an `adapters` sidecar that answers
 `GET /adapters` with each adapter's state on that replica (Pending, Loading, Ready, Failed and
-why). The operator asks every running replica and sums up here, per adapter: Ready when every
+why), and the digest of the uri that state is for (the uri itself is not on a port other pods
+can reach). The operator asks every running replica and sums up here, per adapter: Ready when every
 replica that answered has loaded it, Failed when one could not (with that replica's reason),
 else Loading. A replica that does not answer is counted, never guessed.
 
@@ -16,6 +17,7 @@ Pure: the caller does the requests.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -54,6 +56,11 @@ def targets(pods: list[JsonObject], port: int, path: str) -> list[Target]:
     return sorted(found, key=lambda t: t.pod)
 
 
+def uri_digest(uri: str) -> str:
+    """The sidecar's name for a uri (model_server.adapters.digest; tests hold the two equal)."""
+    return hashlib.sha256(uri.encode()).hexdigest()[:12]
+
+
 def _bounded(text: object) -> str:
     value = " ".join(str(text).split())
     return value if len(value) <= REASON_LENGTH else value[: REASON_LENGTH - 3] + "..."
@@ -62,14 +69,16 @@ def _bounded(text: object) -> str:
 def replica_states(answer: JsonObject | None, wanted: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     """name -> (state, reason) on one replica, for the adapters the spec wants: an adapter the
     sidecar has not read yet (the kubelet updates the ConfigMap within a minute) or with
-    another uri is Pending; an unanswered or unreadable replica has every adapter Pending."""
+    another uri (another digest) is Pending; an unanswered or unreadable replica has every
+    adapter Pending."""
+    digests = {name: uri_digest(uri) for name, uri in wanted.items()}
     entries = (answer or {}).get("adapters")
     reported: dict[str, tuple[str, str]] = {}
     for entry in entries if isinstance(entries, list) else []:
         if not isinstance(entry, dict):
             continue
-        name, uri, state = entry.get("name"), entry.get("uri"), entry.get("state")
-        if isinstance(name, str) and name in wanted and uri == wanted[name] and state in STATES:
+        name, hashed, state = entry.get("name"), entry.get("digest"), entry.get("state")
+        if isinstance(name, str) and name in wanted and hashed == digests[name] and state in STATES:
             reported[name] = (str(state), _bounded(entry.get("reason") or ""))
     return {name: reported.get(name, ("Pending", "")) for name in wanted}
 

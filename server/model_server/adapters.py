@@ -35,8 +35,9 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import storage, vllm_guard
+from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 
 log = logging.getLogger("model_server.adapters")
 
@@ -64,6 +66,14 @@ URI_MAX_LENGTH = 2048
 _DIGEST_LENGTH = 12
 RETRY_SECONDS = 30.0  # a failed adapter is tried again after this, unless its uri changes
 REASON_LENGTH = 300
+# The status port's bounds, as the model server's ports have them (its clients are the kubelet's
+# probes and the operator, a request or two every few seconds): a client that sends its headers
+# slowly, or keeps many connections, holds no memory and no slot for long.
+STATUS_LIMITS = ConnectionLimits(
+    header_timeout_s=5.0, body_timeout_s=5.0, max_header_bytes=16 * 1024, max_connections=64
+)
+STATUS_KEEP_ALIVE_SECONDS = 5
+STOP_POLL_SECONDS = 0.1  # how often a step under way looks whether SIGTERM came (as uvicorn does)
 
 
 class State(enum.StrEnum):
@@ -290,7 +300,7 @@ class Sidecar:
             return
         log.info("unloaded adapter %s", name)
         for old in self._directories(name):
-            shutil.rmtree(old, ignore_errors=True)
+            await in_thread(shutil.rmtree, old, True)
 
     async def _load(self, name: str, uri: str, in_place: bool) -> None:
         adapter = self.adapters[name]
@@ -298,7 +308,7 @@ class Sidecar:
         target = adapter_dir(self.root, name, uri)
         try:
             if not (target / "adapter_config.json").exists():
-                await asyncio.to_thread(self._fetch, uri, target)
+                await in_thread(self._fetch, uri, target)
             refusal = await self.engine.load(name, target, in_place)
         except storage.FetchError as exc:
             refusal = f"fetching: {exc}"
@@ -311,7 +321,7 @@ class Sidecar:
         log.info("loaded adapter %s from %s", name, uri)
         for old in self._directories(name):
             if old != target:
-                shutil.rmtree(old, ignore_errors=True)
+                await in_thread(shutil.rmtree, old, True)
 
     def _directories(self, name: str) -> list[Path]:
         """The adapter's directories under the root (each uri's), by exact name: no glob."""
@@ -338,10 +348,18 @@ class Sidecar:
             shutil.rmtree(partial, ignore_errors=True)
 
     def status(self) -> dict[str, Any]:
+        """What the operator needs and nothing more: any pod that reaches the port may read it.
+        An adapter's uri (a bucket's path, a private repository) is not in it; its digest tells
+        the operator which uri the state is for."""
         return {
             "engine": "up" if self.engine_up else "starting",
             "adapters": [
-                {"name": name, "uri": a.uri, "state": a.state.value, **({"reason": a.reason} if a.reason else {})}
+                {
+                    "name": name,
+                    "digest": digest(a.uri),
+                    "state": a.state.value,
+                    **({"reason": a.reason} if a.reason else {}),
+                }
                 for name, a in self.adapters.items()
             ],
         }
@@ -382,25 +400,74 @@ def status_app(sidecar: Sidecar) -> Starlette:
     )
 
 
+async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` in a daemon thread: the loop keeps answering probes meanwhile (a large
+    adapter's fetch or removal), and a SIGTERM need not wait for it (asyncio.to_thread's threads
+    are joined before the process may exit; a fetch can take its whole --deadline)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is None:
+            done.set_result(result)
+        else:
+            done.set_exception(error)
+
+    def work() -> None:
+        try:
+            result = function(*args)
+        except BaseException as exc:  # handed to the awaiting task, whatever it is
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=work, name=f"adapters-{getattr(function, '__name__', 'work')}", daemon=True).start()
+    return await done
+
+
+def status_server(sidecar: Sidecar, host: str, port: int) -> uvicorn.Server:
+    """The status port, bounded like the model server's (model_server.http_protocol)."""
+    config = uvicorn.Config(
+        status_app(sidecar),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=STATUS_KEEP_ALIVE_SECONDS,
+        http=LimitedHttpProtocol.with_limits(STATUS_LIMITS),
+    )
+    return uvicorn.Server(config)
+
+
 async def run(args: argparse.Namespace) -> None:
-    """Serve the status, and keep vLLM's adapters equal to the list until SIGTERM (which
-    uvicorn catches: the loop ends after the step under way)."""
+    """Serve the status, and keep vLLM's adapters equal to the list until SIGTERM, which uvicorn
+    catches: a step under way is abandoned (its fetch thread dies with the process), so the
+    container stops at once instead of at the end of its grace period."""
     limits = storage.Limits(max_bytes=args.max_bytes, deadline_seconds=args.deadline)
     sidecar = Sidecar(Path(args.desired), Path(args.dir), Engine(args.engine), limits)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
-    config = uvicorn.Config(
-        status_app(sidecar), host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="off"
-    )
-    server = uvicorn.Server(config)
+    server = status_server(sidecar, args.host, args.port)
     serving = asyncio.create_task(server.serve())
     log.info("adapters sidecar on %s:%d, vLLM at %s", args.host, args.port, args.engine)
+
+    def stopping() -> bool:
+        return server.should_exit or serving.done()
+
     try:
-        while not server.should_exit and not serving.done():
-            try:
-                await sidecar.step()
-            except Exception:  # the process keeps serving its probes and tries again
-                log.exception("adapters step failed")
-            await asyncio.sleep(args.interval)
+        while not stopping():
+            step = asyncio.create_task(sidecar.step())
+            while not step.done() and not stopping():
+                await asyncio.wait({step}, timeout=STOP_POLL_SECONDS)
+            if not step.done():
+                step.cancel()
+                log.info("stopping: the step under way is abandoned")
+                break
+            if not step.cancelled() and step.exception() is not None:  # the probes go on; so do the steps
+                log.error("adapters step failed", exc_info=step.exception())
+            await asyncio.wait({serving}, timeout=args.interval)
     finally:
         server.should_exit = True
         await serving

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from inference_operator import handlers
+from model_server.adapters import digest
 from tests.http_stub import QuietHandler, serving
 from testsupport.cluster import Cluster, condition, inference_service, wait_for
 
@@ -77,7 +78,8 @@ def adapters_condition(cluster: Cluster) -> dict | None:
 
 
 def entry(name: str, uri: str, state: str, reason: str | None = None) -> dict:
-    return {"name": name, "uri": uri, "state": state, **({"reason": reason} if reason else {})}
+    """One adapter as the sidecar reports it (model_server.adapters: its digest, not its uri)."""
+    return {"name": name, "digest": digest(uri), "state": state, **({"reason": reason} if reason else {})}
 
 
 SQL = {"name": "sql", "uri": "hf://org/sql-lora"}
@@ -92,7 +94,8 @@ def test_adapters_status_follows_the_replicas_sidecars(
     assert cluster.apply_cr(service(port, [SQL])).status_code in (200, 201)
     config_map = wait_for(lambda: cluster.get("v1/configmaps", NAMESPACE, NAME), timeout=30, message="ConfigMap")
     assert json.loads(config_map["data"]["adapters.json"]) == {"adapters": [SQL]}
-    template = cluster.get("apps/v1/deployments", NAMESPACE, NAME)["spec"]["template"]
+    deployment = wait_for(lambda: cluster.get("apps/v1/deployments", NAMESPACE, NAME), timeout=30, message="Deployment")
+    template = deployment["spec"]["template"]
 
     # Two running replicas and one on the node's network (never asked: its IP is the node's).
     add_pod(cluster, "llama-a", phase="Running", podIP="127.0.0.1", hostIP="10.0.0.9")
@@ -102,8 +105,13 @@ def test_adapters_status_follows_the_replicas_sidecars(
     state.answer = {"adapters": [entry("sql", SQL["uri"], "Loading")]}
     loading = cluster.wait_condition(NAMESPACE, NAME, "AdaptersReady", "False", "Loading")
     assert "sql" in loading["message"]
-    (sql,) = cluster.get_cr(NAMESPACE, NAME)["status"]["adapters"]
-    assert sql["state"] == "Loading" and sql["replicas"] == 2 and sql["readyReplicas"] == 0
+    # Both replicas counted (the pods were added one after the other: a read may have seen one).
+    (sql,) = wait_for(
+        lambda: [a for a in cluster.get_cr(NAMESPACE, NAME)["status"]["adapters"] if a["replicas"] == 2],
+        timeout=30,
+        message="both replicas counted",
+    )
+    assert sql["state"] == "Loading" and sql["readyReplicas"] == 0
     assert [p["pod"] for p in sql["pods"]] == ["llama-a", "llama-b"]
     assert set(state.asked) == {"/adapters"}
 

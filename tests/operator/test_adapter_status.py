@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from inference_operator.adapter_status import MAX_REPLICAS_LISTED, REASON_LENGTH, replica_states, summarize, targets
 from inference_operator.models import parse_spec
+from model_server.adapters import digest  # the sidecar's own: the operator must match it
 
 SPEC = parse_spec(
     {
         "model": {"uri": "pvc://models/llama"},
         "runtime": {"engine": "vllm"},
-        "adapters": [{"name": "sql", "uri": "hf://org/sql"}, {"name": "chat", "uri": "hf://org/chat"}],
+        "adapters": [
+            {"name": "sql", "uri": "hf://org/sql"},
+            {"name": "chat", "uri": "hf://org/chat"},
+        ],
     }
 )
 
@@ -39,23 +43,25 @@ def test_a_replica_reports_only_the_wanted_adapters_in_known_states() -> None:
     wanted = {"sql": "hf://org/sql", "chat": "hf://org/chat"}
     answer = {
         "adapters": [
-            {"name": "sql", "uri": "hf://org/sql@old", "state": "Ready"},  # the list before the change
-            {"name": "chat", "uri": "hf://org/chat", "state": "Pwned"},
-            {"name": "other", "uri": "hf://x/y", "state": "Ready"},
+            {"name": "sql", "digest": digest("hf://org/sql@old"), "state": "Ready"},  # the list before the change
+            {"name": "chat", "digest": digest("hf://org/chat"), "state": "Pwned"},
+            {"name": "other", "digest": digest("hf://x/y"), "state": "Ready"},
             "junk",
         ]
     }
     assert replica_states(answer, wanted) == {"sql": ("Pending", ""), "chat": ("Pending", "")}
     assert replica_states(None, wanted) == {"sql": ("Pending", ""), "chat": ("Pending", "")}
     assert replica_states({"adapters": "x"}, wanted)["sql"] == ("Pending", "")
-    long = {"adapters": [{"name": "sql", "uri": "hf://org/sql", "state": "Failed", "reason": "a\nb " * 1000}]}
+    long = {
+        "adapters": [{"name": "sql", "digest": digest("hf://org/sql"), "state": "Failed", "reason": "a\nb " * 1000}]
+    }
     state, reason = replica_states(long, wanted)["sql"]
     assert state == "Failed" and len(reason) == REASON_LENGTH and "\n" not in reason
 
 
 def ready(*names: str) -> dict:
     uris = {"sql": "hf://org/sql", "chat": "hf://org/chat"}
-    return {"adapters": [{"name": n, "uri": uris[n], "state": "Ready"} for n in names]}
+    return {"adapters": [{"name": n, "digest": digest(uris[n]), "state": "Ready"} for n in names]}
 
 
 def test_summary_verdicts() -> None:
@@ -68,7 +74,9 @@ def test_summary_verdicts() -> None:
     _, ok, reason, message = summarize(SPEC, {"p1": ready("sql", "chat"), "p2": None})
     assert not ok and reason == "Loading" and message == "loading sql, chat"  # an unanswered replica counts
     assert summarize(SPEC, {})[1:3] == (False, "NoReplicas")
-    failed = {"adapters": [{"name": "chat", "uri": "hf://org/chat", "state": "Failed", "reason": "rank 64 > 16"}]}
+    failed = {
+        "adapters": [{"name": "chat", "digest": digest("hf://org/chat"), "state": "Failed", "reason": "rank 64 > 16"}]
+    }
     entries, ok, reason, message = summarize(SPEC, {"p1": ready("sql", "chat"), "p2": failed})
     assert not ok and reason == "AdapterFailed" and message == "chat on p2: rank 64 > 16"
     chat = entries[1]

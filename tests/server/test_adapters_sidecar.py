@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
+import shutil
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -14,7 +19,8 @@ import pytest
 from model_server import adapters as sidecar_module
 from model_server import storage, vllm_guard
 from model_server.adapters import Engine, Load, Sidecar, Unload, adapter_dir, plan, read_desired
-from testsupport.processes import free_port, running, stop
+from tests.http_stub import QuietHandler, serving
+from testsupport.processes import free_port, running, stop, wait_http
 
 BASE = "tiny"
 
@@ -341,9 +347,163 @@ def test_the_sidecar_answers_the_probes_and_the_operator(pod: Pod) -> None:
     assert answers["before /ready"][0] == 503
     assert answers["after /ready"] == (200, {"ready": True})
     status = answers["after /adapters"][1]
-    assert isinstance(status, dict) and status["adapters"] == [{"name": "sql", "uri": "hf://org/sql", "state": "Ready"}]
+    assert isinstance(status, dict) and status["adapters"] == [
+        {"name": "sql", "digest": sidecar_module.digest("hf://org/sql"), "state": "Ready"}
+    ]
     assert answers["/nothing"][0] == 404 and answers["/health/live"][0] == 200
     assert answers["post"][0] == 405  # read-only: the list comes from the ConfigMap alone
+
+
+def test_the_status_names_no_uri_or_bucket_path(pod: Pod) -> None:
+    """Any pod that reaches the port may read /adapters: names, states and reasons only."""
+    pod.want(sql="hf://private-org/sql-lora", chat="s3://corp-adapters/team-a/nobucket")
+    pod.step()
+    text = json.dumps(pod.sidecar.status())
+    assert "Failed" in text and "NoSuchBucket" in text
+    for leak in ("private-org", "sql-lora", "corp-adapters", "team-a", "://", str(pod.dir)):
+        assert leak not in text, (leak, text)
+
+
+@pytest.fixture
+def sidecar_process(tmp_path: pathlib.Path) -> Iterator[str]:
+    desired = tmp_path / "adapters.json"
+    desired.write_text('{"adapters": [{"name": "sql", "uri": "hf://org/sql"}]}')
+    port = free_port()
+    command = [sys.executable, "-m", "model_server.adapters", f"--desired={desired}", f"--dir={tmp_path / 'a'}"]
+    command += ["--engine=http://127.0.0.1:9", "--host=127.0.0.1", f"--port={port}"]
+    with running(command, ready_url=f"http://127.0.0.1:{port}/health/live", timeout=30):
+        yield f"127.0.0.1:{port}"
+
+
+def _exchange(address: str, data: bytes, timeout: float = 30) -> bytes:
+    """What the server answers to `data` before it closes the connection."""
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_the_status_port_bounds_header_size_and_time_like_the_model_servers(sidecar_process: str) -> None:
+    """uvicorn's defaults held a connection whose headers never end, and any header size."""
+    huge = b"GET /adapters HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 60_000 + b"\r\n\r\n"
+    assert _exchange(sidecar_process, huge).startswith(b"HTTP/1.1 431 ")
+    many = b"GET /adapters HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(500)) + b"\r\n"
+    assert _exchange(sidecar_process, many).startswith(b"HTTP/1.1 431 ")
+    # Headers that never end: answered 408 and closed (STATUS_LIMITS' header time), not held.
+    stalled = _exchange(sidecar_process, b"GET /adapters HTTP/1.1\r\nHost: x\r\n")
+    assert stalled.startswith(b"HTTP/1.1 408 "), stalled[:100]
+    assert httpx.get(f"http://{sidecar_process}/health/live").status_code == 200
+
+
+def test_removing_a_large_adapter_leaves_the_probes_answered(pod: Pod, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rmtree of a large adapter ran on the event loop, and the readiness probe (2 s, one
+    failure) went unanswered meanwhile."""
+    pod.want(sql="hf://org/sql")
+    pod.step()
+    removing, release, finished = threading.Event(), threading.Event(), threading.Event()
+    real_rmtree = shutil.rmtree
+
+    def slow_rmtree(path: pathlib.Path, ignore_errors: bool = False) -> None:
+        removing.set()
+        release.wait(5)  # a large adapter's files; released by the probe's answer below
+        real_rmtree(path, ignore_errors)
+        finished.set()
+
+    monkeypatch.setattr(sidecar_module.shutil, "rmtree", slow_rmtree)
+
+    async def scenario() -> bool:
+        pod.want()
+        step = asyncio.create_task(pod.sidecar.step())
+        while not removing.is_set() and not step.done():
+            await asyncio.sleep(0.01)
+        transport = httpx.ASGITransport(app=sidecar_module.status_app(pod.sidecar))
+        async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as client:
+            assert (await client.get("/health/live")).status_code == 200
+        answered_while_removing = not finished.is_set()
+        release.set()
+        await step
+        return answered_while_removing
+
+    assert asyncio.run(scenario())
+    assert list(pod.dir.iterdir()) == [] and pod.vllm.loaded == {}
+
+
+class TricklingHub:
+    """A Hub that answers every request with a body that never ends, a byte at a time: no read
+    ever times out, and the fetch lasts as long as its deadline."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.closed = threading.Event()
+        self.asked = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                self.asked.set()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n")
+                while not self.closed.wait(0.5):
+                    conn.sendall(b" ")
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a PID namespace needs root")
+def test_the_sidecar_as_pid_1_stops_on_sigterm_while_a_fetch_is_under_way(tmp_path: pathlib.Path) -> None:
+    """A fetch held the loop until it ended (up to --deadline): as PID 1 the sidecar ignored
+    SIGTERM meanwhile and the pod waited for the kubelet's SIGKILL."""
+    from tests.server.test_ms_pid1 import as_pid_1, seconds_to_exit
+
+    hub = TricklingHub()
+    desired = tmp_path / "adapters.json"
+    desired.write_text('{"adapters": [{"name": "sql", "uri": "hf://org/sql"}]}')
+    engine = FakeVllm()
+    port = free_port()
+    command = [sys.executable, "-m", "model_server.adapters", f"--desired={desired}", f"--dir={tmp_path / 'a'}"]
+    command += ["--host=127.0.0.1", f"--port={port}", "--interval=0.2"]
+    # `env` execs the sidecar: it is still the namespace's PID 1.
+    command = ["env", f"HF_ENDPOINT={hub.url}", f"HF_HOME={tmp_path / 'hf'}", "HF_HUB_DISABLE_TELEMETRY=1", *command]
+
+    class Models(QuietHandler):
+        def do_GET(self) -> None:
+            self.reply(engine(httpx.Request("GET", "http://vllm/v1/models")).content)
+
+    try:
+        with serving(Models) as vllm:
+            command.append(f"--engine=http://127.0.0.1:{vllm.server_address[1]}")
+            outer, pid = as_pid_1(command, tmp_path / "sidecar.log")
+            try:
+                wait_http(f"http://127.0.0.1:{port}/health/live", timeout=30, log=tmp_path / "sidecar.log")
+                assert hub.asked.wait(30), (tmp_path / "sidecar.log").read_text()[-2000:]
+                state = httpx.get(f"http://127.0.0.1:{port}/adapters").json()["adapters"][0]["state"]
+                assert state == "Loading"
+                took = seconds_to_exit(outer, pid, timeout=20)
+            finally:
+                if outer.poll() is None:
+                    outer.kill()
+                    outer.wait()
+    finally:
+        hub.close()
+    print(f"sidecar stopped {took:.2f} s after SIGTERM, mid-fetch")
+    assert outer.returncode == 0, (tmp_path / "sidecar.log").read_text()[-2000:]
 
 
 def test_the_sidecar_process_serves_until_sigterm(tmp_path: pathlib.Path) -> None:
