@@ -50,6 +50,7 @@ allowed); 4 not a model (HTML); 5 over the size cap; 6 past the deadline; 7 chec
 from __future__ import annotations
 
 import argparse
+import base64
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -172,7 +173,7 @@ class Limits:
 class S3Client(Protocol):
     def get_paginator(self, operation: str) -> Any: ...
 
-    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]: ...  # noqa: N803 (boto3's names)
+    def get_object(self, Bucket: str, Key: str, ChecksumMode: str) -> dict[str, Any]: ...  # noqa: N803 (boto3's names)
 
 
 def safe_relative(path: str, what: str) -> PurePosixPath:
@@ -318,26 +319,43 @@ def manifest_path(path: str, what: str) -> PurePosixPath:
 def exclusive(dest_dir: Path, limits: Limits) -> Iterator[None]:
     """One fetch at a time into a destination (an flock on a file in it): replicas sharing a
     cache claim take turns, so none removes or replaces what another is still writing. Waiting
-    counts against the deadline."""
-    state = dest_dir / STATE_DIR
+    counts against the deadline. The lock file is removed by its holder, so a finished fetch
+    leaves only the model; a waiter that got the lock of a removed file tries again."""
+    state, lock = dest_dir / STATE_DIR, dest_dir.joinpath(*LOCK_FILE.parts)
     if state.is_symlink() or (state.exists() and not state.is_dir()):
         state.unlink()  # the fetcher's state directory is a real directory or nothing
-    state.mkdir(parents=True, exist_ok=True)
-    fd = os.open(dest_dir.joinpath(*LOCK_FILE.parts), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    waited = False
+    while True:
+        state.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except FileNotFoundError:  # the holder removed the directory just now
+            continue
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not waited:
+                        log.info("waiting for another fetch into %s to end", dest_dir)
+                        waited = True
+                    limits.remaining()
+                    time.sleep(LOCK_POLL_SECONDS)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                    break  # the lock is ours and still the one in place
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
     try:
-        waited = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not waited:
-                    log.info("waiting for another fetch into %s to end", dest_dir)
-                    waited = True
-                limits.remaining()
-                time.sleep(LOCK_POLL_SECONDS)
         yield
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        with contextlib.suppress(OSError):
+            os.rmdir(state)  # when empty
         os.close(fd)  # releases the lock
 
 
@@ -432,9 +450,20 @@ def fetch_http(
     uri: str, dest_dir: Path, client: httpx.Client | None = None, limits: Limits | None = None
 ) -> list[Path]:
     limits = limits or Limits()
-    target = contained(dest_dir, safe_relative(_file_name(uri), "file name"), "file name")
+    target = contained(dest_dir, manifest_path(_file_name(uri), "file name"), "file name")
     own_client = client is None
     client = client or httpx.Client(follow_redirects=False)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with exclusive(dest_dir, limits):
+            prune(dest_dir, [PurePosixPath(target.name)])
+            return _get_http(uri, target, client, limits)
+    finally:
+        if own_client:
+            client.close()
+
+
+def _get_http(uri: str, target: Path, client: httpx.Client, limits: Limits) -> list[Path]:
     url = uri
     try:
         for _ in range(MAX_REDIRECTS + 1):
@@ -459,19 +488,25 @@ def fetch_http(
         raise FetchError(f"{url}: timed out ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:
         raise FetchError(f"{url}: {type(exc).__name__}: {exc}") from exc
-    finally:
-        if own_client:
-            client.close()
 
 
 # --- s3 ------------------------------------------------------------------------------------
 
 
-def _s3_objects(client: S3Client, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
+@dataclasses.dataclass(frozen=True)
+class S3Object:
+    """One object as the listing names it: its key, size and ETag."""
+
+    key: str
+    size: int
+    etag: str = ""
+
+
+def _s3_objects(client: S3Client, bucket: str, prefix: str) -> Iterator[S3Object]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             if not item["Key"].endswith("/"):
-                yield item["Key"], int(item.get("Size", 0))
+                yield S3Object(item["Key"], int(item.get("Size", 0)), str(item.get("ETag") or ""))
 
 
 def _s3_client() -> S3Client:
@@ -484,24 +519,39 @@ def _s3_client() -> S3Client:
 
 
 def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: Limits | None = None) -> list[Path]:
+    """The object, or the objects under the prefix. A file the destination already holds is kept
+    when it has the object's size and matches a digest published for it (a `.sha256` object,
+    `--sha256`, or an ETag that is an MD5); everything else is downloaded and checked against
+    every digest S3 gives with it (see `_s3_published`), and files the listing does not name are
+    removed."""
     limits = limits or Limits()
     bucket, path = _s3_location(uri)
     client = client or _s3_client()
     objects = _s3_objects_to_fetch(client, bucket, path)
     if not objects:
         raise FetchError(f"{uri}: no objects under this prefix")
-    sidecars = {rel.as_posix(): key for key, _, rel in objects if rel.name.endswith(".sha256")}
-    files = [(key, size, rel) for key, size, rel in objects if rel.as_posix() not in sidecars]
+    sidecars = {rel.as_posix(): obj.key for obj, rel in objects if rel.name.endswith(".sha256")}
+    files = [(obj, rel) for obj, rel in objects if rel.as_posix() not in sidecars]
     if limits.sha256 and len(files) != 1:
         raise UsageError(f"{uri}: --sha256 names one file, this prefix has {len(files)}; use <file>.sha256 objects")
-    limits.expect(sum(size for _, size, _ in files), uri)
-    targets = [(key, rel, contained(dest_dir, rel, "S3 key")) for key, _, rel in files]  # all, before any write
-    fetched = []
-    for key, rel, target in targets:
-        expected = limits.sha256
-        if (sidecar := sidecars.get(rel.as_posix() + ".sha256")) is not None:
-            expected = _parse_digest(_s3_read(client, bucket, sidecar, limits), f"s3://{bucket}/{sidecar}")
-        fetched.append(write_file(target, _s3_chunks(client, bucket, key), limits, expected))
+    limits.expect(sum(obj.size for obj, _ in files), uri)
+    keep = [rel for _, rel in files]
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive(dest_dir, limits):
+        prune(dest_dir, keep)
+        targets = [(obj, rel, contained(dest_dir, rel, "S3 key")) for obj, rel in files]  # all, before any write
+        fetched = []
+        for obj, rel, target in targets:
+            sha256 = limits.sha256
+            if (sidecar := sidecars.get(rel.as_posix() + ".sha256")) is not None:
+                sha256 = _parse_digest(_s3_read(client, bucket, sidecar, limits), f"s3://{bucket}/{sidecar}")
+            if verified(target, Expected(size=obj.size, sha256=sha256, md5=_hex(obj.etag, 32)), limits):
+                fetched.append(target)
+                continue
+            response = _s3_get(client, bucket, obj.key)
+            published = _s3_published(response)
+            fetched.append(write_file(target, _s3_body(response, bucket, obj.key), limits, sha256, published))
+        prune(dest_dir, keep)
     return fetched
 
 
@@ -516,33 +566,64 @@ def _s3_location(uri: str) -> tuple[str, str]:
     return bucket, path
 
 
-def _s3_objects_to_fetch(client: S3Client, bucket: str, path: str) -> list[tuple[str, int, PurePosixPath]]:
-    """(key, size, path relative to the destination) of each object: the one object `path`
-    names exactly (unless it ends in `/`), else every object under the prefix."""
+def _s3_objects_to_fetch(client: S3Client, bucket: str, path: str) -> list[tuple[S3Object, PurePosixPath]]:
+    """Each object with its path relative to the destination: the one object `path` names
+    exactly (unless it ends in `/`), else every object under the prefix."""
     directory = path.rstrip("/")
     listed = list(_s3_objects(client, bucket, directory))
-    exact = [(k, s) for k, s in listed if k == directory]
+    exact = [obj for obj in listed if obj.key == directory]
     if exact and not path.endswith("/"):
-        return [(key, size, safe_relative(PurePosixPath(key).name, "S3 key")) for key, size in exact]
+        return [(obj, manifest_path(PurePosixPath(obj.key).name, "S3 key")) for obj in exact]
     base = directory + "/" if directory else ""
-    return [(k, s, safe_relative(k[len(base) :], "S3 key")) for k, s in listed if k.startswith(base)]
+    return [(obj, manifest_path(obj.key[len(base) :], "S3 key")) for obj in listed if obj.key.startswith(base)]
 
 
 def _s3_read(client: S3Client, bucket: str, key: str, limits: Limits) -> str:
-    data = b"".join(_s3_chunks(client, bucket, key))
+    data = b"".join(_s3_body(_s3_get(client, bucket, key), bucket, key))
     limits.count(len(data))
     return data[:4096].decode("utf-8", "replace")
 
 
-def _s3_chunks(client: S3Client, bucket: str, key: str) -> Iterator[bytes]:
+# A ChecksumType: the checksum of the whole object, not of its parts (COMPOSITE, "...-N").
+FULL_OBJECT = "FULL_OBJECT"
+# Server-side encryption under which an object's ETag is not the MD5 of its content.
+ETAG_NOT_MD5 = ("aws:kms", "aws:kms:dsse")
+
+
+def _s3_published(response: dict[str, Any]) -> Expected:
+    """The digests S3 gives with an object: its ChecksumSHA256 (base64) when it was stored with
+    one and it covers the whole object, and its ETag when that is the content's MD5 (a single-part
+    upload without SSE-KMS or SSE-C; a multipart ETag ends in -N). S3's default CRC checksums
+    are not checked here."""
+    sha256 = None
+    checksum = str(response.get("ChecksumSHA256") or "")
+    if checksum and "-" not in checksum and response.get("ChecksumType", FULL_OBJECT) == FULL_OBJECT:
+        with contextlib.suppress(ValueError):
+            sha256 = _hex(base64.b64decode(checksum, validate=True).hex(), 64)
+    md5 = None
+    encryption = str(response.get("ServerSideEncryption") or "")
+    if encryption not in ETAG_NOT_MD5 and not response.get("SSECustomerAlgorithm"):
+        md5 = _hex(response.get("ETag"), 32)
+    return Expected(sha256=sha256, md5=md5)
+
+
+def _s3_get(client: S3Client, bucket: str, key: str) -> dict[str, Any]:
     try:
-        response = client.get_object(Bucket=bucket, Key=key)
+        response = client.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     except Exception as exc:  # botocore's ClientError and friends, without importing botocore
         raise FetchError(f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}") from exc
     content_type = str(response.get("ContentType") or "").split(";")[0].strip().lower()
     if content_type == "text/html" and not key.lower().endswith(TEXT_NAMES):
         raise NotAModelError(f"s3://{bucket}/{key}: stored as {content_type}, not a model")
-    yield from response["Body"].iter_chunks(CHUNK)
+    return response
+
+
+def _s3_body(response: dict[str, Any], bucket: str, key: str) -> Iterator[bytes]:
+    try:
+        yield from response["Body"].iter_chunks(CHUNK)
+    except Exception as exc:  # botocore's own check of a checksum it was sent, a dropped connection
+        error = ChecksumError if "checksum" in type(exc).__name__.lower() else FetchError
+        raise error(f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}") from exc
 
 
 # --- Hugging Face Hub -------------------------------------------------------------------------

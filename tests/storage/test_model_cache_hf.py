@@ -35,6 +35,7 @@ def test_a_mirror_planted_file_of_the_same_size_is_replaced_and_extra_files_remo
     victim = run_fetch(hub, "hf://org/tiny@main", dest)
     assert victim.returncode == 0, victim.stderr
     assert model_files(dest) == FILES  # the mirror's config.json replaced, its extra files gone
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == sorted(FILES)
     # Only what did not match the Hub's digests was downloaded again.
     assert hub.resolves("GET") == [f"/org/tiny/resolve/{COMMIT}/config.json"]
     assert "modeling_evil.py" in victim.stderr  # the removal is logged

@@ -252,28 +252,48 @@ class Body:
 
 
 class StandInS3:
-    """The two calls fetch_s3 makes, over a dict of key → bytes, paginated by two."""
+    """The two calls fetch_s3 makes, over a dict of key → bytes, paginated by two.
+
+    As S3 answers: each object's ETag is the MD5 of its bytes (a single-part upload) unless
+    `etags` names another (a multipart upload's ends in -N); `headers` adds to an object's
+    GetObject answer (ChecksumSHA256, ServerSideEncryption); `served` are bytes sent in place of
+    an object's own (tampered with on the way)."""
 
     def __init__(self, objects: dict[str, bytes], content_types: dict[str, str] | None = None):
         self.objects = objects
         self.content_types = content_types or {}
+        self.etags: dict[str, str] = {}
+        self.headers: dict[str, dict[str, str]] = {}
+        self.served: dict[str, bytes] = {}
         self.fetched: list[str] = []
+
+    def etag(self, key: str) -> str:
+        return f'"{self.etags.get(key) or hashlib.md5(self.objects[key]).hexdigest()}"'
 
     def get_paginator(self, operation: str) -> Any:
         assert operation == "list_objects_v2"
-        objects = self.objects
+        store = self
 
         class Paginator:
             def paginate(self, Bucket: str, Prefix: str) -> Iterator[dict]:  # noqa: N803 (boto3's names)
-                keys = sorted(k for k in objects if k.startswith(Prefix))
+                keys = sorted(k for k in store.objects if k.startswith(Prefix))
                 for i in range(0, len(keys), 2):
-                    yield {"Contents": [{"Key": k, "Size": len(objects[k])} for k in keys[i : i + 2]]}
+                    page = keys[i : i + 2]
+                    yield {"Contents": [{"Key": k, "Size": len(store.objects[k]), "ETag": store.etag(k)} for k in page]}
 
         return Paginator()
 
-    def get_object(self, Bucket: str, Key: str) -> dict:  # noqa: N803
+    def get_object(self, Bucket: str, Key: str, ChecksumMode: str = "") -> dict:  # noqa: N803
         self.fetched.append(Key)
-        return {"Body": Body(self.objects[Key]), "ContentType": self.content_types.get(Key, "binary/octet-stream")}
+        checksums = self.headers.get(Key, {}) if ChecksumMode == "ENABLED" else {}
+        headers = {k: v for k, v in self.headers.get(Key, {}).items() if not k.startswith("Checksum")}
+        return {
+            "Body": Body(self.served.get(Key, self.objects[Key])),
+            "ContentType": self.content_types.get(Key, "binary/octet-stream"),
+            "ETag": self.etag(Key),
+            **headers,
+            **checksums,
+        }
 
 
 def relative(files: list[pathlib.Path], root: pathlib.Path) -> list[str]:
