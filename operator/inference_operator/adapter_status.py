@@ -18,6 +18,8 @@ Pure: the caller does the requests.
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,6 +31,11 @@ STATES = ("Pending", "Loading", "Ready", "Failed")
 MAX_REPLICAS_LISTED = 16  # per adapter in status: a 100-replica service keeps a small status
 REASON_LENGTH = 300
 MAX_ANSWER_BYTES = 256 * 1024
+# An answer is {"engine": ..., "adapters": [{...}]}: three levels. Deeper is not the sidecar's,
+# and json.loads recurses once per level (a body of 100,000 "[" raised RecursionError).
+MAX_ANSWER_DEPTH = 8
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,24 @@ def uri_digest(uri: str) -> str:
     return hashlib.sha256(uri.encode()).hexdigest()[:12]
 
 
+def parse_answer(body: bytes) -> JsonObject | None:
+    """A sidecar's answer as a JSON object, or None: not JSON, not an object, too large, or
+    nested deeper than MAX_ANSWER_DEPTH (checked before the parser recurses into it)."""
+    if len(body) > MAX_ANSWER_BYTES:
+        return None
+    depth = deepest = 0
+    for bracket in _BRACKET.finditer(_STRING.sub(b'""', body)):
+        depth += 1 if bracket.group() in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+        if deepest > MAX_ANSWER_DEPTH:
+            return None
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _bounded(text: object) -> str:
     value = " ".join(str(text).split())
     return value if len(value) <= REASON_LENGTH else value[: REASON_LENGTH - 3] + "..."
@@ -81,6 +106,20 @@ def replica_states(answer: JsonObject | None, wanted: Mapping[str, str]) -> dict
         if isinstance(name, str) and name in wanted and hashed == digests[name] and state in STATES:
             reported[name] = (str(state), _bounded(entry.get("reason") or ""))
     return {name: reported.get(name, ("Pending", "")) for name in wanted}
+
+
+def reduced(answer: JsonObject | None, wanted: Mapping[str, str]) -> JsonObject | None:
+    """Of one replica's answer, only what `replica_states` reads (the wanted adapters, each
+    field bounded): what the operator keeps while it asks the other replicas."""
+    if answer is None:
+        return None
+    states = replica_states(answer, wanted)
+    return {
+        "adapters": [
+            {"name": name, "digest": uri_digest(wanted[name]), "state": state, "reason": reason}
+            for name, (state, reason) in states.items()
+        ]
+    }
 
 
 def summarize(

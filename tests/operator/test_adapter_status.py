@@ -1,10 +1,30 @@
-"""status.adapters from the replicas' answers (pure): which pods are asked, what is read."""
+"""status.adapters from the replicas' answers (pure): which pods are asked, what is read; and
+adapter_watch asking replicas whose sidecar answers slowly, deeply or at length."""
 
 from __future__ import annotations
 
-from inference_operator.adapter_status import MAX_REPLICAS_LISTED, REASON_LENGTH, replica_states, summarize, targets
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from inference_operator import adapter_watch
+from inference_operator.adapter_status import (
+    MAX_REPLICAS_LISTED,
+    REASON_LENGTH,
+    parse_answer,
+    replica_states,
+    summarize,
+    targets,
+)
+from inference_operator.builders.common import Owner
 from inference_operator.models import parse_spec
 from model_server.adapters import digest  # the sidecar's own: the operator must match it
+from tests.http_stub import QuietHandler, serving
 
 SPEC = parse_spec(
     {
@@ -87,3 +107,110 @@ def test_status_lists_a_bounded_number_of_replicas() -> None:
     entries, *_ = summarize(SPEC, {f"p{i:03}": ready("sql") for i in range(100)})
     assert entries[0]["replicas"] == 100 and entries[0]["readyReplicas"] == 100
     assert len(entries[0]["pods"]) == MAX_REPLICAS_LISTED
+
+
+# --- adapter_watch: asking the replicas, whatever they answer --------------------------------
+
+
+class Replicas:
+    """Every replica's sidecar (all on one loopback port here), answering `body` (bytes, or a
+    callable that writes the answer itself); counts the requests in flight at once."""
+
+    def __init__(self, body: bytes | Callable[[QuietHandler], None], hold: float = 0.0) -> None:
+        self.body, self.hold = body, hold
+        self.in_flight = self.most = self.asked = 0
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[int]:
+        replicas = self
+
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:
+                with replicas.lock:
+                    replicas.in_flight += 1
+                    replicas.asked += 1
+                    replicas.most = max(replicas.most, replicas.in_flight)
+                try:
+                    time.sleep(replicas.hold)
+                    if callable(replicas.body):
+                        replicas.body(self)
+                    else:
+                        self.reply(replicas.body)
+                finally:
+                    with replicas.lock:
+                        replicas.in_flight -= 1
+
+        with serving(Handler) as server:
+            yield server.server_address[1]
+
+
+class Pods:
+    """KubeApi's list_objects with `count` running pods on 127.0.0.1."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict]:
+        return [
+            {"metadata": {"name": f"p{i:03}"}, "spec": {}, "status": {"phase": "Running", "podIP": "127.0.0.1"}}
+            for i in range(self.count)
+        ]
+
+
+def ask_all(port: int, pods: int) -> dict:
+    owner = Owner(
+        "llm", "ml", "u-1", SPEC.model_copy(update={"runtime": SPEC.runtime.model_copy(update={"metrics_port": port})})
+    )
+
+    async def run() -> dict:
+        async with adapter_watch.client() as http:
+            # The daemon's own deadline is far longer: an answer must come from adapter_watch's.
+            return await asyncio.wait_for(adapter_watch.answers(Pods(pods), http, owner), 30)  # type: ignore[arg-type]
+
+    return asyncio.run(run())
+
+
+def test_a_trickled_answer_is_cut_at_one_deadline_for_the_whole_exchange() -> None:
+    """A 2 s timeout per read let a sidecar that sends a byte every 0.5 s hold the daemon forever."""
+
+    def trickle(handler: QuietHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "100000")
+        handler.end_headers()
+        with contextlib.suppress(OSError):
+            for _ in range(200):  # 100 s unless the operator hangs up
+                handler.wfile.write(b" ")
+                handler.wfile.flush()
+                time.sleep(0.5)
+
+    with Replicas(trickle).serving() as port:
+        assert ask_all(port, 1) == {"p000": None}
+
+
+@pytest.mark.parametrize(
+    "body", [b"[" * 100_000, b'{"adapters": ' * 50_000, b'{"a": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}']
+)
+def test_a_deeply_nested_answer_is_unreadable_not_an_error(body: bytes) -> None:
+    """json.loads recursed once per level: 100,000 "[" raised RecursionError in the daemon."""
+    with Replicas(body).serving() as port:
+        assert ask_all(port, 1) == {"p000": None}
+
+
+def test_brackets_inside_strings_do_not_count_as_depth() -> None:
+    answer = {
+        "adapters": [{"name": "sql", "digest": digest("hf://org/sql"), "state": "Failed", "reason": "[[[{{{" * 50}]
+    }
+    assert parse_answer(json.dumps(answer).encode()) == answer
+
+
+def test_replicas_are_asked_a_few_at_a_time_and_only_the_wanted_fields_kept() -> None:
+    answer = ready("sql", "chat")
+    answer["adapters"][0]["junk"] = "x" * 100_000
+    answer["adapters"].append({"name": "other", "digest": "0" * 12, "state": "Ready", "reason": "y" * 100_000})
+    replicas = Replicas(json.dumps(answer).encode(), hold=0.2)
+    with replicas.serving() as port:
+        found = ask_all(port, 20)
+    assert replicas.asked == 20 and 1 <= replicas.most <= adapter_watch.CONCURRENT_ASKS, replicas.most
+    assert len(json.dumps(found)) < 20 * 400  # each replica's answer reduced to the two wanted adapters
+    assert summarize(SPEC, found)[1:3] == (True, "Loaded")
