@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn, cast
@@ -21,12 +22,15 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from . import adapter_status, adapter_watch, config, credentials, metrics, ownership, policy
+from . import adapter_status, adapter_watch, config, credentials, metrics, ownership, policy, status_pods
 from . import status as st
 from .analysis import AnalysisRefused, analysis_client, measure
 from .autoscaler.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from .builders import selector_string, service_url
-from .builders.common import COMPONENT, MANAGER, SPEC_HASH_ANNOTATION, Owner
+from .builders.common import COMPONENT, LWS_API_VERSION, LWS_KIND, MANAGER, OWNER_LABEL, SPEC_HASH_ANNOTATION, Owner
+from .builders.deployment import CONTAINER as SERVER_CONTAINER
+from .builders.storage import FETCH_CONTAINER
+from .builders.vllm import CONTAINER as VLLM_CONTAINER
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
 from .kinds import KINDS, WORKLOAD_KINDS, unavailable_message
@@ -54,6 +58,9 @@ KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, st.API_ERROR, *credentials.REFUSALS, ROLLED_
 # so a fight with another controller costs a few writes a minute, not a write storm.
 REPAIR_BURST = 3
 REPAIR_WINDOW_SECONDS = 30.0
+# The containers of a model pod whose failures status_pods tells apart.
+POD_ROLES = status_pods.Roles(fetch=FETCH_CONTAINER, servers=(SERVER_CONTAINER, VLLM_CONTAINER))
+_STATUS_LOCKS_GUARD = threading.Lock()
 
 
 @kopf.on.startup()
@@ -167,10 +174,53 @@ def _publish(
         computed["status"] = fresh.get("status") if new_status is None else new_status
         return None if new_status is None else st.status_changes(fresh.get("status"), new_status)
 
-    fresh, _ = api.update_status(ref, changes)
+    with _status_lock(memo, ref):
+        fresh, _ = api.update_status(ref, changes)
     if fresh is None:
         return None, {}
     return fresh.get("status"), computed.get("status") or {}
+
+
+def _status_lock(memo: kopf.Memo, ref: Ref) -> threading.Lock:
+    """One InferenceService's status writes, one at a time (in this process; peering keeps
+    other replicas paused). With `_observe` inside, whichever write comes last read the cluster
+    last: an event that arrives while another write is under way waits for it, then reads
+    again, so no write can put back news older than the last event."""
+    with _STATUS_LOCKS_GUARD:
+        locks: dict[tuple[str, str], threading.Lock] = memo.setdefault("status_locks", {})
+        return locks.setdefault((ref.namespace, ref.name), threading.Lock())
+
+
+def _observe(api: KubeApi, workload: Ref | None, pod_selector: str | None) -> tuple[st.Rollout, st.Problem | None]:
+    """The service's workload and pods as they are now, read inside the status write (see
+    `_status_lock`): never the copy an apply answered, which predates its controller's news."""
+    live = api.get(workload) if workload is not None else None
+    pods = api.list_objects("v1", "Pod", workload.namespace, pod_selector) if workload and pod_selector else []
+    return st.rollout(live), status_pods.pods_problem(pods, POD_ROLES)
+
+
+def _workload_ref(isvc: JsonObject) -> Ref:
+    """The Deployment named after the service, or its LeaderWorkerSet when it spans nodes."""
+    meta = isvc["metadata"]
+    nodes = ((((isvc.get("spec") or {}).get("resources") or {}).get("gpu")) or {}).get("nodes") or 1
+    if int(nodes) > 1:
+        return Ref(LWS_API_VERSION, LWS_KIND, meta["namespace"], meta["name"])
+    return Ref("apps/v1", "Deployment", meta["namespace"], meta["name"])
+
+
+def _announce_pods(isvc: kopf.Body | JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
+    """A Warning event when the pods' problem appears or changes (kubectl describe shows it)."""
+    condition = st.find_condition(new.get("conditions"), st.DEGRADED)
+    if condition is None or condition.get("status") != "True" or condition.get("reason") not in status_pods.REASONS:
+        return
+    before = st.find_condition((previous or {}).get("conditions"), st.DEGRADED) or {}
+    if (before.get("status"), before.get("reason"), before.get("message")) == (
+        "True",
+        condition.get("reason"),
+        condition.get("message"),
+    ):
+        return
+    kopf.warn(_body(isvc), reason=condition["reason"], message=condition.get("message", ""))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -213,7 +263,7 @@ def _reconcile_checked(
     rollout where `status` left it)."""
     operator_config: config.OperatorConfig = memo.config
     owner = operator_config.owner(name, namespace, uid, parse_spec(spec))
-    policy.check(owner.spec, operator_config.pod_policy)
+    policy.check(owner.spec, operator_config.pod_policy, owner.namespace)
     state = RolloutState.from_status(status)
     return owner, reconcile(memo.api, owner, operator_config.credentials, state)
 
@@ -244,14 +294,19 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
     problem = result.problem
     if result.unavailable:
         problem = st.Problem("ApiUnavailable", "; ".join(unavailable_message(k) for k in result.unavailable))
-    state = st.rollout(result.deployment)
-    extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector_string(owner)}
+    workload = Ref.of(result.deployment) if result.deployment is not None else None
+    selector = selector_string(owner)
+    extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector}
     extra |= rollout_status(result)
     _announce_rollout(body, RolloutState.from_status(body.get("status")), result.rollout)
     shown = problem or _rollout_problem(result.rollout)
-    previous, new_status = _publish(
-        memo, ref, lambda fresh: st.compute_status(fresh.get("status"), state, generation, shown) | extra
-    )
+
+    def compute(fresh: JsonObject) -> JsonObject:
+        state, pods = _observe(memo.api, workload, selector)
+        return st.compute_status(fresh.get("status"), state, generation, shown, pods=pods) | extra
+
+    previous, new_status = _publish(memo, ref, compute)
+    _announce_pods(body, previous, new_status)
     logger.info(
         "reconciled generation %s: %d writes (%s), status keys changed: %s",
         generation,
@@ -393,31 +448,33 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             return
         if isvc["metadata"].get("deletionTimestamp"):
             return
-        deployment: JsonObject | None = dict(body) if event["type"] != "DELETED" else None
         refused: st.Problem | None = None
         if why is not None:
             await _await_repair_slot(memo, (namespace, owner_ref["name"]), logger)
             result, refused = await asyncio.to_thread(_repair, memo, isvc, why, logger)
             if result is not None and result.writes:
                 _repair_times(memo, (namespace, owner_ref["name"])).append(time.monotonic())
-            if result is not None and is_deployment:
-                deployment = result.deployment
         if not is_deployment:
             return
-        state = st.rollout(deployment)
+        # The workload named after the service (a canary's event too: status is the stable's).
+        workload = Ref(body["apiVersion"], body["kind"], namespace, owner_ref["name"])
 
         def mirrored(fresh: JsonObject) -> JsonObject | None:
             status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
             if refused is None and status.get("observedGeneration") != generation:
-                return None  # a reconcile of this generation is under way and publishes it all at once
+                # A reconcile of this generation is under way: its status write reads the
+                # workload after this event (it waits for this write, or this for it).
+                return None
             problem = refused or st.spec_problem(status, KEPT_PROBLEMS)
-            return st.compute_status(status, state, generation, problem)
+            state, pods = _observe(api, workload, status.get("selector"))
+            return st.compute_status(status, state, generation, problem, pods=pods)
 
         previous, new_status = await asyncio.to_thread(_publish, memo, ref, mirrored)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("owned %s event not handled: %s", body.get("kind"), exc)
         return
     _announce_readiness(isvc, previous, new_status)
+    _announce_pods(isvc, previous, new_status)
 
 
 # One event handler per owned kind, selected by our managed-by label.
@@ -430,6 +487,47 @@ for _kind in KINDS:
             labels={"app.kubernetes.io/managed-by": MANAGER},
             id=f"owned-{_kind.plural}",
         )(owned_event)
+
+
+@kopf.on.event(
+    "",
+    "v1",
+    "pods",
+    labels={"app.kubernetes.io/managed-by": MANAGER, "app.kubernetes.io/component": COMPONENT},
+    id="service-pods",
+)
+@metrics.instrumented("pod_event")
+async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Say within seconds what is wrong with a service's pods (status_pods), and clear it once
+    they are well: a Deployment says only that replicas are unavailable, and ten minutes on."""
+    meta = body["metadata"]
+    name = (meta.get("labels") or {}).get(OWNER_LABEL)
+    if not name:
+        return
+    troubled = event["type"] != "DELETED" and status_pods.pod_problem_of(dict(body), POD_ROLES) is not None
+    api: KubeApi = memo.api
+    ref = _isvc_ref(meta["namespace"], name)
+
+    def compute(fresh: JsonObject) -> JsonObject | None:
+        status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
+        degraded = st.find_condition(status.get("conditions"), st.DEGRADED) or {}
+        shown = degraded.get("status") == "True" and degraded.get("reason") in status_pods.REASONS
+        if not (troubled or shown) or fresh["metadata"].get("deletionTimestamp"):
+            return None  # nothing to say and nothing to clear: one read, no write
+        if status.get("observedGeneration") != generation:
+            return None  # a reconcile of this generation is under way and reads the pods itself
+        state, pods = _observe(api, _workload_ref(fresh), status.get("selector"))
+        return st.compute_status(status, state, generation, st.spec_problem(status, KEPT_PROBLEMS), pods=pods)
+
+    try:
+        previous, new_status = await asyncio.to_thread(_publish, memo, ref, compute)
+        isvc = await asyncio.to_thread(api.get, ref) if new_status != previous else None
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        logger.warning("pod event not handled: %s", exc)
+        return
+    if isvc is not None:
+        _announce_readiness(isvc, previous, new_status)
+        _announce_pods(isvc, previous, new_status)
 
 
 def _announce_readiness(isvc: JsonObject, previous: JsonObject | None, new: JsonObject) -> None:

@@ -189,16 +189,18 @@ def compute_status(
     generation: int | None,
     problem: Problem | None = None,
     now: str | None = None,
+    pods: Problem | None = None,
 ) -> JsonObject:
     """The status conditions and replica counts for the current state of the world.
 
     `problem` comes from the reconciler (invalid spec, apply refused, API missing); it wins
     over what the Deployment says, since a Deployment built from an older spec is not news
-    about this one.
+    about this one. `pods` is what is wrong with the service's pods (status_pods): more
+    specific than the Deployment's own verdict, and seconds rather than minutes after the cause.
     """
     now = now or now_iso()
     conditions = list((previous or {}).get("conditions") or [])
-    problem = problem or state.problem
+    problem = problem or pods or state.problem
 
     if state.is_ready:
         ready = (True, "MinimumReplicasAvailable", state.ready_message)
@@ -206,6 +208,8 @@ def compute_status(
         ready = (False, problem.reason, problem.message) if problem else (False, "ReplicasNotReady", state.message)
     elif state.desired == 0:
         ready = (False, "ScaledToZero", state.ready_message)
+    elif pods is not None:
+        ready = (False, pods.reason, f"{state.ready_message}: {pods.message}")
     else:
         ready = (False, "ReplicasNotReady", state.ready_message)
     conditions = set_condition(conditions, READY, *ready, now, generation)

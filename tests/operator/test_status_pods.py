@@ -1,0 +1,204 @@
+"""Why a service's pods do not serve, read from plain pod objects (status_pods is pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference_operator import status as st
+from inference_operator.status_pods import (
+    CONTAINER_CONFIG,
+    CRASH_LOOP,
+    IMAGE_PULL,
+    MODEL_FETCH_FAILED,
+    MODEL_LOAD_FAILED,
+    OOM_KILLED,
+    UNSCHEDULABLE,
+    Roles,
+    pod_problem_of,
+    pods_problem,
+    redact,
+)
+
+ROLES = Roles(fetch="model-fetch", servers=("model-server", "vllm"))
+
+
+def pod(
+    name: str = "svc-1",
+    init: list[dict] | None = None,
+    containers: list[dict] | None = None,
+    conditions: list[dict] | None = None,
+    created: str = "2026-12-04T10:00:00Z",
+    phase: str = "Pending",
+    **meta: object,
+) -> dict:
+    return {
+        "metadata": {"name": name, "creationTimestamp": created, **meta},
+        "spec": {
+            "initContainers": [{"name": "model-fetch", "resources": {"limits": {"memory": "1Gi"}}}],
+            "containers": [{"name": "model-server", "resources": {"limits": {"memory": "2Gi"}}}],
+        },
+        "status": {
+            "phase": phase,
+            "conditions": conditions or [],
+            "initContainerStatuses": init or [],
+            "containerStatuses": containers or [],
+        },
+    }
+
+
+def crashed(name: str, restarts: int = 3, **terminated: object) -> dict:
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": restarts,
+        "state": {
+            "waiting": {"reason": "CrashLoopBackOff", "message": f"back-off 40s restarting failed container={name}"}
+        },
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", **terminated}},
+    }
+
+
+FETCHED = {"name": "model-fetch", "ready": True, "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}
+
+
+def test_a_failed_fetch_says_the_fetchers_own_words() -> None:
+    message = "fetch failed (exit 1, source): https://models.example/m.onnx: HTTP 404"
+    problem = pod_problem_of(pod(init=[crashed("model-fetch", message=message)]), ROLES)
+    assert problem == st.Problem(MODEL_FETCH_FAILED, f"container model-fetch: {message} (restarted 3 times)")
+
+
+def test_a_failed_fetch_without_words_points_at_its_logs() -> None:
+    problem = pod_problem_of(pod(init=[crashed("model-fetch", restarts=1)]), ROLES)
+    assert problem == st.Problem(
+        MODEL_FETCH_FAILED,
+        "container model-fetch: the fetch exited with code 1; see kubectl logs -c model-fetch (restarted 1 time)",
+    )
+
+
+def test_a_fetch_that_just_failed_is_reported_before_the_kubelet_restarts_it() -> None:
+    status = {"name": "model-fetch", "restartCount": 0, "state": {"terminated": {"exitCode": 6, "message": "deadline"}}}
+    assert pod_problem_of(pod(init=[status]), ROLES) == st.Problem(
+        MODEL_FETCH_FAILED, "container model-fetch: deadline"
+    )
+
+
+def test_a_server_that_exits_with_its_reason_failed_to_load_the_model() -> None:
+    message = "version 1 failed to load: [ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Protobuf parsing failed."
+    problem = pod_problem_of(pod(init=[FETCHED], containers=[crashed("model-server", message=message)]), ROLES)
+    assert problem == st.Problem(MODEL_LOAD_FAILED, f"container model-server: {message} (restarted 3 times)")
+
+
+def test_a_restarted_server_not_yet_ready_is_still_failing() -> None:
+    restarted = {
+        "name": "model-server",
+        "ready": False,
+        "restartCount": 2,
+        "state": {"running": {"startedAt": "2026-12-04T10:01:00Z"}},
+        "lastState": {"terminated": {"exitCode": 3, "message": "no model"}},
+    }
+    problem = pod_problem_of(pod(init=[FETCHED], containers=[restarted]), ROLES)
+    assert problem is not None and problem.reason == MODEL_LOAD_FAILED
+    # Once it is ready, the old crash is history.
+    assert pod_problem_of(pod(init=[FETCHED], containers=[{**restarted, "ready": True}]), ROLES) is None
+
+
+def test_a_crash_without_a_reason_is_a_crash_loop() -> None:
+    problem = pod_problem_of(pod(init=[FETCHED], containers=[crashed("vllm", restarts=4)]), ROLES)
+    assert problem == st.Problem(
+        CRASH_LOOP, "container vllm exited with code 1 (restarted 4 times); see kubectl logs -c vllm --previous"
+    )
+    sidecar = crashed("adapters", message="boom")
+    assert pod_problem_of(pod(init=[FETCHED, sidecar]), ROLES).reason == CRASH_LOOP  # type: ignore[union-attr]
+
+
+def test_out_of_memory_names_the_limit() -> None:
+    killed = crashed("model-server", restarts=1)
+    killed["lastState"]["terminated"] = {"exitCode": 137, "reason": "OOMKilled"}
+    problem = pod_problem_of(pod(init=[FETCHED], containers=[killed]), ROLES)
+    assert problem == st.Problem(
+        OOM_KILLED, "container model-server ran out of its memory limit of 2Gi and was killed (restarted 1 time)"
+    )
+
+
+@pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"])
+def test_an_image_that_cannot_be_pulled_is_one_reason(reason: str) -> None:
+    waiting = {
+        "name": "model-server",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"waiting": {"reason": reason, "message": 'Back-off pulling image "registry.example/server:1"'}},
+    }
+    problem = pod_problem_of(pod(init=[FETCHED], containers=[waiting]), ROLES)
+    assert problem == st.Problem(
+        IMAGE_PULL, f'container model-server: {reason}: Back-off pulling image "registry.example/server:1"'
+    )
+
+
+def test_a_container_that_cannot_be_created_says_why() -> None:
+    waiting = {
+        "name": "model-fetch",
+        "state": {"waiting": {"reason": "CreateContainerConfigError", "message": 'secret "hf" not found'}},
+    }
+    problem = pod_problem_of(pod(init=[waiting]), ROLES)
+    assert problem == st.Problem(
+        CONTAINER_CONFIG, 'container model-fetch: CreateContainerConfigError: secret "hf" not found'
+    )
+
+
+def test_unschedulable_carries_the_schedulers_message() -> None:
+    scheduled = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available.",
+    }
+    problem = pod_problem_of(pod(conditions=[scheduled]), ROLES)
+    assert problem == st.Problem(UNSCHEDULABLE, scheduled["message"])
+
+
+def test_starting_and_loading_pods_are_no_problem() -> None:
+    running = {"name": "model-fetch", "ready": False, "restartCount": 0, "state": {"running": {}}}
+    loading = {"name": "model-server", "ready": False, "restartCount": 0, "state": {"running": {}}}
+    initialising = {"name": "model-server", "state": {"waiting": {"reason": "PodInitializing"}}}
+    assert pod_problem_of(pod(init=[running], containers=[initialising]), ROLES) is None
+    assert pod_problem_of(pod(init=[FETCHED], containers=[loading]), ROLES) is None
+    assert pod_problem_of(pod(), ROLES) is None
+
+
+def test_the_newest_failing_pod_is_named_and_the_others_counted() -> None:
+    old = pod("svc-old", init=[crashed("model-fetch", message="old")], created="2026-12-04T09:00:00Z")
+    new = pod("svc-new", init=[crashed("model-fetch", message="new")], created="2026-12-04T11:00:00Z")
+    gone = pod("svc-gone", init=[crashed("model-fetch")], created="2026-12-04T12:00:00Z", deletionTimestamp="x")
+    evicted = pod("svc-evicted", init=[crashed("model-fetch")], created="2026-12-04T12:00:00Z", phase="Failed")
+    fine = pod("svc-fine", init=[FETCHED], created="2026-12-04T13:00:00Z")
+    problem = pods_problem([old, new, gone, evicted, fine], ROLES)
+    assert problem == st.Problem(
+        MODEL_FETCH_FAILED, "pod svc-new: container model-fetch: new (restarted 3 times) (and 1 more pod)"
+    )
+    assert pods_problem([fine, gone], ROLES) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("https://user:pw@host.example/a/b.onnx?X-Amz-Signature=f00d&x=1#frag: HTTP 403",
+         "https://host.example/a/b.onnx: HTTP 403"),
+        ("s3://bucket/key?versionId=abc failed", "s3://bucket/key failed"),
+        ("Authorization: Bearer eyJhbGciOi.payload.sig rejected", "Authorization: Bearer *** rejected"),
+        ("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123 refused", "HF_TOKEN=*** refused"),
+        ("token hf_abcdefghijklmnopqrstuvwxyz0123 refused", "token *** refused"),
+        ("key AKIAABCDEFGHIJKLMNOP denied", "key *** denied"),
+        ('{"password": "hunter2", "user": "me"}', '{"password": "***", "user": "me"}'),
+        ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key=***"),
+        ("blob QWxhZGRpbjpvcGVuIHNlc2FtZQ0KQWxhZGRpbjpvcGVu end", "blob *** end"),
+        ("sha256 is " + "ab" * 32 + ", expected x", "sha256 is " + "ab" * 32 + ", expected x"),
+        ("two\nlines\x1b[31m\tand tabs", "two lines [31m and tabs"),
+    ],
+)  # fmt: skip
+def test_redact_keeps_what_helps_and_drops_what_could_be_a_secret(text: str, shown: str) -> None:
+    assert redact(text) == shown
+
+
+def test_redact_bounds_the_length() -> None:
+    assert redact("x " * 1000, limit=50) == ("x " * 24)[:47] + "..."
+    assert len(redact("y" * 10, limit=50)) == 10
