@@ -3,11 +3,14 @@
 pvc:// mounts a claim read-only; oci:// copies a "modelcar" image's /models; s3://, http(s)://
 and hf:// run the fetcher (`python -m model_server.storage URI DIR`) of the model-server
 image. With `model.cachePvc` the fetched copy lands on that claim, under a directory named
-after the URI, so every replica and restart after the first finds it there.
+after the URI and where and as whom it is fetched from (`cache_key`), so every replica and
+restart after the first finds it there, and no other source's copy is ever taken for it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -49,12 +52,45 @@ class ModelStorage:
     mount: JsonObject = field(default_factory=dict)
 
 
-def cache_key(uri: str) -> str:
-    """A relative directory for `uri` on a cache claim: readable, without `..` or a leading /."""
+# The Hub's address when `model.huggingFace.endpoint` names no mirror (huggingface_hub's default).
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+# Of the S3 variables, those that say where a fetch reads from and as whom; never a secret's value.
+S3_SOURCE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID")
+CACHE_NAME_CHARS = 80  # of the URI, in a cache directory's name; a digest tells the rest apart
+CACHE_DIGEST_CHARS = 32
+
+
+def cache_key(uri: str, source: JsonObject | None = None) -> str:
+    """The directory for `uri` on a cache claim: SCHEME/READABLE-DIGEST, where the digest covers
+    the URI and `source` (see `fetch_source`). Services sharing a claim share a directory only
+    when they fetch the same URI from the same endpoint as the same principal: a mirror's
+    hf://org/name is not the Hub's. One path part after the scheme, so no key is inside another."""
     scheme, rest = uri.split("://", 1)
-    parts = [_UNSAFE.sub("_", part) for part in rest.split("/") if part not in ("", ".", "..")]
-    parts = [p for p in parts if p.strip(".")]
-    return "/".join([scheme, *parts])
+    readable = _UNSAFE.sub("_", rest).strip("._-")[:CACHE_NAME_CHARS] or "_"
+    identity = json.dumps({"uri": uri, "source": source or {}}, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:CACHE_DIGEST_CHARS]
+    return f"{scheme}/{readable}-{digest}"
+
+
+def fetch_source(owner: Owner, user_env: list[JsonObject]) -> JsonObject:
+    """Where the model's fetch reads from and as whom, with nothing secret in it: for hf://, the
+    endpoint and the Secret and key the token comes from; for s3://, the endpoint variables, the
+    access key id (a name, not the secret key) and the pod's service account (a web identity).
+    No secret's value enters a path, hashed or not."""
+    model = owner.spec.model
+    scheme = model.uri.split("://", 1)[0]
+    if scheme == "hf":
+        hub = model.hugging_face
+        endpoint = (hub.endpoint if hub and hub.endpoint else DEFAULT_HUB_ENDPOINT).rstrip("/")
+        token = {"secret": hub.token_secret, "key": hub.token_key} if hub and hub.token_secret else None
+        return {"endpoint": endpoint, "token": token}
+    if scheme == "s3":
+        env = {var["name"]: {k: v for k, v in var.items() if k != "name"} for var in user_env}
+        return {
+            **{name: env[name] for name in S3_SOURCE_ENV if name in env},
+            "serviceAccount": owner.spec.scheduling.service_account_name,
+        }
+    return {}
 
 
 def hub_env(owner: Owner) -> list[JsonObject]:
@@ -143,34 +179,6 @@ def uses_cache_claim(model: ModelSpec) -> bool:
     return bool(model.cache_pvc) and not model.uri.startswith("pvc://")
 
 
-def model_storage(owner: Owner, user_env: list[JsonObject], security_context: JsonObject) -> ModelStorage:
-    """Volumes, init container and mount that put the model at MODEL_DIR, by URI scheme.
-
-    `user_env` is the serving container's environment; see `fetch_env` for what of it the
-    init container gets.
-    """
-    model = owner.spec.model
-    uri = model.uri
-    scheme, rest = uri.split("://", 1)
-    mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}
-    if scheme == "pvc":
-        claim, _, sub_path = rest.partition("/")
-        volume = {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        if sub_path:
-            mount["subPath"] = sub_path
-        return ModelStorage([volume], [], mount)
-
-    volumes: list[JsonObject] = []
-    fetch_mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR}
-    if uses_cache_claim(model):
-        volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": model.cache_pvc}})
-        fetch_mount["subPath"] = mount["subPath"] = cache_key(uri)
-    else:
-        volumes.append({"name": MODEL_VOLUME, "emptyDir": {}})
-    init: dict[str, object] = {"name": FETCH_CONTAINER}
-    init_env: list[JsonObject] = []
-    # /tmp: huggingface_hub's lock files and token, and the fetcher's CA bundle file.
-    mounts = [fetch_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
 # What a fetch may use at most: it streams to disk, so more only helps TLS and checksums.
 FETCH_CPU = "2"
 FETCH_MEMORY = "2Gi"
@@ -204,6 +212,34 @@ def fetch_resources(cpu: str, memory: str) -> JsonObject:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
+def model_storage(owner: Owner, user_env: list[JsonObject], security_context: JsonObject) -> ModelStorage:
+    """Volumes, init container and mount that put the model at MODEL_DIR, by URI scheme.
+
+    `user_env` is the serving container's environment; see `fetch_env` for what of it the
+    init container gets.
+    """
+    model = owner.spec.model
+    uri = model.uri
+    scheme, rest = uri.split("://", 1)
+    mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}
+    if scheme == "pvc":
+        claim, _, sub_path = rest.partition("/")
+        volume = {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        if sub_path:
+            mount["subPath"] = sub_path
+        return ModelStorage([volume], [], mount)
+
+    volumes: list[JsonObject] = []
+    fetch_mount = {"name": MODEL_VOLUME, "mountPath": MODEL_DIR}
+    if uses_cache_claim(model):
+        volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": model.cache_pvc}})
+        fetch_mount["subPath"] = mount["subPath"] = cache_key(uri, fetch_source(owner, user_env))
+    else:
+        volumes.append({"name": MODEL_VOLUME, "emptyDir": {}})
+    init: dict[str, object] = {"name": FETCH_CONTAINER}
+    init_env: list[JsonObject] = []
+    # /tmp: huggingface_hub's lock files and token, and the fetcher's CA bundle file.
+    mounts = [fetch_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
     if scheme == "oci":
         # A "modelcar" image: the model lives under /models of the image named by the URI.
         init |= {"image": rest, "command": ["sh", "-c", f"cp -R /models/. {MODEL_DIR}/"]}
