@@ -217,7 +217,7 @@ class Expected:
 
     @property
     def checkable(self) -> bool:
-        return bool(self.sha256 or self.git_blob or self.md5)
+        return bool(self.sha256 or self.md5 or (self.git_blob and self.size is not None))
 
 
 def _hex(value: object, length: int) -> str | None:
@@ -304,6 +304,7 @@ STATE_DIR = ".cache"  # the fetcher's own state in the destination (dot-names ar
 LOCK_FILE = PurePosixPath(STATE_DIR, "model-fetch.lock")
 LOCK_POLL_SECONDS = 0.2
 REMOVED_NAMED = 5  # of the files removed, how many a log line names
+NAME_CHARS = 200  # of each name (a name is whatever was written there)
 
 
 def manifest_path(path: str, what: str) -> PurePosixPath:
@@ -382,7 +383,7 @@ def prune(dest_dir: Path, keep: Iterable[PurePosixPath]) -> list[PurePosixPath]:
     if dest_dir.is_dir():
         walk(dest_dir, PurePosixPath())
     if removed:
-        named = ", ".join(repr(p.as_posix()) for p in removed[:REMOVED_NAMED])
+        named = ", ".join(repr(p.as_posix()[:NAME_CHARS]) for p in removed[:REMOVED_NAMED])
         more = f" and {len(removed) - REMOVED_NAMED} more" if len(removed) > REMOVED_NAMED else ""
         log.warning("removed %d entr(ies) the source does not name from %s: %s%s", len(removed), dest_dir, named, more)
     return removed
