@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.builders.adapters import CONFIG_KEY, FILES_DIR, LIST_DIR, PLUGINS_DIR, SIDECAR
+from inference_operator.builders.adapters import CONFIG_KEY, FILES_DIR, LIST_DIR, PLUGINS_DIR, PRIVATE_DIR, SIDECAR
 from inference_operator.models import parse_spec
 from tests.llm.conftest import local_path, running_vllm, vllm_python
 from tests.llm.tiny_lora import adapter_files
@@ -95,8 +95,11 @@ def running_sidecar(container: dict, replica: Replica) -> Iterator[subprocess.Po
             value = str(replica.sidecar_port)
         args.append(f"{flag}={local_path(value, replica.volumes)}" if value else part)
     args = [sys.executable if part == "python" else part for part in args] + ["--host=127.0.0.1", "--interval=0.5"]
-    env = {var["name"]: var["value"] for var in container["env"] if "value" in var}
-    env |= {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path), "HF_HOME": str(replica.root / "hf")}
+    # The sidecar's own /tmp (its HOME and tools' configuration) is a volume vLLM does not mount.
+    mounts = {**replica.volumes, PRIVATE_DIR: replica.root / "sidecar-home"}
+    mounts[PRIVATE_DIR].mkdir(exist_ok=True)
+    env = {var["name"]: local_path(var["value"], mounts) for var in container["env"] if "value" in var}
+    env |= {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path)}
     log = replica.root / "sidecar.log"
     with log.open("wb") as out:
         process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
