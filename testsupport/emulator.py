@@ -231,6 +231,7 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         declare(self, "keda.sh/v1alpha1/triggerauthentications", "TriggerAuthentication")
         declare(self, "v1/secrets", "Secret")
         declare(self, "v1/configmaps", "ConfigMap")
+        declare(self, "networking.k8s.io/v1/networkpolicies", "NetworkPolicy")
         declare(self, "v1/pods", "Pod", subresources=("status",))
         declare(self, "resource.k8s.io/v1/resourceclaimtemplates", "ResourceClaimTemplate")
         # routing.inferencePool: the endpoint picker's identity and its RoleBinding.

@@ -21,7 +21,7 @@ from .credentials import CredentialPolicy
 from .models import InferenceServiceSpec
 from .peering import PeeringSettings
 from .policy import PodPolicy
-from .settings import FetchSettings, GpuDefaults
+from .settings import FetchSettings, GpuDefaults, NetworkPolicySettings
 
 KUBECONFIG_ENV = "KUBECONFIG"
 
@@ -39,6 +39,7 @@ class OperatorConfig:
     images: Images = field(default_factory=Images)
     gpu: GpuDefaults = field(default_factory=GpuDefaults)
     fetch: FetchSettings = field(default_factory=FetchSettings)
+    network: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
     credentials: CredentialPolicy = field(default_factory=CredentialPolicy)
     # Without an environment, the policy of the default images (their registries only).
     pod_policy: PodPolicy = field(default_factory=lambda: PodPolicy.from_env({}, Images().all))
@@ -64,6 +65,7 @@ class OperatorConfig:
             images=images,
             gpu=GpuDefaults.from_env(environ),
             fetch=FetchSettings.from_env(environ),
+            network=NetworkPolicySettings.from_env(environ),
             credentials=CredentialPolicy.from_env(environ),
             pod_policy=PodPolicy.from_env(environ, images.all),
             peering=PeeringSettings.from_env(environ),
@@ -73,7 +75,16 @@ class OperatorConfig:
 
     def owner(self, name: str, namespace: str, uid: str, spec: InferenceServiceSpec) -> Owner:
         """The `Owner` the builders get: the InferenceService with this operator's defaults."""
-        return Owner(name, namespace, uid, spec, images=self.images, gpu_defaults=self.gpu, fetch=self.fetch)
+        return Owner(
+            name,
+            namespace,
+            uid,
+            spec,
+            images=self.images,
+            gpu_defaults=self.gpu,
+            fetch=self.fetch,
+            network=self.network,
+        )
 
 
 def load(model_server_image: str | None = None, vllm_image: str | None = None) -> OperatorConfig:

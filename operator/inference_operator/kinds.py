@@ -68,6 +68,8 @@ KINDS: tuple[Kind, ...] = (
     # pods; a RoleBinding's roleRef is immutable.
     Kind("v1", "ServiceAccount", "serviceaccounts", owned=True),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", owned=True, replaced_on_change=True),
+    # Who may reach the pods (the operator's setting networkPolicy.enabled); before them.
+    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", owned=True),
     Kind("apps/v1", "Deployment", "deployments", owned=True, keeps_live_replicas=True),
     # resources.gpu.nodes > 1: the replicas as groups of pods, instead of the Deployment.
     Kind(

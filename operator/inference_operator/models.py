@@ -673,11 +673,12 @@ class GpuSpec(_Spec):
         description="Order of the pod's GPUs for ROCR_VISIBLE_DEVICES, a permutation of 0..count-1 (the default); "
         "HIP_VISIBLE_DEVICES is always 0..count-1 of those.",
     )
-    supplemental_groups: list[Annotated[int, Field(ge=0, le=4294967295)]] | None = Field(
+    supplemental_groups: list[Annotated[int, Field(ge=1, le=4294967295)]] | None = Field(
         None,
         max_length=8,
         description="Pod supplemental groups that may open /dev/kfd and /dev/dri/renderD* (the host's video and "
-        "render GIDs). Unset: the operator's default (chart value gpu.supplementalGroups).",
+        "render GIDs); never 0, and only those the platform allows (chart value policy.supplementalGroups). Unset: "
+        "the operator's default (chart value gpu.supplementalGroups).",
     )
 
 

@@ -13,21 +13,45 @@ the policy (an operator restart applies it to every InferenceService).
     INFERENCE_OPERATOR_POLICY_IMAGE_REGISTRIES   comma-separated prefixes, *   (default: those of
                                                  the operator's own images)
     INFERENCE_OPERATOR_POLICY_ALLOW_TOKEN        true | false                  (default: false)
+    INFERENCE_OPERATOR_POLICY_SUPPLEMENTAL_GROUPS  comma-separated GIDs and     (default: 1-999,
+                                                 ranges (1-999), or *; empty    the system groups
+                                                 allows none                    hosts put video
+                                                                                and render in)
+    INFERENCE_OPERATOR_POLICY_GATEWAYS           comma-separated namespace/name (default: *)
+                                                 of Gateways, namespace/*, or *
+    INFERENCE_OPERATOR_POLICY_HOSTNAMES          comma-separated host names     (default: *)
+                                                 and *.suffix patterns, or *
+
+Supplemental groups reach every container of the pod (the credential holders too): GID 0 is
+never allowed, and by default only system groups (below 1000, where distributions put video and
+render; user and project groups, which own shared files, start at 1000). An HTTPRoute's
+parentRefs decide which Gateway (so which listeners and addresses) serves the author's routes,
+and its hostnames which requests it takes: an exact name beats another tenant's wildcard. A
+parentRef without a namespace is the InferenceService's.
 
 Pure: no I/O; the environment is passed in.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .models import InferenceServiceSpec
+from .models import HTTPRouteSpec, InferenceServiceSpec
 
 SERVICE_ACCOUNTS_ENV = "INFERENCE_OPERATOR_POLICY_SERVICE_ACCOUNTS"
 PRIORITY_CLASSES_ENV = "INFERENCE_OPERATOR_POLICY_PRIORITY_CLASSES"
 IMAGE_REGISTRIES_ENV = "INFERENCE_OPERATOR_POLICY_IMAGE_REGISTRIES"
 ALLOW_TOKEN_ENV = "INFERENCE_OPERATOR_POLICY_ALLOW_TOKEN"
+SUPPLEMENTAL_GROUPS_ENV = "INFERENCE_OPERATOR_POLICY_SUPPLEMENTAL_GROUPS"
+GATEWAYS_ENV = "INFERENCE_OPERATOR_POLICY_GATEWAYS"
+HOSTNAMES_ENV = "INFERENCE_OPERATOR_POLICY_HOSTNAMES"
+MAX_GID = 4294967295
+DEFAULT_GROUPS = "1-999"
+# namespace/name, namespace/*, or *; host names and *.suffix patterns, or * (as the chart's schema).
+_GATEWAY = r"\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?/(\*|[a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
+_HOSTNAME = r"\*|(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 ANY = "*"
 REASON = "PolicyViolation"
 
@@ -72,6 +96,10 @@ class PodPolicy:
     priority_classes: tuple[str, ...] = ()
     image_registries: tuple[str, ...] = (ANY,)
     allow_token: bool = False
+    # Inclusive GID ranges; ANY_GROUP allows every GID but 0.
+    supplemental_groups: tuple[tuple[int, int], ...] = ()
+    gateways: tuple[str, ...] = (ANY,)
+    hostnames: tuple[str, ...] = (ANY,)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], own_images: Iterable[str]) -> PodPolicy:
@@ -87,6 +115,9 @@ class PodPolicy:
             priority_classes=_names(environ.get(PRIORITY_CLASSES_ENV)) or (),
             image_registries=registries,
             allow_token=token == "true",
+            supplemental_groups=_gid_ranges(environ.get(SUPPLEMENTAL_GROUPS_ENV, DEFAULT_GROUPS)),
+            gateways=_patterns(environ, GATEWAYS_ENV, _GATEWAY),
+            hostnames=_patterns(environ, HOSTNAMES_ENV, _HOSTNAME),
         )
 
     def image_allowed(self, image: str) -> bool:
@@ -95,9 +126,44 @@ class PodPolicy:
         name = normalized_image(image)
         return any(name.startswith(normalized_prefix(prefix)) for prefix in self.image_registries)
 
+    def group_allowed(self, gid: int) -> bool:
+        return gid != 0 and any(low <= gid <= high for low, high in self.supplemental_groups)
 
-def violations(spec: InferenceServiceSpec, policy: PodPolicy) -> list[str]:
-    """Every field of `spec` the policy refuses, as `field value: why` (empty when allowed)."""
+    def gateway_allowed(self, namespace: str, name: str) -> bool:
+        return any(p in (ANY, f"{namespace}/{name}", f"{namespace}/{ANY}") for p in self.gateways)
+
+    def hostname_allowed(self, hostname: str) -> bool:
+        """An exact name, or any name (a wildcard one too) under a `*.suffix` pattern."""
+        return any(p in (ANY, hostname) or (p.startswith("*.") and hostname.endswith(p[1:])) for p in self.hostnames)
+
+
+ANY_GROUP = (1, MAX_GID)
+
+
+def _gid_ranges(text: str) -> tuple[tuple[int, int], ...]:
+    """`44,109,1000-1999` → ((44, 44), (109, 109), (1000, 1999)); `*` → every GID but 0."""
+    ranges = []
+    for part in _names(text) or ():
+        if part == ANY:
+            ranges.append(ANY_GROUP)
+            continue
+        low, _, high = part.partition("-")
+        if not low.isdigit() or not (high or low).isdigit() or not 0 < int(low) <= int(high or low) <= MAX_GID:
+            raise ValueError(f"{SUPPLEMENTAL_GROUPS_ENV}={text!r}: GIDs (1-{MAX_GID}), ranges such as 1000-1999, or *")
+        ranges.append((int(low), int(high or low)))
+    return tuple(ranges)
+
+
+def _patterns(environ: Mapping[str, str], name: str, pattern: str) -> tuple[str, ...]:
+    values = _names(environ.get(name)) or (ANY,)
+    if bad := [v for v in values if not re.fullmatch(pattern, v)]:
+        raise ValueError(f"{name}: {', '.join(bad)} is not a valid entry")
+    return values
+
+
+def violations(spec: InferenceServiceSpec, policy: PodPolicy, namespace: str = "") -> list[str]:
+    """Every field of `spec` the policy refuses, as `field value: why` (empty when allowed).
+    `namespace` is the InferenceService's: that of a parentRef that names none."""
     found = []
     scheduling = spec.scheduling
     account = scheduling.service_account_name
@@ -116,12 +182,38 @@ def violations(spec: InferenceServiceSpec, policy: PodPolicy) -> list[str]:
     for field, image in images:
         if image and not policy.image_allowed(image):
             found.append(f"{field} {image!r} is not from an allowed registry ({_list(policy.image_registries)})")
+    groups = spec.resources.gpu.supplemental_groups or []
+    if refused := [g for g in groups if not policy.group_allowed(g)]:
+        allowed = _list(tuple(_range_text(r) for r in policy.supplemental_groups))
+        found.append(f"resources.gpu.supplementalGroups {refused[0]} is not allowed (allowed: {allowed}; never 0)")
+    if spec.routing.http_route is not None:
+        found += _route_violations(spec.routing.http_route, policy, namespace)
     return found
 
 
-def check(spec: InferenceServiceSpec, policy: PodPolicy) -> None:
+def _route_violations(route: HTTPRouteSpec, policy: PodPolicy, namespace: str) -> list[str]:
+    found = []
+    parents = [f"{p.namespace or namespace}/{p.name}" for p in route.parent_refs]
+    if refused := [p for p in parents if not policy.gateway_allowed(*p.split("/", 1))]:
+        found.append(
+            f"routing.httpRoute.parentRefs {refused[0]!r} is not an allowed Gateway (allowed: {_list(policy.gateways)})"
+        )
+    allowed = _list(policy.hostnames)
+    if not route.hostnames and ANY not in policy.hostnames:
+        found.append(f"routing.httpRoute.hostnames empty (every host) is not allowed (allowed: {allowed})")
+    if refused := [h for h in route.hostnames if not policy.hostname_allowed(h)]:
+        found.append(f"routing.httpRoute.hostnames {refused[0]!r} is not allowed (allowed: {allowed})")
+    return found
+
+
+def _range_text(gids: tuple[int, int]) -> str:
+    low, high = gids
+    return ANY if gids == ANY_GROUP else str(low) if low == high else f"{low}-{high}"
+
+
+def check(spec: InferenceServiceSpec, policy: PodPolicy, namespace: str = "") -> None:
     """Raise PolicyViolation naming every refused field."""
-    if found := violations(spec, policy):
+    if found := violations(spec, policy, namespace):
         raise PolicyViolation("; ".join(found))
 
 

@@ -19,9 +19,10 @@ platform's, never the InferenceService's: a proxy or a CA is what decides who se
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from .models import GpuAllocation, ResourceNaming
@@ -78,8 +79,8 @@ def parse_groups(raw: str, name: str) -> tuple[int, ...]:
         groups = tuple(int(p) for p in parts)
     except ValueError:
         raise SettingsError(f"{name}={raw!r}: must be comma-separated group IDs, e.g. 44,992") from None
-    if any(g < 0 or g > MAX_GID for g in groups):
-        raise SettingsError(f"{name}={raw!r}: group IDs must be between 0 and {MAX_GID}")
+    if any(g < 1 or g > MAX_GID for g in groups):  # 0, root's group, would reach every container
+        raise SettingsError(f"{name}={raw!r}: group IDs must be between 1 and {MAX_GID}")
     return groups
 
 
@@ -122,3 +123,66 @@ class FetchSettings:
             no_proxy=no_proxy,
             ca_bundle=bundle + "\n" if bundle else "",
         )
+
+
+NETWORK_POLICY_ENV = "INFERENCE_OPERATOR_NETWORK_POLICY"
+OPERATOR_NAMESPACE_ENV = "INFERENCE_OPERATOR_NAMESPACE"
+PROMETHEUS_NAMESPACES_ENV = "INFERENCE_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+DEFAULT_PROMETHEUS_NAMESPACES: dict[str, object] = {"matchLabels": {NAMESPACE_NAME_LABEL: "monitoring"}}
+_SELECTOR_KEYS = {"matchLabels", "matchExpressions"}
+_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist"}
+
+
+@dataclass(frozen=True)
+class NetworkPolicySettings:
+    """Whether each InferenceService gets a NetworkPolicy (chart value networkPolicy.enabled),
+    and who may reach its pods' non-serving ports: the operator's namespace (which asks the
+    adapters sidecars how they stand) and Prometheus's (a namespace label selector).
+
+        INFERENCE_OPERATOR_NETWORK_POLICY                    true | false    (default false; the
+                                                             chart sets true)
+        INFERENCE_OPERATOR_NAMESPACE                         the operator's namespace
+        INFERENCE_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR     a LabelSelector as JSON (default:
+                                                             the namespace named monitoring)
+    """
+
+    enabled: bool = False
+    operator_namespace: str = ""
+    prometheus_namespaces: dict[str, object] = field(default_factory=lambda: dict(DEFAULT_PROMETHEUS_NAMESPACES))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> NetworkPolicySettings:
+        """Pure: the settings `environ` describes; a bad value names its variable."""
+        raw = environ.get(NETWORK_POLICY_ENV, "").strip().lower()
+        if raw not in ("", "true", "false"):
+            raise SettingsError(f"{NETWORK_POLICY_ENV}={raw!r}: must be true or false")
+        namespace = environ.get(OPERATOR_NAMESPACE_ENV, "").strip()
+        if raw == "true" and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace):
+            raise SettingsError(
+                f"{OPERATOR_NAMESPACE_ENV}={namespace!r}: NetworkPolicies need the operator's namespace"
+            )
+        selector = dict(DEFAULT_PROMETHEUS_NAMESPACES)
+        if text := environ.get(PROMETHEUS_NAMESPACES_ENV, "").strip():
+            selector = parse_selector(text, PROMETHEUS_NAMESPACES_ENV)
+        return cls(enabled=raw == "true", operator_namespace=namespace, prometheus_namespaces=selector)
+
+
+def parse_selector(text: str, name: str) -> dict[str, object]:
+    """A Kubernetes LabelSelector from JSON, its shape checked (the API server checks the rest)."""
+    problem = f"{name}: must be a label selector as JSON, e.g. " + '{"matchLabels": {"name": "monitoring"}}'
+    try:
+        selector = json.loads(text)
+    except ValueError:
+        raise SettingsError(problem) from None
+    if not isinstance(selector, dict) or not selector or set(selector) - _SELECTOR_KEYS:
+        raise SettingsError(problem)
+    labels = selector.get("matchLabels", {})
+    expressions = selector.get("matchExpressions", [])
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise SettingsError(problem)
+    if not isinstance(expressions, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("key"), str) and e.get("operator") in _OPERATORS for e in expressions
+    ):
+        raise SettingsError(problem)
+    return selector

@@ -18,6 +18,7 @@ import pytest
 from inference_operator import policy
 from inference_operator.config import OperatorConfig
 from inference_operator.models import parse_spec
+from inference_operator.validation import validate_custom_resource
 from tests.chart import helm as h
 from tests.chart.test_helm import KUBERNETES_VERSIONS
 from testsupport.admission import evaluate
@@ -55,7 +56,30 @@ VALUE_SETS = {
     "own-images": {"images": {"modelServer": f"localhost:5000/rio/model-server@{DIGEST}", "vllm": "vllm/openai:v1"}},
     # An own image directly under a host: that whole host is allowed (registry.example.com/).
     "own-images-hub": {"images": {"modelServer": "model-server:0.1", "vllm": "registry.example.com/vllm-rocm:1"}},
+    # GIDs as numbers and ranges; Gateways by name and by namespace; host names and patterns.
+    "groups-routes": {
+        "policy": {
+            "supplementalGroups": [44, "1000-1999", "1500-1500"],
+            "httpRoute": {
+                "gateways": ["gateways/inference", "team-a/*", "ml/local"],
+                "hostnames": ["*.team-a.example.com", "llm.example.com"],
+            },
+        }
+    },
+    # Empty policy.supplementalGroups: none; "*" in each list: any.
+    "no-groups": {"policy": {"supplementalGroups": []}},
+    "any-group": {"policy": {"supplementalGroups": ["*"], "httpRoute": {"gateways": ["*"], "hostnames": ["*"]}}},
 }
+
+
+def _route(parents: list[dict[str, str]], hostnames: list[str] | None = None) -> dict[str, Any]:
+    route: dict[str, Any] = {"parentRefs": parents}
+    if hostnames is not None:
+        route["hostnames"] = hostnames
+    return {"model": {"uri": "pvc://m"}, "routing": {"httpRoute": route}}
+
+
+GATEWAY = {"name": "inference", "namespace": "gateways"}
 
 SPECS: dict[str, dict[str, Any]] = {
     "minimal": {"model": {"uri": "pvc://models/m"}},
@@ -114,6 +138,28 @@ SPECS: dict[str, dict[str, Any]] = {
             "https://attacker.example/steal.onnx",
         )
     },
+    **{
+        f"groups {groups}": {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"supplementalGroups": groups}}}
+        for groups in ([], [44], [109], [44, 992], [999], [1000], [1500], [1999], [2000], [44, 5], [4294967295])
+    },
+    "route-gateway": _route([GATEWAY], ["llm.example.com"]),
+    "route-own-namespace": _route([{"name": "local"}], ["llm.example.com"]),
+    "route-own-namespace-other": _route([{"name": "inference"}], ["llm.example.com"]),
+    "route-team-a": _route([{"name": "any", "namespace": "team-a", "sectionName": "https"}], ["llm.example.com"]),
+    "route-second-parent": _route([GATEWAY, {"name": "evil", "namespace": "gateways"}], ["llm.example.com"]),
+    **{
+        f"route-hosts {hosts}": _route([GATEWAY], hosts)
+        for hosts in (
+            None,
+            ["a.team-a.example.com"],
+            ["*.team-a.example.com"],
+            ["x.y.team-a.example.com"],
+            ["team-a.example.com"],
+            ["evilteam-a.example.com"],
+            ["*.example.com"],
+            ["llm.example.com", "other.example.com"],
+        )
+    },
     "everything-wrong": {
         "model": {"uri": "oci://attacker/model:1"},
         "runtime": {"image": "attacker/steal"},
@@ -145,7 +191,7 @@ def installed(cluster: Cluster, values: dict | None) -> tuple[list[dict], policy
 
 
 def operator_messages(spec: dict[str, Any], pod_policy: policy.PodPolicy) -> tuple[str, ...]:
-    return tuple(policy.violations(parse_spec(spec), pod_policy))
+    return tuple(policy.violations(parse_spec(spec), pod_policy, "ml"))
 
 
 def admission_messages(vap: dict, spec: dict[str, Any]) -> tuple[str, ...]:
@@ -171,7 +217,8 @@ def test_admission_refuses_exactly_what_the_operator_refuses(chart_cluster: Clus
 
 
 def test_the_table_refuses_every_field_somewhere(chart_cluster: Cluster) -> None:
-    """Each rule is exercised both ways by the table under the default values."""
+    """Each rule is exercised by the table under the default values, the routes' under values
+    that restrict them (the defaults allow any Gateway and host)."""
     _, pod_policy = installed(chart_cluster, None)
     refused = {m.split(" ", 1)[0] for spec in SPECS.values() for m in operator_messages(spec, pod_policy)}
     assert refused == {
@@ -180,7 +227,31 @@ def test_the_table_refuses_every_field_somewhere(chart_cluster: Cluster) -> None
         "scheduling.automountServiceAccountToken",
         "runtime.image",
         "model.uri",
+        "resources.gpu.supplementalGroups",
     }
+    _, pod_policy = installed(chart_cluster, VALUE_SETS["groups-routes"])
+    messages = [m for spec in SPECS.values() for m in operator_messages(spec, pod_policy)]
+    routes = {" ".join(m.split()[:2]) for m in messages if m.startswith("routing.") and "empty" in m.split()[:2]}
+    routes |= {m.split()[0] for m in messages if m.startswith("routing.")}
+    assert routes == {
+        "routing.httpRoute.parentRefs",
+        "routing.httpRoute.hostnames",
+        "routing.httpRoute.hostnames empty",
+    }
+
+
+def test_gid_0_is_refused_by_the_schema_and_by_both_policies(chart_cluster: Cluster) -> None:
+    """The CRD refuses GID 0 first; an object from before that is refused by the admission policy
+    and by the operator's check, even where the platform allows any GID."""
+    spec = {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"supplementalGroups": [44, 0]}}}
+    assert any("supplementalGroups" in e for e in validate_custom_resource(inference_service(spec)))
+    objects, pod_policy = installed(chart_cluster, VALUE_SETS["any-group"])
+    message = "resources.gpu.supplementalGroups 0 is not allowed (allowed: *; never 0)"
+    assert evaluate(h.one(objects, "ValidatingAdmissionPolicy"), inference_service(spec)).messages == (message,)
+    old = parse_spec({"model": {"uri": "pvc://m"}})
+    gpu = old.resources.gpu.model_copy(update={"supplemental_groups": [44, 0]})  # stored before the bound
+    old = old.model_copy(update={"resources": old.resources.model_copy(update={"gpu": gpu})})
+    assert policy.violations(old, pod_policy) == [message]
 
 
 def test_the_parity_check_would_catch_a_policy_without_docker_hub_normalisation(chart_cluster: Cluster) -> None:

@@ -153,3 +153,102 @@ def test_a_deleted_deployment_is_not_repaired_into_a_refused_spec(cluster: Clust
     time.sleep(3)  # the repair path had every chance to act
     deployment = cluster.get(DEPLOYMENTS, "ml", "turned")
     assert deployment is None or "serviceAccountName" not in deployment["spec"]["template"]["spec"]
+
+
+def gpu_spec(groups: list[int]):
+    return parse_spec({"model": {"uri": "pvc://m"}, "resources": {"gpu": {"count": 1, "supplementalGroups": groups}}})
+
+
+def test_supplemental_groups_are_those_the_platform_allows() -> None:
+    """They reach every container of the pod, the credential holders too: any GID was accepted."""
+    assert pol.violations(gpu_spec([44, 109, 992]), DEFAULT) == []  # system groups: video, render
+    assert pol.violations(gpu_spec([]), DEFAULT) == []
+    assert pol.violations(gpu_spec([44, 1000]), DEFAULT) == [
+        "resources.gpu.supplementalGroups 1000 is not allowed (allowed: 1-999; never 0)"
+    ]
+    exact = pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: "44,109"}, OWN)
+    assert pol.violations(gpu_spec([44, 5]), exact) == [
+        "resources.gpu.supplementalGroups 5 is not allowed (allowed: 44, 109; never 0)"
+    ]
+    none = pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: ""}, OWN)
+    assert pol.violations(gpu_spec([]), none) == [] and pol.violations(gpu_spec([44]), none)
+    ranges = pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: "44, 1000-1999"}, OWN)
+    assert [ranges.group_allowed(g) for g in (44, 109, 999, 1000, 1999, 2000)] == [
+        True,
+        False,
+        False,
+        True,
+        True,
+        False,
+    ]
+    anything = pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: "*"}, OWN)
+    assert anything.group_allowed(4294967295) and not anything.group_allowed(0)
+    for bad in ("0", "0-10", "20-10", "video", "1-4294967296"):
+        with pytest.raises(ValueError, match=pol.SUPPLEMENTAL_GROUPS_ENV):
+            pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: bad}, OWN)
+
+
+def route_spec(parents: list[dict], hostnames: list[str] | None = None):
+    route: dict = {"parentRefs": parents}
+    if hostnames is not None:
+        route["hostnames"] = hostnames
+    return parse_spec({"model": {"uri": "pvc://m"}, "routing": {"httpRoute": route}})
+
+
+def test_routes_only_to_the_platforms_gateways_and_host_names() -> None:
+    """Any Gateway admitting the namespace took the author's route, for any host name."""
+    assert pol.violations(route_spec([{"name": "gw", "namespace": "x"}]), DEFAULT) == []  # the default: any
+    platform = pol.PodPolicy.from_env(
+        {pol.GATEWAYS_ENV: "gateways/inference, team-a/*", pol.HOSTNAMES_ENV: "*.team-a.example.com,llm.example.com"},
+        OWN,
+    )
+    ok = route_spec([{"name": "inference", "namespace": "gateways"}, {"name": "any", "namespace": "team-a"}])
+    assert pol.violations(ok, platform, "ml") == [
+        "routing.httpRoute.hostnames empty (every host) is not allowed (allowed: *.team-a.example.com, llm.example.com)"
+    ]
+    hosts = ["llm.example.com", "a.team-a.example.com", "*.team-a.example.com"]
+    assert pol.violations(route_spec([{"name": "inference", "namespace": "gateways"}], hosts), platform, "ml") == []
+    refused = pol.violations(
+        route_spec([{"name": "inference"}], ["team-a.example.com"]), platform, "gateways"
+    )  # a parentRef without a namespace is the service's: gateways/inference
+    assert refused == [
+        "routing.httpRoute.hostnames 'team-a.example.com' is not allowed "
+        "(allowed: *.team-a.example.com, llm.example.com)"
+    ]
+    (found,) = pol.violations(route_spec([{"name": "inference"}], ["llm.example.com"]), platform, "ml")
+    assert found.startswith("routing.httpRoute.parentRefs 'ml/inference' is not an allowed Gateway")
+    for name, bad in (
+        (pol.GATEWAYS_ENV, "inference"),
+        (pol.HOSTNAMES_ENV, "Evil.example.com"),
+        (pol.HOSTNAMES_ENV, "a.*"),
+    ):
+        with pytest.raises(ValueError, match=name):
+            pol.PodPolicy.from_env({name: bad}, OWN)
+
+
+@pytest.fixture
+def route_policy(monkeypatch):
+    monkeypatch.setenv(pol.GATEWAYS_ENV, "gateways/inference")
+    monkeypatch.setenv(pol.HOSTNAMES_ENV, "*.ml.example.com")
+
+
+def test_the_operator_refuses_a_route_outside_the_policy(cluster: Cluster, route_policy, operator) -> None:
+    body = {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "hijack", "namespace": "ml"},
+        "spec": {
+            "model": {"uri": "pvc://models/m"},
+            "resources": {"gpu": {"count": 0}},
+            "routing": {"httpRoute": {"parentRefs": [{"name": "shared"}], "hostnames": ["login.example.com"]}},
+        },
+    }
+    assert cluster.apply_cr(body).status_code in (200, 201)
+    degraded = wait_for(
+        lambda: (c := condition(cluster.get_cr("ml", "hijack"), "Degraded")) and c["status"] == "True" and c,
+        timeout=30,
+        message="Degraded=PolicyViolation",
+    )
+    assert degraded["reason"] == "PolicyViolation"
+    assert "parentRefs 'ml/shared'" in degraded["message"] and "'login.example.com'" in degraded["message"]
+    assert cluster.get(DEPLOYMENTS, "ml", "hijack") is None

@@ -15,6 +15,7 @@ from .http_route import build_http_route
 from .inference_pool import build_inference_pool
 from .keda import build_scaled_object, build_trigger_authentication
 from .leader_worker_set import build_leader_worker_set
+from .network_policy import build_network_policy, needs_network_policy
 from .pdb import build_pdb, needs_pdb
 from .service import build_service
 
@@ -26,6 +27,8 @@ def build_all(owner: Owner) -> list[JsonObject]:
         objects.append(build_resource_claim_template(owner))  # before the pods that reference it
     if lora_enabled(owner.spec):
         objects.append(build_adapters_config_map(owner))  # before the pods that mount it
+    if needs_network_policy(owner):
+        objects.append(build_network_policy(owner))  # before the pods it lets in
     workload = build_leader_worker_set(owner) if multi_node(owner.spec) else build_deployment(owner)
     objects += [workload, build_service(owner)]
     if needs_pdb(owner):
@@ -56,6 +59,7 @@ __all__ = [
     "build_http_route",
     "build_inference_pool",
     "build_leader_worker_set",
+    "build_network_policy",
     "build_pdb",
     "build_resource_claim_template",
     "build_scaled_object",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..jsontypes import JsonObject
 from ..models import API_VERSION, DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, KIND, Engine, InferenceServiceSpec, check_name
-from ..settings import FetchSettings, GpuDefaults
+from ..settings import FetchSettings, GpuDefaults, NetworkPolicySettings
 
 MANAGER = "rocm-inference-operator"
 COMPONENT = "predictor"
@@ -63,6 +63,8 @@ class Owner:
     gpu_defaults: GpuDefaults = field(default_factory=GpuDefaults)
     # How model-fetch init containers reach model sources (chart values modelFetch.*).
     fetch: FetchSettings = field(default_factory=FetchSettings)
+    # Whether it gets a NetworkPolicy and whom that lets in (chart values networkPolicy.*).
+    network: NetworkPolicySettings = field(default_factory=NetworkPolicySettings)
 
     def __post_init__(self) -> None:
         check_name(self.name)  # every object is named after it: refuse a name a Service cannot take
