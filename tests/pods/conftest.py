@@ -55,15 +55,28 @@ def image_archives(tmp_path_factory: pytest.TempPathFactory) -> list[pathlib.Pat
     return images.build_all(tmp_path_factory.mktemp("images"))
 
 
-@pytest.fixture(scope="module")
-def node(image_archives: list[pathlib.Path]) -> Iterator[NodeCluster]:
+@pytest.fixture(scope="session")
+def vllm_archive(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The CPU vLLM image (built once per machine), saved for the node's containerd."""
+    return images.build_vllm(tmp_path_factory.mktemp("vllm-image"))
+
+
+@contextlib.contextmanager
+def tier(archives: list[pathlib.Path]) -> Iterator[NodeCluster]:
+    """A cluster of the tier with these images in its containerd, removed after."""
     # Short: containerd's socket paths must fit in a sockaddr_un.
     work = pathlib.Path(tempfile.mkdtemp(prefix="rio-tier-"))
     try:
-        with nodecluster.running_cluster(work, image_archives) as cluster:
+        with nodecluster.running_cluster(work, archives) as cluster:
             yield cluster
     finally:  # containerd's images and etcd's data: 1.4 GB a run
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def node(image_archives: list[pathlib.Path]) -> Iterator[NodeCluster]:
+    with tier(image_archives) as cluster:
+        yield cluster
 
 
 def kubectl_json(node: NodeCluster, *args: str) -> Any:
@@ -108,6 +121,15 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
 def file_server(directory: pathlib.Path, node: NodeCluster, tls: bool = True) -> Iterator[FileServer]:
     """Serves `directory` on the node's bridge address (pods reach it; nothing else can), over
     https with a certificate from the tier's CA unless `tls` is false."""
+    handler = lambda *a: _Quiet(*a, directory=str(directory))  # noqa: E731
+    with bridge_server(handler, node, tls) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def bridge_server(handler: Any, node: NodeCluster, tls: bool = True) -> Iterator[FileServer]:
+    """An HTTP server of `handler` (a BaseHTTPRequestHandler factory) on the node's bridge
+    address, over https with a certificate from the tier's CA unless `tls` is false."""
     pki = node.work / "pki"
     (pki / "files.cnf").write_text(f"subjectAltName=IP:{NODE_IP}\n")
     for args in (
@@ -118,7 +140,6 @@ def file_server(directory: pathlib.Path, node: NodeCluster, tls: bool = True) ->
         subprocess.run(["openssl", *args], cwd=pki, check=True, capture_output=True, timeout=60)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(pki / "files.crt", pki / "files.key")
-    handler = lambda *a: _Quiet(*a, directory=str(directory))  # noqa: E731
     server = http.server.ThreadingHTTPServer((NODE_IP, 0), handler)
     if tls:
         server.socket = context.wrap_socket(server.socket, server_side=True)
