@@ -4,10 +4,13 @@ through `app.state` + dependencies, so tests build isolated apps side by side.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI
@@ -62,7 +65,13 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await repository.start()
         watcher = asyncio.get_running_loop().create_task(_flush_when_stopping(state))
+        termination_log = settings.termination_log
+        in_pod = termination_log is not None and termination_log.exists()
+        if termination_log is not None and in_pod:
+            loaded = asyncio.get_running_loop().create_task(_exit_if_nothing_loads(state, termination_log))
         yield
+        if in_pod:
+            loaded.cancel()
         watcher.cancel()
         shutdown.stop()
         await repository.stop(shutdown.drain_budget())
@@ -140,6 +149,30 @@ def _document_bodies(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+# The exit code of a server whose model did not load (in a pod: see ServerSettings.termination_log).
+LOAD_FAILED_EXIT = 3
+TERMINATION_MESSAGE_BYTES = 2048
+
+
+async def _exit_if_nothing_loads(state: AppState, path: Path) -> None:
+    """In a pod a model that does not load never will (its files do not change): write why where
+    the kubelet reads it and exit, so the container restarts and the pod's status (and the
+    InferenceService's) names the reason, as KServe's servers do, instead of sitting unready
+    until the startup probe gives up minutes later."""
+    repository = state.repository
+    await repository.wait_loaded()
+    if repository.served or state.shutdown.draining:
+        return
+    failures = repository.failures
+    why = "; ".join(f"version {v} failed to load: {reason}" for v, reason in sorted(failures.items()))
+    why = why or repository.not_ready_reason() or "no model version loaded"
+    log.error("no model version loaded; exiting (%d): %s", LOAD_FAILED_EXIT, why)
+    with contextlib.suppress(OSError):
+        path.write_text(" ".join(why.split()).encode()[:TERMINATION_MESSAGE_BYTES].decode(errors="ignore") + "\n")
+    logging.shutdown()
+    os._exit(LOAD_FAILED_EXIT)  # nothing is served, so nothing is in flight to drain
 
 
 async def _flush_when_stopping(state: AppState) -> None:

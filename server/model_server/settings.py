@@ -94,6 +94,12 @@ class ServerSettings(BaseSettings):
     watch_polling: bool = False
     watch_debounce_ms: int = Field(default=500, ge=10)
     max_versions: int = Field(default=2, ge=0, description="highest N versions served; 0 = all")
+    termination_log: Path | None = Field(
+        default=Path("/dev/termination-log"),
+        description="where this file exists (the kubelet makes it in every container), a first scan that "
+        "loads no version writes why to it and exits 3, so the pod restarts and its status says why; "
+        "elsewhere the server waits, unready, for the files to change",
+    )
 
     drain_timeout_s: Annotated[float, Flag("drain-timeout")] = Field(
         default=30.0, ge=0, description="seconds to finish accepted requests after SIGTERM"

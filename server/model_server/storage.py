@@ -30,6 +30,8 @@ Options (each also an environment variable, which the operator's init container 
                                   MODEL_FETCH_ALLOW_HTTP_TOKEN  send HF_TOKEN to a plain-http HF_ENDPOINT
                                   MODEL_FETCH_CA_BUNDLE         PEM certificates trusted besides the
                                                                 public roots (a platform's own CA)
+                                  MODEL_FETCH_TERMINATION_LOG   a file for one line on why the fetch
+                                                                failed (the pod's terminationMessagePath)
 
 Credentials: S3 from the usual AWS_* variables (needs `boto3`, the `s3` extra); the Hub from
 HF_TOKEN (a token for private or gated repositories) and HF_ENDPOINT (a mirror's URL, default
@@ -955,6 +957,22 @@ def trust_ca_bundle(environ: dict[str, str] | os._Environ[str]) -> Path | None:
     return Path(name)
 
 
+# Where the kubelet reads a container's last words (its terminationMessagePath), for the pod's
+# status and so the InferenceService's; the operator sets it and redacts what it reads again.
+ENV_TERMINATION_LOG = "MODEL_FETCH_TERMINATION_LOG"
+TERMINATION_MESSAGE_BYTES = 1024
+
+
+def say_why(message: str, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Write why the fetch failed, one line of bounded length, where the kubelet reads it."""
+    path = environ.get(ENV_TERMINATION_LOG)
+    if not path:
+        return
+    line = " ".join(message.split()).encode()[:TERMINATION_MESSAGE_BYTES].decode(errors="ignore")
+    with contextlib.suppress(OSError):
+        Path(path).write_text(line + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)  # exits 2 on bad arguments, like a UsageError
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -974,12 +992,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         files = fetch(args.uri, args.dest, limits)
     except FetchError as exc:
         log.error("fetch failed (exit %d, %s): %s", exc.code, exc.code.name.lower(), exc)
+        say_why(f"fetch failed (exit {int(exc.code)}, {exc.code.name.lower()}): {exc}")
         if isinstance(exc, DeadlineError):
             logging.shutdown()
             os._exit(exc.code)  # download threads of a library may still be blocked: do not wait
         return exc.code
     except OSError as exc:
         log.error("fetch failed (exit %d, local_io): %s: %s", ExitCode.LOCAL_IO, type(exc).__name__, exc)
+        say_why(f"fetch failed (exit {int(ExitCode.LOCAL_IO)}, local_io): {type(exc).__name__}: {exc}")
         return ExitCode.LOCAL_IO
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -10,7 +10,7 @@ from .adapters import adapter_volumes, adapters_sidecar, lora_enabled
 from .canary import STABLE, TRACK_LABEL, labels_stable_pods
 from .common import Owner, object_meta, selector_labels, standard_labels
 from .gpu import GpuWiring, gpu_wiring
-from .storage import MODEL_DIR, model_storage
+from .storage import MODEL_DIR, TERMINATION_LOG, model_storage
 from .vllm import VLLM_TERMINATION_GRACE_SECONDS, vllm_container
 
 CONTAINER = "model-server"
@@ -128,6 +128,8 @@ def _model_server_container(
         "env": env,
         "resources": resources,
         "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
         "startupProbe": _http_probe(
             "/health/ready",
             PROBE_PERIOD_SECONDS,

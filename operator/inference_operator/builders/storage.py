@@ -20,6 +20,9 @@ from ..models import ModelSpec
 from .common import Owner
 
 MODEL_DIR = "/mnt/models"
+# Where the fetcher writes why it failed (model_server.storage reads the variable's name).
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG_ENV = "MODEL_FETCH_TERMINATION_LOG"
 MODEL_VOLUME = "model-store"
 FETCH_CONTAINER = "model-fetch"
 TMP_VOLUME = "tmp"
@@ -241,14 +244,18 @@ def model_storage(owner: Owner, user_env: list[JsonObject], security_context: Js
     # /tmp: huggingface_hub's lock files and token, and the fetcher's CA bundle file.
     mounts = [fetch_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
     if scheme == "oci":
-        # A "modelcar" image: the model lives under /models of the image named by the URI.
+        # A "modelcar" image: the model lives under /models of the image named by the URI. Its
+        # `cp` says what went wrong only in its log: the kubelet keeps the log's end.
         init |= {"image": rest, "command": ["sh", "-c", f"cp -R /models/. {MODEL_DIR}/"]}
+        init |= {"terminationMessagePolicy": "FallbackToLogsOnError"}
     else:
         command = ["python", "-m", "model_server.storage", uri, MODEL_DIR]
         if model.sha256:  # checked before the file is renamed into place
             command += ["--sha256", model.sha256]
         init |= {"image": owner.fetcher_image, "command": command}
-        init_env = fetch_env(owner, user_env)
+        # The fetcher writes one line on why it failed there; the pod's status carries it.
+        init |= {"terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File"}
+        init_env = [*fetch_env(owner, user_env), {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}]
     init |= {
         "volumeMounts": mounts,
         "resources": fetch_resources(owner.spec.resources.cpu, owner.spec.resources.memory),
