@@ -1,5 +1,9 @@
 """Process edge: uvicorn with graceful SIGTERM handling and the metrics port.
 
+The metrics port is a second listener of the same server, on the same loop, with the same
+connection limits (http_protocol.py): prometheus_client's own server started a thread per
+connection with no timeout, and 1,000 half-sent requests made 1,000 threads.
+
 SIGTERM -> readiness turns false at once -> (optional `shutdown_delay_s` while
 the endpoint is removed from Services) -> the listener closes -> in-flight and
 queued requests finish, bounded by `drain_timeout_s` -> exit 0.
@@ -7,6 +11,7 @@ queued requests finish, bounded by `drain_timeout_s` -> exit 0.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import socket
@@ -14,7 +19,7 @@ import threading
 from types import FrameType
 
 import uvicorn
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import REGISTRY, make_asgi_app
 
 from . import signals
 from .app import create_app
@@ -28,18 +33,47 @@ log = logging.getLogger("model_server")
 class GracefulServer(uvicorn.Server):
     """uvicorn.Server that marks the app unready before it starts shutting down."""
 
-    def __init__(self, config: uvicorn.Config, settings: ServerSettings, shutdown: Shutdown) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        settings: ServerSettings,
+        shutdown: Shutdown,
+        metrics: uvicorn.Config | None = None,
+    ) -> None:
         super().__init__(config)
         self.settings = settings
         self.lifecycle = shutdown
+        self.metrics = metrics
         self._delay: threading.Timer | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        metrics = await self._listen_for_metrics() if self.metrics is not None else None
         await super().startup(sockets)
+        if metrics is not None:
+            self.servers.append(metrics)  # closed, and its connections drained, with the rest
         early = signals.take_received()
         if early is not None and not self.should_exit:  # before uvicorn's handlers were there
             log.info("signal %d received while starting", early)
             self.handle_exit(early, None)
+
+    async def _listen_for_metrics(self) -> asyncio.Server:
+        """The metrics port: its connections are the server's own (the same state, so the same
+        shutdown and Date header), each under the same limits as the main port's."""
+        config = self.metrics
+        assert config is not None
+        config.load()
+
+        def connection(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state={}, _loop=_loop
+            )
+            return protocol
+
+        server = await asyncio.get_running_loop().create_server(
+            connection, host=config.host, port=config.port, backlog=config.backlog
+        )
+        log.info("metrics on :%d/metrics", config.port)
+        return server
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.lifecycle.drain()
@@ -70,6 +104,24 @@ def connection_limits(settings: ServerSettings) -> ConnectionLimits:
     )
 
 
+def metrics_config(settings: ServerSettings) -> uvicorn.Config | None:
+    """The metrics port's listener (prometheus_client's exposition at any path, as its own server
+    had it), or None without `metrics_port`."""
+    if not settings.metrics_port:
+        return None
+    return uvicorn.Config(
+        make_asgi_app(REGISTRY),
+        host=settings.host,
+        port=settings.metrics_port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        proxy_headers=False,
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        http=LimitedHttpProtocol.with_limits(connection_limits(settings)),
+    )
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
@@ -82,9 +134,6 @@ def serve(settings: ServerSettings) -> int:
     configure_logging(settings.log_level)
     shutdown = Shutdown(settings.drain_timeout_s)
     app = create_app(settings, registry=REGISTRY, shutdown=shutdown)
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr=settings.host, registry=REGISTRY)
-        log.info("metrics on :%d/metrics", settings.metrics_port)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -96,7 +145,7 @@ def serve(settings: ServerSettings) -> int:
         lifespan="on",
         http=LimitedHttpProtocol.with_limits(connection_limits(settings)),
     )
-    server = GracefulServer(config, settings, shutdown)
+    server = GracefulServer(config, settings, shutdown, metrics_config(settings))
     # uvicorn re-raises the caught signal after a graceful stop; the remembering handlers
     # underneath turn that into a normal return, so the exit code is 0.
     signals.remember_stop_signals()

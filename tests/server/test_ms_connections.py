@@ -262,3 +262,39 @@ def test_a_kept_alive_connections_second_request_has_the_same_header_limits(serv
     assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
     assert reply.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 431" in reply, reply
     assert live(server)
+
+
+def threads_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def test_the_metrics_port_has_the_same_limits_and_no_thread_per_connection(tmp_path):
+    """prometheus_client's server started a thread per connection with no timeout: 1,000 half-sent
+    requests made 1,000 threads (9 -> 1,009), held for as long as the clients liked. The metrics
+    port is now served on the server's loop, with its header timeout, byte and connection caps."""
+    repo = tmp_path / "repo"
+    affine_model(repo / "1" / "model.onnx", np.ones((4, 3), np.float32), np.zeros(3, np.float32))
+    port, metrics_port = free_port(), free_port()
+    flags = ["--model-name", "tiny", "--no-watch", "--log-level", "warning", "--metrics-port", str(metrics_port)]
+    flags += ["--header-timeout", str(HEADER_TIMEOUT), "--max-header-bytes", str(MAX_HEADER_BYTES)]
+    with running(serve_command(repo, port, *flags), ready_url=f"http://127.0.0.1:{port}/health/ready") as process:
+        before = threads_of(process.pid)
+        conns = [socket.create_connection(("127.0.0.1", metrics_port), timeout=10) for _ in range(200)]
+        try:
+            for conn in conns:
+                conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\n")
+            scrape = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+            during = threads_of(process.pid)
+            replies = [read_until_closed(conn, limit=10 * HEADER_TIMEOUT)[0] for conn in conns[:5]]
+        finally:
+            for conn in conns:
+                conn.close()
+        with socket.create_connection(("127.0.0.1", metrics_port), timeout=10) as conn:
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * 2 * MAX_HEADER_BYTES + b"\r\n\r\n")
+            oversized, _ = read_until_closed(conn, limit=5)
+    print(f"threads: {before} before, {during} with 200 half-sent requests on the metrics port")
+    assert scrape.status_code == 200 and "model_server_requests_total" in scrape.text
+    assert during <= before + 2
+    assert all(reply.startswith(b"HTTP/1.1 408") for reply in replies), replies
+    assert oversized.startswith(b"HTTP/1.1 431"), oversized[:200]
