@@ -57,8 +57,9 @@ def run_init_container(container: dict, volumes: dict[str, pathlib.Path]) -> sub
     paths = {m["mountPath"]: mounted(m, volumes) for m in container["volumeMounts"]}
     for path in paths.values():
         path.mkdir(parents=True, exist_ok=True)  # the kubelet creates a missing subPath
-    # The pod's paths (/mnt/models, /tmp) are this machine's directories.
-    env["HF_HOME"] = env["HF_HOME"].replace("/tmp", str(paths["/tmp"]), 1)
+    # The pod's paths (/mnt/models, /tmp: HOME, HF_HOME and the other tools' paths) are this
+    # machine's directories.
+    env = {name: str(paths["/tmp"]) + value[4:] if value.startswith("/tmp") else value for name, value in env.items()}
     command = [sys.executable if part == "python" else paths.get(part, part) for part in container["command"]]
     return subprocess.run([str(c) for c in command], env=env, capture_output=True, text=True, timeout=120, check=False)
 
@@ -67,7 +68,7 @@ def test_replicas_fetch_an_hf_model_once_onto_the_cache_claim(hub: Hub, tmp_path
     pod = rendered_pod(hub.url)
     claim = tmp_path / "claim"  # the ReadWriteMany volume both replicas mount
     for replica in range(2):
-        volumes = {"model-store": claim, "tmp": tmp_path / f"tmp-{replica}", "dshm": tmp_path / "shm"}
+        volumes = {v["name"]: tmp_path / f"{v['name']}-{replica}" for v in pod["volumes"]} | {"model-store": claim}
         (init,) = pod["initContainers"]
         hub.requests.clear()
         result = run_init_container(init, volumes)

@@ -167,31 +167,40 @@ def _mounts(container: dict) -> dict[str, dict]:
     return {m["name"]: m for m in container.get("volumeMounts", [])}
 
 
-def test_the_sidecar_shares_nothing_writable_with_vllm_and_keeps_its_tool_configuration_to_itself() -> None:
-    """The sidecar holds the Hub token and S3 keys; vLLM runs the author's code (their image,
-    env, model). Whatever vLLM can write, the sidecar must never read configuration from."""
+@pytest.mark.parametrize(
+    ("container", "shared_read_only"),
+    [("adapters", {"adapters", "vllm-plugins"}), ("model-fetch", {"model-store"})],
+)
+def test_a_credential_container_shares_nothing_writable_with_vllm_and_keeps_its_tool_configuration_to_itself(
+    container: str, shared_read_only: set[str]
+) -> None:
+    """The adapters sidecar and the model's fetcher hold the Hub token and S3 keys; vLLM runs the
+    author's code (their image, env, model). Whatever vLLM can write, neither may read its
+    configuration from."""
     spec = lora_spec()
     spec["model"] = {"uri": "hf://org/llama", "huggingFace": {"tokenSecret": "hub"}}
     pod = pod_of(objects(spec))
-    sidecar = next(c for c in pod["initContainers"] if c["name"] == SIDECAR)
-    others = [c for c in pod["containers"] + pod["initContainers"] if c is not sidecar]
+    holder = next(c for c in pod["initContainers"] if c["name"] == container)
+    others = [c for c in pod["containers"] + pod["initContainers"] if c is not holder]
     (vllm,) = pod["containers"]
-    shared = {name for c in others for name in _mounts(c)} & set(_mounts(sidecar))
-    # Shared: only what the sidecar writes for vLLM to read, and vLLM mounts read-only.
-    assert shared == {"adapters", "vllm-plugins"}
+    env = {e["name"]: e.get("value") for e in holder["env"]}
+    assert "HF_TOKEN" in env
+    shared = {name for c in others for name in _mounts(c)} & set(_mounts(holder))
+    # Shared: only what the holder writes for vLLM to read, and vLLM mounts read-only.
+    assert shared == shared_read_only
     for name in shared:
         assert _mounts(vllm)[name]["readOnly"] is True
     # Every tool's configuration (and HOME, which is where they look otherwise) under a mount
     # of a volume no other container mounts.
-    env = {e["name"]: e.get("value") for e in sidecar["env"]}
-    private = [m["mountPath"] for name, m in _mounts(sidecar).items() if not any(name in _mounts(c) for c in others)]
+    private = [m["mountPath"] for name, m in _mounts(holder).items() if not any(name in _mounts(c) for c in others)]
     tools = ["HOME", "TMPDIR", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "HF_HOME", "NETRC"]
     tools += ["XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"]
     for name in tools:
         value = env.get(name)
         assert value and any(value == p or value.startswith(p.rstrip("/") + "/") for p in private), (name, value)
     assert env["PYTHONNOUSERSITE"] == "1"  # no site-packages from HOME either
-    assert len([e for e in sidecar["env"] if e["name"] == "HF_HOME"]) == 1
-    # The adapters' files are written by the sidecar, not a place it reads its configuration from.
-    files = _mounts(sidecar)["adapters"]["mountPath"]
-    assert not any(str(v).startswith(files) for v in env.values())
+    assert len([e for e in holder["env"] if e["name"] == "HF_HOME"]) == 1
+    # What it writes for vLLM is not a place it reads its configuration from.
+    for name in shared:
+        written = _mounts(holder)[name]["mountPath"]
+        assert not any(str(v).startswith(written) for v in env.values())

@@ -26,6 +26,10 @@ TERMINATION_LOG_ENV = "MODEL_FETCH_TERMINATION_LOG"
 MODEL_VOLUME = "model-store"
 FETCH_CONTAINER = "model-fetch"
 TMP_VOLUME = "tmp"
+# The fetcher's own /tmp: its HOME and every tool's configuration (TOOL_CONFIG_ENV), on no volume
+# the serving container (the author's code) can write.
+FETCH_HOME_VOLUME = "fetch-home"
+FETCH_HOME_DIR = "/tmp"
 # PEM certificates the fetcher trusts besides the public roots (model_server.storage reads it).
 CA_BUNDLE_ENV = "MODEL_FETCH_CA_BUNDLE"
 # What an s3:// fetch may take from the InferenceService's own variables: the credentials and
@@ -241,7 +245,8 @@ def model_storage(owner: Owner, user_env: list[JsonObject], security_context: Js
         volumes.append({"name": MODEL_VOLUME, "emptyDir": {}})
     init: dict[str, object] = {"name": FETCH_CONTAINER}
     init_env: list[JsonObject] = []
-    # /tmp: huggingface_hub's lock files and token, and the fetcher's CA bundle file.
+    # /tmp: huggingface_hub's lock files and token, and the fetcher's CA bundle file; the pod's
+    # shared one for a modelcar's copy, which holds no credential, else the fetcher's own.
     mounts = [fetch_mount, {"name": TMP_VOLUME, "mountPath": "/tmp"}]
     if scheme == "oci":
         # A "modelcar" image: the model lives under /models of the image named by the URI. Its
@@ -255,7 +260,10 @@ def model_storage(owner: Owner, user_env: list[JsonObject], security_context: Js
         init |= {"image": owner.fetcher_image, "command": command}
         # The fetcher writes one line on why it failed there; the pod's status carries it.
         init |= {"terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "File"}
-        init_env = [*fetch_env(owner, user_env), {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}]
+        init_env = [e for e in fetch_env(owner, user_env) if e["name"] not in TOOL_CONFIG_ENV]
+        init_env += [*tool_config_env(FETCH_HOME_DIR), {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}]
+        volumes.append({"name": FETCH_HOME_VOLUME, "emptyDir": {}})
+        mounts[1] = {"name": FETCH_HOME_VOLUME, "mountPath": FETCH_HOME_DIR}
     init |= {
         "volumeMounts": mounts,
         "resources": fetch_resources(owner.spec.resources.cpu, owner.spec.resources.memory),
