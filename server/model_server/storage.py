@@ -391,6 +391,17 @@ def prune(dest_dir: Path, keep: Iterable[PurePosixPath]) -> list[PurePosixPath]:
     return removed
 
 
+VERIFY_WORKERS = 4  # files hashed at once (hashlib lets go of the GIL): a sharded model's shards
+
+
+def verified_files(files: dict[PurePosixPath, tuple[Path, Expected]], limits: Limits) -> set[PurePosixPath]:
+    """Those of `files` (path in the destination, what its source publishes) already in place:
+    see `verified`; several files are hashed at once."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=VERIFY_WORKERS, thread_name_prefix="verify") as pool:
+        checked = pool.map(lambda item: verified(item[0], item[1], limits), files.values())
+        return {rel for rel, ok in zip(files, checked, strict=True) if ok}
+
+
 def verified(path: Path, expected: Expected, limits: Limits) -> bool:
     """Whether `path` already is the file its source publishes: a regular file of the declared
     size whose every published digest matches. A file with nothing to check it against is not."""
@@ -543,17 +554,19 @@ def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: L
     with exclusive(dest_dir, limits):
         prune(dest_dir, keep)
         targets = [(obj, rel, contained(dest_dir, rel, "S3 key")) for obj, rel in files]  # all, before any write
-        fetched = []
+        expected: dict[PurePosixPath, tuple[Path, Expected]] = {}
         for obj, rel, target in targets:
             sha256 = limits.sha256
             if (sidecar := sidecars.get(rel.as_posix() + ".sha256")) is not None:
                 sha256 = _parse_digest(_s3_read(client, bucket, sidecar, limits), f"s3://{bucket}/{sidecar}")
-            if verified(target, Expected(size=obj.size, sha256=sha256, md5=_hex(obj.etag, 32)), limits):
-                fetched.append(target)
-                continue
-            response = _s3_get(client, bucket, obj.key)
-            published = _s3_published(response)
-            fetched.append(write_file(target, _s3_body(response, bucket, obj.key), limits, sha256, published))
+            expected[rel] = (target, Expected(size=obj.size, sha256=sha256, md5=_hex(obj.etag, 32)))
+        in_place = verified_files(expected, limits)
+        for obj, rel, target in targets:
+            if rel not in in_place:
+                response = _s3_get(client, bucket, obj.key)
+                body = _s3_body(response, bucket, obj.key)
+                write_file(target, body, limits, expected[rel][1].sha256, _s3_published(response))
+        fetched = [target for _, _, target in targets]
         prune(dest_dir, keep)
     return fetched
 
@@ -671,7 +684,8 @@ def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Pat
         with exclusive(dest_dir, limits):
             prune(dest_dir, manifest)
             targets = {rel: contained(dest_dir, rel, "repository file") for rel in manifest}
-            missing = [(rel, e) for rel, e in manifest.items() if not verified(targets[rel], e, limits)]
+            in_place = verified_files({rel: (targets[rel], e) for rel, e in manifest.items()}, limits)
+            missing = [(rel, e) for rel, e in manifest.items() if rel not in in_place]
             log.info("%s: %d of %d file(s) to download at %s", uri, len(missing), len(manifest), commit)
             hub.download(uri, repo, commit, dest_dir, limits, missing)
             prune(dest_dir, manifest)

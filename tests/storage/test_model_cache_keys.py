@@ -98,7 +98,8 @@ def test_a_mirrors_later_fetch_does_not_touch_the_model_the_victim_serves(hub: H
     victim = rendered_pod(hub.url)
 
     def run(pod: dict[str, Any], name: str) -> pathlib.Path:
-        volumes = {"model-store": claim, "tmp": tmp_path / f"tmp-{name}", "dshm": tmp_path / "shm"}
+        # The claim, and a directory of this pod's own for each of its other volumes.
+        volumes = {v["name"]: tmp_path / f"{v['name']}-{name}" for v in pod["volumes"]} | {"model-store": claim}
         (init,) = pod["initContainers"]
         result = run_init_container(init, volumes)
         assert result.returncode == 0, result.stderr[-2000:]
