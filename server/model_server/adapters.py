@@ -11,11 +11,18 @@ fetcher's rules and limits (hf://, s3://) and loaded (`POST /v1/load_lora_adapte
 left the list is unloaded and its files removed; one whose uri changed is fetched and loaded
 in place. Comparing with vLLM's own list each time also reloads everything after vLLM restarts.
 
-On `--port` it answers `GET /adapters` (each adapter's state: Pending, Loading, Ready or
-Failed with a reason the operator copies into status) and `GET /ready`: 200 once every
+On `--port` (bounded like the model server's ports: header time and size, connections) it
+answers `GET /adapters` (each adapter's name, its uri's digest and its state: Pending, Loading,
+Ready or Failed with a reason the operator copies into status; never a uri, which other pods
+could read there) and `GET /ready`: 200 once every
 adapter of the list it first read has settled (Ready or Failed), so a new replica takes no
 request before its adapters are loaded, while adapters added later never take a serving
 replica out of its Service.
+
+It holds the Hub token and S3 keys, and its HOME, /tmp and tools' configuration paths are in
+a volume of its own (the pod's builder sees to it): nothing the vLLM container (the author's
+code) can write steers its HTTP or S3 clients. The list it reads is held to the CRD's rules
+again, since names become directories.
 
 At start it copies `vllm_guard.py` into `--plugins`, vLLM's `--middleware`, which refuses
 adapter management to any client but this sidecar; vLLM starts after it (a native sidecar's
