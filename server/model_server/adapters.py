@@ -44,6 +44,7 @@ import shutil
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -193,15 +194,19 @@ def served_adapters(models: Any) -> dict[str, str]:
 
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*")
+# A request's path with its query, as an HTTP library's message quotes it (the key's prefix in it).
+_PATH_AND_QUERY = re.compile(r"/\S*\?\S*")
 
 
 def _reason(text: str, *hidden: str) -> str:
-    """One bounded line, without the `hidden` strings (the adapter's uri, its bucket path) or
-    any URL (an S3 endpoint's address, a redirect's target): the port that reports it answers
-    other pods, not only the operator."""
-    for secret in sorted((h for h in hidden if h), key=len, reverse=True):
+    """One bounded line, without the `hidden` strings (the adapter's uri, its bucket path), as
+    written or URL-encoded, or any URL or request path (an S3 endpoint's address, a redirect's
+    target): the port that reports it answers other pods, not only the operator."""
+    forms = {form for h in hidden if h for form in (h, urllib.parse.quote(h, safe=""), urllib.parse.quote(h))}
+    for secret in sorted(forms, key=len, reverse=True):
         text = text.replace(secret, "<uri>")
-    text = " ".join(_URL.sub("<url>", text).split())
+    text = _PATH_AND_QUERY.sub("<path>", _URL.sub("<url>", text))
+    text = " ".join(text.split())
     return text if len(text) <= REASON_LENGTH else text[: REASON_LENGTH - 3] + "..."
 
 

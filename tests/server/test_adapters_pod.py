@@ -11,6 +11,7 @@ put on the sidecar's PYTHONPATH only.
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import os
 import pathlib
@@ -189,3 +190,47 @@ def test_a_tool_configuration_planted_where_vllm_can_write_is_never_read_by_the_
         assert started.process.poll() is None
         reason = started.adapters()["chat"]["reason"]
         assert "NoCredentialsError" in reason, reason  # it found no credentials: it read no planted config
+
+
+@contextlib.contextmanager
+def s3_refusing() -> Iterator[str]:
+    """An S3 endpoint that knows no bucket `nobucket-*` and lets nobody read `denied-*`."""
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            bucket = self.path.lstrip("/").split("/", 1)[0].split("?", 1)[0]
+            code, status = ("NoSuchBucket", 404) if bucket.startswith("nobucket") else ("AccessDenied", 403)
+            body = (
+                f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{code} for '
+                f"{bucket} at {html.escape(self.path)}</Message><BucketName>{bucket}</BucketName></Error>"
+            )
+            self.reply(body.encode(), "application/xml", status)
+
+    with serving(Handler) as server:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_real_s3_errors_fail_their_adapter_with_a_reason_that_names_no_bucket_or_endpoint(
+    tmp_path: pathlib.Path, s3_libs: pathlib.Path
+) -> None:
+    """botocore's ClientError (NoSuchBucket, AccessDenied) ended the sidecar's process."""
+    with s3_refusing() as endpoint:
+        spec = s3_service(endpoint, {"a": "s3://nobucket-corp/team-x/a", "b": "s3://denied-corp/team-x/b"})
+        spec["runtime"]["env"] += [
+            {"name": "AWS_ACCESS_KEY_ID", "value": "AKIAEXAMPLE"},
+            {"name": "AWS_SECRET_ACCESS_KEY", "value": "secret"},
+        ]
+        with pod(tmp_path, spec, s3_libs) as started:
+            wait(
+                lambda: (
+                    started.process.poll() is not None
+                    or {a["state"] for a in started.adapters().values()} == {"Failed"}
+                ),
+                60,
+                "both adapters tried",
+            )
+            assert started.process.poll() is None, started.log.read_text()[-2000:]
+            reasons = {name: adapter["reason"] for name, adapter in started.adapters().items()}
+    assert "NoSuchBucket" in reasons["a"] and "AccessDenied" in reasons["b"], reasons
+    for reason in reasons.values():
+        assert not any(leak in reason for leak in ("corp", "team-x", "127.0.0.1", endpoint)), reason
