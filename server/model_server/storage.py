@@ -700,6 +700,8 @@ def hub_expectation(f: Any) -> Expected:
     lfs = getattr(f, "lfs", None)
     if lfs is not None:
         return Expected(size=f.size, sha256=_hex(getattr(lfs, "sha256", None), 64))
+    if getattr(f, "xet_hash", None):  # stored in Xet with no LFS entry: the blob id is a pointer's
+        return Expected(size=f.size)
     return Expected(size=f.size, git_blob=_hex(getattr(f, "blob_id", None), 40))
 
 

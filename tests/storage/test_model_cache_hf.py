@@ -89,3 +89,19 @@ def test_replicas_fetching_at_once_take_turns_and_download_once(hub: Hub, tmp_pa
     assert [code for code, _ in results] == [0, 0], results
     assert sorted(hub.resolves("GET")) == sorted(f"/org/tiny/resolve/{COMMIT}/{n}" for n in expected)
     assert model_files(dest) == expected
+
+
+def test_a_file_listed_with_nothing_to_check_it_against_is_downloaded_each_time(
+    hub: Hub, tmp_path: pathlib.Path
+) -> None:
+    """A Xet-stored file listed without its LFS sha256: its blob id is a pointer's, not the
+    content's, so it proves nothing; the file is fetched again rather than trusted or refused."""
+    hub.xet_only = {"model.safetensors"}
+    dest = tmp_path / "models"
+    assert run_fetch(hub, "hf://org/tiny", dest).returncode == 0
+    assert len(hub.resolves("GET")) == len(FILES)
+    hub.requests.clear()
+    again = run_fetch(hub, "hf://org/tiny", dest)
+    assert again.returncode == 0, again.stderr
+    assert hub.resolves("GET") == [f"/org/tiny/resolve/{COMMIT}/model.safetensors"]
+    assert model_files(dest) == FILES

@@ -45,6 +45,7 @@ class Hub:
     declared: dict[str, int] = field(default_factory=dict)  # sizes the tree claims, if not the real ones
     others: dict[str, dict[str, bytes]] = field(default_factory=dict)  # more repositories, by id
     served: dict[str, bytes] = field(default_factory=dict)  # bytes sent instead of a file's own (tampering)
+    xet_only: set[str] = field(default_factory=set)  # files the tree lists with a xetHash and no lfs entry
 
     def repo(self, repo_id: str) -> dict[str, bytes] | None:
         return self.files if repo_id == "org/tiny" else self.others.get(repo_id)
@@ -99,6 +100,10 @@ def running_hub(files: dict[str, bytes]) -> Iterator[Hub]:
                 return self.reply(json.dumps(info).encode())
             if api and files is not None:
                 tree = [tree_entry(name, data, state.declared.get(name, len(data))) for name, data in files.items()]
+                for entry in tree:
+                    if entry["path"] in state.xet_only:
+                        entry |= {"oid": git_blob_id(b"a pointer"), "xetHash": "ab" * 32}
+                        entry.pop("lfs", None)
                 return self.reply(json.dumps(tree).encode())
             resolve = re.match(rf"^/([^/]+/[^/]+)/resolve/{COMMIT}/(.+)$", path)
             files = state.repo(resolve[1]) if resolve else None
