@@ -22,7 +22,7 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from . import adapter_status, adapter_watch, config, credentials, metrics, ownership, policy, status_pods
+from . import adapter_status, adapter_watch, config, credentials, lifetimes, metrics, ownership, policy, status_pods
 from . import status as st
 from .analysis import AnalysisRefused, analysis_client, measure
 from .autoscaler.clients import CLIENT_ERRORS, PrometheusClients, client_problem
@@ -578,10 +578,11 @@ async def canary_analysis(
 ) -> None:
     """Judge a progressing canary every analysis interval; step, promote or roll it back."""
     clients = PrometheusClients(memo.api, meta["namespace"])
+    life = lifetimes.Lifetime(memo, meta["uid"])
     try:
-        while not stopped:
+        while life.alive(stopped):
             delay = await _analyse_once(memo, body, meta, logger, clients)
-            await stopped.wait(delay)
+            await life.sleep(stopped, delay)
     finally:
         await clients.aclose()
 
@@ -717,13 +718,14 @@ async def adapters_status(
     """Keep status.adapters and AdaptersReady up to date from the replicas' sidecars; clear
     both when the spec no longer has adapters (kopf then stops this daemon)."""
     ref = _isvc_ref(meta["namespace"], meta["name"])
+    life = lifetimes.Lifetime(memo, meta["uid"])
     async with adapter_watch.client() as http:
         try:
-            while not stopped:
+            while life.alive(stopped):
                 await _report_adapters(memo, body, ref, http)
-                await stopped.wait(ADAPTER_STATUS_SECONDS)
+                await life.sleep(stopped, ADAPTER_STATUS_SECONDS)
         finally:
-            if not (body.get("spec") or {}).get("adapters"):
+            if not life.gone and not (body.get("spec") or {}).get("adapters"):
                 await asyncio.to_thread(_publish, memo, ref, _without_adapter_status)
 
 
@@ -758,4 +760,15 @@ def _without_adapter_status(fresh: JsonObject) -> JsonObject | None:
     return {"adapters": None, "conditions": kept}
 
 
+@kopf.on.event(GROUP, VERSION, PLURAL, id="service-deleted")
+async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """End the daemons of a deleted InferenceService (no finalizer made kopf do it: lifetimes).
+    Async: it sets the daemons' asyncio.Event on their own loop."""
+    if event["type"] == "DELETED":
+        lifetimes.object_deleted(memo, body["metadata"]["uid"])
+
+
 from .autoscaler import handlers as _autoscaler  # noqa: E402,F401
+
+# Every daemon is registered by now (the autoscaler's just above): none needs a finalizer.
+lifetimes.release_finalizers()

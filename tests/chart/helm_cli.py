@@ -2,6 +2,7 @@
 
     python -m tests.chart.helm_cli lint CHART
     python -m tests.chart.helm_cli install RELEASE CHART --namespace NS --kubeconfig PATH [-f VALUES.json]
+    python -m tests.chart.helm_cli uninstall RELEASE --namespace NS --kubeconfig PATH
 
 It prints the result as JSON on stdout, or the error on stderr with exit status 1. A process of
 its own because the Go runtime inside the library reads the environment (HELM_DRIVER and
@@ -27,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     install.add_argument("--namespace", required=True)
     install.add_argument("--kubeconfig", required=True)
     install.add_argument("-f", "--values", help="a JSON file of values")
+    uninstall = commands.add_parser("uninstall")
+    uninstall.add_argument("release")
+    uninstall.add_argument("--namespace", required=True)
+    uninstall.add_argument("--kubeconfig", required=True)
     args = parser.parse_args(argv)
 
     import helm_sdkpy as helm
@@ -35,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "lint":
             config = helm.Configuration(namespace="default")
             result = asyncio.run(helm.Lint(config).run(args.chart))
+        elif args.command == "uninstall":
+            config = helm.Configuration(namespace=args.namespace, kubeconfig=args.kubeconfig)
+            result = asyncio.run(helm.Uninstall(config).run(args.release, wait=True, timeout=120))
         else:
             values = None
             if args.values:

@@ -2,8 +2,9 @@
 
 A daemon rather than a timer because the interval is per object (`intervalSeconds`). kopf
 stops it when the object stops matching `when` (mode switched to hpa/keda, autoscaling
-removed) or is deleted, and starts it again when it matches; its in-memory history is then
-empty and the policy holds rather than scaling down until it has seen a full window.
+removed), and starts it again when it matches; its in-memory history is then empty and the
+policy holds rather than scaling down until it has seen a full window. It ends by itself when
+the object is deleted (lifetimes.py: no finalizer holds the object for it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import kopf
 
 from .. import metrics
+from ..lifetimes import Lifetime
 from ..models import GROUP, PLURAL, VERSION, AutoscalingMode, SpecError, parse_spec
 from .loop import Autoscaler
 
@@ -54,8 +56,9 @@ async def autoscaler(
         post_event=lambda reason, message: kopf.event(body, type="Normal", reason=reason, message=message),
         policy=memo.config.credentials,
     )
+    life = Lifetime(memo, meta["uid"])
     try:
-        while not stopped:
+        while life.alive(stopped):
             try:
                 spec = parse_spec(dict(body.get("spec") or {}))
             except SpecError as exc:
@@ -72,7 +75,7 @@ async def autoscaler(
                     except Exception:
                         logger.exception("autoscaler tick failed; next attempt in one interval")
                         delay = spec.autoscaling.interval_seconds
-            await stopped.wait(delay)
+            await life.sleep(stopped, delay)
     finally:
         await loop.aclose()
         metrics.forget_service(meta["namespace"], meta["name"])

@@ -1,0 +1,54 @@
+"""A service with a daemon (the autoscaler, a canary, adapters) carries no finalizer: with the
+operator gone (`helm uninstall`) it can still be deleted, and with the operator running its
+daemons end when it is deleted (lifetimes.py)."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+from kopf.testing import KopfRunner
+
+from inference_operator import handlers
+from inference_operator.lifetimes import release_finalizers
+from testsupport.cluster import Cluster, captured_operator_logs, inference_service, wait_for
+
+pytestmark = pytest.mark.integration
+
+ARGS = ["run", "--all-namespaces", "--standalone", "--verbose", "-m", "inference_operator.handlers"]
+SPEC = {
+    "model": {"uri": "pvc://models/resnet50"},
+    "resources": {"gpu": {"count": 0}, "cpu": "1", "memory": "1Gi"},
+    "autoscaling": {"minReplicas": 1, "maxReplicas": 2, "metric": "rps", "target": 10, "intervalSeconds": 2},
+    "rollout": {
+        "strategy": "canary",
+        "canary": {"steps": [50], "analysis": {"maxLatencyMs": 100, "intervalSeconds": 2}},
+    },
+}
+
+
+def test_every_daemon_is_registered_without_a_finalizer() -> None:
+    spawning = kopf.get_default_registry()._spawning._handlers
+    ids = {h.id for h in spawning}
+    assert {"autoscaler", "canary", "adapters"} <= ids, ids
+    assert not [h.id for h in spawning if h.requires_finalizer]
+    assert handlers.lifetimes is not None and release_finalizers() == len(spawning)
+
+
+def test_a_service_with_daemons_is_deletable_with_the_operator_gone(cluster: Cluster) -> None:
+    with captured_operator_logs() as logs, KopfRunner(ARGS, timeout=60) as runner:
+        assert cluster.apply_cr(inference_service("scaled", "ml", SPEC)).status_code in (200, 201)
+        wait_for(lambda: (cluster.get_cr("ml", "scaled").get("status") or {}).get("url"), message="reconciled")
+        wait_for(lambda: logs.count("Daemon 'autoscaler' is invoked"), message="the autoscaler running")
+        assert not cluster.get_cr("ml", "scaled")["metadata"].get("finalizers")  # type: ignore[index]
+        # Deleted while the operator runs: its daemons end (kopf would not stop them itself).
+        assert cluster.request("DELETE", "/apis/inference.rocm.dev/v1alpha1/namespaces/ml/inferenceservices/scaled")
+        wait_for(lambda: cluster.get_cr("ml", "scaled") is None, message="deleted")
+        wait_for(lambda: logs.count("Daemon 'autoscaler' succeeded"), timeout=10, message="the autoscaler ended")
+        wait_for(lambda: logs.count("Daemon 'canary' succeeded"), timeout=10, message="the canary analysis ended")
+        # One more, left behind when the operator stops.
+        assert cluster.apply_cr(inference_service("left", "ml", SPEC)).status_code in (200, 201)
+        wait_for(lambda: (cluster.get_cr("ml", "left").get("status") or {}).get("url"), message="reconciled")
+    assert runner.exception is None, runner.exception
+    deleted = cluster.request("DELETE", "/apis/inference.rocm.dev/v1alpha1/namespaces/ml/inferenceservices/left")
+    assert deleted.status_code == 200, deleted.text
+    assert cluster.get_cr("ml", "left") is None
