@@ -57,6 +57,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import enum
+import errno
 import fcntl
 import hashlib
 import logging
@@ -335,16 +336,12 @@ def exclusive(dest_dir: Path, limits: Limits) -> Iterator[None]:
         except FileNotFoundError:  # the holder removed the directory just now
             continue
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if not waited:
-                        log.info("waiting for another fetch into %s to end", dest_dir)
-                        waited = True
-                    limits.remaining()
-                    time.sleep(LOCK_POLL_SECONDS)
+            while not _locked(fd, dest_dir):
+                if not waited:
+                    log.info("waiting for another fetch into %s to end", dest_dir)
+                    waited = True
+                limits.remaining()
+                time.sleep(LOCK_POLL_SECONDS)
             with contextlib.suppress(FileNotFoundError):
                 if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
                     break  # the lock is ours and still the one in place
@@ -360,6 +357,20 @@ def exclusive(dest_dir: Path, limits: Limits) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.rmdir(state)  # when empty
         os.close(fd)  # releases the lock
+
+
+def _locked(fd: int, dest_dir: Path) -> bool:
+    """Whether the flock on `fd` is now ours; on a filesystem without locks, go on without one
+    (only replicas of one service share a directory; they fetch the same files)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        log.warning("%s: no file locks here (%s); fetching without one", dest_dir, errno.errorcode.get(exc.errno or 0))
+    return True
 
 
 def prune(dest_dir: Path, keep: Iterable[PurePosixPath]) -> list[PurePosixPath]:
@@ -380,7 +391,10 @@ def prune(dest_dir: Path, keep: Iterable[PurePosixPath]) -> list[PurePosixPath]:
                 walk(Path(entry.path), path)
             elif not (entry.is_file(follow_symlinks=False) and path in files):
                 removed.append(path)
-                shutil.rmtree(entry.path) if is_dir else os.unlink(entry.path)
+                if is_dir:
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
 
     if dest_dir.is_dir():
         walk(dest_dir, PurePosixPath())

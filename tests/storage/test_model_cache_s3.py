@@ -10,13 +10,15 @@ is checked against each digest S3 gives with it.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import pathlib
 from collections.abc import Iterator
 
 import pytest
 
-from model_server.storage import ChecksumError, FetchError, Limits, fetch_s3
+from model_server import storage
+from model_server.storage import ChecksumError, DeadlineError, FetchError, Limits, exclusive, fetch_s3
 from tests.storage.test_model_fetch import StandInS3
 
 WEIGHTS = bytes(range(256)) * 16
@@ -141,3 +143,29 @@ def test_a_checksum_error_while_reading_is_a_checksum_failure(tmp_path: pathlib.
         with pytest.raises(error):
             fetch_s3("s3://bucket/m/model.onnx", tmp_path / error.__name__, client)
         assert served(tmp_path / error.__name__) == {}
+
+
+def test_a_fetch_waits_for_the_one_under_way_within_its_deadline(tmp_path: pathlib.Path) -> None:
+    client = StandInS3(dict(OBJECTS))
+    with exclusive(tmp_path, Limits()), pytest.raises(DeadlineError):
+        fetch_s3("s3://bucket/m", tmp_path, client, Limits(deadline_seconds=0.5))
+    assert client.fetched == []
+    fetch_s3("s3://bucket/m", tmp_path, client)  # the lock is gone with its holder
+    assert served(tmp_path) == {"1/model.onnx": WEIGHTS, "config.json": OBJECTS["m/config.json"]}
+
+
+def test_a_filesystem_without_locks_still_fetches(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    failure = OSError(errno.ENOLCK, "No locks available")
+
+    def flock(fd: int, operation: int) -> None:
+        raise failure
+
+    monkeypatch.setattr(storage.fcntl, "flock", flock)
+    fetch_s3("s3://bucket/m", tmp_path, StandInS3(dict(OBJECTS)))
+    assert served(tmp_path) == {"1/model.onnx": WEIGHTS, "config.json": OBJECTS["m/config.json"]}
+    assert "no file locks here (ENOLCK)" in caplog.text
+    failure = PermissionError(errno.EACCES, "Permission denied")
+    with pytest.raises(PermissionError):  # any other failure is one (exit 8, local I/O)
+        fetch_s3("s3://bucket/m", tmp_path / "other", StandInS3(dict(OBJECTS)))
