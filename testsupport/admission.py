@@ -34,21 +34,6 @@ def substring(text: str, start: int, end: int | None = None) -> str:
 
 
 FUNCTIONS = {**KUBERNETES_FUNCTIONS, "substring": substring}
-# CEL's reserved words: the API server shows a property so named only escaped (`__namespace__`);
-# written plainly, the expression does not compile.
-RESERVED = frozenset(
-    "true false null in as break const continue else for function if import let loop package namespace return var "
-    "void while".split()
-)
-
-
-def escaped(value: Any) -> Any:
-    """`value` with each property named by a reserved word as CEL sees it: `__word__`."""
-    if isinstance(value, dict):
-        return {(f"__{k}__" if k in RESERVED else k): escaped(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [escaped(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)
@@ -82,7 +67,15 @@ def evaluate(
     spec = policy["spec"]
     metadata = (obj or old or {}).get("metadata") or {}
     request = {"operation": operation, "name": metadata.get("name", ""), "namespace": metadata.get("namespace", "")}
-    inputs: dict[str, Any] = {"object": escaped(obj), "oldObject": escaped(old), "request": request, "params": None}
+    # The request's Namespace, as the API server hands it to a policy (its name is all we know).
+    namespace = {"metadata": {"name": request["namespace"]}} if request["namespace"] else None
+    inputs: dict[str, Any] = {
+        "object": obj,
+        "oldObject": old,
+        "request": request,
+        "params": None,
+        "namespaceObject": namespace,
+    }
     for condition in spec.get("matchConditions") or []:
         if _run(condition["expression"], inputs) is not True:
             return Verdict(matched=False)

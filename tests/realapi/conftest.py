@@ -48,6 +48,9 @@ class Operator:
         env.update({k: v for k, v in __import__("os").environ.items() if k.startswith(("PYTHON", "HOME", "LANG"))})
         # The platform's registries: the examples' modelcar images come from ghcr.io/example/.
         env["INFERENCE_OPERATOR_POLICY_IMAGE_REGISTRIES"] = "ghcr.io/rocm-inference/,ghcr.io/example/"
+        # NetworkPolicies on, as the chart installs it.
+        env["INFERENCE_OPERATOR_NETWORK_POLICY"] = "true"
+        env["INFERENCE_OPERATOR_NAMESPACE"] = "inference-system"
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "inference_operator", "run", "-A", "--metrics-port", "0", "-v"],

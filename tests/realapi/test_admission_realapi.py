@@ -62,7 +62,10 @@ def installed_policy(apiserver: ApiServer) -> Iterator[tuple[str, str, float]]:
         "watch": {"allNamespaces": False, "namespaces": [watched]},
         "replicaCount": 1,
         "ha": {"enabled": False},
-        "policy": {"serviceAccounts": ["default", "inference"]},
+        "policy": {
+            "serviceAccounts": ["default", "inference"],
+            "httpRoute": {"gateways": [f"{watched}/local", "gateways/*"], "hostnames": ["*.ml.example.com"]},
+        },
     }
     objects = h.render(values, release=f"vap{n}")
     admission = [o for o in objects if o["apiVersion"] == "admissionregistration.k8s.io/v1"]
@@ -109,6 +112,26 @@ def test_the_policy_refuses_at_admission_what_the_operator_would_refuse(
             {"model": {"uri": "oci://ubuntu:24.04"}},
             "model.uri 'ubuntu:24.04' is not from an allowed registry (ghcr.io/rocm-inference/, docker.io/vllm/)",
         ),
+        "groups": (
+            {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"supplementalGroups": [44, 1000]}}},
+            "resources.gpu.supplementalGroups 1000 is not allowed (allowed: 1-999; never 0)",
+        ),
+        # A parentRef without a namespace is the InferenceService's (CEL reads it as __namespace__).
+        "gateway": (
+            {"model": {"uri": "pvc://m"}, "routing": {"httpRoute": {"parentRefs": [{"name": "shared"}]}}},
+            f"routing.httpRoute.parentRefs '{ns}/shared' is not an allowed Gateway (allowed: {ns}/local, gateways/*)",
+        ),
+        "every-host": (
+            {"model": {"uri": "pvc://m"}, "routing": {"httpRoute": {"parentRefs": [{"name": "local"}]}}},
+            "routing.httpRoute.hostnames empty (every host) is not allowed (allowed: *.ml.example.com)",
+        ),
+        "hostname": (
+            {
+                "model": {"uri": "pvc://m"},
+                "routing": {"httpRoute": {"parentRefs": [{"name": "local"}], "hostnames": ["login.example.com"]}},
+            },
+            "routing.httpRoute.hostnames 'login.example.com' is not allowed (allowed: *.ml.example.com)",
+        ),
     }
     for name, (spec, message) in refused.items():
         document = yaml.safe_dump(inference_service(ns, name, spec))
@@ -122,6 +145,16 @@ def test_the_policy_refuses_at_admission_what_the_operator_would_refuse(
         # Docker Hub shorthand for docker.io/vllm/, a registry of the operator's own images.
         "hub-vllm": {"model": {"uri": "hf://org/name"}, "runtime": {"engine": "vllm", "image": "vllm/vllm:v1"}},
         "oci-model": {"model": {"uri": "oci://ghcr.io/rocm-inference/models/resnet:1"}},
+        "groups": {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"supplementalGroups": [44, 992]}}},
+        "route": {
+            "model": {"uri": "pvc://m"},
+            "routing": {
+                "httpRoute": {
+                    "parentRefs": [{"name": "local"}, {"name": "inference", "namespace": "gateways"}],
+                    "hostnames": ["llm.ml.example.com", "*.team.ml.example.com"],
+                }
+            },
+        },
     }
     for name, spec in allowed.items():
         apiserver.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(inference_service(ns, f"ok-{name}", spec)))

@@ -124,6 +124,8 @@ def test_every_example_is_accepted_and_realised(apiserver: ApiServer, operator: 
         # A multi-node example runs as a LeaderWorkerSet (its stand-in CRD is installed here).
         assert deployment(apiserver, ns, name) is not None or leader_worker_set(apiserver, ns, name), name
         assert service_obj(apiserver, ns, name) is not None, name
+        policy = get(apiserver, f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}")
+        assert policy is not None and policy["spec"]["policyTypes"] == ["Ingress"], name
         degraded = condition(obj, "Degraded")
         assert degraded is not None, (name, obj.get("status"))
         # The only problem an example may report here is an add-on this bare API server lacks.
