@@ -7,7 +7,15 @@ for as long as the client likes; `limit_concurrency` answers 503 only to request
 whose headers are complete. This subclass of uvicorn's httptools protocol arms
 timers on the loop (no task per connection) and answers like an HTTP server would:
 408 when headers or body take too long, 431 for headers that are too large, 503
-for a connection beyond the cap, each followed by closing the connection.
+when no connection can make room, each followed by closing the connection.
+
+At the connection cap a new connection makes room (`ConnectionTable`): the connection
+idle longest between requests is closed first, then one still waiting for its request's
+head, taken from the client holding the most of those. Only when every connection has a
+request in flight is there none to close: then a few connections beyond the cap may ask
+the probe paths alone (the kubelet's liveness and readiness), and anything else gets the
+503. 1,024 idle keep-alive connections from one client made every new connection a 503,
+the kubelet's probes included, and the pod was restarted.
 
 Header bytes are counted twice, both per request: as they arrive (a head split over
 many reads is refused before the parser has gathered it all), and as the parser hands
@@ -20,8 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -40,15 +49,114 @@ class ConnectionLimits:
     body_timeout_s: float
     max_header_bytes: int
     max_connections: int
+    #: Paths answered on the few connections beyond the cap (see the module doc).
+    probe_paths: frozenset[str] = frozenset()
+
+    @property
+    def probe_slots(self) -> int:
+        return max(4, self.max_connections // 32)
+
+
+C = TypeVar("C", bound=Hashable)
+State = Literal["waiting", "busy", "idle"]
+Admission = Literal["open", "probes only", "refused"]
+
+
+@dataclass
+class ConnectionTable(Generic[C]):
+    """One listener's connections by what they are doing, and by client, to choose which to
+    close when a new one comes at the cap. Every change is O(1); choosing a waiting one to
+    close looks at each client once. `C` is a connection (the protocol), `peer` its client."""
+
+    max_connections: int
+    probe_slots: int
+    states: dict[C, State] = field(default_factory=dict)
+    peers: dict[C, str] = field(default_factory=dict)
+    probes: dict[C, None] = field(default_factory=dict)  # beyond the cap: probe paths only
+    idle: dict[C, None] = field(default_factory=dict)  # the others, longest idle first
+    waiting: dict[str, dict[C, None]] = field(default_factory=dict)  # the others, by client, oldest first
+
+    def admit(self, connection: C, peer: str) -> tuple[Admission, C | None]:
+        """Take `connection` in, and which connection to close for it, if any."""
+        victim: C | None = None
+        if len(self.states) - len(self.probes) >= self.max_connections:
+            victim = next(iter(self.idle), None)
+            if victim is None:
+                victim = _oldest_waiting(self.waiting)
+            if victim is None:
+                return self._admit_probe(connection, peer)
+            self.remove(victim)
+        self.peers[connection] = peer
+        self.set(connection, "waiting")
+        return "open", victim
+
+    def set(self, connection: C, state: State) -> None:
+        """`connection` is now `state` (nothing if it has left the table)."""
+        if connection not in self.peers:
+            return
+        self._unindex(connection)
+        self.states[connection] = state
+        if connection in self.probes:
+            return
+        if state == "idle":
+            self.idle[connection] = None
+        elif state == "waiting":
+            self.waiting.setdefault(self.peers[connection], {})[connection] = None
+
+    def remove(self, connection: C) -> None:
+        self._unindex(connection)
+        self.states.pop(connection, None)
+        self.probes.pop(connection, None)
+        self.peers.pop(connection, None)
+
+    def _admit_probe(self, connection: C, peer: str) -> tuple[Admission, C | None]:
+        victim: C | None = None
+        if len(self.probes) >= self.probe_slots:
+            waiting: dict[str, dict[C, None]] = {}
+            for probe in self.probes:  # at most probe_slots of them
+                if self.states[probe] != "busy":
+                    waiting.setdefault(self.peers[probe], {})[probe] = None
+            victim = _oldest_waiting(waiting)
+            if victim is None:
+                return "refused", None
+            self.remove(victim)
+        self.probes[connection] = None
+        self.peers[connection] = peer
+        self.states[connection] = "waiting"
+        return "probes only", victim
+
+    def _unindex(self, connection: C) -> None:
+        state = self.states.get(connection)
+        if connection in self.probes or state is None:
+            return
+        if state == "idle":
+            del self.idle[connection]
+        elif state == "waiting":
+            peer = self.peers[connection]
+            of_peer = self.waiting[peer]
+            del of_peer[connection]
+            if not of_peer:
+                del self.waiting[peer]
+
+
+def _oldest_waiting(waiting: dict[str, dict[C, None]]) -> C | None:
+    """The oldest waiting connection of the client with the most waiting connections."""
+    if not waiting:
+        return None
+    busiest: dict[C, None] = max(waiting.values(), key=len)
+    return next(iter(busiest))
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with `ConnectionLimits` (see the module doc)."""
 
     limits: ConnectionLimits
+    table: ConnectionTable[LimitedHttpProtocol]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._probes_only = False  # beyond the cap: only a probe path is answered
+        self._head_started = False  # a request's head has begun and is not complete
         self._timer: asyncio.TimerHandle | None = None
         self._awaiting_headers = True  # the bytes that come next are a request's head
         self._header_bytes = 0  # of the head being received, counted as it arrives
@@ -60,26 +168,44 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits) -> type[LimitedHttpProtocol]:
-        """The class to hand to `uvicorn.Config(http=...)`."""
-        return type(cls.__name__, (cls,), {"limits": limits})
+        """The class to hand to `uvicorn.Config(http=...)`: one per listener, with its table."""
+        table: ConnectionTable[LimitedHttpProtocol] = ConnectionTable(limits.max_connections, limits.probe_slots)
+        return type(cls.__name__, (cls,), {"limits": limits, "table": table})
 
     # ------------------------------------------------------------------ connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            log.debug("connection from %s refused: %d open", self.client, len(self.connections))
+        admission, victim = self.table.admit(self, self.client[0] if self.client else "")
+        if victim is not None:
+            victim._make_room()
+        if admission == "refused":
+            log.debug("connection from %s refused: every connection busy", self.client)
             self._refuse(503, "too many open connections; retry shortly", retry_after=True)
             return
+        self._probes_only = admission == "probes only"
         self._arm(self.limits.header_timeout_s, "headers")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.table.remove(self)
         self._disarm()
         super().connection_lost(exc)
+
+    def _make_room(self) -> None:
+        """Closed for a new connection at the cap: an idle one at once, as its keep-alive
+        timeout would; one waiting for its request's head with a 503."""
+        log.debug("connection from %s closed to make room for a new one", self.client)
+        if self._awaiting_headers and not self._head_started and self._timer is None:
+            self._refused = True
+            self.transport.close()
+        else:
+            self._refuse(503, "too many open connections; retry shortly", retry_after=True)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        if self.table.states.get(self) == "idle":
+            self.table.set(self, "waiting")
         if not self._awaiting_headers:
             super().data_received(data)
             return
@@ -102,7 +228,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._refused:
             return
         super().on_message_begin()
-        self._awaiting_headers = True
+        self._awaiting_headers = self._head_started = True
         self._parsed_bytes = self._parsed_fields = 0
         if self._timer is None:
             self._arm(self.limits.header_timeout_s, "headers")
@@ -118,11 +244,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._refused:
             return
+        self._head_started = False
+        if self._probes_only and self.url.split(b"?", 1)[0].decode("latin-1") not in self.limits.probe_paths:
+            self._refuse(503, "too many open connections; retry shortly", retry_after=True)
+            return
+        self.table.set(self, "busy")
         self._awaiting_headers = False
         self._header_bytes = 0
         self._tail = b""
         self._arm(self.limits.body_timeout_s, "body")
         super().on_headers_complete()
+        if self._probes_only:
+            self.cycle.keep_alive = False  # its slot is for the next probe
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -182,16 +315,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.transport.is_closing() or self.pipeline or not self.cycle.response_complete:
+            return
         refusal = self._owed_refusal
-        if (
-            refusal is not None
-            and not self.transport.is_closing()
-            and not self.pipeline
-            and self.cycle.response_complete
-        ):
+        if refusal is not None:
             self._owed_refusal = None
             self.transport.write(_refusal(*refusal))
             self.transport.close()
+        else:
+            self.table.set(self, "waiting" if self._head_started else "idle")
 
 
 def _refusal(status: int, message: str, retry_after: bool) -> bytes:

@@ -95,12 +95,17 @@ class GracefulServer(uvicorn.Server):
             self.lifecycle.stop()
 
 
-def connection_limits(settings: ServerSettings) -> ConnectionLimits:
+#: Answered even when every connection has a request in flight: the kubelet's probes among them.
+PROBE_PATHS = frozenset({"/health/live", "/health/ready", "/v2/health/live", "/v2/health/ready"})
+
+
+def connection_limits(settings: ServerSettings, probe_paths: frozenset[str] = PROBE_PATHS) -> ConnectionLimits:
     return ConnectionLimits(
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
         max_header_bytes=settings.max_header_bytes,
         max_connections=settings.max_connections,
+        probe_paths=probe_paths,
     )
 
 
@@ -118,7 +123,7 @@ def metrics_config(settings: ServerSettings) -> uvicorn.Config | None:
         lifespan="off",
         proxy_headers=False,
         timeout_keep_alive=settings.keep_alive_timeout_s,
-        http=LimitedHttpProtocol.with_limits(connection_limits(settings)),
+        http=LimitedHttpProtocol.with_limits(connection_limits(settings, frozenset({"/metrics"}))),
     )
 
 

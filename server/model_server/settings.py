@@ -128,7 +128,12 @@ class ServerSettings(BaseSettings):
         "sending it a request",
     )
     max_header_bytes: int = Field(default=64 * 1024, ge=1024, description="431 above this")
-    max_connections: int = Field(default=1024, ge=1, description="connections beyond this are closed at once")
+    max_connections: int = Field(
+        default=1024,
+        ge=1,
+        description="at this many, a new connection closes the one idle longest (else one still sending its headers); "
+        "beyond it, probes only",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = False
 

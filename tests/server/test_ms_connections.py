@@ -298,3 +298,91 @@ def test_the_metrics_port_has_the_same_limits_and_no_thread_per_connection(tmp_p
     assert during <= before + 2
     assert all(reply.startswith(b"HTTP/1.1 408") for reply in replies), replies
     assert oversized.startswith(b"HTTP/1.1 431"), oversized[:200]
+
+
+def get(conn: socket.socket, path: str) -> bytes:
+    """One GET on a kept-alive connection, its answer (head and the small body that follows)."""
+    conn.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+    conn.settimeout(5)
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return reply
+        reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    length = int(
+        next((line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), b"0")
+    )
+    while len(body) < length:
+        body += conn.recv(4096)
+    return head + b"\r\n\r\n" + body
+
+
+def wait_closed(conn: socket.socket, limit: float = 5) -> bool:
+    _, took = read_until_closed(conn, limit)
+    return took < limit
+
+
+def test_at_the_cap_a_new_connection_closes_the_longest_idle_one(server):
+    """1,024 idle keep-alive connections (refreshed before their 75 s) made every new connection a
+    503, the kubelet's liveness probe included, and the pod was restarted."""
+    idle = [server.connect() for _ in range(MAX_CONNECTIONS)]
+    try:
+        for conn in idle:
+            assert get(conn, "/health/live").startswith(b"HTTP/1.1 200")
+        get(idle[0], "/health/live")  # the first is now the most recently used
+        with server.connect() as newcomer:
+            assert get(newcomer, "/health/live").startswith(b"HTTP/1.1 200")
+            assert wait_closed(idle[1])  # idle longest: closed for the newcomer
+            assert get(idle[0], "/health/ready").startswith(b"HTTP/1.1 200")
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def stalled_upload(server: Server) -> socket.socket:
+    conn = server.connect()
+    conn.sendall(
+        b"POST /infer HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n" + b'{"data": ['
+    )
+    return conn
+
+
+def test_with_every_connection_busy_probes_are_still_answered(server):
+    """At the cap with a request in flight on every connection, there is no connection to close:
+    a few more may still ask the probe paths, and anything else is a 503."""
+    busy = [stalled_upload(server) for _ in range(MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.2)  # every upload's head is in: each connection is busy
+        for path in ("/health/live", "/health/ready", "/v2/health/live"):
+            with server.connect() as probe:
+                assert get(probe, path).startswith(b"HTTP/1.1 200"), path
+                assert wait_closed(probe)  # its slot is for the next probe
+        with server.connect() as other:
+            assert get(other, "/v2/models/tiny").startswith(b"HTTP/1.1 503")
+    finally:
+        for conn in busy:
+            conn.close()
+
+
+def test_at_the_cap_the_client_holding_most_waiting_connections_gives_one_up(server):
+    """One client's half-sent requests fill the cap: a new connection from it closes its own
+    oldest, not an older half-sent request of another client."""
+    other = socket.create_connection(("127.0.0.1", server.port), timeout=10, source_address=("127.0.0.2", 0))
+    flood: list[socket.socket] = []
+    try:
+        other.sendall(b"GET /health/live HTTP/1.1\r\n")
+        flood = [server.connect() for _ in range(MAX_CONNECTIONS)]
+        for conn in flood:
+            conn.sendall(b"GET /health/live HTTP/1.1\r\n")
+        reply, _ = read_until_closed(flood[0], limit=HEADER_TIMEOUT / 2)
+        assert reply.startswith(b"HTTP/1.1 503"), reply
+        other.sendall(b"Host: test\r\n\r\n")
+        other.settimeout(5)
+        assert other.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        other.close()
+        for conn in flood:
+            conn.close()
