@@ -210,7 +210,11 @@ def test_a_full_service_ip_range_is_reported_and_heals(cluster: Cluster, operato
     assert degraded["reason"] == "ApiError" and "range is full" in degraded["message"], degraded
     assert condition(cluster.get_cr("ml", "bert"), "Ready")["reason"] == "ApiError"
     assert cluster.get(SERVICES, "ml", "bert") is None
-    assert any(e["type"] == "Warning" and e["reason"] == "ApiError" for e in cluster.events("ml", "bert"))
+    # kopf posts events from a queue of its own, after the status write.
+    wait_for(
+        lambda: any(e["type"] == "Warning" and e["reason"] == "ApiError" for e in cluster.events("ml", "bert")),
+        message="an ApiError warning",
+    )
 
     # The first InferenceService goes, and with it (the garbage collector's part) its Service.
     for path in (
