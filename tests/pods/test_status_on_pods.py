@@ -117,7 +117,11 @@ def test_broken_services_say_why_within_seconds(node: NodeCluster, release: dict
             "Insufficient cpu",
         ),
         "no-image": (
-            service("no-image", f"{files.url}/good/model.onnx", runtime={"image": "localhost/no-such-server:1"}),
+            service(
+                "no-image",
+                f"{files.url}/good/model.onnx",
+                runtime={"image": "localhost/rocm-inference/no-such-server:1"},
+            ),
             "ImagePullBackOff",
             "no-such-server",
         ),
