@@ -169,14 +169,18 @@ class NetworkPolicySettings:
 
 
 def parse_selector(text: str, name: str) -> dict[str, object]:
-    """A Kubernetes LabelSelector from JSON, its shape checked (the API server checks the rest)."""
+    """A Kubernetes LabelSelector from JSON, its shape checked (the API server checks the rest);
+    empty parts left out. One that selects every namespace is refused: say so with a list."""
     problem = f"{name}: must be a label selector as JSON, e.g. " + '{"matchLabels": {"name": "monitoring"}}'
     try:
         selector = json.loads(text)
     except ValueError:
         raise SettingsError(problem) from None
-    if not isinstance(selector, dict) or not selector or set(selector) - _SELECTOR_KEYS:
+    if not isinstance(selector, dict) or set(selector) - _SELECTOR_KEYS:
         raise SettingsError(problem)
+    selector = {k: v for k, v in selector.items() if v}  # Helm writes null and [] for unset parts
+    if not selector:
+        raise SettingsError(f"{name}: an empty selector would let every namespace in")
     labels = selector.get("matchLabels", {})
     expressions = selector.get("matchExpressions", [])
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):

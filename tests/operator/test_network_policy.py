@@ -157,6 +157,7 @@ def test_the_settings_come_from_the_environment() -> None:
         {PROMETHEUS_NAMESPACES_ENV: "monitoring"},
         {PROMETHEUS_NAMESPACES_ENV: '{"matchLabels": {"a": 1}}'},
         {PROMETHEUS_NAMESPACES_ENV: '{"namespace": "monitoring"}'},
+        {PROMETHEUS_NAMESPACES_ENV: '{"matchLabels": {}, "matchExpressions": []}'},  # every namespace
     ):
         with pytest.raises(SettingsError):
             NetworkPolicySettings.from_env(bad)
