@@ -12,13 +12,14 @@ from typing import Any
 import kubernetes
 import kubernetes_validate
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.canary import canary_deployment
 from inference_operator.builders.leader_worker_set import MASTER_PORT
 from inference_operator.config import OperatorConfig
 from inference_operator.k8s import KubeApi, Ref
-from inference_operator.models import parse_spec
+from inference_operator.models import SpecError, parse_spec
 from inference_operator.reconcile import Action, Change, reconcile
 from inference_operator.settings import (
     NETWORK_POLICY_ENV,
@@ -27,7 +28,11 @@ from inference_operator.settings import (
     NetworkPolicySettings,
     SettingsError,
 )
+from tests.strategies import from_schema
 from testsupport.cluster import Cluster
+from testsupport.crd import apply_defaults, crd_schema
+
+SPEC_SCHEMA = crd_schema()["properties"]["spec"]
 
 ON = NetworkPolicySettings(enabled=True, operator_namespace="inference-system")
 LORA = {
@@ -178,3 +183,21 @@ def test_reconcile_applies_the_policy_and_prunes_it_when_turned_off(api: KubeApi
     result = reconcile(api, owner(spec, NetworkPolicySettings(), name="guarded"))
     assert Change(Action.DELETED, "NetworkPolicy", "guarded") in result.changes
     assert api.get(ref) is None
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(from_schema(SPEC_SCHEMA))
+def test_every_drawn_spec_gets_a_valid_policy_selecting_all_its_pods(drawn: dict[str, Any]) -> None:
+    try:
+        objects = build_all(
+            Owner(name="fuzz", namespace="ml", uid="u", spec=parse_spec(apply_defaults(SPEC_SCHEMA, drawn)), network=ON)
+        )
+    except SpecError:
+        return  # refused: nothing is rendered
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    kubernetes_validate.validate(policy, "1.33", strict=True)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    templates = pod_templates([o for o in objects if o["metadata"]["name"] == "fuzz"])
+    assert templates and all(matches(selector, t["metadata"]["labels"]) for t in templates)
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule.get("ports", [])]
+    assert ports[0] == parse_spec(apply_defaults(SPEC_SCHEMA, drawn)).runtime.port  # the serving port: open
