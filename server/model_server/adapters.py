@@ -212,6 +212,27 @@ def _reason(text: str, *hidden: str) -> str:
     return text if len(text) <= REASON_LENGTH else text[: REASON_LENGTH - 3] + "..."
 
 
+_CODE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def describe(exc: BaseException) -> str:
+    """Why a fetch or load failed, in words that carry no answer of the source's beyond its
+    error code: an S3 endpoint is the author's to choose (runtime.env), and may be an internal
+    service whose answer they must not read in status. botocore's ClientError quotes the
+    answer's <Message>; only its <Code> (a word) and HTTP status are kept."""
+    cause = exc.__cause__ if isinstance(exc, storage.FetchError) and exc.__cause__ is not None else exc
+    response = getattr(cause, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    if isinstance(error, dict):
+        code = _CODE.sub("", str(error.get("Code") or ""))[:64] or "an error"
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")  # type: ignore[union-attr]
+        operation = _CODE.sub("", str(getattr(cause, "operation_name", "") or ""))[:64] or "a request"
+        return f"{type(cause).__name__}: S3 answered {code} (HTTP {status}) to {operation}"
+    if isinstance(exc, storage.FetchError):
+        return f"fetching: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _uri_parts(uri: str) -> tuple[str, ...]:
     """The uri and what an error message may quote of it: its path, its bucket or repository."""
     rest = uri.split("://", 1)[-1]
@@ -324,10 +345,8 @@ class Sidecar:
             if not (target / "adapter_config.json").exists():
                 await in_thread(self._fetch, uri, target)
             refusal = await self.engine.load(name, target, in_place)
-        except storage.FetchError as exc:
-            refusal = f"fetching: {exc}"
-        except Exception as exc:  # boto3's and huggingface_hub's own errors among them
-            refusal = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # storage's, boto3's and huggingface_hub's own errors among them
+            refusal = describe(exc)
         if refusal:
             self._failed(name, refusal)
             return
