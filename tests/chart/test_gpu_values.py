@@ -44,6 +44,9 @@ def test_no_device_groups_is_a_valid_setting(chart_cluster: Cluster) -> None:
         {"gpu": {"allocation": "plugin"}},
         {"gpu": {"resourceNaming": "Mixed"}},
         {"gpu": {"supplementalGroups": ["render"]}},
+        {"gpu": {"supplementalGroups": [44, 0]}},
+        {"policy": {"supplementalGroups": [0]}},
+        {"policy": {"supplementalGroups": ["0-999"]}},
     ],
 )
 def test_bad_gpu_values_are_refused_by_the_chart_schema(chart_cluster: Cluster, bad: dict) -> None:

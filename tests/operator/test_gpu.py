@@ -387,6 +387,7 @@ def test_operator_defaults_come_from_its_environment() -> None:
         ("INFERENCE_OPERATOR_GPU_RESOURCE_NAMING", "Mixed"),
         ("INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS", "video,render"),
         ("INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS", "-1"),
+        ("INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS", "44,0"),  # root's group, in every container
     ],
 )
 def test_bad_operator_settings_are_named(name: str, value: str) -> None:
