@@ -126,9 +126,9 @@ def test_broken_services_say_why_within_seconds(node: NodeCluster, release: dict
             "no-such-server",
         ),
         "tiny-memory": (
-            service("tiny-memory", f"{files.url}/good/model.onnx", resources={"memory": "24Mi"}),
+            service("tiny-memory", f"{files.url}/good/model.onnx", resources={"memory": "64Mi"}),
             "OOMKilled",
-            "24Mi",
+            "64Mi",
         ),
         "bad-flag": (
             service("bad-flag", f"{files.url}/good/model.onnx", runtime={"args": ["--max-versions=-1"]}),
