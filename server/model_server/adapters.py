@@ -205,8 +205,8 @@ def _reason(text: str, *hidden: str) -> str:
     written or URL-encoded, or any URL or request path (an S3 endpoint's address, a redirect's
     target): the port that reports it answers other pods, not only the operator."""
     forms = {form for h in hidden if h for form in (h, urllib.parse.quote(h, safe=""), urllib.parse.quote(h))}
-    for secret in sorted(forms, key=len, reverse=True):
-        text = text.replace(secret, "<uri>")
+    for secret in sorted(forms, key=len, reverse=True):  # whole words only: "ai" of hf://ai/x, not of "failed"
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "<uri>", text)
     text = _PATH_AND_QUERY.sub("<path>", _URL.sub("<url>", text))
     text = " ".join(text.split())
     return text if len(text) <= REASON_LENGTH else text[: REASON_LENGTH - 3] + "..."
@@ -326,7 +326,7 @@ class Sidecar:
             except Exception as exc:  # a bug or an error type nobody listed: log it, keep going
                 log.exception("adapter %s: %s", action.name, type(exc).__name__)
                 if isinstance(action, Load) and action.name in self.adapters:
-                    self._failed(action.name, f"{type(exc).__name__}: {exc}")
+                    self._failed(action.name, describe(exc))
 
     async def _unload(self, name: str) -> None:
         refusal = await self.engine.unload(name)

@@ -354,6 +354,14 @@ def test_the_sidecar_answers_the_probes_and_the_operator(pod: Pod) -> None:
     assert answers["post"][0] == 405  # read-only: the list comes from the ConfigMap alone
 
 
+def test_a_reason_hides_the_uris_parts_as_words_only(pod: Pod) -> None:
+    pod.vllm.refuse["short"] = "failed to load hf://ai/x from /var/lib/ai/x: ai rank too high, see ai%2Fx"
+    pod.want(short="hf://ai/x")
+    pod.step()
+    reason = pod.states()["short"][1]
+    assert reason == "vLLM answered 400: failed to load <uri> from /var/lib/<uri>: <uri> rank too high, see <uri>"
+
+
 def test_the_status_names_no_uri_or_bucket_path(pod: Pod) -> None:
     """Any pod that reaches the port may read /adapters: names, states and reasons only."""
     pod.want(sql="hf://private-org/sql-lora", chat="s3://corp-adapters/team-a/nobucket")
