@@ -168,7 +168,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._parsed_bytes = 0  # of the head being parsed, counted as the parser hands it out
         self._parsed_fields = 0
         self._refused = False  # answered and closing: whatever the parser still has is dropped
-        self._unparsed = b""  # read, not parsed: MAX_PIPELINED requests are waiting
+        self._unparsed = b""  # read, not parsed from `_unparsed_at` on: MAX_PIPELINED requests are waiting
+        self._unparsed_at = 0
         self._owed_refusal: tuple[int, str, bool] | None = None  # to send once earlier answers are out
 
     @classmethod
@@ -233,15 +234,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         `MAX_PIPELINED` requests wait behind the one being answered, the rest waits unparsed,
         reading paused (a read of 1,578 pipelined requests was 1,578 requests in memory at once:
         300 such connections, +113 MiB in 3 s and /health/live unanswered)."""
-        if self._unparsed:
-            self._unparsed += data
-            return
+        if self._unparsed:  # arrived before reading paused: after what waits
+            data, self._unparsed = self._unparsed[self._unparsed_at :] + data, b""
+        self._feed_from(data, 0)
+
+    def _feed_from(self, data: bytes, at: int) -> None:
         view = memoryview(data)
-        for start in range(0, len(data), _SLICE):
+        for start in range(at, len(data), _SLICE):
             if self._refused or self.transport.is_closing():
                 return
             if len(self.pipeline) >= MAX_PIPELINED:
-                self._unparsed = bytes(view[start:])
+                self._unparsed, self._unparsed_at = data, start  # no copy: a pipelined read is parsed in steps
                 self.flow.pause_reading()
                 return
             super().data_received(view[start : start + _SLICE])  # type: ignore[arg-type]
@@ -341,7 +344,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self._unparsed and not self.transport.is_closing():
             data, self._unparsed = self._unparsed, b""
-            self._feed(data)  # pauses reading again if the pipeline fills again
+            self._feed_from(data, self._unparsed_at)  # pauses reading again if the pipeline fills again
         if self.transport.is_closing() or self.pipeline or not self.cycle.response_complete:
             return
         refusal = self._owed_refusal
