@@ -44,9 +44,10 @@ _SECRET_ASSIGNMENT = re.compile(
 )
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 _KNOWN_TOKENS = re.compile(r"\b(?:hf_[A-Za-z0-9]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|gh[pousr]_[A-Za-z0-9]{20,})")
-# Long runs that read as keys or signatures (a sha256 in lowercase hex is a digest, kept).
+# Long runs that read as keys or signatures: upper and lower case and digits mixed (an image
+# name or a path is words; a sha256 in hex is a digest: both kept).
 _BLOB = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
-_HEX = re.compile(r"^[0-9a-f]+$")
+_KEY_LIKE = re.compile(r"^(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -65,7 +66,7 @@ def redact(text: str, limit: int = PART_LIMIT) -> str:
     text = _BEARER.sub(lambda m: f"{m.group(1)} ***", text)
     text = _SECRET_ASSIGNMENT.sub(lambda m: f"{m.group(1)}***", text)
     text = _KNOWN_TOKENS.sub("***", text)
-    text = _BLOB.sub(lambda m: m.group(0) if _HEX.match(m.group(0)) else "***", text)
+    text = _BLOB.sub(lambda m: "***" if _KEY_LIKE.match(m.group(0)) else m.group(0), text)
     text = " ".join(_CONTROL.sub(" ", text).split())  # one line, no terminal escapes
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -192,6 +192,8 @@ def test_the_newest_failing_pod_is_named_and_the_others_counted() -> None:
         ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key=***"),
         ("blob QWxhZGRpbjpvcGVuIHNlc2FtZQ0KQWxhZGRpbjpvcGVu end", "blob *** end"),
         ("sha256 is " + "ab" * 32 + ", expected x", "sha256 is " + "ab" * 32 + ", expected x"),
+        ('image "localhost/rocm-inference/no-such-server:1" is not present',
+         'image "localhost/rocm-inference/no-such-server:1" is not present'),
         ("two\nlines\x1b[31m\tand tabs", "two lines [31m and tabs"),
     ],
 )  # fmt: skip

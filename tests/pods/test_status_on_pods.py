@@ -38,7 +38,7 @@ from testsupport import images
 from testsupport.cluster import condition, wait_for
 from testsupport.nodecluster import NodeCluster
 
-pytestmark = [pytest.mark.pods, pytest.mark.slow]
+pytestmark = [pytest.mark.pods, pytest.mark.slow, pytest.mark.timeout(900)]
 
 NS = "broken"
 RELEASE = "rio"
