@@ -403,3 +403,29 @@ def test_pipelined_requests_are_answered_in_order_a_few_parsed_at_a_time(server)
             replies += chunk
     bodies = [part.rsplit(b"\r\n\r\n", 1)[-1] for part in replies.split(b"HTTP/1.1 200")[1:]]
     assert [b"live" in body for body in bodies] == ["live" in path for path in paths]
+
+
+def test_connection_table_makes_room_idle_longest_first_then_the_busiest_clients_oldest_waiting():
+    from model_server.http_protocol import ConnectionTable
+
+    table: ConnectionTable[str] = ConnectionTable(max_connections=4, probe_slots=1)
+    for name, peer in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a")]:
+        assert table.admit(name, peer) == ("open", None)
+    table.set("b1", "idle")
+    table.set("a2", "idle")
+    assert table.admit("c1", "c") == ("open", "b1")  # idle longest
+    table.set("a2", "busy")
+    # Waiting: a1, a3 (client a), c1 (client c): a holds the most, its oldest goes.
+    assert table.admit("c2", "c") == ("open", "a1")
+    table.set("a3", "busy")
+    assert table.admit("d1", "d") == ("open", "c1")  # c has two waiting, d none yet
+    for name in ("c2", "d1"):
+        table.set(name, "busy")
+    # Every connection busy: one may come beyond the cap for the probes, then it makes room for the next.
+    assert table.admit("kubelet1", "k") == ("probes only", None)
+    assert table.admit("kubelet2", "k") == ("probes only", "kubelet1")
+    table.set("kubelet2", "busy")
+    assert table.admit("kubelet3", "k") == ("refused", None)
+    table.remove("a2")
+    assert table.admit("e1", "e") == ("open", None)
+    assert len(table.states) - len(table.probes) == 4 and not table.idle
