@@ -51,6 +51,13 @@ DESCRIPTION = "An InferenceService serves one model on AMD GPUs, autoscaled on l
 
 PRINTER_COLUMNS: list[dict[str, str | int]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {
+        "name": "Reason",
+        "type": "string",
+        "description": "why it is (not) ready: MinimumReplicasAvailable, ReplicasNotReady, ModelFetchFailed, "
+        "ModelLoadFailed, CrashLoopBackOff, ImagePullBackOff, OOMKilled, Unschedulable, ...",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+    },
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {
         "name": "Rollout",

@@ -112,7 +112,7 @@ def test_crd_has_subresources_and_columns() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
-    assert columns == ["READY", "REPLICAS", "ROLLOUT", "GPUS", "LATENCY", "METRIC", "VALUE", "URL", "AGE"]
+    assert columns == ["READY", "REASON", "REPLICAS", "ROLLOUT", "GPUS", "LATENCY", "METRIC", "VALUE", "URL", "AGE"]
     names = crd()["spec"]["names"]
     assert (names["kind"], names["plural"], names["shortNames"]) == ("InferenceService", "inferenceservices", ["ris"])
 

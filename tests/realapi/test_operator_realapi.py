@@ -418,7 +418,7 @@ def test_canary_objects_weights_and_status_at_each_stage(apiserver: ApiServer, o
     apply_cr(apiserver, ns, "resnet", canary_spec("1"))
     wait_for(lambda: rollout_of(apiserver, ns).get("phase") == "Stable", timeout=120, message="stable revision")
     columns = apiserver.kubectl("get", "ris", "resnet", "-n", ns).stdout.splitlines()[0].split()
-    assert columns[:4] == ["NAME", "READY", "REPLICAS", "ROLLOUT"]
+    assert columns[:5] == ["NAME", "READY", "REASON", "REPLICAS", "ROLLOUT"]
 
     apply_cr(apiserver, ns, "resnet", canary_spec("2"))
     wait_for(lambda: rollout_of(apiserver, ns).get("stage") == "canary 10%", timeout=120, message="canary at 10%")
