@@ -80,7 +80,11 @@ REASON_LENGTH = 300
 # busy pipelining clients still leave room for the probes (64 did not), and 1,000 stalled uploads
 # take 59 -> 87 MiB (1,024 connections: 61 -> 183 MiB; the container has 1 GiB).
 STATUS_LIMITS = ConnectionLimits(
-    header_timeout_s=5.0, body_timeout_s=5.0, max_header_bytes=16 * 1024, max_connections=256
+    header_timeout_s=5.0,
+    body_timeout_s=5.0,
+    max_header_bytes=16 * 1024,
+    max_connections=256,
+    probe_paths=frozenset({"/health/live", "/ready"}),  # answered even with every connection busy
 )
 STATUS_KEEP_ALIVE_SECONDS = 5
 STOP_POLL_SECONDS = 0.1  # how often a step under way looks whether SIGTERM came (as uvicorn does)
