@@ -249,6 +249,54 @@ def wait_ready_pods(node: NodeCluster, ns: str, selector: str, count: int, timeo
 
 
 @pytest.hookimpl(wrapper=True)
+def chart_values(ca_bundle: str, **overrides: Any) -> dict:
+    """The chart's values on the tier: the local images (never pulled), the tier's CA as the
+    platform's own for model fetches, a small operator; `overrides` replace whole top-level keys."""
+    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "images": {"modelServer": images.MODEL_SERVER_IMAGE},
+        "ha": {"peeringLifetimeSeconds": 10},
+        "modelFetch": {"caBundle": ca_bundle},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+        **overrides,
+    }
+
+
+def run_client_pod(node: NodeCluster, ns: str, name: str, script: str, timeout: float = 120) -> str:
+    """Run `python -c script` in a restricted pod of the model-server image (a client inside the
+    cluster) and return what it printed; it must succeed."""
+    client = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "client",
+                    "image": images.MODEL_SERVER_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", script],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+    apply(node, client)
+
+    def finished() -> str | None:
+        phase = kubectl_json(node, "get", "pod", name, "-n", ns)["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(finished, timeout=timeout, message=f"the {name} pod to finish")
+    output = node.kubectl("logs", name, "-n", ns).stdout.strip()
+    assert phase == "Succeeded", output
+    return str(output)
+
+
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
     setattr(item, f"report_{report.when}", report)

@@ -23,6 +23,7 @@ from tests.pods.conftest import (
     FileServer,
     PodPrometheus,
     apply,
+    chart_values,
     file_server,
     helm_install,
     kubectl_json,
@@ -30,6 +31,7 @@ from tests.pods.conftest import (
     pod_prometheus,
     pods,
     ready,
+    run_client_pod,
     wait_ready_pods,
 )
 from testsupport import images
@@ -81,16 +83,8 @@ def prometheus(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture(scope="module")
 def release(node: NodeCluster, files: FileServer, prometheus: PodPrometheus, tmp_path_factory) -> dict:
     apply(node, namespace(OPERATOR_NAMESPACE), namespace(NS))
-    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "images": {"modelServer": images.MODEL_SERVER_IMAGE},
-        "ha": {"peeringLifetimeSeconds": 10},
-        "prometheus": {"allowedUrls": [prometheus.url]},
-        # The file server's certificate is from the tier's CA: the platform's own CA, as a chart value.
-        "modelFetch": {"caBundle": files.ca.read_text()},
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
-    }
+    # The file server's certificate is from the tier's CA: the platform's own CA, as a chart value.
+    values = chart_values(files.ca.read_text(), prometheus={"allowedUrls": [prometheus.url]})
     return helm_install(node, RELEASE, values, tmp_path_factory.mktemp("helm"))
 
 
@@ -215,36 +209,8 @@ def test_inference_over_the_cluster_ip_from_the_host_and_from_a_pod(node: NodeCl
         ".encode(), headers={'Content-Type': 'application/json'}), timeout=10); "
         "print(r.status, json.loads(r.read())['outputs'][0]['shape'])"
     )
-    client = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "client", "namespace": NS},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [
-                {
-                    "name": "client",
-                    "image": images.MODEL_SERVER_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["python", "-c", script],
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                }
-            ],
-        },
-    }
-    apply(node, client)
-    phase = wait_for(
-        lambda: (
-            kubectl_json(node, "get", "pod", "client", "-n", NS)["status"].get("phase") in ("Succeeded", "Failed")
-            and kubectl_json(node, "get", "pod", "client", "-n", NS)["status"]["phase"]
-        ),
-        timeout=60,
-        message="the client pod to finish",
-    )
-    output = node.kubectl("logs", "client", "-n", NS).stdout
-    assert phase == "Succeeded" and output.strip() == "200 [1, 1]", output
+    output = run_client_pod(node, NS, "client", script, timeout=60)
+    assert output == "200 [1, 1]", output
 
 
 def test_a_pod_that_breaks_restricted_is_refused(node: NodeCluster, release: dict) -> None:

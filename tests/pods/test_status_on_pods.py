@@ -27,6 +27,7 @@ from tests.pods.conftest import (
     ROOT,
     FileServer,
     apply,
+    chart_values,
     file_server,
     helm_install,
     kubectl_json,
@@ -59,15 +60,7 @@ def files(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def release(node: NodeCluster, files: FileServer, tmp_path_factory: pytest.TempPathFactory) -> dict:
     apply(node, namespace(OPERATOR_NAMESPACE), namespace(NS))
-    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "images": {"modelServer": images.MODEL_SERVER_IMAGE},
-        "ha": {"peeringLifetimeSeconds": 10},
-        "modelFetch": {"caBundle": files.ca.read_text()},
-        "prometheus": {"allowedUrls": ["http://10.244.0.1:9"]},
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
-    }
+    values = chart_values(files.ca.read_text(), prometheus={"allowedUrls": ["http://10.244.0.1:9"]})
     return helm_install(node, RELEASE, values, tmp_path_factory.mktemp("helm"))
 
 

@@ -33,10 +33,12 @@ from tests.pods.conftest import (
     OPERATOR_NAMESPACE,
     apply,
     bridge_server,
+    chart_values,
     helm_install,
     kubectl_json,
     namespace,
     pods,
+    run_client_pod,
     tier,
     wait_ready_pods,
 )
@@ -152,16 +154,13 @@ def hub(node: NodeCluster, tiny_llama: pathlib.Path) -> Iterator[Hub]:  # noqa: 
 @pytest.fixture(scope="module")
 def release(node: NodeCluster, hub: Hub, tmp_path_factory: pytest.TempPathFactory) -> dict:
     apply(node, namespace(OPERATOR_NAMESPACE), namespace(NS))
-    repository, tag = images.OPERATOR_IMAGE.rsplit(":", 1)
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "images": {"modelServer": images.MODEL_SERVER_IMAGE, "vllm": images.vllm_image()},
-        "replicaCount": 1,
-        "modelFetch": {"caBundle": hub.ca.read_text()},
+    values = chart_values(
+        hub.ca.read_text(),
+        images={"modelServer": images.MODEL_SERVER_IMAGE, "vllm": images.vllm_image()},
+        replicaCount=1,
         # The stand-in Hub is the platform's mirror: a token may be sent there.
-        "huggingFace": {"tokenEndpoints": [hub.url]},
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
-    }
+        huggingFace={"tokenEndpoints": [hub.url]},
+    )
     return helm_install(node, RELEASE, values, tmp_path_factory.mktemp("helm"))
 
 
@@ -286,7 +285,7 @@ def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod
         "except urllib.error.HTTPError as e:\n"
         "    print('load', e.code)\n"
     )
-    output = run_client_pod(node, "client", script)
+    output = run_client_pod(node, NS, "client", script)
     assert output.split("\n") == [
         "/v1/completions False 200 True",
         "/v1/completions True 200 True",
@@ -295,40 +294,6 @@ def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod
         # Only the pod itself may manage adapters: the guard vLLM loads refuses another pod.
         "load 403",
     ], output
-
-
-def run_client_pod(node: NodeCluster, name: str, script: str) -> str:
-    client = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [
-                {
-                    "name": "client",
-                    "image": images.MODEL_SERVER_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["python", "-c", script],
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                }
-            ],
-        },
-    }
-    apply(node, client)
-    phase = wait_for(
-        lambda: (
-            kubectl_json(node, "get", "pod", name, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed")
-            and kubectl_json(node, "get", "pod", name, "-n", NS)["status"]["phase"]
-        ),
-        timeout=120,
-        message=f"the {name} pod to finish",
-    )
-    output = node.kubectl("logs", name, "-n", NS).stdout.strip()
-    assert phase == "Succeeded", output
-    return output
 
 
 def adapter_state(node: NodeCluster, name: str) -> str | None:
