@@ -762,10 +762,14 @@ def _without_adapter_status(fresh: JsonObject) -> JsonObject | None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="service-deleted")
 async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """End the daemons of a deleted InferenceService (no finalizer made kopf do it: lifetimes).
-    Async: it sets the daemons' asyncio.Event on their own loop."""
+    """End the daemons of a deleted InferenceService (no finalizer made kopf do it: lifetimes)
+    and forget its status lock (one per service ever seen would otherwise stay). Async: it sets
+    the daemons' asyncio.Event on their own loop."""
     if event["type"] == "DELETED":
-        lifetimes.object_deleted(memo, body["metadata"]["uid"])
+        meta = body["metadata"]
+        lifetimes.object_deleted(memo, meta["uid"])
+        with _STATUS_LOCKS_GUARD:  # a write still holding it keeps its own reference
+            (memo.get("status_locks") or {}).pop((meta["namespace"], meta["name"]), None)
 
 
 from .autoscaler import handlers as _autoscaler  # noqa: E402,F401
