@@ -31,8 +31,16 @@ startup probe on /health/live).
 
 from __future__ import annotations
 
-import argparse
-import asyncio
+from . import signals
+
+if __name__ == "__main__":  # the container's PID 1, before the imports that take a while
+    # While it imports, SIGTERM ends it at once (main() then remembers one, uvicorn handles it
+    # once serving); as PID 1 it would otherwise ignore one that came meanwhile and run on for
+    # the grace period.
+    signals.exit_on_stop_signal("adapters sidecar")
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
 import dataclasses
 import enum
 import hashlib
@@ -490,8 +498,12 @@ async def run(args: argparse.Namespace) -> None:
     serving = asyncio.create_task(server.serve())
     log.info("adapters sidecar on %s:%d, vLLM at %s", args.host, args.port, args.engine)
 
+    received = False
+
     def stopping() -> bool:
-        return server.should_exit or serving.done()
+        nonlocal received  # a stop signal from before uvicorn's handler (signals.py remembered it)
+        received = received or signals.take_received() is not None
+        return received or server.should_exit or serving.done()
 
     try:
         while not stopping():
@@ -526,6 +538,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # From here a stop signal is remembered and acted on once the loop runs: uvicorn restores
+    # this handler after its graceful stop and raises the signal again, which then ends nothing.
+    signals.remember_stop_signals()
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

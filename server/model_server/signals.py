@@ -11,7 +11,9 @@ after a graceful stop, ends in a normal return (exit 0).
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -33,3 +35,16 @@ def take_received() -> int | None:
     first = _received[0] if _received else None
     _received.clear()
     return first
+
+
+def exit_on_stop_signal(program: str) -> None:
+    """For a process with nothing to finish yet (the model fetch; the adapters sidecar until its
+    server has started and put its own handler in place): SIGTERM ends it at once, with 128 + 15,
+    rather than being ignored as PID 1 ignores a signal it has no handler for. A partial
+    download is never moved into place, so nothing half-done is left to be taken for whole."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        print(f"{program} stopped by signal {signum}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

@@ -76,18 +76,11 @@ from types import FrameType
 from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
-
-def _stopped(signum: int, frame: FrameType | None) -> None:
-    """The pod is going away: stop now. As PID 1 of the init container the fetcher would
-    otherwise ignore SIGTERM and hold the pod until the kubelet kills it at the end of its
-    grace period. A partial file is never renamed into place: a leftover .part file on a cache
-    claim is never taken for the model."""
-    print(f"fetch stopped by signal {signum}", file=sys.stderr, flush=True)
-    os._exit(128 + signum)
-
+from . import signals
 
 if __name__ == "__main__":  # the init container's process, before the imports that take a while
-    signal.signal(signal.SIGTERM, _stopped)
+    # As PID 1 it would otherwise ignore SIGTERM and hold the pod for its whole grace period.
+    signals.exit_on_stop_signal("fetch")
 
 import httpx  # noqa: E402
 

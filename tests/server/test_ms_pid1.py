@@ -88,3 +88,32 @@ def test_the_fetcher_stops_on_sigterm_while_a_download_hangs(tmp_path: pathlib.P
     assert outer.returncode == 128 + signal.SIGTERM
     assert "stopped by signal 15" in (tmp_path / "fetch.log").read_text()
     assert not any((tmp_path / "models").glob("model.onnx"))
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc)."""
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def test_the_adapters_sidecar_stops_on_a_sigterm_sent_while_it_imports(tmp_path: pathlib.Path) -> None:
+    """A vLLM pod deleted as it starts: the sidecar, PID 1 of its container, ignored a SIGTERM
+    that came before uvicorn's handler was in place (its imports take ~0.3 s), and ran on until
+    the kubelet's SIGKILL. Sent the moment it has any SIGTERM handler, i.e. still importing
+    (uvicorn's would answer with a graceful exit 0), it now ends at once with 143."""
+    (tmp_path / "adapters.json").write_text('{"adapters": []}')
+    command = [
+        sys.executable, "-m", "model_server.adapters", f"--desired={tmp_path / 'adapters.json'}",
+        f"--dir={tmp_path / 'files'}", "--engine=http://127.0.0.1:9", f"--port={free_port()}", "--host=127.0.0.1",
+    ]  # fmt: skip
+    outer, pid = as_pid_1(command, tmp_path / "sidecar.log")
+    deadline = time.monotonic() + 30
+    while not catches(pid, signal.SIGTERM):
+        assert outer.poll() is None and time.monotonic() < deadline, (tmp_path / "sidecar.log").read_text()
+        time.sleep(0.002)
+    took = seconds_to_exit(outer, pid, timeout=10)
+    print(f"sidecar stopped {took:.2f} s after SIGTERM")
+    assert outer.returncode == 128 + signal.SIGTERM, (tmp_path / "sidecar.log").read_text()
+    assert "adapters sidecar stopped by signal 15" in (tmp_path / "sidecar.log").read_text()
