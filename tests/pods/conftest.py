@@ -248,7 +248,6 @@ def wait_ready_pods(node: NodeCluster, ns: str, selector: str, count: int, timeo
     )  # fmt: skip
 
 
-@pytest.hookimpl(wrapper=True)
 def chart_values(ca_bundle: str, **overrides: Any) -> dict:
     """The chart's values on the tier: the local images (never pulled), the tier's CA as the
     platform's own for model fetches, a small operator; `overrides` replace whole top-level keys."""
@@ -297,6 +296,7 @@ def run_client_pod(node: NodeCluster, ns: str, name: str, script: str, timeout: 
     return str(output)
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
     setattr(item, f"report_{report.when}", report)
