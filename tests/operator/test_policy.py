@@ -10,7 +10,7 @@ import pytest
 
 from inference_operator import policy as pol
 from inference_operator.models import parse_spec
-from testsupport.cluster import DEPLOYMENTS, Cluster, condition, wait_for
+from testsupport.cluster import DEPLOYMENTS, Cluster, condition, inference_service, wait_for
 
 OWN = ("ghcr.io/rocm-inference/model-server:0.1.0", "docker.io/vllm/vllm-openai-rocm:v0.32.0")
 DEFAULT = pol.PodPolicy.from_env({}, OWN)
@@ -110,16 +110,15 @@ def default_policy(monkeypatch):
 
 
 def test_the_operator_reports_a_violation_and_rolls_nothing_out(cluster: Cluster, default_policy, operator) -> None:
-    body = {
-        "apiVersion": "inference.rocm.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "rogue", "namespace": "ml"},
-        "spec": {
+    body = inference_service(
+        "rogue",
+        "ml",
+        {
             "model": {"uri": "pvc://models/m"},
             "resources": {"gpu": {"count": 0}},
             "scheduling": {"serviceAccountName": "cluster-admin-sa", "priorityClassName": "system-node-critical"},
         },
-    }
+    )
     assert cluster.apply_cr(body).status_code in (200, 201)
     degraded = wait_for(
         lambda: (c := condition(cluster.get_cr("ml", "rogue"), "Degraded")) and c["status"] == "True" and c,
@@ -233,16 +232,15 @@ def route_policy(monkeypatch):
 
 
 def test_the_operator_refuses_a_route_outside_the_policy(cluster: Cluster, route_policy, operator) -> None:
-    body = {
-        "apiVersion": "inference.rocm.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": "hijack", "namespace": "ml"},
-        "spec": {
+    body = inference_service(
+        "hijack",
+        "ml",
+        {
             "model": {"uri": "pvc://models/m"},
             "resources": {"gpu": {"count": 0}},
             "routing": {"httpRoute": {"parentRefs": [{"name": "shared"}], "hostnames": ["login.example.com"]}},
         },
-    }
+    )
     assert cluster.apply_cr(body).status_code in (200, 201)
     degraded = wait_for(
         lambda: (c := condition(cluster.get_cr("ml", "hijack"), "Degraded")) and c["status"] == "True" and c,
