@@ -31,6 +31,7 @@ from .metrics import ServerMetrics
 from .middleware import BodySizeLimit, ContainErrors
 from .repository import ModelRepository
 from .settings import ServerSettings
+from .tracing import from_settings as tracing_from_settings
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def create_app(
         shutdown=shutdown,
         bodies=bodies,
         dataplane=DataPlane(settings, repository, bodies),
+        tracing=tracing_from_settings(settings.otlp_traces_endpoint, settings.trace_sample_ratio, settings.name),
     )
 
     @asynccontextmanager
@@ -76,6 +78,8 @@ def create_app(
         shutdown.stop()
         await repository.stop(shutdown.drain_budget())
         bodies.close()
+        if state.tracing is not None:
+            await asyncio.to_thread(state.tracing.shutdown)
 
     app = ModelServerApp(
         title="model-server",

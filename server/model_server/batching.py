@@ -35,6 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
+from . import tracing
 from .errors import QueueFull, ShuttingDown
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class _Request:
     key: Hashable
     future: asyncio.Future[dict[str, np.ndarray]]
     enqueued: float
+    trace: tracing.RequestTrace | None = None  # None unless this request is traced
 
 
 @dataclass(eq=False, slots=True)
@@ -212,6 +214,7 @@ class DynamicBatcher:
         # and until when the idle runtime waits for them (see `dispatch_delay`).
         self._returning = 0
         self._regroup_until = 0.0
+        self._batches = 0  # batches run so far: the batch id in traces
 
     # ------------------------------------------------------------------ public
 
@@ -239,7 +242,9 @@ class DynamicBatcher:
                 retry_after_s=self._retry_after(),
             )
         future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
-        request = _Request(inputs, rows, batch_key(inputs), future, self._clock())
+        request = _Request(inputs, rows, batch_key(inputs), future, self._clock(), tracing.current())
+        if request.trace is not None:
+            tracing.mark_enqueued(request.trace)
         self._queue.append(request)
         self._rows_by_key[request.key] += rows
         self._returning = max(0, self._returning - rows)
@@ -368,6 +373,8 @@ class DynamicBatcher:
             if request.future.done():  # its handler was cancelled meanwhile
                 continue
             self._observer.queue_wait(now - request.enqueued)
+            if request.trace is not None:
+                tracing.mark_taken(request.trace)
             batch.append(request)
             rows += request.rows
         self._queue = keep
@@ -384,8 +391,11 @@ class DynamicBatcher:
         if padded > total:
             inputs = pad_rows(inputs, padded)
         started = self._clock()
+        traces = [r.trace for r in batch if r.trace is not None]
+        started_ns = time.time_ns() if traces else 0
         try:
             outputs = await loop.run_in_executor(executor, runner, inputs)
+            ended_ns = time.time_ns() if traces else 0
             if padded > total:
                 outputs = {k: v[:total] if v.ndim and v.shape[0] == padded else v for k, v in outputs.items()}
             parts = split(outputs, rows) if len(batch) > 1 else [outputs]
@@ -403,6 +413,10 @@ class DynamicBatcher:
             await self._execute_each(batch, runner, executor)
             return
         elapsed = self._clock() - started
+        self._batches += 1
+        if traces:
+            batch_id = f"{self._name}-{self._batches}"
+            tracing.record_batch(traces, batch_id, total, padded, started_ns, ended_ns)
         self._observer.batch(sum(rows), elapsed)
         self._batch_seconds = 0.8 * self._batch_seconds + 0.2 * elapsed if self._batch_seconds else elapsed
         for request, part in zip(batch, parts, strict=True):

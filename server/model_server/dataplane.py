@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from . import tracing
 from .bodies import BodyDecoder, RequestBody
 from .errors import InvalidInput, ModelNotFound
 from .jsoncodec import check_content_type, dumps
@@ -45,23 +46,26 @@ class DataPlane:
         """Open Inference Protocol: `header_length` is the binary extension's JSON header size."""
         self.check_model(model)
         check_content_type(media_type, binary=True)
-        req, arrays = await self.bodies.decode(
-            body,
-            lambda raw: decode_request(raw, header_length),
-            lambda raw: estimate_request_bytes(raw, header_length),
-        )
+        with tracing.stage("decode"):
+            req, arrays = await self.bodies.decode(
+                body,
+                lambda raw: decode_request(raw, header_length),
+                lambda raw: estimate_request_bytes(raw, header_length),
+            )
         served = self.repository.resolve(version)
         tracker.version = served.version
         if req.outputs:
             check_requested_outputs(req, [s.name for s in served.outputs])
         outputs = await submit(served, arrays)
-        return encode_response(req, self.settings.name, served.version, outputs, self.settings.parse_memory_bytes)
+        with tracing.stage("encode"):
+            return encode_response(req, self.settings.name, served.version, outputs, self.settings.parse_memory_bytes)
 
     async def infer_simple(self, body: RequestBody, media_type: str | None, tracker: RequestTracker) -> Answer:
         """The simple API: rows in, the first output's rows out (a flat row in gives one row out)."""
         started = time.perf_counter()
         check_content_type(media_type)
-        request, data = await self.bodies.decode(body, decode_simple)
+        with tracing.stage("decode"):
+            request, data = await self.bodies.decode(body, decode_simple)
         version = None if request.model_version is None else str(request.model_version)
         served = self.repository.resolve(version)
         tracker.version = served.version
@@ -76,9 +80,12 @@ class DataPlane:
         first = next(iter(outputs.values()))
         single = data.ndim == 1 and rows.shape[0] == 1 and first.ndim >= 2
         latency_ms = (time.perf_counter() - started) * 1000.0
-        return Answer(
-            dumps({"result": first[0] if single else first, "latency_ms": latency_ms, "model_version": served.version})
-        )
+        with tracing.stage("encode"):
+            return Answer(
+                dumps(
+                    {"result": first[0] if single else first, "latency_ms": latency_ms, "model_version": served.version}
+                )
+            )
 
 
 async def submit(served: ServedVersion, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -150,16 +150,36 @@ def metrics_config(settings: ServerSettings) -> uvicorn.Config | None:
     )
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+TEXT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+JSON_LOG_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def log_handler(log_format: str = "text", trace_ids: bool = False) -> logging.Handler:
+    """stderr, as text (the default) or one JSON object per line; with `trace_ids`, a record
+    logged under a traced request carries its trace_id and span_id."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(
+            JsonFormatter(JSON_LOG_FIELDS, rename_fields={"asctime": "time", "levelname": "level", "name": "logger"})
+        )
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_LOG_FORMAT))
+    if trace_ids:
+        from .tracing import TraceIds
+
+        handler.addFilter(TraceIds())
+    return handler
+
+
+def configure_logging(level: str, log_format: str = "text", trace_ids: bool = False) -> None:
+    logging.basicConfig(level=level.upper(), handlers=[log_handler(log_format, trace_ids)])
 
 
 def serve(settings: ServerSettings) -> int:
     """Run until SIGTERM/SIGINT; 0 after a graceful stop."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format, trace_ids=settings.otlp_traces_endpoint is not None)
     shutdown = Shutdown(settings.drain_timeout_s)
     app = create_app(settings, registry=REGISTRY, shutdown=shutdown)
     config = uvicorn.Config(
@@ -182,5 +202,7 @@ def serve(settings: ServerSettings) -> int:
     # 92 -> 29 ms at 64 clients on a small model, bench/peer_bench.py).
     gc.collect()
     gc.freeze()
+        # JSON: uvicorn's loggers keep no handlers of their own and reach the root's JSON lines.
+        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     server.run()
     return 0 if server.started else 1

@@ -145,6 +145,21 @@ class ServerSettings(BaseSettings):
         return value
 
     @field_validator("batch_buckets")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="json: one JSON object per line, with trace_id and span_id when logged under a traced request",
+    )
+    otlp_traces_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/?#@]+(/[^\s?#]*)?$",
+        max_length=2048,
+        description="OTLP/HTTP traces URL (e.g. http://collector:4318/v1/traces): a span per inference request "
+        "with its queue wait, batch formation, runtime call and encoding, continuing the caller's traceparent; "
+        "off when unset",
+    )
+    trace_sample_ratio: float = Field(
+        default=1.0, ge=0, le=1, description="share of new traces recorded (a caller's traceparent decides for its own)"
+    )
     @classmethod
     def _check_buckets(cls, value: str) -> str:
         resolve_buckets(value, 1 << 12, True)

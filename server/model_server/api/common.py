@@ -18,6 +18,7 @@ from ..lifecycle import Shutdown
 from ..metrics import ServerMetrics
 from ..repository import ModelRepository
 from ..settings import ServerSettings
+from ..tracing import Tracing
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -32,6 +33,7 @@ class AppState:
     shutdown: Shutdown
     bodies: BodyDecoder
     dataplane: DataPlane
+    tracing: Tracing | None = None  # None: tracing off, the routes do no tracing work
 
     @property
     def draining(self) -> bool:

@@ -111,6 +111,16 @@ async def serve(route: InferenceRoute, state: AppState, request: Request, params
     )
 
 
+async def serve_traced(route: InferenceRoute, state: AppState, request: Request, params: dict[str, str]) -> Response:
+    """`serve` in a span of its own, continuing the caller's traceparent (tracing on only)."""
+    tracer = state.tracing
+    assert tracer is not None
+    with tracer.request(route.path, request.headers, state.settings.name) as trace:
+        response = await serve(route, state, request, params)
+        tracer.answered(trace, response.status_code)
+    return response
+
+
 def _error(tracker: RequestTracker, exc: ServerError) -> Response:
     tracker.code = status_of(exc)
     return error_response(exc)
@@ -118,7 +128,7 @@ def _error(tracker: RequestTracker, exc: ServerError) -> Response:
 
 def bound(route: InferenceRoute, state: AppState) -> Callable[[Request, dict[str, str]], Awaitable[Response]]:
     """`route` served with `state`: the fast path's endpoint (a partial: no frame of its own)."""
-    return functools.partial(serve, route, state)
+    return functools.partial(serve if state.tracing is None else serve_traced, route, state)
 
 
 def register(app: FastAPI) -> None:
@@ -130,7 +140,7 @@ def register(app: FastAPI) -> None:
 def _framework_endpoint(route: InferenceRoute) -> Callable[..., Awaitable[Response]]:
     async def endpoint(request: Request, **params: str) -> Response:
         state: AppState = request.app.state.server
-        return await serve(route, state, request, params)
+        return await (serve if state.tracing is None else serve_traced)(route, state, request, params)
 
     declared = [inspect.Parameter(p, inspect.Parameter.KEYWORD_ONLY, annotation=str) for p in route.params]
     request = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)
