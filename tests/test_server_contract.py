@@ -68,6 +68,9 @@ def intended(owner: Owner) -> dict[str, object]:
     }
     if spec.model.version:
         values["model_version"] = spec.model.version
+    if runtime.tracing is not None:
+        values["otlp_traces_endpoint"] = runtime.tracing.endpoint
+        values["trace_sample_ratio"] = runtime.tracing.sampling_ratio
     return values
 
 

@@ -80,6 +80,9 @@ OPERATOR_FLAGS = (
     "--max-queue",
     "--shutdown-delay",
     "--drain-timeout",
+    # runtime.tracing: traces leave only for the endpoint its author wrote there.
+    "--otlp-traces-endpoint",
+    "--trace-sample-ratio",
 )
 # Environment the operator sets, or that would override what it sets: GPU selection (HIP also
 # honours CUDA_VISIBLE_DEVICES and GPU_DEVICE_ORDINAL) and the server's env form of its flags.
@@ -109,6 +112,10 @@ OPERATOR_ENV = (
     "MODEL_FETCH_ALLOW_HTTP_TOKEN",
     # vLLM's adapter endpoints: opened by the operator only with the guard in front (spec.adapters).
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+    # vLLM's trace export, from runtime.tracing.
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
 )
 # An InferenceService's name is its Service's, Deployment's and its label values: a DNS-1035 label.
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -278,6 +285,8 @@ VLLM_RESERVED_FLAGS = (
     "max-lora-rank",
     "lora-modules",
     "middleware",
+    # Trace export: runtime.tracing.
+    "otlp-traces-endpoint",
 )
 VLLM_ARG_PATTERN = r"^--[A-Za-z0-9][-_A-Za-z0-9.+]*(=[\s\S]*)?$"
 # vLLM flags a multi-node replica (resources.gpu.nodes > 1) sets: the pipeline across nodes and
@@ -480,6 +489,27 @@ class AdapterSpec(_Spec):
     )
 
 
+class TracingSpec(_Spec):
+    """Where the serving container sends its OpenTelemetry traces (OTLP over HTTP)."""
+
+    endpoint: str = Field(
+        # A URL to post traces to: http or https, a host, an optional path; no user info, query or
+        # fragment. Only this service's serving container sends there (never the operator, nor a
+        # container that holds a credential).
+        pattern=r"^https?://[^/?#@\s]+(/[^?#\s]*)?$",
+        max_length=2048,
+        description="OTLP/HTTP traces URL of a collector, e.g. http://otel-collector.observability:4318/v1/traces; "
+        "the model server sends a span per request (queue wait, batch, runtime, encoding), vLLM its own request "
+        "spans.",
+    )
+    sampling_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of new traces recorded; a caller's traceparent decides for the traces it continues.",
+    )
+
+
 class RuntimeSpec(_Spec):
     """The serving container: engine, image, providers, batching and probes."""
 
@@ -540,6 +570,9 @@ class RuntimeSpec(_Spec):
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
     port: Annotated[int, Field(ge=1, le=65535)] = 8080
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9090
+    tracing: TracingSpec | None = Field(
+        None, description="OpenTelemetry traces of the serving container; off when unset."
+    )
     startup_timeout_seconds: int = Field(
         600,
         ge=10,

@@ -69,6 +69,13 @@ def server_args(owner: Owner) -> list[str]:
     ]
     if spec.model.version:
         args += ["--model-version", spec.model.version]
+    if runtime.tracing is not None:
+        args += [
+            "--otlp-traces-endpoint",
+            runtime.tracing.endpoint,
+            "--trace-sample-ratio",
+            _number(runtime.tracing.sampling_ratio),
+        ]
     return args + list(runtime.args)
 
 

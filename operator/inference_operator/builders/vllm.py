@@ -17,6 +17,7 @@ from .common import Owner
 from .storage import MODEL_VOLUME, uses_cache_claim
 
 CONTAINER = "vllm"
+from ..models import TracingSpec
 # vLLM's compiled graphs and kernels (VLLM_CACHE_ROOT): half of a CPU start is torch.compile.
 COMPILE_CACHE_DIR = "/var/cache/vllm"
 # Without a cache claim: the pod's /tmp volume, which outlives the container's restarts.
@@ -64,8 +65,22 @@ def vllm_env(env: list[JsonObject], cache_dir: str) -> list[JsonObject]:
         {"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "75"},
         {"name": "VLLM_CACHE_ROOT", "value": cache_dir},
     ]
+    if runtime.tracing is not None:
+        args.append(f"--otlp-traces-endpoint={runtime.tracing.endpoint}")
     names = {e["name"] for e in env}
     return [e for e in ours if e["name"] not in names] + env
+
+def tracing_env(tracing: TracingSpec | None) -> list[JsonObject]:
+    """vLLM's OTLP exporter over HTTP (its default is gRPC), sampling as runtime.tracing says
+    (the OpenTelemetry SDK's own variables: vLLM builds its tracer provider from them)."""
+    if tracing is None:
+        return []
+    return [
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"},
+        {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+        {"name": "OTEL_TRACES_SAMPLER_ARG", "value": str(tracing.sampling_ratio)},
+    ]
+
 
 
 def compile_cache(owner: Owner) -> tuple[str, list[JsonObject]]:
@@ -100,7 +115,7 @@ def vllm_container(
 ) -> JsonObject:
     runtime = owner.spec.runtime
     cache_dir, cache_mounts = compile_cache(owner)
-    env = vllm_env(env, cache_dir)
+    env = vllm_env(env, cache_dir) + tracing_env(runtime.tracing)
     if lora_enabled(owner.spec):
         env = lora_env(env)
         cache_mounts += vllm_mounts()
