@@ -188,6 +188,8 @@ def serve(settings: ServerSettings) -> int:
         port=settings.port,
         log_level=settings.log_level,
         access_log=settings.access_log,
+        # JSON: uvicorn's loggers keep no handlers of their own and reach the root's JSON lines.
+        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
         timeout_keep_alive=settings.keep_alive_timeout_s,
         lifespan="on",
@@ -202,7 +204,5 @@ def serve(settings: ServerSettings) -> int:
     # 92 -> 29 ms at 64 clients on a small model, bench/peer_bench.py).
     gc.collect()
     gc.freeze()
-        # JSON: uvicorn's loggers keep no handlers of their own and reach the root's JSON lines.
-        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
     server.run()
     return 0 if server.started else 1

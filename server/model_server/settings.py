@@ -136,15 +136,6 @@ class ServerSettings(BaseSettings):
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     access_log: bool = False
-
-    @field_validator("providers", mode="before")
-    @classmethod
-    def _split_providers(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [p.strip() for p in value.split(",") if p.strip()]
-        return value
-
-    @field_validator("batch_buckets")
     log_format: Literal["text", "json"] = Field(
         default="text",
         description="json: one JSON object per line, with trace_id and span_id when logged under a traced request",
@@ -160,6 +151,15 @@ class ServerSettings(BaseSettings):
     trace_sample_ratio: float = Field(
         default=1.0, ge=0, le=1, description="share of new traces recorded (a caller's traceparent decides for its own)"
     )
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _split_providers(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("batch_buckets")
     @classmethod
     def _check_buckets(cls, value: str) -> str:
         resolve_buckets(value, 1 << 12, True)

@@ -19,8 +19,8 @@ import pytest
 from model_server import tracing
 from model_server.api import routes
 from model_server.runner import log_handler
-from testsupport.onnx_models import affine_model
 from tests.server.helpers import HeldRuntime, make_settings, running_server, until
+from testsupport.onnx_models import affine_model
 
 from .otlp import ReceivedSpan, otlp_receiver
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 
 from ..jsontypes import JsonObject
+from ..models import TracingSpec
 from .adapters import lora_args, lora_enabled, lora_env, vllm_mounts
 from .common import Owner
 from .storage import MODEL_VOLUME, uses_cache_claim
 
 CONTAINER = "vllm"
-from ..models import TracingSpec
 # vLLM's compiled graphs and kernels (VLLM_CACHE_ROOT): half of a CPU start is torch.compile.
 COMPILE_CACHE_DIR = "/var/cache/vllm"
 # Without a cache claim: the pod's /tmp volume, which outlives the container's restarts.
@@ -50,7 +50,21 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
         args.append(f"--max-model-len={runtime.max_model_len}")
     if lora_enabled(owner.spec):
         args += lora_args(owner.spec)
+    if runtime.tracing is not None:
+        args.append(f"--otlp-traces-endpoint={runtime.tracing.endpoint}")
     return args + list(runtime.args)
+
+
+def tracing_env(tracing: TracingSpec | None) -> list[JsonObject]:
+    """vLLM's OTLP exporter over HTTP (its default is gRPC), sampling as runtime.tracing says
+    (the OpenTelemetry SDK's own variables: vLLM builds its tracer provider from them)."""
+    if tracing is None:
+        return []
+    return [
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"},
+        {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+        {"name": "OTEL_TRACES_SAMPLER_ARG", "value": str(tracing.sampling_ratio)},
+    ]
 
 
 def vllm_env(env: list[JsonObject], cache_dir: str) -> list[JsonObject]:
@@ -65,22 +79,8 @@ def vllm_env(env: list[JsonObject], cache_dir: str) -> list[JsonObject]:
         {"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "75"},
         {"name": "VLLM_CACHE_ROOT", "value": cache_dir},
     ]
-    if runtime.tracing is not None:
-        args.append(f"--otlp-traces-endpoint={runtime.tracing.endpoint}")
     names = {e["name"] for e in env}
     return [e for e in ours if e["name"] not in names] + env
-
-def tracing_env(tracing: TracingSpec | None) -> list[JsonObject]:
-    """vLLM's OTLP exporter over HTTP (its default is gRPC), sampling as runtime.tracing says
-    (the OpenTelemetry SDK's own variables: vLLM builds its tracer provider from them)."""
-    if tracing is None:
-        return []
-    return [
-        {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"},
-        {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
-        {"name": "OTEL_TRACES_SAMPLER_ARG", "value": str(tracing.sampling_ratio)},
-    ]
-
 
 
 def compile_cache(owner: Owner) -> tuple[str, list[JsonObject]]:
