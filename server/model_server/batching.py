@@ -250,7 +250,23 @@ class DynamicBatcher:
         self._returning = max(0, self._returning - rows)
         self._observer.queued(+1)
         self._wakeup.set()
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._withdraw(request)
+            raise
+
+    def _withdraw(self, request: _Request) -> None:
+        """A caller gone before its batch formed (a client's deadline, a cancelled call) gives
+        its place in the queue back at once, instead of holding it until the next batch forms."""
+        try:
+            self._queue.remove(request)
+        except ValueError:
+            return  # already taken into a batch
+        self._rows_by_key[request.key] -= request.rows
+        if self._rows_by_key[request.key] <= 0:
+            del self._rows_by_key[request.key]
+        self._observer.queued(-1)
 
     def flush(self) -> None:
         """Stop waiting for batches to fill: used while draining, when no more

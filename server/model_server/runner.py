@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import signals
 from .app import create_app
+from .grpc_server import GrpcFrontEnd
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 from .lifecycle import Shutdown
 from .settings import ServerSettings
@@ -41,11 +42,13 @@ class GracefulServer(uvicorn.Server):
         settings: ServerSettings,
         shutdown: Shutdown,
         metrics: uvicorn.Config | None = None,
+        grpc: GrpcFrontEnd | None = None,
     ) -> None:
         super().__init__(config)
         self.settings = settings
         self.lifecycle = shutdown
         self.metrics = metrics
+        self.grpc = grpc
         self._delay: threading.Timer | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -53,6 +56,8 @@ class GracefulServer(uvicorn.Server):
         await super().startup(sockets)
         if metrics is not None:
             self.servers.append(metrics)  # closed, and its connections drained, with the rest
+        if self.grpc is not None and not self.should_exit:
+            await self.grpc.start()
         early = signals.take_received()
         if early is not None and not self.should_exit:  # before uvicorn's handlers were there
             log.info("signal %d received while starting", early)
@@ -76,6 +81,14 @@ class GracefulServer(uvicorn.Server):
         )
         log.info("metrics on :%d/metrics", config.port)
         return server
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """The gRPC port stops taking calls with the HTTP ports; its calls in progress drain
+        alongside theirs (the batcher flushes for both)."""
+        if self.grpc is None:
+            await super().shutdown(sockets)
+            return
+        await asyncio.gather(super().shutdown(sockets), self.grpc.stop(self.settings.drain_timeout_s))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.lifecycle.drain()
@@ -195,7 +208,8 @@ def serve(settings: ServerSettings) -> int:
         lifespan="on",
         http=LimitedHttpProtocol.with_limits(connection_limits(settings)),
     )
-    server = GracefulServer(config, settings, shutdown, metrics_config(settings))
+    grpc = GrpcFrontEnd(app.state.server) if settings.grpc_port is not None else None
+    server = GracefulServer(config, settings, shutdown, metrics_config(settings), grpc)
     # uvicorn re-raises the caught signal after a graceful stop; the remembering handlers
     # underneath turn that into a normal return, so the exit code is 0.
     signals.remember_stop_signals()

@@ -56,6 +56,12 @@ class ServerSettings(BaseSettings):
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=0, le=65535)
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="extra port for /metrics")
+    grpc_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="port for the Open Inference Protocol over gRPC (inference.GRPCInferenceService); off when unset",
+    )
 
     providers: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_PROVIDERS),

@@ -1,0 +1,321 @@
+"""The Open Inference Protocol over gRPC: `inference.GRPCInferenceService` (KServe's and
+Triton's) on `--grpc-port`, on the HTTP server's event loop, through the same data plane,
+batcher, metrics and error types as REST. An error's gRPC status follows from its HTTP status
+(api/errors.py), so the two transports cannot disagree on what a failure is.
+
+Bounds, as every port has them: messages up to `max_body_bytes` (RESOURCE_EXHAUSTED above, from
+gRPC itself, with the sizes in its message), at most `max_connections` connections, 100 streams
+on each, and `max_connections` calls at once. Every method is served as a client-streaming call
+that reads its one message itself, so that a call whose message does not come is bounded too:
+it is ended after `body_timeout_s`, and at the call limit the call waiting longest for its message
+is ended for the newcomer (idle first, as the HTTP port evicts). Probes (ServerLive, ServerReady,
+ModelReady) have slots beyond the limit. A call whose client goes away or whose deadline passes
+is cancelled, which takes its request out of the batch queue (batching.py drops cancelled
+requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from . import __version__
+from . import grpc_predict_v2_pb2 as pb
+from .api.common import AppState
+from .api.errors import CLIENT_CLOSED, INTERNAL_ERROR, status_of
+from .dataplane import submit
+from .discovery import version_key
+from .errors import ModelNotFound, ServerError
+from .grpc_codec import check_requested_outputs, decode_infer_request, encode_infer_response
+
+log = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+#: HTTP/2 streams one connection may have open at once (the common default of HTTP/2 servers).
+MAX_STREAMS_PER_CONNECTION = 100
+#: Calls to the probe methods admitted beyond the call limit.
+PROBE_SLOTS = 16
+PROBES = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+#: grpc's message sizes are C ints.
+MAX_MESSAGE_BYTES = (1 << 31) - 1
+
+#: An error's gRPC status, from its HTTP status (the one table of error types is api/errors.py).
+GRPC_STATUS_OF_HTTP: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    CLIENT_CLOSED: grpc.StatusCode.CANCELLED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def grpc_status_of(exc: ServerError) -> grpc.StatusCode:
+    return GRPC_STATUS_OF_HTTP.get(status_of(exc), grpc.StatusCode.INTERNAL)
+
+
+class Context(Protocol):
+    """What a handler uses of grpc.aio.ServicerContext."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None: ...
+
+
+# ---------------------------------------------------------------------- admission
+
+
+class Refused(Exception):
+    """No slot for a new call: every call in progress has its message and is being served."""
+
+
+@dataclass(eq=False)
+class Call:
+    """One call in progress: its task (to end it) and whether its message has arrived."""
+
+    task: asyncio.Task[Any] | None
+    waiting: bool = True
+    evicted: bool = False
+
+
+@dataclass
+class CallTable:
+    """The calls in progress, at most `limit` (+ `probe_slots` for probes). At the limit, a new
+    call ends the one that has waited longest for its message; with none waiting it is refused."""
+
+    limit: int
+    probe_slots: int = PROBE_SLOTS
+    calls: dict[Call, None] = field(default_factory=dict)  # in arrival order
+
+    def enter(self, probe: bool) -> Call:
+        if len(self.calls) >= self.limit:
+            oldest = next((call for call in self.calls if call.waiting), None)
+            if oldest is not None:
+                self.evict(oldest)
+            elif not probe or len(self.calls) >= self.limit + self.probe_slots:
+                raise Refused(f"the server is at its limit of {self.limit} calls in progress; retry shortly")
+        call = Call(asyncio.current_task())
+        self.calls[call] = None
+        return call
+
+    def evict(self, call: Call) -> None:
+        self.calls.pop(call, None)
+        call.evicted = True
+        if call.task is not None:
+            call.task.cancel()
+
+    def leave(self, call: Call) -> None:
+        self.calls.pop(call, None)
+
+
+# ---------------------------------------------------------------------- the service
+
+RequestT = TypeVar("RequestT", bound=Message)
+Handler = Callable[[Any], Awaitable[Message]]
+
+
+class InferenceService:
+    """The six calls of the protocol over one server's state."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self.settings = state.settings
+        self.calls = CallTable(state.settings.max_connections)
+        self.message_limit = min(MAX_MESSAGE_BYTES, state.settings.parse_memory_bytes)
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        methods: dict[str, tuple[type[Message], Handler]] = {
+            "ServerLive": (pb.ServerLiveRequest, self.server_live),
+            "ServerReady": (pb.ServerReadyRequest, self.server_ready),
+            "ModelReady": (pb.ModelReadyRequest, self.model_ready),
+            "ServerMetadata": (pb.ServerMetadataRequest, self.server_metadata),
+            "ModelMetadata": (pb.ModelMetadataRequest, self.model_metadata),
+            "ModelInfer": (pb.ModelInferRequest, self.model_infer),
+        }
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                name: grpc.stream_unary_rpc_method_handler(
+                    self._bounded(name, message, handler), response_serializer=_serialize
+                )
+                for name, (message, handler) in methods.items()
+            },
+        )
+
+    def _bounded(
+        self, name: str, message: type[Message], handler: Handler
+    ) -> Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
+        """`handler` for one message of type `message`, read under the call table and the body
+        timeout, its errors answered with their status."""
+        probe = name in PROBES
+        timeout = self.settings.body_timeout_s
+
+        async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> Message:
+            try:
+                entry = self.calls.enter(probe)
+            except Refused as exc:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                raise AssertionError("abort raises") from None
+            try:
+                raw = await self._receive(requests, context, entry, timeout)
+                entry.waiting = False
+                try:
+                    request = message.FromString(raw)
+                except DecodeError as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {message.__name__}: {exc}")
+                return await self._answer(name, handler, request, context)
+            finally:
+                self.calls.leave(entry)
+
+        return call
+
+    async def _receive(self, requests: AsyncIterator[bytes], context: Context, entry: Call, timeout: float) -> bytes:
+        try:
+            async with asyncio.timeout(timeout):
+                return await anext(requests)
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"the request message did not arrive within {timeout:g} s"
+            )
+        except asyncio.CancelledError:
+            if not entry.evicted:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"ended while waiting for its request message: the server is at its limit of "
+                f"{self.calls.limit} calls in progress",
+            )
+        raise AssertionError("abort raises")
+
+    async def _answer(self, name: str, handler: Handler, request: Message, context: Context) -> Message:
+        try:
+            return await handler(request)
+        except ServerError as exc:
+            await context.abort(grpc_status_of(exc), str(exc))
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            request_id = uuid.uuid4().hex[:16]
+            log.error("unhandled error in gRPC %s (request id %s)", name, request_id, exc_info=exc)
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal error (request id {request_id}); the server log has the details"
+            )
+        raise AssertionError("abort raises")
+
+    # ------------------------------------------------------------------ the calls
+
+    async def server_live(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        ready, _ = self.state.readiness()
+        return pb.ServerReadyResponse(ready=ready)
+
+    async def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        self.state.dataplane.check_model(request.name)
+        try:
+            self.state.repository.resolve(request.version or None)
+        except ModelNotFound:
+            raise
+        except ServerError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=not self.state.draining)
+
+    async def server_metadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name="model-server", version=__version__)
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        self.state.dataplane.check_model(request.name)
+        served = self.state.repository.resolve(request.version or None)
+        response = pb.ModelMetadataResponse(
+            name=self.settings.name,
+            versions=sorted(self.state.repository.served, key=version_key),
+            platform=served.backend.platform,
+        )
+        for specs, tensors in ((served.inputs, response.inputs), (served.outputs, response.outputs)):
+            for spec in specs:
+                tensors.add(name=spec.name, datatype=spec.datatype, shape=spec.shape if spec.shape else [-1])
+        return response
+
+    async def model_infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """Counted in the request metrics under the HTTP status REST would have answered."""
+        with self.state.metrics.track(self.settings.name) as tracker:
+            try:
+                self.state.dataplane.check_model(request.model_name)
+                decoded = decode_infer_request(request)
+                served = self.state.repository.resolve(decoded.version)
+                tracker.version = served.version
+                if decoded.outputs:
+                    check_requested_outputs(decoded.outputs, [spec.name for spec in served.outputs])
+                outputs = await submit(served, decoded.inputs)
+                return encode_infer_response(decoded, self.settings.name, served.version, outputs, self.message_limit)
+            except ServerError as exc:
+                tracker.code = status_of(exc)
+                raise
+            except asyncio.CancelledError:
+                tracker.code = CLIENT_CLOSED
+                raise
+            except Exception:
+                tracker.code = INTERNAL_ERROR
+                raise
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def server_options(state: AppState) -> list[tuple[str, int]]:
+    """The listener's bounds, from the settings every port shares."""
+    settings = state.settings
+    return [
+        ("grpc.max_receive_message_length", min(MAX_MESSAGE_BYTES, settings.max_body_bytes)),
+        ("grpc.max_send_message_length", min(MAX_MESSAGE_BYTES, settings.parse_memory_bytes)),
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ("grpc.max_allowed_incoming_connections", settings.max_connections),
+        ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", settings.keep_alive_timeout_s * 1000),
+        ("grpc.max_metadata_size", settings.max_header_bytes),
+        ("grpc.absolute_max_metadata_size", settings.max_header_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+class GrpcFrontEnd:
+    """The gRPC listener of one server: started and stopped by the process edge (runner.py)."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self.service = InferenceService(state)
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        """Listen on `grpc_port` (0: a free port); the port bound."""
+        settings = self.state.settings
+        server = grpc.aio.server(handlers=[self.service.handlers()], options=server_options(self.state))
+        self.port = server.add_insecure_port(f"{_host(settings.host)}:{settings.grpc_port or 0}")
+        await server.start()
+        self.server = server
+        log.info("gRPC on :%d", self.port)
+        return self.port
+
+    async def stop(self, grace_s: float) -> None:
+        """No new calls; calls in progress get `grace_s` to finish."""
+        if self.server is not None:
+            await self.server.stop(grace_s)
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
