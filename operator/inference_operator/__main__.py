@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, TextIO
@@ -160,7 +161,14 @@ def _run(args: argparse.Namespace) -> int:
 
     from . import handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=args.verbose)
+    if args.log_format == "json":
+        kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
+        from .tracing import TraceIds
+
+        for handler in logging.getLogger().handlers:  # kopf's: a reconcile's lines carry its trace id
+            handler.addFilter(TraceIds())
+    else:
+        kopf.configure(verbose=args.verbose)
     if args.metrics_port:
         from . import metrics
 
@@ -243,6 +251,12 @@ def parser() -> argparse.ArgumentParser:
         help="objects reconciled at once per watched kind (and 2x handler threads)",
     )
     run.add_argument("-v", "--verbose", action="store_true")
+    run.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="json: one JSON object per line, with trace_id/span_id inside a traced reconcile (chart value logFormat)",
+    )
     return root
 
 

@@ -21,7 +21,7 @@ from .credentials import CredentialPolicy
 from .models import InferenceServiceSpec
 from .peering import PeeringSettings
 from .policy import PodPolicy
-from .settings import FetchSettings, GpuDefaults, NetworkPolicySettings
+from .settings import FetchSettings, GpuDefaults, NetworkPolicySettings, TracingSettings
 
 KUBECONFIG_ENV = "KUBECONFIG"
 
@@ -44,6 +44,8 @@ class OperatorConfig:
     # Without an environment, the policy of the default images (their registries only).
     pod_policy: PodPolicy = field(default_factory=lambda: PodPolicy.from_env({}, Images().all))
     peering: PeeringSettings = field(default_factory=PeeringSettings)
+    # Traces of reconciles to the platform's collector (chart values tracing.*); off by default.
+    tracing: TracingSettings = field(default_factory=TracingSettings)
     # The API server as the kubelet announces it in a pod (client-go's choice too), else None.
     api_server: str | None = None
     # A kubeconfig path outside a pod (KUBECONFIG), read when the client is made.
@@ -69,6 +71,7 @@ class OperatorConfig:
             credentials=CredentialPolicy.from_env(environ),
             pod_policy=PodPolicy.from_env(environ, images.all),
             peering=PeeringSettings.from_env(environ),
+            tracing=TracingSettings.from_env(environ),
             api_server=in_cluster_server(environ),
             kubeconfig=environ.get(KUBECONFIG_ENV) or None,
         )

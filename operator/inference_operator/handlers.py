@@ -22,7 +22,18 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from . import adapter_status, adapter_watch, config, credentials, lifetimes, metrics, ownership, policy, status_pods
+from . import (
+    adapter_status,
+    adapter_watch,
+    config,
+    credentials,
+    lifetimes,
+    metrics,
+    ownership,
+    policy,
+    status_pods,
+    tracing,
+)
 from . import status as st
 from .analysis import AnalysisRefused, analysis_client, measure
 from .autoscaler.clients import CLIENT_ERRORS, PrometheusClients, client_problem
@@ -83,6 +94,17 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     operator_config.peering.apply(settings)
     if getattr(memo, "api", None) is None:
         memo.api = KubeApi(load_api_client(operator_config.kubeconfig))
+    if "tracing" not in memo:
+        memo.tracing = tracing.start(operator_config.tracing)
+
+
+@kopf.on.cleanup()
+async def flush_traces(memo: kopf.Memo, **_: Any) -> None:
+    """The last reconciles' spans leave before the process does (bounded: a stuck collector
+    holds the exit for `tracing.SHUTDOWN_TIMEOUT_S` at most)."""
+    traces: tracing.Tracing | None = memo.get("tracing")
+    if traces is not None:
+        await asyncio.to_thread(traces.shutdown)
 
 
 # kopf (1.45) names the task that waits on a watch stream's pause toggle so.
@@ -231,7 +253,8 @@ def reconcile_service(
     body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, logger: kopf.Logger, retry: int = 0, **_: Any
 ) -> None:
     try:
-        _reconcile_service(memo, body, meta, spec, logger)
+        with tracing.reconcile_span(memo.get("tracing"), meta["namespace"], meta["name"], meta.get("generation")):
+            _reconcile_service(memo, body, meta, spec, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         if isinstance(exc, ApiException) and retry >= 1:  # a second failure in a row: say so
             _report_api_error(memo, body, meta, exc, logger)
@@ -291,6 +314,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
 
     for change in result.writes:
         _normal_event(body, change.action.value, change.describe())
+    tracing.record_writes(result.writes)
     problem = result.problem
     if result.unavailable:
         problem = st.Problem("ApiUnavailable", "; ".join(unavailable_message(k) for k in result.unavailable))

@@ -190,3 +190,38 @@ def parse_selector(text: str, name: str) -> dict[str, object]:
     ):
         raise SettingsError(problem)
     return selector
+
+
+TRACES_ENDPOINT_ENV = "INFERENCE_OPERATOR_OTLP_TRACES_ENDPOINT"
+TRACE_SAMPLE_RATIO_ENV = "INFERENCE_OPERATOR_TRACE_SAMPLE_RATIO"
+_TRACES_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """Where the operator sends the spans of its reconciles (chart values tracing.endpoint and
+    tracing.samplingRatio): the platform's collector, never an address from an InferenceService.
+
+        INFERENCE_OPERATOR_OTLP_TRACES_ENDPOINT   OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces
+        INFERENCE_OPERATOR_TRACE_SAMPLE_RATIO     share of reconciles traced, 0..1 (default 1)
+    """
+
+    endpoint: str = ""  # "" = tracing off
+    sampling_ratio: float = 1.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> TracingSettings:
+        """Pure: the settings the variables in `environ` describe; a bad value names its variable."""
+        endpoint = environ.get(TRACES_ENDPOINT_ENV, "").strip()
+        if endpoint and (len(endpoint) > 2048 or not _TRACES_URL.match(endpoint)):
+            raise SettingsError(
+                f"{TRACES_ENDPOINT_ENV}={endpoint!r}: must be an http(s) URL without user info or query"
+            )
+        text = environ.get(TRACE_SAMPLE_RATIO_ENV, "").strip() or "1"
+        try:
+            ratio = float(text)
+        except ValueError:
+            ratio = -1.0
+        if not 0.0 <= ratio <= 1.0:
+            raise SettingsError(f"{TRACE_SAMPLE_RATIO_ENV}={text!r}: must be a number from 0 to 1")
+        return cls(endpoint=endpoint, sampling_ratio=ratio)
