@@ -68,6 +68,8 @@ def intended(owner: Owner) -> dict[str, object]:
     }
     if spec.model.version:
         values["model_version"] = spec.model.version
+    if runtime.grpc_port is not None:
+        values["grpc_port"] = runtime.grpc_port
     if runtime.tracing is not None:
         values["otlp_traces_endpoint"] = runtime.tracing.endpoint
         values["trace_sample_ratio"] = runtime.tracing.sampling_ratio

@@ -74,6 +74,7 @@ OPERATOR_FLAGS = (
     "--host",
     "--port",
     "--metrics-port",
+    "--grpc-port",
     "--providers",
     "--max-batch-size",
     "--max-delay-ms",
@@ -99,6 +100,7 @@ OPERATOR_ENV = (
     "MODEL_SERVER_HOST",
     "MODEL_SERVER_PORT",
     "MODEL_SERVER_METRICS_PORT",
+    "MODEL_SERVER_GRPC_PORT",
     "MODEL_SERVER_PROVIDERS",
     "MODEL_SERVER_MAX_BATCH_SIZE",
     "MODEL_SERVER_MAX_DELAY_MS",
@@ -521,6 +523,17 @@ class RuntimeSpec(_Spec):
             ),
             cel(f"!has(self.lora) || ({_IS_VLLM})", "runtime.lora applies to engine vllm only", ".lora"),
             cel(
+                f"!has(self.grpcPort) || !({_IS_VLLM})",
+                "runtime.grpcPort applies to engine modelServer only: vLLM serves no gRPC inference protocol",
+                ".grpcPort",
+            ),
+            cel(
+                "!has(self.grpcPort) || ((!has(self.port) || self.grpcPort != self.port)"
+                " && (!has(self.metricsPort) || self.grpcPort != self.metricsPort))",
+                "runtime.grpcPort must differ from runtime.port and runtime.metricsPort",
+                ".grpcPort",
+            ),
+            cel(
                 f"!has(self.maxModelLen) || ({_IS_VLLM})",
                 "runtime.maxModelLen applies to engine vllm only",
                 ".maxModelLen",
@@ -570,6 +583,14 @@ class RuntimeSpec(_Spec):
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
     port: Annotated[int, Field(ge=1, le=65535)] = 8080
     metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9090
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="The Open Inference Protocol over gRPC (inference.GRPCInferenceService, for Triton's and "
+        "KServe's gRPC clients) on this port of the pod and the Service (KServe uses 8081); engine modelServer "
+        "only. Off when unset.",
+    )
     tracing: TracingSpec | None = Field(
         None, description="OpenTelemetry traces of the serving container; off when unset."
     )

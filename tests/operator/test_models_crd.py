@@ -170,6 +170,8 @@ CEL_CASES = [
     ({"model": {"uri": "s3://b/m", "huggingFace": {"tokenSecret": "hf"}}}, "huggingFace applies to hf://"),
     ({"model": {"uri": "pvc://models/m", "cachePvc": "cache"}}, "cachePvc applies to fetched models"),
     ({"runtime": {"maxModelLen": 4096}}, "maxModelLen applies to engine vllm only"),
+    ({"runtime": {"engine": "vllm", "grpcPort": 8081}}, "grpcPort applies to engine modelServer only"),
+    ({"runtime": {"grpcPort": 9090}}, "runtime.grpcPort must differ from runtime.port and runtime.metricsPort"),
     ({"runtime": {"engine": "vllm", "args": ["--served=x"]}}, "runtime.args for engine vllm"),
     ({"runtime": {"engine": "vllm", "args": ["-tp", "2"]}}, "runtime.args for engine vllm"),
     (

@@ -54,6 +54,7 @@ def server_args(owner: Owner) -> list[str]:
         str(runtime.port),
         "--metrics-port",
         str(runtime.metrics_port),
+        *(["--grpc-port", str(runtime.grpc_port)] if runtime.grpc_port is not None else []),
         "--providers",
         ",".join(p.value for p in runtime.execution_providers),
         "--max-batch-size",
@@ -131,6 +132,7 @@ def _model_server_container(
         "ports": [
             {"name": "http", "containerPort": runtime.port, "protocol": "TCP"},
             {"name": "metrics", "containerPort": runtime.metrics_port, "protocol": "TCP"},
+            *([{"name": "grpc", "containerPort": runtime.grpc_port, "protocol": "TCP"}] if runtime.grpc_port else []),
         ],
         "env": env,
         "resources": resources,

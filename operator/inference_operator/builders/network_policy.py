@@ -1,7 +1,7 @@
 """An InferenceService's NetworkPolicy (networking.k8s.io/v1), NAME: who may reach its pods.
 
-The serving port answers everyone (the Service, the gateway, the endpoint picker). Every other
-port is closed to the pod network, but:
+The serving ports (runtime.port, and runtime.grpcPort when set) answer everyone (the Service,
+the gateway, the endpoint picker). Every other port is closed to the pod network, but:
 
 - `runtime.metricsPort` (the model server's metrics; on vLLM pods, the adapters sidecar's status)
   is open to the operator's namespace, which asks the sidecars how their adapters stand, and to
@@ -37,7 +37,7 @@ def build_network_policy(owner: Owner) -> JsonObject:
         {"namespaceSelector": dict(owner.network.prometheus_namespaces)},
     ]
     ingress: list[JsonObject] = [
-        {"ports": [{"protocol": "TCP", "port": runtime.port}]},
+        {"ports": [{"protocol": "TCP", "port": port} for port in (runtime.port, runtime.grpc_port) if port]},
         {"from": monitors, "ports": [{"protocol": "TCP", "port": runtime.metrics_port}]},
     ]
     if multi_node(owner.spec):

@@ -1,7 +1,8 @@
 """InferenceService → v1 Service: a stable in-cluster address for the model's pods.
 
 Port `http` (80) serves the inference API (/v1/* for vLLM); port `metrics` serves /metrics,
-which vLLM answers on its API port.
+which vLLM answers on its API port; port `grpc` (runtime.grpcPort) the Open Inference Protocol over
+gRPC, marked `appProtocol: grpc` for meshes and gateways that route HTTP/2 by it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,19 @@ def build_service(owner: Owner) -> JsonObject:
                     "targetPort": metrics_target,
                     "protocol": "TCP",
                 },
+                *(
+                    [
+                        {
+                            "name": "grpc",
+                            "port": runtime.grpc_port,
+                            "targetPort": "grpc",
+                            "protocol": "TCP",
+                            "appProtocol": "grpc",
+                        }
+                    ]
+                    if runtime.grpc_port is not None
+                    else []
+                ),
             ],
         },
     }
