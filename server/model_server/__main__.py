@@ -1,4 +1,4 @@
-"""`python -m model_server serve|quantize ...`."""
+"""`python -m model_server serve|front|quantize ...`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 from . import signals
 
-if sys.argv[1:2] == ["serve"]:
+if sys.argv[1:2] in (["serve"], ["front"]):
     # Before the imports that take a while: as PID 1, a SIGTERM meanwhile would be lost.
     signals.remember_stop_signals()
 
@@ -31,6 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(MODEL_SERVER_...); a flag on the command line wins over the env var.",
     )
     add_arguments(serve)
+
+    front = commands.add_parser(
+        "front",
+        help="a bounded reverse proxy in front of vLLM's loopback port",
+        allow_abbrev=False,
+        description="The port a vLLM pod's Service targets (see model_server/front.py).",
+    )
+    from .front import add_arguments as add_front_arguments
+
+    add_front_arguments(front)
 
     quant = commands.add_parser("quantize", help="INT8-quantize an ONNX model")
     quant.add_argument("--model", required=True, help="input .onnx")
@@ -59,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .quantize import run_cli
 
         return run_cli(args)
+    if args.command == "front":
+        from .front import config_from_args
+        from .front import serve as serve_front
+
+        return serve_front(config_from_args(args))
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:

@@ -20,7 +20,7 @@ import heapq
 import itertools
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -333,7 +333,7 @@ class BodyDecoder:
 
         handed_over = False
         try:
-            body = await _read(request, length, take)
+            body = await read_body(request.chunks(), length, take)
             if len(body) <= INLINE_BYTES:
                 return decode(body)
             loop = asyncio.get_running_loop()
@@ -365,11 +365,13 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args
         loop.call_soon_threadsafe(fn, *args)
 
 
-async def _read(request: RequestBody, length: int | None, take: Callable[[int], Awaitable[None]]) -> bytearray:
+async def read_body(
+    chunks: AsyncIterable[bytes], length: int | None, take: Callable[[int], Awaitable[None]]
+) -> bytearray:
     """The body in one growing buffer (no join of chunks), each chunk's bytes taken from the
     budget before they are kept: memory follows what arrived, not what was announced."""
     body = bytearray()
-    async for chunk in request.chunks():
+    async for chunk in chunks:
         if length is not None and len(body) + len(chunk) > length:
             raise PayloadTooLarge("request body is longer than its Content-Length")
         await take(len(chunk))

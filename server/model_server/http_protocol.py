@@ -55,6 +55,8 @@ class ConnectionLimits:
     max_connections: int
     #: Paths answered on the few connections beyond the cap (see the module doc).
     probe_paths: frozenset[str] = frozenset()
+    #: How long an answer may wait for a client that reads none of it (its buffer full).
+    write_timeout_s: float = 60.0
 
     @property
     def probe_slots(self) -> int:
@@ -171,6 +173,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._unparsed = b""  # read, not parsed from `_unparsed_at` on: MAX_PIPELINED requests are waiting
         self._unparsed_at = 0
         self._owed_refusal: tuple[int, str, bool] | None = None  # to send once earlier answers are out
+        self._write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits) -> type[LimitedHttpProtocol]:
@@ -195,7 +198,30 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.table.remove(self)
         self._disarm()
+        self._disarm_write()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The client's buffer is full: it has that long to read some of it. A client that reads
+        nothing held its connection, its slot and the answer's producer forever (an upstream
+        stream on the vLLM front, a batch's output here)."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._unread)
+
+    def resume_writing(self) -> None:
+        self._disarm_write()
+        super().resume_writing()
+
+    def _disarm_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _unread(self) -> None:
+        self._write_timer = None
+        log.debug("connection from %s: answer unread for %gs", self.client, self.limits.write_timeout_s)
+        self.transport.abort()  # nothing more can be written to it: no answer to send
 
     def _make_room(self) -> None:
         """Closed for a new connection at the cap: an idle one at once, as its keep-alive

@@ -121,6 +121,7 @@ def connection_limits(settings: ServerSettings, probe_paths: frozenset[str] = PR
         max_header_bytes=settings.max_header_bytes,
         max_connections=settings.max_connections,
         probe_paths=probe_paths,
+        write_timeout_s=settings.write_timeout_s,
     )
 
 

@@ -126,6 +126,9 @@ class ServerSettings(BaseSettings):
     body_timeout_s: Annotated[float, Flag("body-timeout")] = Field(
         default=60.0, gt=0, description="seconds for a request's body to arrive"
     )
+    write_timeout_s: Annotated[float, Flag("write-timeout")] = Field(
+        default=60.0, gt=0, description="seconds a client may leave an answer unread before its connection is dropped"
+    )
     keep_alive_timeout_s: Annotated[int, Flag("keep-alive-timeout")] = Field(
         default=75,
         ge=1,

@@ -1,0 +1,424 @@
+"""The front of a vLLM pod: a bounded reverse proxy on the port its Service targets.
+
+vLLM's API server (uvicorn's httptools protocol under FastAPI) bounds neither connections,
+header fields nor bodies: 300 connections of 10,000 header fields each grew it 219-347 MiB, and
+1,000 uploads stalled after 300 KiB grew it 303-349 MiB. So vLLM listens on loopback only, and
+this process is the pod's way in. It serves with the model server's connection limits
+(http_protocol.py: header bytes and fields on every request of a connection, header, body and
+write timeouts, a connection cap that closes idle connections first and keeps room for probes)
+and reads each body under one budget (bodies.ReadBudget) before vLLM sees a byte of it. The
+answer streams back as vLLM writes it (server-sent events pass chunk by chunk); a client that
+goes away closes the upstream request, and vLLM stops generating for nobody.
+
+Adapter management (vLLM's /v1/load_lora_adapter and kin) is refused here whoever asks: the
+adapters sidecar manages adapters over loopback, straight to vLLM. vLLM is told the real client
+(X-Forwarded-For, replaced, never passed on), so its own guard (vllm_guard.py) still sees a
+remote client behind this proxy.
+
+It runs in the model server's image as a native sidecar: it starts before vLLM and stops after
+it, so a stream vLLM is still finishing at SIGTERM is carried to its end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import httpx
+import uvicorn
+from starlette.types import Message, Receive, Scope, Send
+
+from . import signals
+from .bodies import ReadBudget, read_body
+from .errors import Busy, PayloadTooLarge
+from .http_protocol import ConnectionLimits, LimitedHttpProtocol
+from .settings import ServerSettings, detect_memory_limit
+from .vllm_guard import is_management
+
+log = logging.getLogger("model_server.front")
+
+LIVE_PATH = "/health/live"
+READY_PATH = "/health/ready"
+#: vLLM's own health path: the readiness of the front is vLLM's.
+ENGINE_HEALTH_PATH = "/health"
+#: Answered at the connection cap too (the kubelet probes the front and, through it, vLLM).
+PROBE_PATHS = frozenset({LIVE_PATH, READY_PATH, ENGINE_HEALTH_PATH})
+#: A connection's own headers (RFC 9110 7.6.1) and the proxy's, never passed on either way.
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+    }
+)
+#: Who the client is, as only this proxy may tell vLLM.
+FORWARDED = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"x-real-ip"})
+#: uvicorn writes its own.
+RESPONSE_OWN = frozenset({b"date", b"server"})
+#: Of the front's memory limit, what bodies being read may hold at once.
+BODY_BUDGET_SHARE = 3 / 8
+MAX_BODY_CEILING = 64 * 1024 * 1024
+#: How long a readiness answer from vLLM is reused: probes of three containers every few seconds.
+READY_CACHE_S = 1.0
+_defaults = ServerSettings.model_fields
+
+
+@dataclass(frozen=True)
+class FrontConfig:
+    """What the front needs: where to listen, where vLLM is, and the limits."""
+
+    upstream: str
+    host: str = "0.0.0.0"
+    port: int = 8000
+    memory_limit_bytes: int = 0  # 0: the cgroup limit
+    max_body_bytes: int = 0  # 0: from the memory limit
+    max_connections: int = _defaults["max_connections"].default
+    max_header_bytes: int = _defaults["max_header_bytes"].default
+    header_timeout_s: float = _defaults["header_timeout_s"].default
+    body_timeout_s: float = _defaults["body_timeout_s"].default
+    write_timeout_s: float = _defaults["write_timeout_s"].default
+    keep_alive_timeout_s: int = _defaults["keep_alive_timeout_s"].default
+    body_wait_s: float = 10.0
+    connect_timeout_s: float = 2.0
+    drain_timeout_s: float = 30.0
+    log_level: str = "info"
+
+    def body_limits(self) -> tuple[int, int]:
+        """(the largest body, the budget of bodies being read at once), from the memory limit."""
+        memory = self.memory_limit_bytes or detect_memory_limit()
+        budget = int(memory * BODY_BUDGET_SHARE)
+        largest = self.max_body_bytes or min(MAX_BODY_CEILING, budget // 4)
+        return largest, max(budget, largest)
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(
+            header_timeout_s=self.header_timeout_s,
+            body_timeout_s=self.body_timeout_s,
+            max_header_bytes=self.max_header_bytes,
+            max_connections=self.max_connections,
+            probe_paths=PROBE_PATHS,
+            write_timeout_s=self.write_timeout_s,
+        )
+
+
+def request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The client's headers for vLLM: without hop-by-hop or forwarding ones, then who the client
+    really is (the peer of this connection, whatever the client wrote)."""
+    named = _connection_named(scope["headers"])
+    headers = [
+        (name, value)
+        for name, value in scope["headers"]
+        if name not in HOP_BY_HOP and name not in FORWARDED and name not in named
+    ]
+    client = scope.get("client")
+    if client:
+        headers.append((b"x-forwarded-for", client[0].encode("latin-1")))
+    headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode("latin-1")))
+    return headers
+
+
+def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """vLLM's answer headers for the client, the framing and connection ones left to this server."""
+    pairs = list(headers)
+    named = _connection_named(pairs)
+    return [
+        (name, value)
+        for name, value in pairs
+        if name not in HOP_BY_HOP and name not in RESPONSE_OWN and name not in named
+    ]
+
+
+def _connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Headers a `Connection` header names: hop-by-hop for that message too."""
+    named: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named.update(part.strip().lower() for part in value.split(b",") if part.strip())
+    return frozenset(named)
+
+
+def is_refused_path(path: str) -> bool:
+    """Adapter management, however the path is encoded (each layer of %-encoding undone)."""
+    for _ in range(4):
+        if is_management(path):
+            return True
+        decoded = unquote(path)
+        if decoded == path:
+            return False
+        path = decoded
+    return True  # encoded deeper than any client needs: refused rather than guessed at
+
+
+def error_body(status: int, message: str) -> bytes:
+    """OpenAI's error shape: what an OpenAI client expects from this port."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+
+
+async def answer(send: Send, status: int, body: bytes, *, retry_after: bool = False) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Front:
+    """The ASGI app: probes, refusals, and every other request relayed to vLLM."""
+
+    def __init__(self, config: FrontConfig, client: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        self.max_body, budget = config.body_limits()
+        self.bodies = ReadBudget(budget)
+        self._client = client
+        self._ready_at = -READY_CACHE_S
+        self._ready = False
+        self._checking: asyncio.Future[None] | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """One pool of connections to vLLM, made on the serving loop."""
+        if self._client is None:
+            limits = httpx.Limits(max_connections=self.config.max_connections, max_keepalive_connections=64)
+            # No read timeout: a long completion writes nothing until it is done; the client's
+            # leaving (or this server's write timeout) is what ends a request that waits.
+            timeout = httpx.Timeout(connect=self.config.connect_timeout_s, read=None, write=30.0, pool=30.0)
+            self._client = httpx.AsyncClient(base_url=self.config.upstream, limits=limits, timeout=timeout)
+        return self._client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # websockets are not served here: vLLM's API is plain HTTP
+        path = scope["path"]
+        if path == LIVE_PATH:
+            await answer(send, 200, b'{"status":"live"}')
+        elif path == READY_PATH:
+            ready = await self.engine_ready()
+            await answer(send, 200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
+        elif path == ENGINE_HEALTH_PATH:  # vLLM's, answered from its last check: probes of every client
+            if await self.engine_ready():
+                await answer(send, 200, b"")
+            else:
+                await answer(send, 503, error_body(503, "the engine is not healthy"), retry_after=True)
+        elif is_refused_path(scope.get("raw_path", b"").decode("latin-1")) or is_refused_path(path):
+            await answer(send, 403, error_body(403, "adapters are managed by the operator (spec.adapters), not here"))
+        else:
+            await self.relay(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._client is not None:
+                    await self._client.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def engine_ready(self) -> bool:
+        """vLLM answers its health path: asked at most once a second, by one caller while the
+        others wait for that answer (300 clients' /health relayed at once held it 2.4 s)."""
+        if time.monotonic() - self._ready_at >= READY_CACHE_S and self._checking is None:
+            self._checking = asyncio.ensure_future(self._check_engine())
+        if self._checking is not None:
+            await asyncio.shield(self._checking)
+        return self._ready
+
+    async def _check_engine(self) -> None:
+        try:
+            response = await self.client.get(ENGINE_HEALTH_PATH, timeout=1.0)
+            self._ready = response.status_code == 200
+        except httpx.HTTPError:
+            self._ready = False
+        finally:
+            self._ready_at = time.monotonic()
+            self._checking = None
+
+    async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request to vLLM once its body is whole; vLLM's answer back as it comes."""
+        length = _content_length(scope)
+        if length is not None and length > self.max_body:
+            message = f"request body of {length} bytes exceeds the limit of {self.max_body} bytes"
+            await answer(send, 413, error_body(413, message))
+            return
+        reader = self.bodies.open(self.max_body if length is None else length)
+        released = False
+
+        def release() -> None:  # once: when vLLM has the body, or when it never will
+            nonlocal released
+            if not released:
+                released = True
+                self.bodies.close(reader)
+
+        try:
+            body = await read_body(_chunks(receive), length, self._take(reader))
+            headers = [*request_headers(scope), (b"content-length", b"%d" % len(body))]
+            content = _handed_over(bytes(body), release)
+            del body
+            request = self.client.build_request(scope["method"], _target(scope), headers=headers, content=content)
+            response = await self.client.send(request, stream=True)
+        except PayloadTooLarge as exc:
+            await answer(send, 413, error_body(413, f"{exc} (limit {self.max_body} bytes)"))
+            return
+        except Busy:
+            await answer(send, 503, error_body(503, "too many request bodies arriving at once"), retry_after=True)
+            return
+        except _ClientGone:
+            return
+        except httpx.TimeoutException:
+            await answer(send, 504, error_body(504, "the engine did not accept the request in time"))
+            return
+        except httpx.HTTPError:
+            await answer(
+                send, 503, error_body(503, "the engine is not answering (starting or stopping)"), retry_after=True
+            )
+            return
+        finally:
+            release()
+        try:
+            await _stream(response, receive, send)
+        finally:
+            await response.aclose()
+
+    def _take(self, reader: int) -> Callable[[int], Awaitable[None]]:
+        async def take(size: int) -> None:
+            await self.bodies.take(reader, size, self.config.body_wait_s)
+
+        return take
+
+
+class _ClientGone(Exception):
+    """The client left before its body was whole."""
+
+
+async def _handed_over(body: bytes, release: Callable[[], None]) -> AsyncIterator[bytes]:
+    """The body, written to vLLM once; then it is vLLM's to hold, and the budget has it back
+    (a non-streamed completion answers minutes later: its bytes here are long gone by then)."""
+    chunk = [body]
+    del body
+    yield chunk.pop()
+    release()
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone()
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+async def _stream(response: httpx.Response, receive: Receive, send: Send) -> None:
+    """vLLM's answer, chunk by chunk as it arrives, until it ends or the client leaves."""
+    start: Message = {
+        "type": "http.response.start",
+        "status": response.status_code,
+        "headers": response_headers(response.headers.raw),
+    }
+
+    async def pump() -> None:
+        await send(start)
+        async for chunk in response.aiter_raw():
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def client_gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    relay, watch = asyncio.ensure_future(pump()), asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (relay, watch):
+            task.cancel()
+        for task in (relay, watch):
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await task
+    if relay.done() and not relay.cancelled() and relay.exception() is not None:
+        log.warning("the engine's answer broke off: %s", relay.exception())
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return max(int(value), 0)
+            except ValueError:
+                return None
+    return None
+
+
+def _target(scope: Scope) -> str:
+    """The path as the client wrote it (vLLM decodes it once, as it would have), and the query."""
+    path: bytes = scope.get("raw_path") or scope["path"].encode()
+    query: bytes = scope.get("query_string", b"")
+    return (path + (b"?" + query if query else b"")).decode("latin-1")
+
+
+# ---------------------------------------------------------------------- process edge
+
+
+def flag(field: str) -> str:
+    """`max_body_bytes` -> `--max-body-bytes`; seconds drop their `_s` (`--write-timeout`)."""
+    return "--" + field.removesuffix("_s").replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of FrontConfig, of the field's type."""
+    for name, spec in FrontConfig.__dataclass_fields__.items():
+        if name == "upstream":
+            parser.add_argument(flag(name), dest=name, required=True, help="vLLM on loopback: http://127.0.0.1:PORT")
+        else:
+            parser.add_argument(flag(name), dest=name, type=type(spec.default), default=spec.default)
+
+
+def config_from_args(args: argparse.Namespace) -> FrontConfig:
+    values = {name: getattr(args, name) for name in FrontConfig.__dataclass_fields__}
+    return FrontConfig(**values)
+
+
+def serve(config: FrontConfig) -> int:
+    """Run until SIGTERM; 0 after the requests in flight are answered."""
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    largest, budget = config.body_limits()
+    log.info("front on :%d for %s (bodies up to %d bytes, %d at once)", config.port, config.upstream, largest, budget)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Front(config),
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            access_log=False,
+            lifespan="on",
+            proxy_headers=False,  # the client is the peer: nobody in front of this proxy is trusted
+            timeout_keep_alive=config.keep_alive_timeout_s,
+            timeout_graceful_shutdown=int(config.drain_timeout_s),
+            http=LimitedHttpProtocol.with_limits(config.connection_limits()),
+        )
+    )
+    signals.remember_stop_signals()
+    server.run()
+    return 0 if server.started else 1
