@@ -17,9 +17,8 @@ from inference_operator.config import OperatorConfig
 from inference_operator.settings import TRACE_SAMPLE_RATIO_ENV, TRACES_ENDPOINT_ENV, SettingsError, TracingSettings
 from tests.chart import helm as h
 from testsupport.cluster import DEPLOYMENTS, Cluster, wait_for
+from testsupport.otlp import ReceivedSpan, otlp_receiver
 from testsupport.processes import stop
-
-from .otlp import ReceivedSpan, otlp_receiver
 
 
 def resnet(name: str = "resnet", **runtime: object) -> dict:

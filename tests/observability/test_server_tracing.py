@@ -21,8 +21,7 @@ from model_server.api import routes
 from model_server.runner import log_handler
 from tests.server.helpers import HeldRuntime, make_settings, running_server, until
 from testsupport.onnx_models import affine_model
-
-from .otlp import ReceivedSpan, otlp_receiver
+from testsupport.otlp import ReceivedSpan, otlp_receiver
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
