@@ -69,7 +69,7 @@ def test_replicas_fetch_an_hf_model_once_onto_the_cache_claim(hub: Hub, tmp_path
     claim = tmp_path / "claim"  # the ReadWriteMany volume both replicas mount
     for replica in range(2):
         volumes = {v["name"]: tmp_path / f"{v['name']}-{replica}" for v in pod["volumes"]} | {"model-store": claim}
-        (init,) = pod["initContainers"]
+        init = next(c for c in pod["initContainers"] if c["name"] == "model-fetch")
         hub.requests.clear()
         result = run_init_container(init, volumes)
         assert result.returncode == 0, result.stderr[-2000:]

@@ -12,9 +12,12 @@ import pytest
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.adapters import CONFIG_KEY, GUARD_MIDDLEWARE, SIDECAR
 from inference_operator.builders.common import Images
+from inference_operator.builders.vllm import FRONT
 from inference_operator.config import FetchSettings
 from inference_operator.validation import validate_custom_resource
 from tests.llm.test_vllm_builders import owner, vllm_spec
+
+ENGINE_PORT = 8081  # vLLM's loopback port behind the front, for runtime.port 8080
 
 ADAPTERS = [{"name": "sql", "uri": "hf://org/sql-lora"}, {"name": "chat", "uri": "s3://adapters/chat"}]
 
@@ -71,7 +74,8 @@ def test_adapters_render_a_config_map_a_sidecar_and_vllm_with_lora_and_its_guard
     assert vllm_mounts["adapters"]["mountPath"] == files["mountPath"]  # vLLM loads the path the sidecar wrote
     assert vllm_mounts["adapters"]["readOnly"] is True
     # The sidecar's port is the metrics port vLLM leaves free (it serves metrics on its API port).
-    assert sidecar["ports"][0]["containerPort"] == 9090 and vllm["ports"][0]["containerPort"] == 8080
+    assert sidecar["ports"][0]["containerPort"] == 9090
+    assert f"--engine=http://127.0.0.1:{ENGINE_PORT}" in sidecar["command"]  # straight to vLLM, not the front
 
 
 def test_the_pod_template_does_not_change_with_the_adapters_listed() -> None:
@@ -88,7 +92,7 @@ def test_the_pod_template_does_not_change_with_the_adapters_listed() -> None:
 
 def test_a_vllm_service_without_adapters_renders_no_lora() -> None:
     objs = objects(vllm_spec())
-    assert "ConfigMap" not in objs and "initContainers" not in pod_of(objs)
+    assert "ConfigMap" not in objs and [c["name"] for c in pod_of(objs)["initContainers"]] == [FRONT]
     (vllm,) = pod_of(objs)["containers"]
     assert not any("lora" in arg or "middleware" in arg for arg in vllm["args"])
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in {e["name"] for e in vllm["env"]}

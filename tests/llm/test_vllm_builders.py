@@ -15,6 +15,7 @@ import yaml
 from inference_operator.builders import Owner, build_all, build_deployment, build_inference_pool, build_service
 from inference_operator.builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images, selector_labels
 from inference_operator.builders.storage import MODEL_DIR, cache_key
+from inference_operator.builders.vllm import FRONT
 from inference_operator.models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, SpecError, parse_spec
 from testsupport.crd import ROOT, addon_errors, apply_defaults, crd_schema
 
@@ -79,15 +80,17 @@ def test_vllm_command_line_is_operator_flags_then_engine_args_each_one_token() -
         f"--model={MODEL_DIR}",
         "--served-model-name=llama",
         "--tensor-parallel-size=4",
-        "--host=0.0.0.0",
-        "--port=8000",
+        "--host=127.0.0.1",  # behind the front, the pod's way in
+        "--port=8001",
         "--max-model-len=8192",
         "--max-num-seqs=64",
         "--enable-prefix-caching",
     ]
     # No value stands alone where a parser could take it for a flag.
     assert all(arg.startswith("--") for arg in container["args"])
-    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert front_of(build_deployment(owner(spec)))["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"}
+    ]
 
 
 def test_an_engine_argument_value_that_looks_like_a_flag_stays_in_its_token() -> None:
@@ -137,12 +140,25 @@ def test_vllm_gets_the_same_gpu_wiring_as_the_model_server() -> None:
     kubernetes_validate.validate(b, K8S_VERSION, strict=True)
 
 
-def test_probes_and_scraping_use_vllms_health_and_api_port() -> None:
+def front_of(deployment: dict) -> dict:
+    front: dict = next(c for c in deployment["spec"]["template"]["spec"]["initContainers"] if c["name"] == FRONT)
+    return front
+
+
+def test_probes_and_scraping_reach_vllm_through_the_front_on_the_api_port() -> None:
     o = owner(vllm_spec(startupTimeoutSeconds=1800))
     deployment = build_deployment(o)
     container = container_of(deployment)
+    assert container["ports"] == []  # vLLM listens on loopback: the kubelet reaches it through the front
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+        assert container[probe]["httpGet"] == {"path": "/health", "port": 8080}
+    assert container["lifecycle"]["preStop"]["sleep"]["seconds"] > 0  # answers while endpoints drop it
+    front = front_of(deployment)
+    assert front["restartPolicy"] == "Always"  # starts before vLLM, stops after it
+    assert front["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert "--upstream=http://127.0.0.1:8081" in front["args"] and "--host=127.0.0.1" in container["args"]
+    assert front["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "http"}
+    assert "env" not in front and "volumeMounts" not in front  # nothing of the author's
     assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 1800
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == "8080"
@@ -178,7 +194,8 @@ def test_hf_models_are_fetched_by_the_model_server_image_with_token_and_endpoint
     spec = hf_spec(huggingFace={"tokenSecret": "hf-token", "endpoint": "https://hf-mirror.example"})
     deployment = build_deployment(owner(spec, images=Images(model_server="reg/ms:1", vllm="reg/vllm:2")))
     pod = deployment["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]
+    init, front = pod["initContainers"]
+    assert front["name"] == FRONT and front["image"] == "reg/ms:1"
     assert init["image"] == "reg/ms:1"  # the one with the fetcher, not the vLLM image
     assert init["command"] == [
         "python",
@@ -202,7 +219,7 @@ def test_a_cache_claim_holds_the_fetched_model_under_a_per_uri_directory() -> No
     deployment = build_deployment(owner(hf_spec(cachePvc="model-cache")))
     pod = deployment["spec"]["template"]["spec"]
     assert {"name": "model-store", "persistentVolumeClaim": {"claimName": "model-cache"}} in pod["volumes"]
-    (init,) = pod["initContainers"]
+    init = pod["initContainers"][0]
     fetch_mount = next(m for m in init["volumeMounts"] if m["name"] == "model-store")
     serve_mount = next(m for m in container_of(deployment)["volumeMounts"] if m["name"] == "model-store")
     assert fetch_mount["subPath"] == serve_mount["subPath"]
@@ -243,7 +260,7 @@ def test_inference_pool_selects_the_pods_on_their_serving_port() -> None:
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert pool["spec"]["selector"]["matchLabels"] == selector_labels(o)
     assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert pool["spec"]["targetPorts"] == [{"number": container_of(deployment)["ports"][0]["containerPort"]}]
+    assert pool["spec"]["targetPorts"] == [{"number": front_of(deployment)["ports"][0]["containerPort"]}]
     assert pool["spec"]["endpointPickerRef"] == {
         "group": "",
         "kind": "Service",

@@ -17,7 +17,7 @@ from inference_operator.builders.deployment import (
     build_deployment,
 )
 from inference_operator.builders.storage import FETCH_CPU, FETCH_MEMORY, quantity_value
-from inference_operator.builders.vllm import VLLM_TERMINATION_GRACE_SECONDS
+from inference_operator.builders.vllm import FRONT_CPU_MIN, VLLM_TERMINATION_GRACE_SECONDS
 from inference_operator.models import parse_spec
 from tests.operator.test_render_cli import EXAMPLES, render
 
@@ -112,7 +112,8 @@ def test_every_fetch_scheme_keeps_the_pod_guaranteed(uri: str) -> None:
         spec["runtime"] = {"engine": "vllm"}
     pod_spec = build_deployment(owner(**spec))["spec"]["template"]["spec"]
     assert qos_class(pod_spec) == "Guaranteed"
-    assert pod_request(pod_spec, "cpu") == 0.25
+    front = float(FRONT_CPU_MIN) if uri.startswith("hf://") else 0.0  # vLLM's front: a sidecar beside it
+    assert pod_request(pod_spec, "cpu") == 0.25 + front
 
 
 def test_the_grace_period_is_the_servers_shutdown_and_little_more() -> None:

@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 import pytest
 
+from inference_operator.builders.common import engine_port
+from inference_operator.models import parse_spec
 from tests.llm.conftest import tiny_llama  # noqa: F401  (a fixture)
 from tests.llm.tiny_lora import adapter_files
 from tests.pods.conftest import (
@@ -138,8 +140,8 @@ def hub_repos(model_dir: pathlib.Path) -> dict[str, dict[str, bytes]]:
 
 
 @pytest.fixture(scope="module")
-def node(image_archives: list[pathlib.Path], vllm_archive: pathlib.Path) -> Iterator[NodeCluster]:
-    with tier([*image_archives, vllm_archive]) as cluster:
+def node(project_images: list[str], vllm_image: str) -> Iterator[NodeCluster]:
+    with tier([*project_images, vllm_image], "test_vllm_pods") as cluster:
         yield cluster
 
 
@@ -184,7 +186,8 @@ def inference_service(hub: Hub, adapters: list[dict[str, str]]) -> dict:
                     {"name": "AWS_REGION", "value": "us-east-1"},
                 ],
             },
-            "resources": {"gpu": {"count": 0}, "cpu": "1500m", "memory": "4Gi"},
+            # With the adapters sidecar (250m) and the front (200m), within the node's 2 CPUs.
+            "resources": {"gpu": {"count": 0}, "cpu": "1300m", "memory": "4Gi"},
             "adapters": adapters,
         },
     }
@@ -258,8 +261,10 @@ def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
     assert ("/api/models/org/tiny-llama/revision/main", f"Bearer {TOKEN}") in hub.requests
 
 
-def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod(node: NodeCluster) -> None:
+def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod(node: NodeCluster, hub: Hub) -> None:
     address = service_address(node)
+    pod = kubectl_json(node, "get", "pod", vllm_pod(node), "-n", NS)
+    engine = f"{pod['status']['podIP']}:{engine_port(parse_spec(inference_service(hub, [])['spec']))}"
     answers = {
         (chat, stream): complete(address, NAME, chat, stream) for chat in (False, True) for stream in (False, True)
     }
@@ -284,6 +289,12 @@ def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod
         "    print('load', 200)\n"
         "except urllib.error.HTTPError as e:\n"
         "    print('load', e.code)\n"
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('{engine.split(':')[0]}', {engine.split(':')[1]}), timeout=10).close()\n"
+        "    print('engine', 'open')\n"
+        "except OSError as e:\n"
+        "    print('engine', type(e).__name__)\n"
     )
     output = run_client_pod(node, NS, "client", script)
     assert output.split("\n") == [
@@ -291,8 +302,10 @@ def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod
         "/v1/completions True 200 True",
         "/v1/chat/completions False 200 True",
         "/v1/chat/completions True 200 True",
-        # Only the pod itself may manage adapters: the guard vLLM loads refuses another pod.
+        # Only the pod itself may manage adapters: the front refuses another pod.
         "load 403",
+        # vLLM's own port listens on the pod's loopback: only the front reaches it.
+        "engine ConnectionRefusedError",
     ], output
 
 

@@ -36,7 +36,7 @@ def subpath(model: dict[str, Any], env: list[dict[str, Any]] | None = None, serv
     deployment = build_deployment(Owner(name="m", namespace="ml", uid="u-1", spec=parse_spec(copy.deepcopy(spec))))
     kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
     pod = deployment["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]
+    init = next(c for c in pod["initContainers"] if c["name"] == "model-fetch")
     fetch = next(m for m in init["volumeMounts"] if m["name"] == "model-store")
     serve = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model-store")
     assert fetch["subPath"] == serve["subPath"]
@@ -100,7 +100,7 @@ def test_a_mirrors_later_fetch_does_not_touch_the_model_the_victim_serves(hub: H
     def run(pod: dict[str, Any], name: str) -> pathlib.Path:
         # The claim, and a directory of this pod's own for each of its other volumes.
         volumes = {v["name"]: tmp_path / f"{v['name']}-{name}" for v in pod["volumes"]} | {"model-store": claim}
-        (init,) = pod["initContainers"]
+        init = next(c for c in pod["initContainers"] if c["name"] == "model-fetch")
         result = run_init_container(init, volumes)
         assert result.returncode == 0, result.stderr[-2000:]
         serving = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model-store")

@@ -24,7 +24,7 @@ import json
 
 from ..jsontypes import JsonObject
 from ..models import Engine, InferenceServiceSpec, LoraSpec
-from .common import Owner, object_meta
+from .common import Owner, engine_port, object_meta
 from .storage import TOOL_CONFIG_ENV, adapter_fetch_env, tool_config_env
 
 SIDECAR = "adapters"
@@ -131,7 +131,7 @@ def adapters_sidecar(owner: Owner, user_env: list[JsonObject], security_context:
         "model_server.adapters",
         f"--desired={LIST_DIR}/{CONFIG_KEY}",
         f"--dir={FILES_DIR}",
-        f"--engine=http://127.0.0.1:{spec.runtime.port}",
+        f"--engine=http://127.0.0.1:{engine_port(spec)}",
         f"--port={port}",
         f"--plugins={PLUGINS_DIR}",
     ]

@@ -109,6 +109,21 @@ def multi_node(spec: InferenceServiceSpec) -> bool:
     return spec.resources.gpu.nodes > 1
 
 
+#: A multi-node group's bootstrap port (vLLM's --master-port, on the leader).
+MASTER_PORT = 29501
+
+
+def engine_port(spec: InferenceServiceSpec) -> int:
+    """A vLLM pod's engine port, on loopback behind the front (builders/vllm.py): the first
+    above `runtime.port` that no other port of the pod takes (`runtime.metricsPort`, the
+    adapters sidecar's; MASTER_PORT)."""
+    taken = {spec.runtime.port, spec.runtime.metrics_port, MASTER_PORT}
+    port = spec.runtime.port + 1
+    while port in taken or port > 65535:
+        port = 1024 if port >= 65535 else port + 1
+    return port
+
+
 def serving_labels(owner: Owner) -> dict[str, str]:
     """The pods that serve requests: all of the service's, or only the leader of each group
     (a multi-node replica's workers run no API server)."""

@@ -11,7 +11,7 @@ from .canary import STABLE, TRACK_LABEL, labels_stable_pods
 from .common import Owner, object_meta, selector_labels, standard_labels
 from .gpu import GpuWiring, gpu_wiring
 from .storage import MODEL_DIR, TERMINATION_LOG, model_storage
-from .vllm import VLLM_TERMINATION_GRACE_SECONDS, vllm_container
+from .vllm import VLLM_TERMINATION_GRACE_SECONDS, front_container, vllm_container
 
 CONTAINER = "model-server"
 RUN_AS_USER = 1000
@@ -185,6 +185,7 @@ def build_deployment(owner: Owner) -> JsonObject:
         init_containers = [*init_containers, adapters_sidecar(owner, fetch_env, _container_security())]
     if runtime.engine == Engine.VLLM:
         container = vllm_container(owner, MODEL_DIR, env, _resources(spec, gpus), mounts)
+        init_containers = [*init_containers, front_container(owner, _container_security())]
     else:
         container = _model_server_container(owner, env, _resources(spec, gpus), mounts)
     container["securityContext"] = _container_security()

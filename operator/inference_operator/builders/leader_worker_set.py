@@ -18,14 +18,13 @@ from __future__ import annotations
 import copy
 
 from ..jsontypes import JsonObject
-from .common import LWS_API_VERSION, LWS_KIND, Owner, object_meta
+from .common import LWS_API_VERSION, LWS_KIND, MASTER_PORT, Owner, object_meta
 from .deployment import build_deployment, desired_replicas
-from .vllm import CONTAINER
+from .vllm import CONTAINER, FRONT
 
 # vLLM's entry point for a headless node: the CLI (`vllm serve --headless`); the API server
 # module the leader runs has no headless mode.
 WORKER_COMMAND = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
-MASTER_PORT = 29501
 
 
 def multi_node_args(owner: Owner, rank: str) -> list[str]:
@@ -59,8 +58,9 @@ def worker_template(owner: Owner, template: JsonObject) -> JsonObject:
     vllm["command"] = list(WORKER_COMMAND)
     vllm["args"] = [*vllm["args"], *multi_node_args(owner, "$(LWS_WORKER_INDEX)"), "--headless"]
     vllm["ports"] = []  # serves nothing: the leader answers for the group
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe", "lifecycle"):
         vllm.pop(probe, None)
+    worker["spec"]["initContainers"] = [c for c in worker["spec"].get("initContainers", []) if c["name"] != FRONT]
     # Prometheus scrapes the leader, whose metrics cover the group.
     worker["metadata"]["annotations"] = {
         k: v for k, v in worker["metadata"].get("annotations", {}).items() if not k.startswith("prometheus.io/")

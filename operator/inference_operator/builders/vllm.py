@@ -1,21 +1,26 @@
-"""The serving container for `runtime.engine: vllm`: vLLM's OpenAI-compatible server.
+"""The serving containers for `runtime.engine: vllm`: vLLM's OpenAI-compatible server, and
+the front that is its only way in.
 
 One vLLM process per pod drives all of the pod's GPUs with tensor parallelism
 (`--tensor-parallel-size` = `resources.gpu.count`). It serves the OpenAI API (/v1/*), /health
-and its Prometheus metrics (`vllm:*`, /metrics) on one port. Every argument is one
-`--flag=value` token, so no value (a model name, a user's engine argument) can ever be read
-as a flag of its own.
+and its Prometheus metrics (`vllm:*`, /metrics) on one port, on loopback only: vLLM's server
+bounds neither connections, header fields nor bodies, so the pod's `http` port is the front's
+(`model_server front`, a native sidecar in the operator's image), which holds the model
+server's limits and relays to vLLM. The kubelet's probes of vLLM go through the front too.
+Every argument is one `--flag=value` token, so no value (a model name, a user's engine
+argument) can ever be read as a flag of its own.
 """
 
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 from ..jsontypes import JsonObject
 from ..models import TracingSpec
 from .adapters import lora_args, lora_enabled, lora_env, vllm_mounts
-from .common import Owner
-from .storage import MODEL_VOLUME, uses_cache_claim
+from .common import Owner, engine_port
+from .storage import MODEL_VOLUME, quantity_value, uses_cache_claim
 
 CONTAINER = "vllm"
 # vLLM's compiled graphs and kernels (VLLM_CACHE_ROOT): half of a CPU start is torch.compile.
@@ -29,6 +34,16 @@ HEALTH_PATH = "/health"
 # vLLM finishes the generations it is streaming when it stops; a long completion takes a while.
 VLLM_TERMINATION_GRACE_SECONDS = 60
 PROBE_PERIOD_SECONDS = 10
+# vLLM keeps answering this long after the pod is deleted, while endpoints drop it (it closes its
+# listener at SIGTERM, and the front can only answer 503 for a request that comes after).
+PRE_STOP_SECONDS = 5
+
+FRONT = "front"
+FRONT_MEMORY = "512Mi"
+# The front's CPU: an eighth of vLLM's, within these. It relays every streamed token; a GPU
+# node's vLLM with 16 CPUs gets a front of 2.
+FRONT_CPU_MIN = Decimal("0.2")
+FRONT_CPU_MAX = Decimal(2)
 
 
 def tensor_parallel_size(owner: Owner) -> int:
@@ -43,8 +58,8 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
         f"--model={model_dir}",
         f"--served-model-name={owner.model_name}",
         f"--tensor-parallel-size={tensor_parallel_size(owner)}",
-        "--host=0.0.0.0",
-        f"--port={runtime.port}",
+        "--host=127.0.0.1",
+        f"--port={engine_port(owner.spec)}",
     ]
     if runtime.max_model_len is not None:
         args.append(f"--max-model-len={runtime.max_model_len}")
@@ -97,9 +112,10 @@ def compile_cache(owner: Owner) -> tuple[str, list[JsonObject]]:
     return COMPILE_CACHE_DIR, [mount]
 
 
-def _probe(period: int, failures: int) -> JsonObject:
+def _probe(port: int, period: int, failures: int) -> JsonObject:
+    """vLLM's /health, asked through the front (the kubelet cannot reach loopback)."""
     return {
-        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "httpGet": {"path": HEALTH_PATH, "port": port},
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,
@@ -125,12 +141,54 @@ def vllm_container(
         "imagePullPolicy": runtime.image_pull_policy,
         "command": list(COMMAND),
         "args": vllm_args(owner, model_dir),
-        "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
+        "ports": [],
         "env": env,
         "resources": resources,
         "volumeMounts": mounts + cache_mounts,
         # Loading weights and compiling kernels of a large model takes minutes.
-        "startupProbe": _probe(PROBE_PERIOD_SECONDS, math.ceil(runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)),
-        "livenessProbe": _probe(10, 3),
-        "readinessProbe": _probe(5, 2),
+        "startupProbe": _probe(
+            runtime.port, PROBE_PERIOD_SECONDS, math.ceil(runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
+        ),
+        "livenessProbe": _probe(runtime.port, 10, 3),
+        "readinessProbe": _probe(runtime.port, 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
+    }
+
+
+def front_cpu(serving_cpu: str) -> str:
+    """An eighth of the serving container's CPU, between FRONT_CPU_MIN and FRONT_CPU_MAX, in
+    millicores."""
+    cpu = min(max(quantity_value(serving_cpu) / 8, FRONT_CPU_MIN), FRONT_CPU_MAX)
+    return f"{int(cpu * 1000)}m"
+
+
+def _front_probe(path: str, period: int, failures: int) -> JsonObject:
+    probe = {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 2}
+    return {**probe, "failureThreshold": failures}
+
+
+def front_container(owner: Owner, security_context: JsonObject) -> JsonObject:
+    """The native sidecar on the pod's `http` port that relays to vLLM (see the module doc). It
+    starts before vLLM and stops after it, so vLLM's last streams reach their clients. It holds
+    nothing of the author's: no env, no volume."""
+    runtime = owner.spec.runtime
+    amounts = {"cpu": front_cpu(owner.spec.resources.cpu), "memory": FRONT_MEMORY}
+    return {
+        "name": FRONT,
+        "image": owner.fetcher_image,
+        "restartPolicy": "Always",
+        "command": ["python", "-m", "model_server", "front"],
+        "args": [
+            f"--upstream=http://127.0.0.1:{engine_port(owner.spec)}",
+            f"--port={runtime.port}",
+            f"--memory-limit-bytes={int(quantity_value(FRONT_MEMORY))}",
+            f"--drain-timeout={VLLM_TERMINATION_GRACE_SECONDS}",
+        ],
+        "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
+        # requests == limits: a pod is Guaranteed only when every container, sidecars included, is.
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+        "securityContext": security_context,
+        "startupProbe": _front_probe("/health/live", 1, 30),
+        "livenessProbe": _front_probe("/health/live", 10, 3),
+        "readinessProbe": _front_probe("/health/ready", 5, 2),
     }
