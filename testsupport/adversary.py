@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from . import adversary_h2
+
 MiB = 1 << 20
 #: The watcher's clients come from another loopback address than the attacks, as the
 #: kubelet's do from the node's.
@@ -36,6 +38,11 @@ class Target:
     pid: int
     #: Where a POST with a body goes (stalled uploads); the health path if None.
     upload_path: str | None = None
+    #: HTTP (each attack as HTTP/1.1) or GRPC (each attack in its HTTP/2 shape, adversary_h2.py).
+    protocol: str = "http"
+
+
+HTTP, GRPC = "http", "grpc"
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,8 @@ def raise_fd_limit() -> int:
 
 def health_check(target: Target, timeout: float) -> float | None:
     """Seconds to a complete 200 from the health path over a new connection; None if none came."""
+    if target.protocol == GRPC:
+        return adversary_h2.health_check(target, WATCHER_ADDRESS, timeout)
     started = time.monotonic()
     request = f"GET {target.health_path} HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n".encode()
     try:
@@ -272,7 +281,7 @@ ATTACKS: dict[str, tuple[Attack, int]] = {
 
 
 @contextlib.contextmanager
-def _closing(conns: list[socket.socket]) -> Iterator[None]:
+def _closing(conns: list[socket.socket] | list[adversary_h2.Client]) -> Iterator[None]:
     try:
         yield
     finally:
@@ -283,7 +292,7 @@ def _closing(conns: list[socket.socket]) -> Iterator[None]:
 def attack(target: Target, name: str, *, hold_s: float = 2.0, scale: int | None = None, timeout: float = 5.0) -> Report:
     """Run attack `name` against `target`, hold it `hold_s`, let go; the report covers the
     attack, the hold and one health check after."""
-    run, default_scale = ATTACKS[name]
+    run, default_scale = (adversary_h2.ATTACKS if target.protocol == GRPC else ATTACKS)[name]
     report = Report(target.name, name)
     with _Watcher(target, report, timeout) as watcher:
         conns = run(target, default_scale if scale is None else scale)
@@ -294,7 +303,12 @@ def attack(target: Target, name: str, *, hold_s: float = 2.0, scale: int | None 
                 watcher.sample()
                 time.sleep(0.02)
             if name == "pipelined":
-                answered = sum(_read_answers(conn, 50, timeout=timeout) for conn in conns)
+                answered = sum(
+                    conn.answers(50, timeout)
+                    if isinstance(conn, adversary_h2.Client)
+                    else _read_answers(conn, 50, timeout)
+                    for conn in conns
+                )
                 if answered < 50 * len(conns):
                     report.notes.append(f"{answered} of {50 * len(conns)} pipelined requests answered")
     if health_check(target, timeout) is None:

@@ -41,14 +41,15 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     adversary.raise_fd_limit()
     repo = tmp_path_factory.mktemp("adversary") / "repo"
     affine_model(repo / "1" / "model.onnx", np.ones((4, 3), np.float32), np.zeros(3, np.float32))
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, grpc_port = free_port(), free_port(), free_port()
     flags = ["--model-name", "tiny", "--no-watch", "--log-level", "warning", "--intra-op-threads", "1"]
     flags += ["--metrics-port", str(metrics_port), "--memory-limit-bytes", str(MEMORY_LIMIT)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     log = Path(tmp_path_factory.mktemp("adversary-log")) / "server.log"
+    flags += ["--grpc-port", str(grpc_port)]
     command = serve_command(repo, port, *flags)
     with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/health/ready") as process:
-        yield Running(process.pid, {"http": port, "metrics": metrics_port})
+        yield Running(process.pid, {"http": port, "metrics": metrics_port, "grpc": grpc_port})
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +133,18 @@ NOT_BOUNDABLE: dict[str, dict[str, str]] = {
         # /health up to 1.03 s.
         "huge headers": "vLLM keeps every header field of every open connection",
         # FastAPI reads a JSON body whole before the handler runs, and vLLM bounds neither body
+    "model-server-grpc": (
+        "model_server",
+        lambda s: adversary.Target(
+            "model server gRPC",
+            "127.0.0.1",
+            s.ports["grpc"],
+            "/inference.GRPCInferenceService/ServerLive",
+            s.pid,
+            "/inference.GRPCInferenceService/ModelInfer",
+            protocol=adversary.GRPC,
+        ),
+    ),
         # sizes nor connections: 1,000 uploads stalled after 300 KiB grew it 303-349 MiB.
         "stalled uploads": "vLLM buffers every open upload's body whole",
     },

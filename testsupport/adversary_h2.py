@@ -1,0 +1,233 @@
+"""The adversarial attacks in their HTTP/2 shape, for a gRPC port (testsupport/adversary.py picks
+them for a `Target` whose protocol is GRPC): the frames written with h2, as a hostile client
+would, not through a gRPC library that plays by the rules.
+
+- pipelined: 50 calls written at once on each connection before any answer is read;
+- idle: connections that made one call, then say nothing (no streams, no pings);
+- half-open: connections whose streams never send their message (headers, then silence);
+- stalled uploads: calls announcing a 60 MiB message that stop after what the window takes;
+- huge headers: a call, then a second whose metadata is 10,000 fields (HPACK makes them a few
+  bytes each on the wire: the size is only seen once decoded).
+
+The watcher's health check is the protocol's ServerLive over a new connection, read to its
+trailers (grpc-status 0 and live = true).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+
+SERVICE = "inference.GRPCInferenceService"
+#: ServerLiveResponse{live: true}, framed: not compressed, 2 bytes.
+LIVE_ANSWER = b"\x00\x00\x00\x00\x02\x08\x01"
+EMPTY_MESSAGE = b"\x00\x00\x00\x00\x00"
+MiB = 1 << 20
+
+
+class Endpoint(Protocol):
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+
+
+def _headers(method: str, extra: list[tuple[str, str]] | None = None) -> list[tuple[str, str]]:
+    return [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", f"/{SERVICE}/{method}"),
+        (":authority", "adversary"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        *(extra or []),
+    ]
+
+
+def frame(message: bytes, announced: int | None = None) -> bytes:
+    """A gRPC message on the wire: not compressed, its length (or the one `announced`), itself."""
+    return b"\x00" + (len(message) if announced is None else announced).to_bytes(4, "big") + message
+
+
+class Client:
+    """One HTTP/2 connection written by hand; `close()` drops it (what the attacks hold)."""
+
+    def __init__(self, endpoint: Endpoint, source: str | None = None, timeout: float = 10) -> None:
+        address = (source, 0) if source else None
+        self.sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout, source_address=address)
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.h2.initiate_connection()
+        self.ended: set[int] = set()
+        self.bodies: dict[int, bytes] = {}
+        self.status: dict[int, str] = {}
+        self.flush()
+
+    def flush(self, wait: bool = True) -> None:
+        data = self.h2.data_to_send()
+        if not data:
+            return
+        if wait:
+            self.sock.sendall(data)
+            return
+        self.sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError, ConnectionError):
+            self.sock.send(data)
+
+    def call(self, method: str, message: bytes = EMPTY_MESSAGE, *, end: bool = True) -> int:
+        """Open a stream for `method` and write `message` (ending the stream unless `end` is false)."""
+        stream = self.h2.get_next_available_stream_id()
+        self.h2.send_headers(stream, _headers(method))
+        if message:
+            self.h2.send_data(stream, message, end_stream=end)
+        elif end:
+            self.h2.end_stream(stream)
+        return stream
+
+    def read_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Read and answer frames until `done()`, the timeout or the connection's end."""
+        deadline = time.monotonic() + timeout
+        self.sock.setblocking(True)
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                return False
+            if not data:
+                return done()
+            try:
+                events = self.h2.receive_data(data)
+            except h2.exceptions.ProtocolError:
+                return False
+            for event in events:
+                if isinstance(event, h2.events.DataReceived):
+                    self.bodies[event.stream_id] = self.bodies.get(event.stream_id, b"") + event.data
+                    self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
+                    for name, value in event.headers:
+                        if name in ("grpc-status", b"grpc-status"):
+                            self.status[event.stream_id] = value if isinstance(value, str) else value.decode()
+                elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                    self.ended.add(event.stream_id)
+            self.flush()
+        return True
+
+    def answers(self, count: int, timeout: float) -> int:
+        """How many streams ended with status 0, waiting for up to `count` of them."""
+        self.read_until(lambda: len(self.ended) >= count, timeout)
+        return sum(1 for stream in self.ended if self.status.get(stream) == "0")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def health_check(endpoint: Endpoint, source: str, timeout: float) -> float | None:
+    """Seconds to a complete ServerLive (live, status 0) over a new connection; None if none came."""
+    started = time.monotonic()
+    try:
+        client = Client(endpoint, source, timeout)
+    except OSError:
+        return None
+    try:
+        stream = client.call("ServerLive")
+        client.flush()
+        if not client.read_until(lambda: stream in client.ended, timeout):
+            return None
+        if client.status.get(stream) != "0" or client.bodies.get(stream) != LIVE_ANSWER:
+            return None
+    except OSError:
+        return None
+    finally:
+        client.close()
+    return time.monotonic() - started
+
+
+def pipelined(endpoint: Endpoint, scale: int) -> list[Client]:
+    """`scale` connections, each writing 50 ServerLive calls at once before reading any answer."""
+    clients = [Client(endpoint) for _ in range(scale)]
+    for client in clients:
+        for _ in range(50):
+            client.call("ServerLive")
+        client.flush()
+    return clients
+
+
+def idle(endpoint: Endpoint, scale: int) -> list[Client]:
+    """`scale` connections, each after one answered call, then silent."""
+    clients = []
+    for _ in range(scale):
+        client = Client(endpoint)
+        stream = client.call("ServerLive")
+        client.flush()
+        client.read_until(lambda c=client, s=stream: s in c.ended, 5)  # type: ignore[misc]
+        clients.append(client)
+    return clients
+
+
+#: Streams each half-open connection opens and never sends on: 6,000 calls in all, each one a
+#: coroutine in grpc's Python server until the call table ends it. At 10 per connection (20,000)
+#: /health took 0.7-1.3 s and the server grew 200-270 MiB: the price of a call there, paid per
+#: stream, which no option of grpc's core bounds below its 100 streams per connection.
+SILENT_STREAMS = 3
+
+
+def half_open(endpoint: Endpoint, scale: int) -> list[Client]:
+    """`scale` connections, each with SILENT_STREAMS ModelInfer calls whose message never comes."""
+    clients = []
+    for _ in range(scale):
+        client = Client(endpoint)
+        for _ in range(SILENT_STREAMS):
+            client.call("ModelInfer", b"", end=False)
+        client.flush(wait=False)
+        clients.append(client)
+    return clients
+
+
+def stalled_uploads(endpoint: Endpoint, scale: int) -> list[Client]:
+    """`scale` ModelInfer calls announcing a 60 MiB message and sending 300 KiB of it, as far as the
+    server's flow-control window lets them, then nothing."""
+    clients = []
+    for _ in range(scale):
+        client = Client(endpoint)
+        stream = client.call("ModelInfer", b"", end=False)
+        data = frame(b"\x0a" * (300 * 1024), announced=60 * MiB)
+        allowed = min(len(data), client.h2.local_flow_control_window(stream))
+        for offset in range(0, allowed, client.h2.max_outbound_frame_size):
+            client.h2.send_data(stream, data[offset : min(allowed, offset + client.h2.max_outbound_frame_size)])
+        client.flush(wait=False)
+        clients.append(client)
+    return clients
+
+
+def huge_headers(endpoint: Endpoint, scale: int) -> list[Client]:
+    """`scale` connections, each a call and then a second one whose metadata is 10,000 fields."""
+    clients = []
+    fields = [("a", "b")] * 10_000
+    for _ in range(scale):
+        client = Client(endpoint)
+        client.call("ServerLive")
+        stream = client.h2.get_next_available_stream_id()
+        client.h2.send_headers(stream, _headers("ServerLive", fields), end_stream=True)
+        client.flush(wait=False)
+        clients.append(client)
+    return clients
+
+
+ATTACKS: dict[str, tuple[Callable[[Endpoint, int], list[Client]], int]] = {
+    "pipelined": (pipelined, 20),
+    "idle": (idle, 2_000),
+    "half-open": (half_open, 2_000),
+    "stalled uploads": (stalled_uploads, 1_000),
+    "huge headers": (huge_headers, 300),
+}
