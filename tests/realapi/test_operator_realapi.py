@@ -95,6 +95,8 @@ def test_shipped_crds_install_and_cel_refuses_bad_specs(apiserver: ApiServer) ->
         "1model": (resnet(), "metadata.name"),
         "scaling": (resnet(autoscaling={"minReplicas": 5, "maxReplicas": 2, "target": 50}), "minReplicas"),
         "badport": (resnet(runtime={"port": 9090, "metricsPort": 9090}), "metricsPort"),
+        "vllmgrpc": (resnet(runtime={"engine": "vllm", "grpcPort": 8081}), "grpcPort applies to engine modelServer"),
+        "grpcport": (resnet(runtime={"grpcPort": 8080}), "runtime.grpcPort must differ"),
     }
     for name, (spec, words) in cases.items():
         doc = {
@@ -159,6 +161,26 @@ def test_metrics_port_change_applies_without_a_duplicate(apiserver: ApiServer, o
     assert ports["metrics"] == 9091 and 9090 not in ports.values()
     svc_ports = {p["name"]: p["port"] for p in service_obj(apiserver, ns, "resnet")["spec"]["ports"]}
     assert svc_ports["metrics"] == 9091 and len(svc_ports) == len(set(svc_ports.values()))
+
+
+def test_grpc_port_on_then_off_leaves_the_pod_and_service_without_it(apiserver: ApiServer, operator: Operator) -> None:
+    """runtime.grpcPort through server-side apply: added to the container and the Service (with
+    appProtocol grpc), then removed from both when the field goes, leaving no stray list entry."""
+    ns = namespace(apiserver)
+    apply_cr(apiserver, ns, "resnet", resnet(gpus=1, runtime={"grpcPort": 8081}))
+    wait_for(lambda: observed(apiserver, ns, "resnet"), timeout=120, message="first reconcile")
+    (svc_port,) = [p for p in service_obj(apiserver, ns, "resnet")["spec"]["ports"] if p["name"] == "grpc"]
+    assert (svc_port["port"], svc_port["targetPort"], svc_port["appProtocol"]) == (8081, "grpc", "grpc")
+    args = container(deployment(apiserver, ns, "resnet"))["args"]
+    assert args[args.index("--grpc-port") + 1] == "8081"
+    apply_cr(apiserver, ns, "resnet", resnet(gpus=1))
+    wait_for(
+        lambda: "--grpc-port" not in container(deployment(apiserver, ns, "resnet"))["args"],
+        timeout=120,
+        message="the flag removed",
+    )
+    assert "grpc" not in {p["name"] for p in container(deployment(apiserver, ns, "resnet"))["ports"]}
+    assert "grpc" not in {p["name"] for p in service_obj(apiserver, ns, "resnet")["spec"]["ports"]}
 
 
 def _image(server: ApiServer, ns: str) -> str:
