@@ -9,8 +9,10 @@ that shared a batch keep their own traces; their batch spans carry the same
 `inference.batch.id`, with the batch's rows and requests.
 
 Spans leave through a bounded batch processor on its own thread: a queue of at most
-`MAX_QUEUED_SPANS` (more are dropped, never buffered), exports of at most `MAX_EXPORT_BATCH`,
-each given up after `EXPORT_TIMEOUT_S`; a slow or absent collector costs spans, not requests.
+`MAX_QUEUED_SPANS`, exports of at most `MAX_EXPORT_BATCH`, each given up after
+`EXPORT_TIMEOUT_S`. While that queue is full (a slow or absent collector) new requests are not
+traced at all, rather than traced and their spans dropped one by one at the queue (which the
+SDK logs for every span): a collector in trouble costs traces, not requests.
 
 With tracing off nothing here runs on the request path: the routes are bound without it
 (api/routes.py), `current()` is None, and the OpenTelemetry SDK is never imported.
@@ -22,7 +24,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +45,8 @@ SCHEDULE_DELAY_MS = 500
 EXPORT_TIMEOUT_S = 5.0
 # How long a stopping server waits for the last spans to leave (a stuck collector cannot hold it).
 SHUTDOWN_TIMEOUT_S = 2.0
+# Spans one traced request makes: its own and its stages'.
+SPANS_PER_REQUEST = 6
 
 _NULL_STAGE = contextlib.nullcontext()
 
@@ -142,6 +146,10 @@ class Tracing:
         )
         self.provider.add_span_processor(self.processor)
         self.tracer: Tracer = self.provider.get_tracer(INSTRUMENTATION)
+        # The processor's queue (a bounded deque), when this SDK version keeps one where 1.3x does.
+        self._queue: Sized | None = getattr(getattr(self.processor, "_batch_processor", None), "_queue", None)
+        self._max_queue = max_queue
+        self._active = 0  # traced requests in progress: the spans they will still add
         self._propagator = TraceContextTextMapPropagator()
 
     @contextlib.contextmanager
@@ -150,6 +158,9 @@ class Tracing:
         inside when the trace is not sampled (the stages then do nothing either)."""
         from opentelemetry.trace import SpanKind, set_span_in_context
 
+        if self.backlogged():
+            yield None
+            return
         parent = self._propagator.extract(headers)
         attributes = {"http.request.method": "POST", "http.route": route, "inference.model": model}
         with self.tracer.start_as_current_span(
@@ -160,9 +171,11 @@ class Tracing:
                 return
             trace = RequestTrace(self.tracer, span, set_span_in_context(span))
             token = _CURRENT.set(trace)
+            self._active += 1
             try:
                 yield trace
             finally:
+                self._active -= 1
                 _CURRENT.reset(token)
 
     def answered(self, trace: RequestTrace | None, status: int) -> None:
@@ -176,9 +189,16 @@ class Tracing:
             trace.span.set_status(Status(StatusCode.ERROR))
 
     def queued(self) -> int:
-        """Spans waiting for export now (at most `max_queue`): the SDK keeps them in a bounded
-        deque and exposes its length only to a meter, so it is read here for the tests."""
-        return len(self.processor._batch_processor._queue)
+        """Spans waiting for export now (at most `max_queue`; 0 where the SDK keeps no queue we
+        can see): the SDK exposes its length only to a meter, so it is read here."""
+        return len(self._queue) if self._queue is not None else 0
+
+    def backlogged(self) -> bool:
+        """The export queue has no room for the spans of the traced requests in progress and one
+        more: the collector is behind. (Called on the event loop only, as `request` is.)"""
+        if self._queue is None:
+            return False
+        return len(self._queue) + (self._active + 1) * SPANS_PER_REQUEST > self._max_queue
 
     def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Export what is queued for at most `timeout_s`; the exporter's thread is a daemon."""
