@@ -161,6 +161,8 @@ VIOLATIONS = [
     ({"model": {"uri": "s3://b/m", "huggingFace": {"tokenSecret": "hf"}}}, "spec.model.huggingFace", "hf://"),
     ({"model": {"uri": "pvc://models/m", "cachePvc": "cache"}}, "spec.model.cachePvc", "fetched models"),
     ({"runtime": {"maxModelLen": 4096}}, "spec.runtime.maxModelLen", "engine vllm only"),
+    ({"runtime": {"engine": "vllm", "grpcPort": 8081}}, "spec.runtime.grpcPort", "engine modelServer only"),
+    ({"runtime": {"grpcPort": 9090}}, "spec.runtime.grpcPort", "must differ from runtime.port and runtime.metricsPort"),
     ({"runtime": {"engine": "vllm", "args": ["--served=x"]}}, "spec.runtime.args", "--served-model-name"),
     ({"runtime": {"engine": "vllm", "args": ["-tp", "8"]}}, "spec.runtime.args", "--flag=value"),
     (
