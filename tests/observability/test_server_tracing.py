@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from model_server.runner import log_handler
 from tests.server.helpers import HeldRuntime, make_settings, running_server, until
 from testsupport.onnx_models import affine_model
 from testsupport.otlp import ReceivedSpan, otlp_receiver
+from testsupport.processes import free_port, running, serve_command
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
@@ -237,3 +239,21 @@ def test_text_logs_stay_the_default():
     record = logging.LogRecord("model_server", logging.INFO, __file__, 1, "loaded %s", ("v1",), None)
     line = handler.format(record)
     assert line.endswith(" INFO model_server: loaded v1") and not line.startswith("{")
+
+
+@pytest.mark.slow
+def test_serve_with_log_format_json_writes_nothing_but_json_lines(affine_repo, tmp_path):
+    """Every line the process writes, uvicorn's own included, is one JSON object."""
+    port = free_port()
+    log = tmp_path / "server.log"
+    command = serve_command(affine_repo, port, "--model-name", "tiny", "--no-watch", "--log-format", "json")
+    env = {**os.environ, "MODEL_SERVER_ACCESS_LOG": "true"}
+    with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/health/ready") as process:
+        reply = httpx.post(f"http://127.0.0.1:{port}/v2/models/tiny/infer", json=v2_body(), timeout=10)
+        assert reply.status_code == 200
+    assert process.returncode == 0
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    loggers = {r["logger"] for r in records}
+    assert {"uvicorn.error", "uvicorn.access"} <= loggers, loggers
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    assert any("/v2/models/tiny/infer" in r["message"] for r in records if r["logger"] == "uvicorn.access")
