@@ -5,6 +5,7 @@ deadlines, cancelled and silent calls)."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -272,3 +273,27 @@ def wait_for(condition, timeout: float = 20) -> None:  # type: ignore[no-untyped
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_sigterm_lets_a_call_in_progress_finish_and_takes_no_new_one(affine_repo):
+    held = HeldRuntime()
+    rows = np.zeros((1, 4), np.float32)
+    with running_grpc_server(make_settings(affine_repo, grpc_port=0), backend_factory=held) as server:
+        client = triton.InferenceServerClient(server.target)
+        answers: list[object] = []
+        call = threading.Thread(target=lambda: answers.append(client.infer("tiny", [triton_input(rows)])))
+        call.start()
+        wait_for(lambda: held.held == 1)
+        server.server.handle_exit(signal.SIGTERM, None)
+        fresh = triton.InferenceServerClient(server.target)
+        wait_for(lambda: not _answers_ready(fresh))  # unready, then the listener closes
+        held.release()
+        call.join(10)
+    assert len(answers) == 1 and answers[0].as_numpy("y").shape == (1, 3)  # type: ignore[attr-defined]
+
+
+def _answers_ready(client: triton.InferenceServerClient) -> bool:
+    try:
+        return bool(client.is_server_ready(client_timeout=1))
+    except InferenceServerException:
+        return False
