@@ -107,6 +107,8 @@ OPERATOR_ENV = (
     "MODEL_SERVER_MAX_QUEUE",
     "MODEL_SERVER_SHUTDOWN_DELAY_S",
     "MODEL_SERVER_DRAIN_TIMEOUT_S",
+    "MODEL_SERVER_OTLP_TRACES_ENDPOINT",
+    "MODEL_SERVER_TRACE_SAMPLE_RATIO",
     # The model fetcher's Hub access: only from model.huggingFace, which the operator checks.
     "HF_TOKEN",
     "HF_ENDPOINT",

@@ -122,6 +122,8 @@ def test_the_schema_accepts_http_and_https_and_bounds_the_ratio():
         ("modelServer", {"args": ["--trace-sample-ratio=1"]}),
         ("vllm", {"args": ["--otlp-traces-endpoint=http://elsewhere/v1/traces"]}),
         ("vllm", {"env": [{"name": "OTEL_TRACES_SAMPLER", "value": "always_on"}]}),
+        ("modelServer", {"env": [{"name": "MODEL_SERVER_OTLP_TRACES_ENDPOINT", "value": "http://elsewhere/v1"}]}),
+        ("modelServer", {"env": [{"name": "MODEL_SERVER_TRACE_SAMPLE_RATIO", "value": "1"}]}),
     ],
 )
 def test_args_and_env_cannot_set_what_runtime_tracing_sets(engine, runtime):
