@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from . import signals
 from .app import create_app
+from .caches import prepare_compile_caches
 from .grpc_server import GrpcFrontEnd
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 from .lifecycle import Shutdown
@@ -194,6 +195,7 @@ def configure_logging(level: str, log_format: str = "text", trace_ids: bool = Fa
 def serve(settings: ServerSettings) -> int:
     """Run until SIGTERM/SIGINT; 0 after a graceful stop."""
     configure_logging(settings.log_level, settings.log_format, trace_ids=settings.otlp_traces_endpoint is not None)
+    prepare_compile_caches()
     shutdown = Shutdown(settings.drain_timeout_s)
     app = create_app(settings, registry=REGISTRY, shutdown=shutdown)
     config = uvicorn.Config(
