@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.adapters import PLUGINS_DIR
+from inference_operator.builders.vllm import FRONT
 from inference_operator.models import parse_spec
 from model_server.adapters import install_guard
 from tests.llm.conftest import running_vllm, tiny_llama  # noqa: F401  (tiny_llama is a fixture)
@@ -44,9 +46,9 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     port, metrics_port, grpc_port = free_port(), free_port(), free_port()
     flags = ["--model-name", "tiny", "--no-watch", "--log-level", "warning", "--intra-op-threads", "1"]
     flags += ["--metrics-port", str(metrics_port), "--memory-limit-bytes", str(MEMORY_LIMIT)]
+    flags += ["--grpc-port", str(grpc_port)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     log = Path(tmp_path_factory.mktemp("adversary-log")) / "server.log"
-    flags += ["--grpc-port", str(grpc_port)]
     command = serve_command(repo, port, *flags)
     with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/health/ready") as process:
         yield Running(process.pid, {"http": port, "metrics": metrics_port, "grpc": grpc_port})
@@ -70,9 +72,9 @@ def adapters_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
 VLLM_MODEL_MOUNT = "/mnt/models"
 
 
-def rendered_vllm_container() -> dict[str, Any]:
-    """The vLLM container the operator renders for a LoRA service (the guard loaded): its args
-    and env (the 75 s keep-alive among them) are what the suite runs."""
+def rendered_vllm_pod() -> dict[str, Any]:
+    """The pod the operator renders for a LoRA vLLM service (the guard loaded): its containers'
+    args and env (the 75 s keep-alive among them) are what the suite runs."""
     spec = parse_spec(
         {
             "model": {"uri": "hf://org/tiny-llama"},
@@ -81,8 +83,21 @@ def rendered_vllm_container() -> dict[str, Any]:
         }
     )
     objects = {obj["kind"]: obj for obj in build_all(Owner("tiny", "default", "uid-1", spec))}
-    container: dict[str, Any] = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    pod: dict[str, Any] = objects["Deployment"]["spec"]["template"]["spec"]
+    return pod
+
+
+def rendered_vllm_container() -> dict[str, Any]:
+    container: dict[str, Any] = rendered_vllm_pod()["containers"][0]
     return container
+
+
+def rendered_front_command(upstream: int, port: int) -> list[str]:
+    """The front's command line as rendered, on loopback, in front of vLLM at `upstream`."""
+    front = next(c for c in rendered_vllm_pod()["initContainers"] if c["name"] == FRONT)
+    args = [a for a in front["args"] if not a.startswith(("--upstream=", "--port="))]
+    args += [f"--upstream=http://127.0.0.1:{upstream}", f"--port={port}", "--host=127.0.0.1"]
+    return [sys.executable, *front["command"][1:], *args]
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +114,17 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path) -> I
         yield Running(p.pid, {"vllm": port})
 
 
+@pytest.fixture(scope="module")
+def vllm_front(vllm_server: Running, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """The pod's way in: the front, as rendered, in front of vLLM (which listens on loopback)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    log = Path(tmp_path_factory.mktemp("adversary-front")) / "front.log"
+    command = rendered_front_command(vllm_server.ports["vllm"], port)
+    with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/health/ready") as process:
+        yield Running(process.pid, {"front": port})
+
+
 #: Every listening port: the fixture that runs its process, and the target it makes of it.
 PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
     "model-server-http": (
@@ -107,32 +133,6 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
             "model server HTTP", "127.0.0.1", s.ports["http"], "/health/live", s.pid, "/v2/models/tiny/infer"
         ),
     ),
-    "model-server-metrics": (
-        "model_server",
-        lambda s: adversary.Target("model server metrics", "127.0.0.1", s.ports["metrics"], "/metrics", s.pid),
-    ),
-    "adapters-sidecar": (
-        "adapters_sidecar",
-        lambda s: adversary.Target("adapters sidecar", "127.0.0.1", s.ports["adapters"], "/health/live", s.pid),
-    ),
-    "vllm-api": (
-        "vllm_server",
-        lambda s: adversary.Target("vLLM API", "127.0.0.1", s.ports["vllm"], "/health", s.pid, "/v1/completions"),
-    ),
-}
-
-
-#: Attacks a port's own server gives no way to bound, left out for that port only, and why.
-NOT_BOUNDABLE: dict[str, dict[str, str]] = {
-    "vllm-api": {
-        # vLLM 0.32 serves with uvicorn's httptools protocol (httptools comes with its
-        # fastapi[standard]), which never reads --h11-max-incomplete-event-size or
-        # --h11-max-header-count (rendered at 16 KiB and 100 fields, the bound did not move);
-        # it caps neither connections (no limit_concurrency) nor header fields: 300 connections,
-        # each a never-ended head of 10,000 fields, grew the API server 219-347 MiB and held
-        # /health up to 1.03 s.
-        "huge headers": "vLLM keeps every header field of every open connection",
-        # FastAPI reads a JSON body whole before the handler runs, and vLLM bounds neither body
     "model-server-grpc": (
         "model_server",
         lambda s: adversary.Target(
@@ -145,17 +145,24 @@ NOT_BOUNDABLE: dict[str, dict[str, str]] = {
             protocol=adversary.GRPC,
         ),
     ),
-        # sizes nor connections: 1,000 uploads stalled after 300 KiB grew it 303-349 MiB.
-        "stalled uploads": "vLLM buffers every open upload's body whole",
-    },
+    "model-server-metrics": (
+        "model_server",
+        lambda s: adversary.Target("model server metrics", "127.0.0.1", s.ports["metrics"], "/metrics", s.pid),
+    ),
+    "adapters-sidecar": (
+        "adapters_sidecar",
+        lambda s: adversary.Target("adapters sidecar", "127.0.0.1", s.ports["adapters"], "/health/live", s.pid),
+    ),
+    # vLLM's own port listens on loopback only; the front is the vLLM pod's port. Its health
+    # path here is vLLM's, through the front: the whole way in must stay answerable.
+    "vllm-front": (
+        "vllm_front",
+        lambda s: adversary.Target("vLLM front", "127.0.0.1", s.ports["front"], "/health", s.pid, "/v1/completions"),
+    ),
 }
 
-CASES = [
-    (port, attack)
-    for port in sorted(PORTS)
-    for attack in adversary.ATTACKS
-    if attack not in NOT_BOUNDABLE.get(port, {})
-]
+
+CASES = [(port, attack) for port in sorted(PORTS) for attack in adversary.ATTACKS]
 
 
 @pytest.mark.parametrize(("port", "attack"), CASES, ids=[f"{port}-{attack}" for port, attack in CASES])
@@ -167,3 +174,15 @@ def test_the_port_stays_answerable_with_bounded_memory_and_threads(
     report = adversary.attack(target, attack)
     print(report.summary())
     assert report.problems(adversary.Bounds()) == []
+
+
+def test_vllms_own_guard_still_refuses_a_remote_client_behind_the_front(vllm_server: Running) -> None:
+    """The front tells vLLM the real client (X-Forwarded-For, which vLLM's server trusts from
+    loopback): management from a remote client is refused by vLLM's guard too, should a path
+    ever slip past the front; the adapters sidecar, on loopback with no such header, is not."""
+    url = f"http://127.0.0.1:{vllm_server.ports['vllm']}/v1/unload_lora_adapter"
+    body = {"lora_name": "none-loaded"}
+    remote = httpx.post(url, json=body, headers={"X-Forwarded-For": "10.9.8.7"}, timeout=30)
+    assert remote.status_code == 403, remote.text
+    local = httpx.post(url, json=body, timeout=30)
+    assert local.status_code != 403, local.text  # vLLM's own answer: no such adapter
