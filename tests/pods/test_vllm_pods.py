@@ -430,3 +430,20 @@ def test_the_hub_token_never_reaches_the_vllm_container(node: NodeCluster, hub: 
     assert "/tmp/canary" in in_vllm(node, search).split("\n"), "the search misses a readable file"
     in_vllm(node, "import os; os.remove('/tmp/canary')")
     wait_for(lambda: adapter_state(node, "sql") == "Ready", timeout=30, message="sql still Ready")
+
+
+def test_a_removed_adapter_is_unloaded_and_a_request_for_it_is_a_404(node: NodeCluster, hub: Hub) -> None:
+    address = service_address(node)
+    apply(node, inference_service(hub, []))
+    started = time.monotonic()
+    wait_for(
+        lambda: {m["id"] for m in httpx.get(f"http://{address}/v1/models", timeout=10).json()["data"]} == {NAME},
+        timeout=120,
+        message="the adapters gone from /v1/models",
+    )
+    FIGURES["vLLM adapter removed from the spec to unloaded (s)"] = time.monotonic() - started
+    body = {"model": "sql", "prompt": PROMPT, "max_tokens": 4}
+    response = httpx.post(f"http://{address}/v1/completions", json=body, timeout=30)
+    assert response.status_code == 404, response.text
+    wait_for(lambda: adapter_state(node, "sql") is None, timeout=60, message="sql gone from status.adapters")
+    assert complete(address, NAME)  # the base model serves on
