@@ -109,6 +109,8 @@ OPERATOR_ENV = (
     "MODEL_SERVER_DRAIN_TIMEOUT_S",
     "MODEL_SERVER_OTLP_TRACES_ENDPOINT",
     "MODEL_SERVER_TRACE_SAMPLE_RATIO",
+    "OTEL_K8S_POD_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
     # The model fetcher's Hub access: only from model.huggingFace, which the operator checks.
     "HF_TOKEN",
     "HF_ENDPOINT",

@@ -57,7 +57,11 @@ def one_trace_complete(spans: list[ReceivedSpan]) -> bool:
     return V2_SPAN in names and all(stage in names for stage in STAGES)
 
 
-async def test_a_callers_traceparent_is_the_parent_of_the_request_span_and_its_stages(affine_repo):
+async def test_a_callers_traceparent_is_the_parent_of_the_request_span_and_its_stages(affine_repo, monkeypatch):
+    # What the operator sets in the pod (builders/tracing.py), the pod's name expanded.
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES", "k8s.pod.name=svc-7d9f-x2,k8s.namespace.name=ml,inference.service=svc"
+    )
     with otlp_receiver() as receiver:
         settings = make_settings(affine_repo, otlp_traces_endpoint=receiver.url)
         with running_server(settings) as running:
@@ -71,6 +75,7 @@ async def test_a_callers_traceparent_is_the_parent_of_the_request_span_and_its_s
     assert request.attributes["http.route"] == "/v2/models/{name}/infer"
     assert request.attributes["inference.model"] == "tiny"
     assert request.resource["service.name"] == "model-server"
+    assert (request.resource["k8s.pod.name"], request.resource["inference.service"]) == ("svc-7d9f-x2", "svc")
     stages = children(spans, request)
     assert set(stages) == set(STAGES)
     for stage in stages.values():  # each stage within the request, in the order served

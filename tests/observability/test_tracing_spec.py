@@ -44,6 +44,10 @@ def vllm_spec(**runtime: object) -> dict:
     }
 
 
+def container_env(deployment: dict, name: str) -> list[dict]:
+    return containers(deployment)[name]["env"]
+
+
 def containers(deployment: dict) -> dict[str, dict]:
     pod = deployment["spec"]["template"]["spec"]
     return {c["name"]: c for c in [*pod.get("initContainers", []), *pod["containers"]]}
@@ -56,6 +60,12 @@ def test_the_model_servers_command_line_carries_the_endpoint_and_ratio_and_no_ot
     args = found.pop("model-server")["args"]
     at = args.index("--otlp-traces-endpoint")
     assert args[at : at + 4] == ["--otlp-traces-endpoint", ENDPOINT, "--trace-sample-ratio", "0.25"]
+    env = {e["name"]: e for e in container_env(deployment, "model-server")}
+    assert env["OTEL_K8S_POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    attributes = env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
+    assert attributes == "k8s.pod.name=$(OTEL_K8S_POD_NAME),k8s.namespace.name=ml,inference.service=svc"
+    names = [e["name"] for e in container_env(deployment, "model-server")]
+    assert names.index("OTEL_K8S_POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")  # $(...) sees it
     assert found, "the hf:// model is fetched by an init container holding the Hub token"
     for name, container in found.items():
         assert ENDPOINT not in json.dumps(container), name
@@ -71,6 +81,7 @@ def test_vllm_exports_its_own_spans_over_http_and_the_credential_containers_neve
     env = {e["name"]: e.get("value") for e in vllm["env"]}
     assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
     assert (env["OTEL_TRACES_SAMPLER"], env["OTEL_TRACES_SAMPLER_ARG"]) == ("parentbased_traceidratio", "0.5")
+    assert env["OTEL_RESOURCE_ATTRIBUTES"].startswith("k8s.pod.name=$(OTEL_K8S_POD_NAME),")
     assert len(found) >= 2, "the Hub-token fetcher and the adapters sidecar are in the pod"
     for name, container in found.items():
         assert ENDPOINT not in json.dumps(container), name

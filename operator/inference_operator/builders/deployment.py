@@ -11,6 +11,7 @@ from .canary import STABLE, TRACK_LABEL, labels_stable_pods
 from .common import Owner, object_meta, selector_labels, standard_labels
 from .gpu import GpuWiring, gpu_wiring
 from .storage import MODEL_DIR, TERMINATION_LOG, model_storage
+from .tracing import resource_env
 from .vllm import VLLM_TERMINATION_GRACE_SECONDS, front_container, vllm_container
 
 CONTAINER = "model-server"
@@ -134,7 +135,7 @@ def _model_server_container(
             {"name": "metrics", "containerPort": runtime.metrics_port, "protocol": "TCP"},
             *([{"name": "grpc", "containerPort": runtime.grpc_port, "protocol": "TCP"}] if runtime.grpc_port else []),
         ],
-        "env": env,
+        "env": env + resource_env(owner),
         "resources": resources,
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,

@@ -21,6 +21,7 @@ from ..models import TracingSpec
 from .adapters import lora_args, lora_enabled, lora_env, vllm_mounts
 from .common import Owner, engine_port
 from .storage import MODEL_VOLUME, quantity_value, uses_cache_claim
+from .tracing import resource_env
 
 CONTAINER = "vllm"
 # vLLM's compiled graphs and kernels (VLLM_CACHE_ROOT): half of a CPU start is torch.compile.
@@ -131,7 +132,7 @@ def vllm_container(
 ) -> JsonObject:
     runtime = owner.spec.runtime
     cache_dir, cache_mounts = compile_cache(owner)
-    env = vllm_env(env, cache_dir) + tracing_env(runtime.tracing)
+    env = vllm_env(env, cache_dir) + tracing_env(runtime.tracing) + resource_env(owner)
     if lora_enabled(owner.spec):
         env = lora_env(env)
         cache_mounts += vllm_mounts()
