@@ -103,8 +103,14 @@ def kubelet_env(
         if "value" in var and not var["name"].endswith("VISIBLE_DEVICES"):
             env[var["name"]] = local_path(var["value"], mounts or {})
     env["HOME"] = str(home)  # the pod's /tmp emptyDir
-    # A local directory stands in for the pod's cache volume (VLLM_CACHE_ROOT).
+    # A local directory stands in for the pod's cache volume (VLLM_CACHE_ROOT), and ROCm's caches
+    # rendered under it (AITER, MIOpen, Triton) move with it.
+    rendered = {var["name"]: var.get("value", "") for var in container.get("env") or []}.get("VLLM_CACHE_ROOT")
     env["VLLM_CACHE_ROOT"] = str(cache_root) if cache_root else CPU_BACKEND_ENV["VLLM_CACHE_ROOT"]
+    if rendered:
+        for name, value in list(env.items()):
+            if name != "VLLM_CACHE_ROOT" and value.startswith(rendered.rstrip("/") + "/"):
+                env[name] = env["VLLM_CACHE_ROOT"] + value[len(rendered.rstrip("/")) :]
     return env
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from inference_operator.builders import Owner, build_all, build_deployment, build_service
 from inference_operator.builders.common import selector_string
+from inference_operator.builders.compile_cache import MIGRAPHX, MIOPEN
 from inference_operator.builders.deployment import server_args
 from inference_operator.models import OPERATOR_ENV, OPERATOR_FLAGS, SpecError, parse_spec
 
@@ -291,8 +292,18 @@ def test_every_flag_and_variable_the_builder_sets_is_protected() -> None:
     flags = {arg.split("=")[0] for arg in server_args(owner) if arg.startswith("--")}
     assert flags and flags <= set(OPERATOR_FLAGS), flags - set(OPERATOR_FLAGS)
     container = build_deployment(owner)["spec"]["template"]["spec"]["containers"][0]
-    names = {var["name"] for var in container["env"]}
+    # The compile caches' places are defaults the author may move: theirs replaces ours.
+    names = {var["name"] for var in container["env"]} - set(MIGRAPHX | MIOPEN)
     assert names and names <= set(OPERATOR_ENV), names - set(OPERATOR_ENV)
+
+
+def test_an_authors_cache_variable_replaces_the_operators_and_is_not_doubled() -> None:
+    """env is a list-map keyed by name: the same name twice makes the apply fail."""
+    spec = {"model": {"uri": "pvc://models/m"}, "runtime": {"env": [{"name": "MIOPEN_USER_DB_PATH", "value": "/x"}]}}
+    owner = Owner(name="resnet", namespace="ml", uid=UID, spec=parse_spec(spec))
+    env = build_deployment(owner)["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == "MIOPEN_USER_DB_PATH"] == ["/x"]
+    assert len({e["name"] for e in env}) == len(env)
 
 
 def test_protected_flags_are_the_servers_and_so_are_their_env_names() -> None:

@@ -9,12 +9,17 @@ from ..models import AutoscalingMode, Engine, InferenceServiceSpec
 from .adapters import adapter_volumes, adapters_sidecar, lora_enabled
 from .canary import STABLE, TRACK_LABEL, labels_stable_pods
 from .common import Owner, object_meta, selector_labels, standard_labels
+from .compile_cache import MIGRAPHX, MIOPEN, CompileCache, compile_cache
 from .gpu import GpuWiring, gpu_wiring
 from .storage import MODEL_DIR, TERMINATION_LOG, model_storage
 from .tracing import resource_env
 from .vllm import VLLM_TERMINATION_GRACE_SECONDS, front_container, vllm_container
 
 CONTAINER = "model-server"
+# What the server compiles (compile_cache.py): on the cache claim, or in the pod's /tmp volume.
+COMPILE_CACHE_DIR = "/var/cache/model-server"
+COMPILE_CACHE_PREFIX = "model-server-cache"
+POD_COMPILE_CACHE_DIR = "/tmp/model-server-cache"
 RUN_AS_USER = 1000
 PROBE_PERIOD_SECONDS = 10
 # SIGTERM → the server keeps answering (unready) while endpoints catch up, then drains; both
@@ -120,10 +125,17 @@ def _container_security() -> JsonObject:
     }
 
 
+def model_server_compile_cache(owner: Owner) -> CompileCache:
+    """ROCm's compile caches for the model server (MIGraphX programs, MIOpen), in its cache
+    directory: see compile_cache.py. The server makes the directories at start."""
+    return compile_cache(owner, COMPILE_CACHE_DIR, COMPILE_CACHE_PREFIX, POD_COMPILE_CACHE_DIR, MIGRAPHX | MIOPEN)
+
+
 def _model_server_container(
     owner: Owner, env: list[JsonObject], resources: JsonObject, mounts: list[JsonObject]
 ) -> JsonObject:
     runtime = owner.spec.runtime
+    cache = model_server_compile_cache(owner)
     return {
         "name": CONTAINER,
         "image": owner.image,
@@ -135,9 +147,9 @@ def _model_server_container(
             {"name": "metrics", "containerPort": runtime.metrics_port, "protocol": "TCP"},
             *([{"name": "grpc", "containerPort": runtime.grpc_port, "protocol": "TCP"}] if runtime.grpc_port else []),
         ],
-        "env": env + resource_env(owner),
+        "env": env + [e for e in cache.env if e["name"] not in {v["name"] for v in env}] + resource_env(owner),
         "resources": resources,
-        "volumeMounts": mounts,
+        "volumeMounts": mounts + cache.mounts,
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         "startupProbe": _http_probe(

@@ -14,13 +14,15 @@ argument) can ever be read as a flag of its own.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from decimal import Decimal
 
 from ..jsontypes import JsonObject
 from ..models import TracingSpec
 from .adapters import lora_args, lora_enabled, lora_env, vllm_mounts
 from .common import Owner, engine_port
-from .storage import MODEL_VOLUME, quantity_value, uses_cache_claim
+from .compile_cache import AITER, MIOPEN, TRITON, CompileCache, compile_cache
+from .storage import quantity_value
 from .tracing import resource_env
 
 CONTAINER = "vllm"
@@ -83,9 +85,9 @@ def tracing_env(tracing: TracingSpec | None) -> list[JsonObject]:
     ]
 
 
-def vllm_env(env: list[JsonObject], cache_dir: str) -> list[JsonObject]:
+def vllm_env(env: list[JsonObject], cache_dir: str, caches: Sequence[JsonObject] = ()) -> list[JsonObject]:
     """The pod's environment plus what vLLM needs under a read-only root filesystem: a
-    writable HOME, its compile cache in `cache_dir` (see `compile_cache`), and no Hub access
+    writable HOME, its compile caches in `cache_dir` (see `vllm_compile_cache`), and no Hub access
     (the model is already on disk). Idle kept-alive connections stay open 75 s, as the model
     server's do: with vLLM's own 5 s, a proxy or client reusing one as vLLM closed it got a reset."""
     ours = [
@@ -94,23 +96,17 @@ def vllm_env(env: list[JsonObject], cache_dir: str) -> list[JsonObject]:
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": "75"},
         {"name": "VLLM_CACHE_ROOT", "value": cache_dir},
+        *caches,
     ]
     names = {e["name"] for e in env}
     return [e for e in ours if e["name"] not in names] + env
 
 
-def compile_cache(owner: Owner) -> tuple[str, list[JsonObject]]:
-    """Where vLLM keeps its compile cache, and the mount that puts it there.
-
-    With `model.cachePvc` it is on the claim, under vllm-cache/NAME, so the second replica and
-    every restart reuse what the first compiled (vLLM keys its entries on the model, the
-    engine's configuration and its own version, so a change compiles afresh beside them). Each
-    InferenceService has a directory of its own: the cache holds code vLLM runs. Otherwise it
-    is the pod's /tmp volume, which container restarts keep."""
-    if not uses_cache_claim(owner.spec.model):
-        return POD_COMPILE_CACHE_DIR, []
-    mount = {"name": MODEL_VOLUME, "mountPath": COMPILE_CACHE_DIR, "subPath": f"{COMPILE_CACHE_PREFIX}/{owner.name}"}
-    return COMPILE_CACHE_DIR, [mount]
+def vllm_compile_cache(owner: Owner) -> CompileCache:
+    """vLLM's compile cache (VLLM_CACHE_ROOT: half of a CPU start is torch.compile) and ROCm's
+    (AITER, MIOpen, Triton) in one directory: see compile_cache.py. vLLM keys its entries on the
+    model, the engine's configuration and its own version, so a change compiles afresh beside them."""
+    return compile_cache(owner, COMPILE_CACHE_DIR, COMPILE_CACHE_PREFIX, POD_COMPILE_CACHE_DIR, AITER | MIOPEN | TRITON)
 
 
 def _probe(port: int, period: int, failures: int) -> JsonObject:
@@ -131,8 +127,9 @@ def vllm_container(
     mounts: list[JsonObject],
 ) -> JsonObject:
     runtime = owner.spec.runtime
-    cache_dir, cache_mounts = compile_cache(owner)
-    env = vllm_env(env, cache_dir) + tracing_env(runtime.tracing) + resource_env(owner)
+    cache = vllm_compile_cache(owner)
+    cache_mounts = list(cache.mounts)
+    env = vllm_env(env, cache.directory, cache.env) + tracing_env(runtime.tracing) + resource_env(owner)
     if lora_enabled(owner.spec):
         env = lora_env(env)
         cache_mounts += vllm_mounts()
