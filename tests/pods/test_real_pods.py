@@ -14,7 +14,10 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
 
 from tests.autoscaler.conftest import tiny_mlp
 from tests.pods.conftest import (
@@ -47,6 +50,7 @@ RELEASE = "rio"
 SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=predictor"
 OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
 TARGET_MS = 40.0
+GRPC_PORT = 8081
 SLOW = "9"
 # One step at half the traffic (one canary pod beside the one stable pod), judged every second.
 CANARY = {
@@ -100,6 +104,7 @@ def inference_service(files: FileServer, prometheus: PodPrometheus, version: str
                 "imagePullPolicy": "Never",
                 "executionProviders": ["CPUExecutionProvider"],
                 "batching": {"maxBatchSize": 8, "maxDelayMs": 2},
+                "grpcPort": GRPC_PORT,
             },
             "resources": {"gpu": {"count": 0}, "cpu": "300m", "memory": "1Gi"},
             "autoscaling": {
@@ -211,6 +216,30 @@ def test_inference_over_the_cluster_ip_from_the_host_and_from_a_pod(node: NodeCl
     )
     output = run_client_pod(node, NS, "client", script, timeout=60)
     assert output == "200 [1, 1]", output
+
+
+def test_model_infer_over_grpc_through_the_cluster_ip_answers_as_rest_does(node: NodeCluster, release: dict) -> None:
+    """runtime.grpcPort: Triton's own gRPC client, from the host, through the Service's grpc port."""
+    service = kubectl_json(node, "get", "service", NAME, "-n", NS)
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    assert (port["port"], port["appProtocol"]) == (GRPC_PORT, "grpc")
+    client = triton.InferenceServerClient(f"{service['spec']['clusterIP']}:{GRPC_PORT}")
+    assert client.is_server_ready() and client.is_model_ready(NAME)
+    rows = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
+    tensor = triton.InferInput("x", [1, 64], "FP32")
+    tensor.set_data_from_numpy(rows)
+    answer = client.infer(NAME, [tensor], client_timeout=10)
+    rest = httpx.post(
+        f"http://{cluster_ip(node)}/v2/models/{NAME}/infer",
+        json={"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32", "data": rows.ravel().tolist()}]},
+        timeout=10,
+    ).json()["outputs"][0]
+    got = answer.as_numpy(rest["name"])
+    assert got is not None and got.shape == tuple(rest["shape"]) == (1, 1)
+    np.testing.assert_array_equal(got.ravel(), np.asarray(rest["data"], np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("another", [tensor], client_timeout=10)
+    assert refused.value.status() == "StatusCode.NOT_FOUND"
 
 
 def test_a_pod_that_breaks_restricted_is_refused(node: NodeCluster, release: dict) -> None:
