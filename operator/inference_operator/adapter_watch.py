@@ -19,6 +19,7 @@ from .builders.adapters import STATUS_PATH, sidecar_port
 from .builders.common import Owner, selector_string
 from .jsontypes import JsonObject
 from .k8s import KubeApi
+from .kinds import POD
 
 TIMEOUT_SECONDS = 2.0  # for the whole exchange with one replica, not per read
 CONCURRENT_ASKS = 8  # replicas asked at once: the answers held at a time, the sockets open
@@ -54,7 +55,7 @@ async def _ask(http: httpx.AsyncClient, target: Target, timeout: float = TIMEOUT
 async def answers(api: KubeApi, http: httpx.AsyncClient, owner: Owner) -> dict[str, JsonObject | None]:
     """pod name -> its sidecar's answer, reduced to what status.adapters reads, for every
     running replica of the service, CONCURRENT_ASKS at a time."""
-    pods = await asyncio.to_thread(api.list_objects, "v1", "Pod", owner.namespace, selector_string(owner))
+    pods = await asyncio.to_thread(api.list_objects, *POD.key, owner.namespace, selector_string(owner))
     targets = adapter_status.targets(pods, sidecar_port(owner.spec), STATUS_PATH)
     wanted = {a.name: a.uri for a in owner.spec.adapters}
     slots = asyncio.Semaphore(CONCURRENT_ASKS)

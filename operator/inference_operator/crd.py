@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from .kinds import CUSTOM_RESOURCE_DEFINITION
 from .models import (
     GROUP,
     KIND,
@@ -218,8 +219,7 @@ def open_api_schema() -> dict[str, Any]:
 @functools.cache
 def _definition() -> dict[str, Any]:
     return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
+        **CUSTOM_RESOURCE_DEFINITION.header(),
         "metadata": {
             "name": NAME,
             "labels": {

@@ -38,13 +38,13 @@ from . import status as st
 from .analysis import AnalysisRefused, analysis_client, measure
 from .autoscaler.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from .builders import selector_string, service_url
-from .builders.common import COMPONENT, LWS_API_VERSION, LWS_KIND, MANAGER, OWNER_LABEL, SPEC_HASH_ANNOTATION, Owner
+from .builders.common import COMPONENT, MANAGER, OWNER_LABEL, SPEC_HASH_ANNOTATION, Owner
 from .builders.deployment import CONTAINER as SERVER_CONTAINER
 from .builders.storage import FETCH_CONTAINER
 from .builders.vllm import CONTAINER as VLLM_CONTAINER
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref, load_api_client
-from .kinds import KINDS, WORKLOAD_KINDS, unavailable_message
+from .kinds import DEPLOYMENT, KINDS, LEADER_WORKER_SET, POD, WORKLOAD_KINDS, unavailable_message
 from .models import (
     API_VERSION,
     GROUP,
@@ -217,7 +217,7 @@ def _observe(api: KubeApi, workload: Ref | None, pod_selector: str | None) -> tu
     """The service's workload and pods as they are now, read inside the status write (see
     `_status_lock`): never the copy an apply answered, which predates its controller's news."""
     live = api.get(workload) if workload is not None else None
-    pods = api.list_objects("v1", "Pod", workload.namespace, pod_selector) if workload and pod_selector else []
+    pods = api.list_objects(*POD.key, workload.namespace, pod_selector) if workload and pod_selector else []
     return st.rollout(live), status_pods.pods_problem(pods, POD_ROLES)
 
 
@@ -226,8 +226,8 @@ def _workload_ref(isvc: JsonObject) -> Ref:
     meta = isvc["metadata"]
     nodes = ((((isvc.get("spec") or {}).get("resources") or {}).get("gpu")) or {}).get("nodes") or 1
     if int(nodes) > 1:
-        return Ref(LWS_API_VERSION, LWS_KIND, meta["namespace"], meta["name"])
-    return Ref("apps/v1", "Deployment", meta["namespace"], meta["name"])
+        return Ref.to(LEADER_WORKER_SET, meta["namespace"], meta["name"])
+    return Ref.to(DEPLOYMENT, meta["namespace"], meta["name"])
 
 
 def _announce_pods(isvc: kopf.Body | JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
@@ -506,7 +506,7 @@ for _kind in KINDS:
     if _kind.owned:
         kopf.on.event(
             group=_kind.group,
-            version=_kind.api_version.rpartition("/")[2],
+            version=_kind.version,
             plural=_kind.plural,
             labels={"app.kubernetes.io/managed-by": MANAGER},
             id=f"owned-{_kind.plural}",
@@ -514,9 +514,9 @@ for _kind in KINDS:
 
 
 @kopf.on.event(
-    "",
-    "v1",
-    "pods",
+    POD.group,
+    POD.version,
+    POD.plural,
     labels={"app.kubernetes.io/managed-by": MANAGER, "app.kubernetes.io/component": COMPONENT},
     id="service-pods",
 )

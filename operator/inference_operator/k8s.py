@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .builders.common import MANAGER
 from .jsontypes import JsonObject
-from .kinds import PLURALS
+from .kinds import PLURALS, Kind
 
 FIELD_MANAGER = MANAGER
 # How long an add-on API found missing is believed missing before discovery is asked again.
@@ -33,6 +33,10 @@ class Ref:
     kind: str
     namespace: str
     name: str
+
+    @classmethod
+    def to(cls, kind: Kind, namespace: str, name: str) -> Ref:
+        return cls(kind.api_version, kind.kind, namespace, name)
 
     @classmethod
     def of(cls, obj: JsonObject) -> Ref:

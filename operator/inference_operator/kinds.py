@@ -48,77 +48,114 @@ class Kind:
     def group(self) -> str:
         return self.api_version.rpartition("/")[0]
 
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    def header(self) -> dict[str, str]:
+        """The apiVersion and kind an object of this kind opens with (or a reference to one)."""
+        return {"apiVersion": self.api_version, "kind": self.kind}
+
+
+# Every builder and edge names a kind by one of these; no apiVersion is written anywhere else
+# (tests/operator/test_kinds_table.py).
+# resources.gpu.allocation: dra; before the Deployment whose pods reference it. Served by
+# Kubernetes 1.34+ (older clusters serve DRA only as beta, if at all).
+RESOURCE_CLAIM_TEMPLATE = Kind(
+    "resource.k8s.io/v1",
+    "ResourceClaimTemplate",
+    "resourceclaimtemplates",
+    owned=True,
+    addon="Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+)",
+    replaced_on_change=True,
+)
+# spec.adapters: the list the pods' adapters sidecars load; before the pods that mount it.
+CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps", owned=True)
+# routing.inferencePool: the endpoint picker's identity and rights (NAME-epp), before its
+# pods; a RoleBinding's roleRef is immutable.
+SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts", owned=True)
+ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", owned=True, replaced_on_change=True)
+# Who may reach the pods (the operator's setting networkPolicy.enabled); before them.
+NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", owned=True)
+DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments", owned=True, keeps_live_replicas=True)
+# resources.gpu.nodes > 1: the replicas as groups of pods, instead of the Deployment.
+LEADER_WORKER_SET = Kind(
+    "leaderworkerset.x-k8s.io/v1",
+    "LeaderWorkerSet",
+    "leaderworkersets",
+    owned=True,
+    addon="LeaderWorkerSet (lws.sigs.k8s.io)",
+    otherwise="set resources.gpu.nodes: 1",
+    keeps_live_replicas=True,
+)
+SERVICE = Kind("v1", "Service", "services", owned=True)
+POD_DISRUPTION_BUDGET = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", owned=True)
+HORIZONTAL_POD_AUTOSCALER = Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", owned=True)
+TRIGGER_AUTHENTICATION = Kind(
+    "keda.sh/v1alpha1",
+    "TriggerAuthentication",
+    "triggerauthentications",
+    owned=True,
+    addon="KEDA",
+    sends_credentials=True,
+)
+SCALED_OBJECT = Kind(
+    "keda.sh/v1alpha1", "ScaledObject", "scaledobjects", owned=True, addon="KEDA", sends_credentials=True
+)
+INFERENCE_POOL = Kind(
+    "inference.networking.k8s.io/v1",
+    "InferencePool",
+    "inferencepools",
+    owned=True,
+    addon="the Gateway API Inference Extension CRDs",
+    otherwise="set routing.inferencePool: false",
+)
+# routing.httpRoute; after the Service or InferencePool it routes to.
+HTTP_ROUTE = Kind(
+    "gateway.networking.k8s.io/v1",
+    "HTTPRoute",
+    "httproutes",
+    owned=True,
+    addon="the Gateway API CRDs (gateway.networking.k8s.io/v1)",
+    otherwise="remove routing.httpRoute",
+)
+SECRET = Kind("v1", "Secret", "secrets")
+# Read for status.adapters: which replicas to ask how their adapters stand.
+POD = Kind("v1", "Pod", "pods", listed=True)
+INFERENCE_SERVICE = Kind(API_VERSION, KIND, PLURAL)
 
 # Owned kinds in the order they are applied (a TriggerAuthentication before the ScaledObject
 # that names it).
 KINDS: tuple[Kind, ...] = (
-    # resources.gpu.allocation: dra; before the Deployment whose pods reference it. Served by
-    # Kubernetes 1.34+ (older clusters serve DRA only as beta, if at all).
-    Kind(
-        "resource.k8s.io/v1",
-        "ResourceClaimTemplate",
-        "resourceclaimtemplates",
-        owned=True,
-        addon="Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+)",
-        replaced_on_change=True,
-    ),
-    # spec.adapters: the list the pods' adapters sidecars load; before the pods that mount it.
-    Kind("v1", "ConfigMap", "configmaps", owned=True),
-    # routing.inferencePool: the endpoint picker's identity and rights (NAME-epp), before its
-    # pods; a RoleBinding's roleRef is immutable.
-    Kind("v1", "ServiceAccount", "serviceaccounts", owned=True),
-    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", owned=True, replaced_on_change=True),
-    # Who may reach the pods (the operator's setting networkPolicy.enabled); before them.
-    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", owned=True),
-    Kind("apps/v1", "Deployment", "deployments", owned=True, keeps_live_replicas=True),
-    # resources.gpu.nodes > 1: the replicas as groups of pods, instead of the Deployment.
-    Kind(
-        "leaderworkerset.x-k8s.io/v1",
-        "LeaderWorkerSet",
-        "leaderworkersets",
-        owned=True,
-        addon="LeaderWorkerSet (lws.sigs.k8s.io)",
-        otherwise="set resources.gpu.nodes: 1",
-        keeps_live_replicas=True,
-    ),
-    Kind("v1", "Service", "services", owned=True),
-    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", owned=True),
-    Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", owned=True),
-    Kind(
-        "keda.sh/v1alpha1",
-        "TriggerAuthentication",
-        "triggerauthentications",
-        owned=True,
-        addon="KEDA",
-        sends_credentials=True,
-    ),
-    Kind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", owned=True, addon="KEDA", sends_credentials=True),
-    Kind(
-        "inference.networking.k8s.io/v1",
-        "InferencePool",
-        "inferencepools",
-        owned=True,
-        addon="the Gateway API Inference Extension CRDs",
-        otherwise="set routing.inferencePool: false",
-    ),
-    # routing.httpRoute; after the Service or InferencePool it routes to.
-    Kind(
-        "gateway.networking.k8s.io/v1",
-        "HTTPRoute",
-        "httproutes",
-        owned=True,
-        addon="the Gateway API CRDs (gateway.networking.k8s.io/v1)",
-        otherwise="remove routing.httpRoute",
-    ),
-    Kind("v1", "Secret", "secrets"),
-    # Read for status.adapters: which replicas to ask how their adapters stand.
-    Kind("v1", "Pod", "pods", listed=True),
-    Kind(API_VERSION, KIND, PLURAL),
+    RESOURCE_CLAIM_TEMPLATE,
+    CONFIG_MAP,
+    SERVICE_ACCOUNT,
+    ROLE_BINDING,
+    NETWORK_POLICY,
+    DEPLOYMENT,
+    LEADER_WORKER_SET,
+    SERVICE,
+    POD_DISRUPTION_BUDGET,
+    HORIZONTAL_POD_AUTOSCALER,
+    TRIGGER_AUTHENTICATION,
+    SCALED_OBJECT,
+    INFERENCE_POOL,
+    HTTP_ROUTE,
+    SECRET,
+    POD,
+    INFERENCE_SERVICE,
 )
+
+# Documents the operator writes that no cluster of its serves, so outside KINDS (no RBAC rule,
+# no watch): the CRD (`crd.py`, installed by the chart) and the endpoint picker's configuration
+# (passed on its command line).
+CUSTOM_RESOURCE_DEFINITION = Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions")
+ENDPOINT_PICKER_CONFIG = Kind("inference.networking.x-k8s.io/v1alpha1", "EndpointPickerConfig", "")
+
 
 BY_KEY: dict[tuple[str, str], Kind] = {k.key: k for k in KINDS}
 # What runs the pods, whose rollout status is the service's: a Deployment, or groups of pods.
-WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
+WORKLOAD_KINDS = (DEPLOYMENT.kind, LEADER_WORKER_SET.kind)
 APPLY_ORDER: dict[tuple[str, str], int] = {k.key: position for position, k in enumerate(KINDS)}
 OWNED_KINDS: list[tuple[str, str]] = [k.key for k in KINDS if k.owned]
 PLURALS: dict[tuple[str, str], str] = {k.key: k.plural for k in KINDS}
@@ -140,6 +177,6 @@ def in_apply_order(objects: Iterable[ManifestT]) -> list[ManifestT]:
 def unavailable_message(kind: Kind) -> str:
     """What a user reads when an add-on's API is missing."""
     return (
-        f"{kind.kind} ({kind.plural}.{kind.group}/{kind.api_version.rpartition('/')[2]}) is not served by this "
+        f"{kind.kind} ({kind.plural}.{kind.group}/{kind.version}) is not served by this "
         f"cluster: install {kind.addon} or {kind.otherwise} (checked again every minute)"
     )

@@ -29,7 +29,17 @@ from .builders.http_route import weighted
 from .credentials import CredentialPolicy, CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
 from .k8s import FIELD_MANAGER, KubeApi, Ref
-from .kinds import KINDS, WORKLOAD_KINDS, Kind, in_apply_order, kind_of_object
+from .kinds import (
+    DEPLOYMENT,
+    KINDS,
+    SECRET,
+    SERVICE,
+    SERVICE_ACCOUNT,
+    WORKLOAD_KINDS,
+    Kind,
+    in_apply_order,
+    kind_of_object,
+)
 from .models import RolloutStrategy
 from .ownership import Drift, drift, metadata_differs
 from .rollout import (
@@ -280,7 +290,7 @@ def _split_by_route(wanted: list[JsonObject], name: str, weight: int) -> list[Js
             split.append(with_hash(weighted(_unhashed(obj), name, weight)))
             continue
         split.append(obj)
-        if obj["kind"] == "Service" and obj["metadata"]["name"] == name:
+        if obj["kind"] == SERVICE.kind and obj["metadata"]["name"] == name:
             split += [with_hash(arm_service(_unhashed(obj), track)) for track in (STABLE, CANARY)]
     return split
 
@@ -291,22 +301,22 @@ def _unhashed(obj: JsonObject) -> JsonObject:
     return manifest
 
 
-# The objects a canary adds beside the service's own, as (apiVersion, kind, track).
-ARM_OBJECTS = (("apps/v1", "Deployment", CANARY), ("v1", "Service", STABLE), ("v1", "Service", CANARY))
+# The objects a canary adds beside the service's own, as (kind, track).
+ARM_OBJECTS = ((DEPLOYMENT, CANARY), (SERVICE, STABLE), (SERVICE, CANARY))
 
 
 def prune_canary(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
     """Delete the canary's objects once no rollout wants them (promoted, rolled back, aborted)."""
     wanted_names = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
     deleted = []
-    for api_version, kind, track in ARM_OBJECTS:
+    for kind, track in ARM_OBJECTS:
         name = arm_name(owner.name, track)
-        if (kind, name) in wanted_names:
+        if (kind.kind, name) in wanted_names:
             continue
-        ref = Ref(api_version, kind, owner.namespace, name)
+        ref = Ref.to(kind, owner.namespace, name)
         live = api.get(ref)
         if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind, name))
+            deleted.append(Change(Action.DELETED, kind.kind, name))
     return deleted
 
 
@@ -317,7 +327,7 @@ def desired_objects(
     hand out a credential the policy refuses (and that refusal, to report)."""
     built = (with_revision(obj) if _is_deployment_of(obj, owner.name) else obj for obj in build_all(owner))
     wanted = in_apply_order(with_hash(obj) for obj in built)
-    secret = lambda name: api.get(Ref("v1", "Secret", owner.namespace, name))  # noqa: E731
+    secret = lambda name: api.get(Ref.to(SECRET, owner.namespace, name))  # noqa: E731
     if refused := model_refusal(owner.spec, policy, secret):
         raise refused  # no pod may carry this token: change nothing, the handler reports why
     refusal = keda_refusal(owner.spec.autoscaling, policy, secret)
@@ -363,9 +373,9 @@ def prune(api: KubeApi, owner: Owner, kept: set[Kind]) -> list[Change]:
     """Delete this InferenceService's objects of owned kinds it no longer wants (never another's)."""
     deleted = []
     for kind in KINDS:
-        if not kind.owned or kind in kept or kind.key in PICKER_ONLY_KINDS or not _served(api, kind):
+        if not kind.owned or kind in kept or kind in PICKER_ONLY_KINDS or not _served(api, kind):
             continue
-        ref = Ref(kind.api_version, kind.kind, owner.namespace, owner.name)
+        ref = Ref.to(kind, owner.namespace, owner.name)
         live = api.get(ref)
         if live is not None and owned_by(live, owner.uid) and api.delete(ref):
             deleted.append(Change(Action.DELETED, kind.kind, owner.name))
@@ -374,7 +384,7 @@ def prune(api: KubeApi, owner: Owner, kept: set[Kind]) -> list[Change]:
 
 def _is_deployment_of(obj: JsonObject, name: str) -> bool:
     """The service's own Deployment (not its endpoint picker's)."""
-    return bool(obj["kind"] == "Deployment" and obj["metadata"]["name"] == name)
+    return bool(obj["kind"] == DEPLOYMENT.kind and obj["metadata"]["name"] == name)
 
 
 def prune_endpoint_picker(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
@@ -382,15 +392,15 @@ def prune_endpoint_picker(api: KubeApi, owner: Owner, wanted: list[JsonObject]) 
     an external picker is named). Its ServiceAccount, created first, says whether there is one:
     one read per reconcile, whatever the service's routing."""
     name = picker_name(owner)
-    if any(obj["kind"] == "ServiceAccount" and obj["metadata"]["name"] == name for obj in wanted):
+    if any(obj["kind"] == SERVICE_ACCOUNT.kind and obj["metadata"]["name"] == name for obj in wanted):
         return []
-    account = api.get(Ref("v1", "ServiceAccount", owner.namespace, name))
+    account = api.get(Ref.to(SERVICE_ACCOUNT, owner.namespace, name))
     if account is None or not owned_by(account, owner.uid):
         return []
     deleted = []
-    for api_version, kind in reversed(PICKER_OBJECTS):  # the pods before the rights they use
-        ref = Ref(api_version, kind, owner.namespace, name)
-        live = account if kind == "ServiceAccount" else api.get(ref)
+    for kind in reversed(PICKER_OBJECTS):  # the pods before the rights they use
+        ref = Ref.to(kind, owner.namespace, name)
+        live = account if kind == SERVICE_ACCOUNT else api.get(ref)
         if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind, name))
+            deleted.append(Change(Action.DELETED, kind.kind, name))
     return deleted

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from .jsontypes import JsonObject
+from .kinds import DEPLOYMENT
 from .models import CanarySpec
 
 REVISION_ANNOTATION = "inference.rocm.dev/revision"
@@ -319,7 +320,7 @@ def kept_stable(live: JsonObject, desired: JsonObject, digest: str | None) -> Js
         stored = json.loads(annotations[STABLE_MANIFEST_ANNOTATION])
     except (KeyError, TypeError, ValueError):
         return None
-    if not isinstance(stored, dict) or stored.get("kind") != "Deployment":
+    if not isinstance(stored, dict) or stored.get("kind") != DEPLOYMENT.kind:
         return None
     kept = with_revision(stored)
     kept["spec"].pop("replicas", None)

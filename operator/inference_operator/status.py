@@ -12,6 +12,7 @@ import datetime
 from dataclasses import dataclass, replace
 
 from .jsontypes import JsonObject
+from .kinds import LEADER_WORKER_SET
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -141,7 +142,7 @@ def rollout(deployment: JsonObject | None) -> Rollout:
     """
     if deployment is None:
         return NOT_CREATED
-    if deployment.get("kind") == "LeaderWorkerSet":
+    if deployment.get("kind") == LEADER_WORKER_SET.kind:
         return group_rollout(deployment)
     counts = _counts(deployment, "availableReplicas")
     if _unobserved(deployment):

@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from ..credentials import check_secret
 from ..k8s import KubeApi, Ref
+from ..kinds import SECRET
 from ..models import PrometheusAuth, SecretKeyRef
 from .prometheus import PrometheusClient, PrometheusError
 
@@ -81,7 +82,7 @@ class PrometheusClients:
             self._client = None
 
     def _secret_value(self, ref: SecretKeyRef) -> str:
-        secret = self.api.get(Ref("v1", "Secret", self.namespace, ref.name))
+        secret = self.api.get(Ref.to(SECRET, self.namespace, ref.name))
         if secret is None:
             raise PrometheusError(f"secret {ref.name} not found")
         check_secret(secret, ref)

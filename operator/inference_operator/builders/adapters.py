@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 
 from ..jsontypes import JsonObject
+from ..kinds import CONFIG_MAP
 from ..models import Engine, InferenceServiceSpec, LoraSpec
 from .common import Owner, engine_port, object_meta
 from .storage import TOOL_CONFIG_ENV, adapter_fetch_env, tool_config_env
@@ -98,8 +99,7 @@ def adapters_document(spec: InferenceServiceSpec) -> str:
 
 def build_adapters_config_map(owner: Owner) -> JsonObject:
     return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
+        **CONFIG_MAP.header(),
         "metadata": object_meta(owner),
         "data": {CONFIG_KEY: adapters_document(owner.spec)},
     }

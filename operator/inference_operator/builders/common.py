@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..jsontypes import JsonObject
-from ..models import API_VERSION, DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, KIND, Engine, InferenceServiceSpec, check_name
+from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET
+from ..models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, Engine, InferenceServiceSpec, check_name
 from ..settings import FetchSettings, GpuDefaults, NetworkPolicySettings
 
 MANAGER = "rocm-inference-operator"
@@ -99,8 +100,6 @@ def selector_labels(owner: Owner) -> dict[str, str]:
 
 
 # LeaderWorkerSet (resources.gpu.nodes > 1): each group's pods carry their index; 0 is the leader.
-LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
-LWS_KIND = "LeaderWorkerSet"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 
 
@@ -134,8 +133,8 @@ def serving_labels(owner: Owner) -> dict[str, str]:
 def workload_ref(owner: Owner) -> JsonObject:
     """What an HPA or KEDA scales: the Deployment, or the LeaderWorkerSet by groups."""
     if multi_node(owner.spec):
-        return {"apiVersion": LWS_API_VERSION, "kind": LWS_KIND, "name": owner.name}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner.name}
+        return {**LEADER_WORKER_SET.header(), "name": owner.name}
+    return {**DEPLOYMENT.header(), "name": owner.name}
 
 
 def standard_labels(owner: Owner) -> dict[str, str]:
@@ -154,8 +153,7 @@ def selector_string(owner: Owner) -> str:
 
 def owner_reference(owner: Owner) -> JsonObject:
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        **INFERENCE_SERVICE.header(),
         "name": owner.name,
         "uid": owner.uid,
         "controller": True,

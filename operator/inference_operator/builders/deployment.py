@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..jsontypes import JsonObject
+from ..kinds import DEPLOYMENT
 from ..models import AutoscalingMode, Engine, InferenceServiceSpec
 from .adapters import adapter_volumes, adapters_sidecar, lora_enabled
 from .canary import STABLE, TRACK_LABEL, labels_stable_pods
@@ -259,8 +260,7 @@ def build_deployment(owner: Owner) -> JsonObject:
     if replicas is not None:
         deployment_spec["replicas"] = replicas
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        **DEPLOYMENT.header(),
         "metadata": object_meta(owner),
         "spec": deployment_spec,
     }

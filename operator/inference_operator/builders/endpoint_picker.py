@@ -38,9 +38,9 @@ from __future__ import annotations
 import json
 
 from ..jsontypes import JsonObject
+from ..kinds import DEPLOYMENT, ENDPOINT_PICKER_CONFIG, INFERENCE_POOL, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from ..models import NAME_MAX_LENGTH, ScorerWeights, SpecError
 from .common import MANAGER, OWNER_LABEL, Owner, object_meta
-from .inference_pool import API_VERSION as POOL_API_VERSION
 
 # The ClusterRole the chart ships for every picker (files/rbac/endpoint-picker.yaml); the
 # operator may bind it (and nothing else) by this name.
@@ -53,7 +53,6 @@ METRICS_PORT = 9090
 # The gRPC health service name its single-replica health server answers for.
 HEALTH_SERVICE = "inference-extension"
 RUN_AS_USER = 65532
-CONFIG_API_VERSION = "inference.networking.x-k8s.io/v1alpha1"
 PICKER = "max-score-picker"
 # Scorer plugin types, by ScorerWeights field.
 SCORERS = {
@@ -63,12 +62,7 @@ SCORERS = {
     "lora_affinity": "lora-affinity-scorer",
 }
 # What a picker consists of, in apply order; reconcile prunes these by name.
-OBJECT_KINDS = (
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("apps/v1", "Deployment"),
-    ("v1", "Service"),
-)
+OBJECT_KINDS = (SERVICE_ACCOUNT, ROLE_BINDING, DEPLOYMENT, SERVICE)
 # Kinds the operator writes only for a picker (never an object named NAME).
 PICKER_ONLY_KINDS = frozenset(OBJECT_KINDS[:2])
 
@@ -108,8 +102,7 @@ def picker_config(owner: Owner) -> JsonObject:
     weights = (picker.weights if picker else None) or ScorerWeights()
     scorers = [(plugin, getattr(weights, field)) for field, plugin in SCORERS.items() if getattr(weights, field) > 0]
     return {
-        "apiVersion": CONFIG_API_VERSION,
-        "kind": "EndpointPickerConfig",
+        **ENDPOINT_PICKER_CONFIG.header(),
         "plugins": [{"type": plugin} for plugin, _ in scorers] + [{"type": PICKER}],
         "schedulingProfiles": [
             {
@@ -126,7 +119,7 @@ def picker_args(owner: Owner) -> list[str]:
     return [
         f"--pool-name={owner.name}",
         f"--pool-namespace={owner.namespace}",
-        f"--pool-group={POOL_API_VERSION.split('/')[0]}",
+        f"--pool-group={INFERENCE_POOL.group}",
         f"--grpc-port={GRPC_PORT}",
         f"--grpc-health-port={HEALTH_PORT}",
         f"--metrics-port={METRICS_PORT}",
@@ -137,16 +130,15 @@ def picker_args(owner: Owner) -> list[str]:
 
 
 def build_service_account(owner: Owner) -> JsonObject:
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(owner)}
+    return {**SERVICE_ACCOUNT.header(), "metadata": _meta(owner)}
 
 
 def build_role_binding(owner: Owner) -> JsonObject:
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
+        **ROLE_BINDING.header(),
         "metadata": _meta(owner),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": CLUSTER_ROLE},
-        "subjects": [{"kind": "ServiceAccount", "name": picker_name(owner), "namespace": owner.namespace}],
+        "roleRef": {"apiGroup": ROLE_BINDING.group, "kind": "ClusterRole", "name": CLUSTER_ROLE},
+        "subjects": [{"kind": SERVICE_ACCOUNT.kind, "name": picker_name(owner), "namespace": owner.namespace}],
     }
 
 
@@ -193,8 +185,7 @@ def build_picker_deployment(owner: Owner) -> JsonObject:
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        **DEPLOYMENT.header(),
         "metadata": _meta(owner),
         "spec": {
             "replicas": 1,
@@ -209,8 +200,7 @@ def build_picker_deployment(owner: Owner) -> JsonObject:
 def build_picker_service(owner: Owner) -> JsonObject:
     picker = owner.spec.routing.endpoint_picker
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **SERVICE.header(),
         "metadata": _meta(owner),
         "spec": {
             "type": "ClusterIP",

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from ..jsontypes import JsonObject
+from ..kinds import DEPLOYMENT, RESOURCE_CLAIM_TEMPLATE
 from ..models import GPU_RESOURCE, GpuAllocation, GpuSpec, ResourceNaming
 from ..settings import GpuDefaults
 from .common import Owner, object_meta, standard_labels
 
 RESOURCE_DOMAIN = "amd.com"
 CLAIM_NAME = "gpu"
-DRA_API_VERSION = "resource.k8s.io/v1"
 # The DRA driver publishes its attributes and capacities under its own name.
 DRA_DRIVER = "gpu.amd.com"
 CLAIM_HASH_ANNOTATION = "inference.rocm.dev/gpu-claim-hash"
@@ -174,8 +174,7 @@ def needs_claim_template(owner: Owner) -> bool:
 def build_resource_claim_template(owner: Owner) -> JsonObject:
     """The ResourceClaimTemplate the pods of a DRA-allocated service reference (same name)."""
     return {
-        "apiVersion": DRA_API_VERSION,
-        "kind": "ResourceClaimTemplate",
+        **RESOURCE_CLAIM_TEMPLATE.header(),
         "metadata": object_meta(owner),
         "spec": claim_template_spec(owner),
     }
@@ -214,8 +213,8 @@ def gpu_wiring(owner: Owner) -> GpuWiring:
 def gpu_view(objects: list[JsonObject]) -> list[JsonObject]:
     """What each model-server pod among rendered `objects` gets for its GPUs, one entry per
     Deployment: extended resources or claims, the claim template, env, placement, groups, devices."""
-    templates = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ResourceClaimTemplate"}
-    return [_pod_gpu_view(o, templates) for o in objects if o["kind"] == "Deployment"]
+    templates = {o["metadata"]["name"]: o for o in objects if o["kind"] == RESOURCE_CLAIM_TEMPLATE.kind}
+    return [_pod_gpu_view(o, templates) for o in objects if o["kind"] == DEPLOYMENT.kind]
 
 
 def _pod_gpu_view(deployment: JsonObject, templates: dict[str, JsonObject]) -> JsonObject:

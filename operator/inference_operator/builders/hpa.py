@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..autoscaler import promql
 from ..jsontypes import JsonObject
+from ..kinds import HORIZONTAL_POD_AUTOSCALER
 from ..models import AutoscalingSpec, Engine, Metric, ScalingRule
 from .common import Owner, object_meta, workload_ref
 
@@ -91,8 +92,7 @@ def build_hpa(owner: Owner) -> JsonObject:
     assert scaling is not None
     query = promql.metric_query(scaling.metric, owner.namespace, owner.model_name, scaling.window_seconds)
     return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
+        **HORIZONTAL_POD_AUTOSCALER.header(),
         "metadata": object_meta(owner, annotations={PROMQL_ANNOTATION: query}),
         "spec": {
             "scaleTargetRef": workload_ref(owner),

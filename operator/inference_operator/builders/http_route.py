@@ -12,18 +12,14 @@ from __future__ import annotations
 import copy
 
 from ..jsontypes import JsonObject
+from ..kinds import HTTP_ROUTE, INFERENCE_POOL, SERVICE
 from .canary import CANARY, STABLE, arm_name
 from .common import Owner, object_meta
-from .inference_pool import API_VERSION as POOL_API_VERSION
-from .inference_pool import KIND as POOL_KIND
 from .service import HTTP_PORT
-
-API_VERSION = "gateway.networking.k8s.io/v1"
-KIND = "HTTPRoute"
 
 
 def _service_backend(name: str, weight: int) -> JsonObject:
-    return {"group": "", "kind": "Service", "name": name, "port": HTTP_PORT, "weight": weight}
+    return {"group": SERVICE.group, "kind": SERVICE.kind, "name": name, "port": HTTP_PORT, "weight": weight}
 
 
 def build_http_route(owner: Owner) -> JsonObject:
@@ -32,14 +28,14 @@ def build_http_route(owner: Owner) -> JsonObject:
         raise ValueError("an HTTPRoute is built only for routing.httpRoute")
     parents: list[JsonObject] = []
     for parent in route.parent_refs:
-        ref: JsonObject = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": parent.name}
+        ref: JsonObject = {"group": HTTP_ROUTE.group, "kind": "Gateway", "name": parent.name}
         if parent.namespace:
             ref["namespace"] = parent.namespace
         if parent.section_name:
             ref["sectionName"] = parent.section_name
         parents.append(ref)
     if owner.spec.routing.inference_pool:
-        backend: JsonObject = {"group": POOL_API_VERSION.split("/")[0], "kind": POOL_KIND, "name": owner.name}
+        backend: JsonObject = {"group": INFERENCE_POOL.group, "kind": INFERENCE_POOL.kind, "name": owner.name}
     else:
         backend = _service_backend(owner.name, 1)
     spec: JsonObject = {
@@ -48,7 +44,7 @@ def build_http_route(owner: Owner) -> JsonObject:
     }
     if route.hostnames:
         spec["hostnames"] = list(route.hostnames)
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": object_meta(owner), "spec": spec}
+    return {**HTTP_ROUTE.header(), "metadata": object_meta(owner), "spec": spec}
 
 
 def weighted(route: JsonObject, owner_name: str, canary_weight: int) -> JsonObject:

@@ -10,10 +10,8 @@ v1.0 already required are set, so the object is valid for every v1 release of th
 from __future__ import annotations
 
 from ..jsontypes import JsonObject
+from ..kinds import INFERENCE_POOL, SERVICE
 from .common import Owner, object_meta, serving_labels
-
-API_VERSION = "inference.networking.k8s.io/v1"
-KIND = "InferencePool"
 
 
 def endpoint_picker_name(owner: Owner) -> str:
@@ -25,8 +23,7 @@ def build_inference_pool(owner: Owner) -> JsonObject:
     routing = owner.spec.routing
     picker = routing.endpoint_picker
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        **INFERENCE_POOL.header(),
         "metadata": object_meta(owner),
         "spec": {
             "selector": {"matchLabels": serving_labels(owner)},
@@ -34,7 +31,7 @@ def build_inference_pool(owner: Owner) -> JsonObject:
             "targetPorts": [{"number": owner.spec.runtime.port}],
             "endpointPickerRef": {
                 "group": "",
-                "kind": "Service",
+                "kind": SERVICE.kind,
                 "name": endpoint_picker_name(owner),
                 "port": {"number": picker.port if picker else 9002},
                 "failureMode": picker.failure_mode if picker else "FailClose",

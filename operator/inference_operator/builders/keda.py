@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from ..autoscaler import promql
 from ..jsontypes import JsonObject
+from ..kinds import SCALED_OBJECT, TRIGGER_AUTHENTICATION
 from .common import Owner, object_meta, workload_ref
 from .hpa import behavior
-
-KEDA_API_VERSION = "keda.sh/v1alpha1"
 
 
 def _threshold(value: float) -> str:
@@ -43,8 +42,7 @@ def build_scaled_object(owner: Owner) -> JsonObject:
             metadata["authModes"] = "bearer"
         trigger["authenticationRef"] = {"name": owner.name}
     return {
-        "apiVersion": KEDA_API_VERSION,
-        "kind": "ScaledObject",
+        **SCALED_OBJECT.header(),
         "metadata": object_meta(owner),
         "spec": {
             "scaleTargetRef": workload_ref(owner),
@@ -78,8 +76,7 @@ def build_trigger_authentication(owner: Owner) -> JsonObject | None:
     if auth.ca_secret:
         refs.append({"parameter": "ca", "name": auth.ca_secret.name, "key": auth.ca_secret.key})
     return {
-        "apiVersion": KEDA_API_VERSION,
-        "kind": "TriggerAuthentication",
+        **TRIGGER_AUTHENTICATION.header(),
         "metadata": object_meta(owner),
         "spec": {"secretTargetRef": refs},
     }

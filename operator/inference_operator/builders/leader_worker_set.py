@@ -18,7 +18,8 @@ from __future__ import annotations
 import copy
 
 from ..jsontypes import JsonObject
-from .common import LWS_API_VERSION, LWS_KIND, MASTER_PORT, Owner, object_meta
+from ..kinds import LEADER_WORKER_SET
+from .common import MASTER_PORT, Owner, object_meta
 from .deployment import build_deployment, desired_replicas
 from .vllm import CONTAINER, FRONT
 
@@ -88,4 +89,4 @@ def build_leader_worker_set(owner: Owner) -> JsonObject:
     replicas = desired_replicas(owner.spec)
     if replicas is not None:
         spec["replicas"] = replicas
-    return {"apiVersion": LWS_API_VERSION, "kind": LWS_KIND, "metadata": object_meta(owner), "spec": spec}
+    return {**LEADER_WORKER_SET.header(), "metadata": object_meta(owner), "spec": spec}

@@ -18,11 +18,9 @@ Emitted while the operator's setting says so (chart value networkPolicy.enabled)
 from __future__ import annotations
 
 from ..jsontypes import JsonObject
+from ..kinds import NETWORK_POLICY
 from ..settings import NAMESPACE_NAME_LABEL
 from .common import Owner, multi_node, object_meta, selector_labels
-
-API_VERSION = "networking.k8s.io/v1"
-KIND = "NetworkPolicy"
 
 
 def needs_network_policy(owner: Owner) -> bool:
@@ -43,8 +41,7 @@ def build_network_policy(owner: Owner) -> JsonObject:
     if multi_node(owner.spec):
         ingress.append({"from": [{"podSelector": pods}]})
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        **NETWORK_POLICY.header(),
         "metadata": object_meta(owner),
         "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress},
     }

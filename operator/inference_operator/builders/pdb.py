@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..jsontypes import JsonObject
+from ..kinds import POD_DISRUPTION_BUDGET
 from .common import Owner, object_meta, selector_labels
 from .deployment import desired_replicas
 
@@ -18,8 +19,7 @@ def needs_pdb(owner: Owner) -> bool:
 
 def build_pdb(owner: Owner) -> JsonObject:
     return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
+        **POD_DISRUPTION_BUDGET.header(),
         "metadata": object_meta(owner),
         "spec": {
             "maxUnavailable": 1,

@@ -8,6 +8,7 @@ gRPC, marked `appProtocol: grpc` for meshes and gateways that route HTTP/2 by it
 from __future__ import annotations
 
 from ..jsontypes import JsonObject
+from ..kinds import SERVICE
 from ..models import Engine
 from .common import Owner, object_meta, serving_labels
 
@@ -18,8 +19,7 @@ def build_service(owner: Owner) -> JsonObject:
     runtime = owner.spec.runtime
     metrics_target = "http" if runtime.engine == Engine.VLLM else "metrics"
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        **SERVICE.header(),
         "metadata": object_meta(owner),
         "spec": {
             "type": "ClusterIP",
