@@ -166,6 +166,12 @@ def test_adapters_load_and_unload_in_running_vllm_and_a_new_replica_starts_with_
             refused = outsider.post(f"{first.vllm}/v1/unload_lora_adapter", json={"lora_name": "sql"})
             assert refused.status_code == 403, refused.text
             assert outsider.post(f"{first.vllm}/v1/completions", json={"model": "sql", "prompt": PROMPT}).is_success
+        # Behind the pod's front every client comes from loopback; the front names the real one
+        # (X-Forwarded-For, which vLLM's server trusts from loopback), and the guard refuses it too.
+        behind_front = httpx.post(
+            f"{first.vllm}/v1/unload_lora_adapter", json={"lora_name": "sql"}, headers={"X-Forwarded-For": "10.9.8.7"}
+        )
+        assert behind_front.status_code == 403, behind_front.text
         assert first.served() == {"sql", "chat"}
 
         # A new replica starts with both, and is ready only once both are loaded.

@@ -9,7 +9,8 @@ wait and the p95 time to first token climbs past the target: the built-in autosc
 scale up while the breach lasts and back down once the load is gone.
 
 One vLLM process only (it takes a core or two): scaling up does not relieve it, so the loop
-goes up to maxReplicas and stays there while the load lasts.
+goes up to maxReplicas and stays there while the load lasts. The same run checks vLLM's own
+traces as runtime.tracing wires them (one vLLM start for both: each takes a minute or more).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tests.autoscaler.conftest import Target, running_prometheus
 from tests.llm.conftest import running_vllm
 from testsupport.cluster import Cluster, ReplicaRecorder, captured_operator_logs, wait_for
 from testsupport.load import CompletionLoad
+from testsupport.otlp import otlp_receiver
 from testsupport.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -40,9 +42,11 @@ DEPLOYMENTS = "apps/v1/deployments"
 DECISION = "autoscaler decision"
 TARGET_TTFT_MS = 250.0
 MAX_NUM_SEQS = 2
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN_ID = "00f067aa0ba902b7"
 
 
-def service(prometheus_url: str) -> dict:
+def service(prometheus_url: str, traces_url: str) -> dict:
     return {
         "apiVersion": "inference.rocm.dev/v1alpha1",
         "kind": "InferenceService",
@@ -51,6 +55,8 @@ def service(prometheus_url: str) -> dict:
             "model": {"uri": "pvc://models/tiny-llama", "name": MODEL},
             "runtime": {
                 "engine": "vllm",
+                # vLLM's own traces, sampled only where the caller sampled its trace.
+                "tracing": {"endpoint": traces_url, "samplingRatio": 0.0},
                 "maxModelLen": 256,
                 # Engine arguments: at most two sequences at once, so a burst has to queue.
                 "args": [f"--max-num-seqs={MAX_NUM_SEQS}", "--seed=0"],
@@ -92,8 +98,12 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
     test_started = time.monotonic()
     port = free_port()
     vllm_target = Target(f"127.0.0.1:{port}", {"namespace": NAMESPACE, "pod": f"{NAME}-0"})
-    with running_prometheus(tmp_path, [vllm_target]) as prom, captured_operator_logs() as logs:
-        assert cluster.apply_cr(service(prom.url)).status_code in (200, 201)
+    with (
+        running_prometheus(tmp_path, [vllm_target]) as prom,
+        captured_operator_logs() as logs,
+        otlp_receiver() as traces,
+    ):
+        assert cluster.apply_cr(service(prom.url, traces.url)).status_code in (200, 201)
         deployment = wait_for(
             lambda: cluster.get(DEPLOYMENTS, NAMESPACE, NAME), timeout=30, message="the vLLM Deployment"
         )
@@ -118,6 +128,16 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
                 timeout=30,
             ).json()
             assert completion["usage"]["completion_tokens"] == 8
+            # Traced as the operator wired it: a caller's sampled traceparent is continued (the
+            # completion above, and the load below, had none: at ratio 0 they start no trace).
+            traced = httpx.post(
+                f"{base}/v1/completions",
+                json={"model": MODEL, "prompt": "the operator", "max_tokens": 4, "ignore_eos": True},
+                headers={"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"},
+                timeout=30,
+            )
+            assert traced.status_code == 200
+            traces.wait_for(lambda got: any(s.name == "llm_request" for s in got), timeout=60)
 
             wait_for(lambda: prom.targets_up() == 1, timeout=30, interval=0.2, message="vLLM scraped")
             # Idle: the loop reads TTFT p95 from vLLM's histogram and keeps one replica.
@@ -171,6 +191,9 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
             series = prom.query_range(query, load.started_at - 2, writes[0][0] + 1, step=0.25)
             metrics_text = httpx.get(f"{base}/metrics", timeout=10).text
 
+    (request_span,) = traces.named("llm_request")
+    assert (request_span.trace_id, request_span.parent_id) == (TRACE_ID, PARENT_SPAN_ID)
+    assert request_span.attributes["gen_ai.usage.completion_tokens"] == 4
     # vLLM exported the metrics the autoscaler reads, under the served model name.
     for name in (promql.VLLM_TTFT, promql.VLLM_ITL, promql.VLLM_E2E, promql.VLLM_WAITING, promql.VLLM_KV_CACHE):
         assert name in metrics_text and f'model_name="{MODEL}"' in metrics_text, name
