@@ -3,13 +3,13 @@
 The Dockerfiles are the shipped ones (server/Dockerfile, operator/Dockerfile, vllm/Dockerfile)
 with build arguments that swap the ROCm base for a Debian base made here by debootstrap from
 Debian's package registry, and PyPI for a directory of wheels fetched beforehand: the builds run
-with `--network=none --pull=never`, and every image name is `localhost/...`.
+with `--network=none --pull=never`, and every image name is `localhost/...`. The node's containerd
+gets them from the machine's image store (testsupport.imagestore), which imports each image once.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import pathlib
 import re
 import shutil
@@ -17,12 +17,10 @@ import subprocess
 import sys
 import tempfile
 
-from testsupport.nodecluster import build_image, save_image
+from testsupport.imagestore import CACHE
+from testsupport.nodecluster import build_image
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CACHE = (
-    pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "rocm-inference-operator" / "pods"
-)
 BASE_IMAGE = "localhost/debian-python:bookworm"
 MODEL_SERVER_IMAGE = "localhost/rocm-inference/model-server:dev"
 OPERATOR_IMAGE = "localhost/rocm-inference/operator:dev"
@@ -122,9 +120,9 @@ def wheels() -> pathlib.Path:
     return directory
 
 
-def build_all(out: pathlib.Path) -> list[pathlib.Path]:
-    """Build the model-server (CPU variant) and operator images from the shipped Dockerfiles and
-    save them as docker-archive tarballs in `out`, for the node's containerd to import."""
+def build_all() -> list[str]:
+    """Build the model-server (CPU variant) and operator images from the shipped Dockerfiles (podman
+    reuses its cached layers); their names."""
     base = base_image()
     mount = ["-v", f"{wheels()}:/wheels:ro", "--build-arg", f"PIP_INSTALL_FLAGS={OFFLINE}"]
     build_image(
@@ -146,11 +144,7 @@ def build_all(out: pathlib.Path) -> list[pathlib.Path]:
     build_image(ROOT / "operator" / "Dockerfile", ROOT, OPERATOR_IMAGE, *mount, "--build-arg", f"PYTHON_IMAGE={base}")
     # The builds before this one left their layers untagged (300 MB and more each): drop them.
     subprocess.run(["podman", "image", "prune", "-f"], check=False, capture_output=True, timeout=600)
-    out.mkdir(parents=True, exist_ok=True)
-    return [
-        save_image(tag, out / f"{tag.rsplit('/', 1)[1].replace(':', '-')}.tar")
-        for tag in (MODEL_SERVER_IMAGE, OPERATOR_IMAGE)
-    ]
+    return [MODEL_SERVER_IMAGE, OPERATOR_IMAGE]
 
 
 def vllm_versions() -> dict[str, str]:
@@ -199,9 +193,9 @@ def vllm_wheels() -> pathlib.Path:
     return directory
 
 
-def build_vllm(out: pathlib.Path) -> pathlib.Path:
+def build_vllm() -> str:
     """The CPU vLLM image from the shipped vllm/Dockerfile (built once per machine: its name
-    carries the key of what it is made from), saved as a docker-archive tarball in `out`."""
+    carries the key of what it is made from); its name."""
     tag = vllm_image()
     if not _podman_has(tag):
         versions = vllm_versions()
@@ -222,5 +216,4 @@ def build_vllm(out: pathlib.Path) -> pathlib.Path:
         if stale:
             subprocess.run(["podman", "rmi", *stale], check=False, capture_output=True, timeout=600)
         subprocess.run(["podman", "image", "prune", "-f"], check=False, capture_output=True, timeout=600)
-    out.mkdir(parents=True, exist_ok=True)
-    return save_image(tag, out / "vllm.tar")
+    return tag

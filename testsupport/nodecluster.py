@@ -20,6 +20,7 @@ bridge, iptables chains, and the sysctls the kubelet changes (restored).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import ipaddress
@@ -30,13 +31,15 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
 import yaml
 
+from testsupport import imagestore
 from testsupport.envtest import ASSETS_ENV, DEFAULT_ASSETS, ApiServer
 from testsupport.processes import free_port
 
@@ -101,17 +104,20 @@ class State:
 
     def __init__(self, work: pathlib.Path):
         self.path = work / "state.json"
+        self.lock = threading.Lock()  # the images are brought in from a thread of their own
         self.data: dict[str, Any] = {"work": str(work), "pids": [], "sysctls": {}, "netns_before": [], "chains": []}
         if self.path.exists():
             self.data = json.loads(self.path.read_text())
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data))
-        tmp.replace(self.path)
+        with self.lock:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data))
+            tmp.replace(self.path)
 
     def add_pid(self, pid: int, marker: str) -> None:
-        self.data["pids"].append([pid, marker])
+        with self.lock:
+            self.data["pids"].append([pid, marker])
         self.save()
 
 
@@ -215,7 +221,7 @@ def leftovers(work: pathlib.Path) -> list[str]:
     recorded = state.data["pids"] if state else []
     found = [f"process {pid} ({marker})" for pid, marker in recorded if _alive(pid, marker)]
     found += [f"process {pid} mentioning {work}" for pid in _processes_mentioning(str(work))]
-    found += [f"mount {m}" for m in _mounts_under(work)]
+    found += [f"mount {m}" for m in _mounts_under(work) + _mounts_under(imagestore.STORE)]
     found += [f"cgroup {d}" for d in _cgroup_dirs()]
     if pathlib.Path(f"/sys/class/net/{BRIDGE}").exists():
         found.append(f"bridge {BRIDGE}")
@@ -234,7 +240,7 @@ def teardown(work: pathlib.Path) -> None:
         _run("umount", str(netns))
         with contextlib.suppress(OSError):
             netns.unlink()
-    for point in _mounts_under(work):
+    for point in _mounts_under(work) + _mounts_under(imagestore.STORE):
         if _run("umount", point).returncode != 0:
             _run("umount", "-l", point)
     for directory in _cgroup_dirs():
@@ -250,11 +256,11 @@ def teardown(work: pathlib.Path) -> None:
 
 
 def _stop_recorded(state: State) -> None:
-    """Control plane, kubelet, kube-proxy and containerd, by PID, newest first."""
+    """Control plane, kubelet, kube-proxy and containerd, by PID, killed: their data is removed
+    next, so a graceful stop buys nothing (and kube-apiserver took over 10 s to end on SIGTERM)."""
     recorded = [(pid, marker) for pid, marker in state.data["pids"] if _alive(pid, marker)]
-    _kill([pid for pid, _ in reversed(recorded)], signal.SIGTERM)
-    _wait_gone(lambda: any(_alive(p, m) for p, m in recorded), 10)
-    _kill([pid for pid, marker in recorded if _alive(pid, marker)], signal.SIGKILL)
+    _kill([pid for pid, _ in reversed(recorded)], signal.SIGKILL)
+    _wait_gone(lambda: any(_alive(p, m) for p, m in recorded), 10)  # what outlives it, leftovers() names
 
 
 def _kill_containers(work: pathlib.Path) -> None:
@@ -291,7 +297,11 @@ class NodeCluster(ApiServer):
 
     containerd_socket: pathlib.Path = pathlib.Path()
     started: float = 0.0  # time.monotonic() when the tier began to start
-    import_seconds: float = 0.0  # loading the images into containerd (the vLLM image's 2.7 GB: most of it)
+    # Putting the images into the node's containerd: the image store brought up to date (only an
+    # image it lacks is imported: the vLLM image's 2.7 GB took 51-93 s) and its copy linked in.
+    import_seconds: float = 0.0
+    imported: list[str] = dataclasses.field(default_factory=list)  # the images the store lacked
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # start-up steps, seconds
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -301,10 +311,6 @@ class NodeCluster(ApiServer):
             check=check,
             timeout=600,
         )
-
-    def load_image(self, archive: pathlib.Path) -> None:
-        """Import a `podman save --format docker-archive` tarball into the node's containerd."""
-        self.ctr("images", "import", str(archive))
 
 
 def _openssl(*args: str, cwd: pathlib.Path) -> None:
@@ -599,8 +605,9 @@ def _wait(what: str, check: Any, seconds: float, processes: list[subprocess.Pope
         time.sleep(0.25)
 
 
-def _pause_image(work: pathlib.Path) -> pathlib.Path:
-    """A pause image from busybox-static: the sandbox process that holds a pod's namespaces."""
+def _pause_image(work: pathlib.Path) -> str:
+    """A pause image from busybox-static: the sandbox process that holds a pod's namespaces
+    (podman's layer cache keeps its ID, so the image store keeps it too)."""
     context = work / "pause"
     context.mkdir(exist_ok=True)
     shutil.copy(BUSYBOX, context / "busybox")
@@ -609,7 +616,7 @@ def _pause_image(work: pathlib.Path) -> pathlib.Path:
         'ENTRYPOINT ["/bin/busybox", "sleep", "2147483647"]\n'
     )
     build_image(context / "Containerfile", context, PAUSE_IMAGE)
-    return save_image(PAUSE_IMAGE, work / "pause.tar")
+    return PAUSE_IMAGE
 
 
 def build_image(dockerfile: pathlib.Path, context: pathlib.Path, tag: str, *extra: str) -> None:
@@ -638,21 +645,11 @@ def build_image(dockerfile: pathlib.Path, context: pathlib.Path, tag: str, *extr
     assert done.returncode == 0, f"podman build {tag} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
 
 
-def save_image(tag: str, archive: pathlib.Path) -> pathlib.Path:
-    archive.unlink(missing_ok=True)
-    subprocess.run(
-        ["podman", "save", "--format", "docker-archive", "-o", str(archive), tag],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    return archive
-
-
 @contextlib.contextmanager
-def running_cluster(work: pathlib.Path, images: list[pathlib.Path] = ()) -> Iterator[NodeCluster]:  # type: ignore[assignment]
-    """A cluster with one Ready node running pods; `images` (docker-archive tarballs) are loaded
-    into its containerd before the kubelet starts. Everything is removed after, even on error."""
+def running_cluster(work: pathlib.Path, images: Sequence[str] = ()) -> Iterator[NodeCluster]:
+    """A cluster with one Ready node running pods; `images` (names podman has) are in its
+    containerd before the kubelet starts, from the machine's image store (testsupport.imagestore).
+    Everything is removed after, even on error."""
     teardown(work)  # a previous run of the tier that was killed half-way
     leftover = [item for item in leftovers(work) if not item.startswith("sysctl")]
     assert not leftover, f"the tier cannot start over what is left of another run: {leftover}"
@@ -674,20 +671,82 @@ def running_cluster(work: pathlib.Path, images: list[pathlib.Path] = ()) -> Iter
         teardown(work)
 
 
+def _images_in_root(state: State, work: pathlib.Path, images: Sequence[str]) -> tuple[float, list[str]]:
+    """The pause image and `images` in a containerd root at `work/containerd`, from the image
+    store (brought up to date first); the seconds it took and the images the store lacked."""
+    started = time.monotonic()
+    names = [_pause_image(work), *images]
+    with imagestore.locked(imagestore.STORE):
+        imported = imagestore.sync(imagestore.STORE, names, work / "run" / "store", state.add_pid)
+        imagestore.seed(imagestore.STORE, work / "containerd")
+    return time.monotonic() - started, imported
+
+
 def _bring_up(
     stack: contextlib.ExitStack,
     state: State,
     work: pathlib.Path,
     directory: pathlib.Path,
     cni: pathlib.Path,
-    images: list[pathlib.Path],
+    images: Sequence[str],
 ) -> NodeCluster:
     run = work / "run"
     run.mkdir(exist_ok=True)
     _network(state)
     _cgroups()
+    began = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="images") as pool:
+        # The images reach containerd's root while the control plane starts; leaving this block
+        # waits for them even when the control plane fails, so teardown never races an import.
+        loading = pool.submit(_images_in_root, state, work, images)
+        cluster, processes = _control_plane(stack, state, work, directory)
+        cluster.phases["control plane"] = time.monotonic() - began
+        cluster.import_seconds, cluster.imported = loading.result()
+    cluster.phases["images in containerd's root"] = cluster.import_seconds
+    waited = time.monotonic()
+
+    def start(name: str, *args: str) -> None:
+        processes.append(_start(stack, state, work, name, list(args)))
+
+    start("containerd", "containerd", "--config", str(_containerd_config(work, cni)))
+    _cni_config(work)
+    _wait("containerd", lambda: cluster.ctr("version").returncode == 0, 30, processes, work)
+    pki = work / "pki"
+    start(
+        "kubelet",
+        str(directory / "kubelet"),
+        f"--config={_kubelet_config(work, run / 'containerd.sock', pki / 'ca.crt', free_port())}",
+        f"--kubeconfig={cluster.kubeconfig('node')}",
+        f"--root-dir={work / 'kubelet'}",
+        f"--cert-dir={work / 'kubelet-pki'}",
+        f"--hostname-override={NODE_NAME}",
+        f"--node-ip={NODE_IP}",
+        "--v=1",
+    )
+    start(
+        "kube-proxy",
+        str(directory / "kube-proxy"),
+        f"--config={_kube_proxy_config(work, cluster.kubeconfig('proxy'))}",
+    )
+    _wait("the node to be Ready", lambda: _node_ready(cluster), 120, processes, work)
+    _wait(
+        "the default ServiceAccount",
+        lambda: cluster.kubectl("get", "sa", "default", check=False).returncode == 0,
+        60,
+        processes,
+        work,
+    )
+    cluster.phases["containerd, kubelet and kube-proxy to a Ready node"] = time.monotonic() - waited
+    stack.pop_all()  # log files stay open for the processes; teardown stops them by PID
+    return cluster
+
+
+def _control_plane(
+    stack: contextlib.ExitStack, state: State, work: pathlib.Path, directory: pathlib.Path
+) -> tuple[NodeCluster, list[subprocess.Popen[bytes]]]:
+    """Certificates, tokens, etcd, kube-apiserver (answering /readyz), the controller manager
+    and the scheduler; the cluster and the processes started."""
     pki = _pki(work)
-    pause = _pause_image(work)
     tokens = {user: f"{user}-{os.urandom(8).hex()}" for user in ("admin", "node", "controller", "scheduler", "proxy")}
     (work / "tokens.csv").write_text(
         f'{tokens["admin"]},admin,admin,"system:masters"\n'
@@ -702,21 +761,16 @@ def _bring_up(
         user: _kubeconfig(work / f"kubeconfig-{user}.yaml", url, pki / "ca.crt", t) for user, t in tokens.items()
     }
     cluster = NodeCluster(
-        url=url, work=work, admin_token=tokens["admin"], operator_token="", containerd_socket=run / "containerd.sock"
+        url=url,
+        work=work,
+        admin_token=tokens["admin"],
+        operator_token="",
+        containerd_socket=work / "run" / "containerd.sock",
     )
     processes: list[subprocess.Popen[bytes]] = []
 
     def start(name: str, *args: str) -> None:
         processes.append(_start(stack, state, work, name, list(args)))
-
-    # containerd first, so the images are in place before anything asks for them.
-    start("containerd", "containerd", "--config", str(_containerd_config(work, cni)))
-    _cni_config(work)
-    _wait("containerd", lambda: cluster.ctr("version").returncode == 0, 30, processes, work)
-    loading = time.monotonic()
-    for archive in [pause, *images]:
-        cluster.load_image(archive)
-    cluster.import_seconds = time.monotonic() - loading
 
     etcd_port, peer_port = free_port(), free_port()
     etcd_url = f"http://127.0.0.1:{etcd_port}"
@@ -779,32 +833,7 @@ def _bring_up(
         "--leader-elect=false",
         "--profiling=false",
     )
-    start(
-        "kubelet",
-        str(directory / "kubelet"),
-        f"--config={_kubelet_config(work, run / 'containerd.sock', pki / 'ca.crt', free_port())}",
-        f"--kubeconfig={kubeconfigs['node']}",
-        f"--root-dir={work / 'kubelet'}",
-        f"--cert-dir={work / 'kubelet-pki'}",
-        f"--hostname-override={NODE_NAME}",
-        f"--node-ip={NODE_IP}",
-        "--v=1",
-    )
-    start(
-        "kube-proxy",
-        str(directory / "kube-proxy"),
-        f"--config={_kube_proxy_config(work, kubeconfigs['proxy'])}",
-    )
-    _wait("the node to be Ready", lambda: _node_ready(cluster), 120, processes, work)
-    _wait(
-        "the default ServiceAccount",
-        lambda: cluster.kubectl("get", "sa", "default", check=False).returncode == 0,
-        60,
-        processes,
-        work,
-    )
-    stack.pop_all()  # log files stay open for the processes; teardown stops them by PID
-    return cluster
+    return cluster, processes
 
 
 def _node_ready(cluster: NodeCluster) -> bool:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -51,31 +52,41 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def image_archives(tmp_path_factory: pytest.TempPathFactory) -> list[pathlib.Path]:
-    return images.build_all(tmp_path_factory.mktemp("images"))
+def project_images() -> list[str]:
+    """The model-server and operator images, built by podman (cached layers reused)."""
+    return images.build_all()
 
 
 @pytest.fixture(scope="session")
-def vllm_archive(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """The CPU vLLM image (built once per machine), saved for the node's containerd."""
-    return images.build_vllm(tmp_path_factory.mktemp("vllm-image"))
+def vllm_image() -> str:
+    """The CPU vLLM image (built once per machine)."""
+    return images.build_vllm()
 
 
 @contextlib.contextmanager
-def tier(archives: list[pathlib.Path]) -> Iterator[NodeCluster]:
-    """A cluster of the tier with these images in its containerd, removed after."""
+def tier(names: list[str], label: str) -> Iterator[NodeCluster]:
+    """A cluster of the tier with these images in its containerd, removed after; `label` names it
+    in the figures."""
     # Short: containerd's socket paths must fit in a sockaddr_un.
     work = pathlib.Path(tempfile.mkdtemp(prefix="rio-tier-"))
+    stopping = 0.0
     try:
-        with nodecluster.running_cluster(work, archives) as cluster:
+        with nodecluster.running_cluster(work, names) as cluster:
+            imported = "images the machine's image store lacked (imported)"
+            FIGURES[imported] = FIGURES.get(imported, 0) + len(cluster.imported)
+            for phase, seconds in cluster.phases.items():
+                FIGURES[f"{label} cluster start: {phase} (s)"] = seconds
             yield cluster
-    finally:  # containerd's images and etcd's data: 1.4 GB a run
+            stopping = time.monotonic()
+    finally:  # etcd's data and containerd's copy of the store (hard links, but a tree of them)
         shutil.rmtree(work, ignore_errors=True)
+        if stopping:
+            FIGURES[f"{label} cluster stopped and removed (s)"] = time.monotonic() - stopping
 
 
 @pytest.fixture(scope="module")
-def node(image_archives: list[pathlib.Path]) -> Iterator[NodeCluster]:
-    with tier(image_archives) as cluster:
+def node(project_images: list[str], request: pytest.FixtureRequest) -> Iterator[NodeCluster]:
+    with tier(project_images, request.module.__name__.rsplit(".", 1)[-1]) as cluster:
         yield cluster
 
 
@@ -230,7 +241,13 @@ def pod_prometheus(node: NodeCluster, work: pathlib.Path, namespaces: list[str])
 
 
 def pods(node: NodeCluster, ns: str, selector: str) -> list[dict]:
-    return kubectl_json(node, "get", "pods", "-n", ns, "-l", selector)["items"]
+    """The pods `selector` matches in `ns`, from the API server (the tests poll this: a kubectl
+    process costs ~60 ms of CPU a call, 15 times what a request does, on a machine whose two cores
+    the pods being waited for need)."""
+    with node.client() as client:
+        answer = client.get(f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": selector})
+    answer.raise_for_status()
+    return list(answer.json()["items"])
 
 
 def ready(pod: dict) -> bool:
@@ -241,11 +258,11 @@ def ready(pod: dict) -> bool:
 
 
 def wait_ready_pods(node: NodeCluster, ns: str, selector: str, count: int, timeout: float) -> list[dict]:
-    return wait_for(
-        lambda: [p for p in pods(node, ns, selector) if ready(p)] if sum(
-            ready(p) for p in pods(node, ns, selector)) == count else None,
-        timeout=timeout, interval=0.5, message=f"{count} Ready pods {selector} in {ns}",
-    )  # fmt: skip
+    def found() -> list[dict] | None:
+        ready_pods = [p for p in pods(node, ns, selector) if ready(p)]
+        return ready_pods if len(ready_pods) == count else None
+
+    return wait_for(found, timeout=timeout, interval=0.25, message=f"{count} Ready pods {selector} in {ns}")
 
 
 def chart_values(ca_bundle: str, **overrides: Any) -> dict:
@@ -287,10 +304,13 @@ def run_client_pod(node: NodeCluster, ns: str, name: str, script: str, timeout: 
     apply(node, client)
 
     def finished() -> str | None:
-        phase = kubectl_json(node, "get", "pod", name, "-n", ns)["status"].get("phase")
+        with node.client() as api:
+            pod = api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        pod.raise_for_status()
+        phase = pod.json()["status"].get("phase")
         return phase if phase in ("Succeeded", "Failed") else None
 
-    phase = wait_for(finished, timeout=timeout, message=f"the {name} pod to finish")
+    phase = wait_for(finished, timeout=timeout, interval=0.25, message=f"the {name} pod to finish")
     output = node.kubectl("logs", name, "-n", ns).stdout.strip()
     assert phase == "Succeeded", output
     return str(output)

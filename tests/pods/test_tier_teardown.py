@@ -52,3 +52,23 @@ def test_a_tier_killed_half_way_leaves_nothing_after_teardown() -> None:
     assert nodecluster.leftovers(work) == []
     assert sysctls() == before
     shutil.rmtree(work)  # no mount is left under it, so this removes it all
+
+
+def test_a_mount_left_in_the_image_store_is_found_and_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image store outlives the tier, its mounts do not: a containerd killed while it unpacked
+    a layer into the store leaves one under `root/tmpmounts`."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix="rio-kill-"))
+    store = pathlib.Path(tempfile.mkdtemp(prefix="rio-store-"))
+    monkeypatch.setattr(nodecluster.imagestore, "STORE", store)
+    point = store / "root" / "tmpmounts" / "containerd-mount1"
+    point.mkdir(parents=True)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(point)], check=True, timeout=30)
+        assert nodecluster.leftovers(work) == [f"mount {point}"]
+        nodecluster.teardown(work)
+        assert nodecluster.leftovers(work) == []
+        assert point.is_dir()  # the store itself stays
+    finally:
+        subprocess.run(["umount", str(point)], capture_output=True, check=False, timeout=30)
+        shutil.rmtree(work)
+        shutil.rmtree(store)
