@@ -1,11 +1,13 @@
 """The chart's alerts evaluated as Prometheus evaluates them: `promtool check rules` on the
 PrometheusRule rendered from every values file the chart tests use, and `promtool test rules`
 (alert_tests.yaml: input series, the `for` windows, the labels and annotations a receiver gets)
-on the one rendered from ci/monitoring-values.yaml. promtool comes with Debian's `prometheus`,
-which scripts/setup.sh installs."""
+on the one rendered from ci/monitoring-values.yaml; and every dashboard query parsed by promtool
+(as a recording rule, its Grafana variables filled in). promtool comes with Debian's
+`prometheus`, which scripts/setup.sh installs."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import subprocess
@@ -78,3 +80,21 @@ def test_the_unit_tests_catch_a_threshold_that_drifts(tmp_path: pathlib.Path) ->
     tested = run_unit_tests(rule_groups(values), tmp_path)
     assert tested.returncode != 0
     assert "InferenceLatencySLOBreach" in tested.stdout + tested.stderr
+
+
+def test_every_dashboard_query_is_valid_promql(tmp_path: pathlib.Path) -> None:
+    dashboard = json.loads((h.CHART / "dashboards" / "rocm-inference.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] if p["type"] != "row" for t in p["targets"]]
+    # The variables' own queries, inside Grafana's query_result(...), list model servers' and vLLM's
+    # namespaces and models alike.
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            query = variable["query"]["query"]
+            assert query.startswith("query_result(") and "vllm:" in query and "model_server_" in query
+            exprs.append(query.removeprefix("query_result(").removesuffix(")"))
+    filled = [e.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$model", ".*") for e in exprs]
+    rules = [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(filled)]
+    (tmp_path / "dashboard.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    checked = promtool("check", "rules", "dashboard.yaml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{len(rules)} rules found" in checked.stdout

@@ -16,6 +16,7 @@ from kopf._cogs.structs import references
 
 import inference_operator
 from inference_operator import metrics
+from inference_operator.autoscaler import promql
 from tests.chart import helm as h
 
 SCHEMA = json.loads((h.CHART / "values.schema.json").read_text())
@@ -54,8 +55,16 @@ def operator_metric_names() -> set[str]:
     return names
 
 
+def vllm_series() -> set[str]:
+    """vLLM's series as the operator's own queries name them (autoscaler/promql.py)."""
+    series = {promql.VLLM_WAITING, promql.VLLM_RUNNING, promql.VLLM_KV_CACHE}
+    for name in (promql.VLLM_TTFT, promql.VLLM_ITL, promql.VLLM_E2E):
+        series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return series
+
+
 def known_series() -> set[str]:
-    series = set(MODEL_SERVER_METRICS) | operator_metric_names() | {"up"}
+    series = set(MODEL_SERVER_METRICS) | operator_metric_names() | vllm_series() | {"up"}
     for name in HISTOGRAMS:
         series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     return series
@@ -79,6 +88,7 @@ PROMQL_WORDS = {
     "le",
     "namespace",
     "model",
+    "model_name",
     "version",
     "handler",
     "name",
@@ -272,9 +282,40 @@ def test_dashboard_queries_known_metrics_and_shows_what_operators_need() -> None
         "inference_operator_autoscaler_desired_replicas",
     ):
         assert series in used, series
+    # the LLM path (time to first token, inter-token latency, queue, KV cache) and rollouts
+    assert (
+        vllm_series()
+        - {f"{promql.VLLM_E2E}_{s}" for s in ("bucket", "sum", "count")}
+        - {f"{h}_{s}" for h in (promql.VLLM_TTFT, promql.VLLM_ITL) for s in ("sum", "count")}
+        <= used
+    )
+    assert "inference_operator_rollouts_total" in used
+
+
+def test_the_dashboard_is_valid_grafana_json() -> None:
+    """What Grafana needs to import it as is: a schema version, unique panel ids, every query on
+    the datasource variable, and panels that do not overlap."""
+    dashboard = json.loads((h.CHART / "dashboards" / "rocm-inference.json").read_text())
+    assert isinstance(dashboard["schemaVersion"], int) and dashboard["schemaVersion"] >= 36
+    assert dashboard["uid"] and dashboard["title"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
-    assert {v["name"] for v in dashboard["templating"]["list"]} == {"datasource", "namespace", "model"}
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert set(variables) == {"datasource", "namespace", "model"}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    cells: dict[tuple[int, int], int] = {}
+    for panel in dashboard["panels"]:
+        box = panel["gridPos"]
+        assert box["x"] + box["w"] <= 24, panel["title"]
+        for x in range(box["x"], box["x"] + box["w"]):
+            for y in range(box["y"], box["y"] + box["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps panel {cells[(x, y)]}"
+                cells[(x, y)] = panel["id"]
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == panel["datasource"] and target["expr"], panel["title"]
 
 
 def test_alert_rules_query_known_metrics() -> None:
