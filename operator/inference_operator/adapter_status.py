@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .jsontypes import JsonObject
 from .models import InferenceServiceSpec
+from .reasons import Reason
 
 CONDITION = "AdaptersReady"
 STATES = ("Pending", "Loading", "Ready", "Failed")
@@ -124,7 +125,7 @@ def reduced(answer: JsonObject | None, wanted: Mapping[str, str]) -> JsonObject 
 
 def summarize(
     spec: InferenceServiceSpec, answers: Mapping[str, JsonObject | None]
-) -> tuple[list[JsonObject], bool, str, str]:
+) -> tuple[list[JsonObject], bool, Reason, str]:
     """status.adapters, and the AdaptersReady condition's (status, reason, message), from each
     replica's answer (pod name -> its /adapters JSON, None when it did not answer)."""
     wanted = {a.name: a.uri for a in spec.adapters}
@@ -151,9 +152,9 @@ def summarize(
             {"name": name, "state": overall, "readyReplicas": ready, "replicas": len(states), "pods": replicas}
         )
     if failed:
-        return entries, False, "AdapterFailed", _bounded("; ".join(failed))
+        return entries, False, Reason.ADAPTER_FAILED, _bounded("; ".join(failed))
     if not per_pod and wanted:
-        return entries, False, "NoReplicas", "no running replica to load the adapters into"
+        return entries, False, Reason.NO_REPLICAS, "no running replica to load the adapters into"
     if loading:
-        return entries, False, "Loading", f"loading {', '.join(loading)}"
-    return entries, True, "Loaded", f"{len(wanted)} adapter(s) loaded on {len(per_pod)} replica(s)"
+        return entries, False, Reason.LOADING, f"loading {', '.join(loading)}"
+    return entries, True, Reason.LOADED, f"{len(wanted)} adapter(s) loaded on {len(per_pod)} replica(s)"

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from .jsontypes import JsonObject
 from .models import AutoscalingMode, AutoscalingSpec, InferenceServiceSpec, SecretKeyRef
+from .reasons import Reason
 
 SECRET_LABEL = "inference.rocm.dev/prometheus-credentials"
 ENV_ENABLED = "INFERENCE_OPERATOR_PROMETHEUS_AUTH"
@@ -46,21 +47,11 @@ ENV_HUB_TOKENS = "INFERENCE_OPERATOR_HUB_TOKENS"
 ENV_HUB_ENDPOINTS = "INFERENCE_OPERATOR_HUB_TOKEN_ENDPOINTS"
 PUBLIC_HUB = "https://huggingface.co"
 
-# Reasons, as they appear in status conditions.
-DISABLED = "PrometheusCredentialsDisabled"
-SECRET_NOT_LABELLED = "PrometheusSecretNotLabelled"
-INSECURE_URL = "PrometheusCredentialsOverHttp"
-URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"
-HUB_TOKENS_DISABLED = "HubTokensDisabled"
-HUB_ENDPOINT_NOT_ALLOWED = "HubEndpointNotAllowed"
-MODEL_SECRET_NOT_LABELLED = "ModelSecretNotLabelled"
-MODEL_SECRET_NOT_FOUND = "ModelSecretNotFound"
-
 
 class CredentialsRefused(Exception):
-    """The spec asks for something the rules above forbid; `reason` is a CamelCase word."""
+    """The spec asks for something the rules above forbid; `reason` says which (one of REFUSALS)."""
 
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: Reason, message: str):
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -141,16 +132,20 @@ def check_url(scaling: AutoscalingSpec, policy: CredentialPolicy) -> None:
     url = scaling.prometheus_url
     if not url_allowed(url, policy.allowed_urls):
         raise CredentialsRefused(
-            URL_NOT_ALLOWED, f"prometheusUrl {url} is not among the operator's allowed Prometheus URLs"
+            Reason.PROMETHEUS_URL_NOT_ALLOWED,
+            f"prometheusUrl {url} is not among the operator's allowed Prometheus URLs",
         )
     auth = scaling.prometheus_auth
     if not auth or not (auth.bearer_token_secret or auth.ca_secret):
         return
     if not policy.enabled:
-        raise CredentialsRefused(DISABLED, "this operator is not configured to use Prometheus credentials")
+        raise CredentialsRefused(
+            Reason.PROMETHEUS_CREDENTIALS_DISABLED, "this operator is not configured to use Prometheus credentials"
+        )
     if auth.bearer_token_secret and urlsplit(url).scheme != "https" and not policy.allow_http:
         raise CredentialsRefused(
-            INSECURE_URL, f"a bearer token is only sent over https; prometheusUrl is {urlsplit(url).scheme}://"
+            Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP,
+            f"a bearer token is only sent over https; prometheusUrl is {urlsplit(url).scheme}://",
         )
 
 
@@ -159,7 +154,8 @@ def check_secret(secret: JsonObject, ref: SecretKeyRef) -> None:
     labels = (secret.get("metadata") or {}).get("labels") or {}
     if labels.get(SECRET_LABEL) != "true":
         raise CredentialsRefused(
-            SECRET_NOT_LABELLED, f'secret {ref.name} is not labelled {SECRET_LABEL}: "true"; it is not used'
+            Reason.PROMETHEUS_SECRET_NOT_LABELLED,
+            f'secret {ref.name} is not labelled {SECRET_LABEL}: "true"; it is not used',
         )
 
 
@@ -192,17 +188,16 @@ def check(
 # How often the operator looks again at a refused KEDA credential: labelling the Secret is
 # not a change of the InferenceService, so no event would tell it.
 RECHECK_SECONDS = 60
-SECRET_NOT_FOUND = "PrometheusSecretNotFound"
 REFUSALS = (
-    DISABLED,
-    SECRET_NOT_LABELLED,
-    INSECURE_URL,
-    URL_NOT_ALLOWED,
-    SECRET_NOT_FOUND,
-    HUB_TOKENS_DISABLED,
-    HUB_ENDPOINT_NOT_ALLOWED,
-    MODEL_SECRET_NOT_LABELLED,
-    MODEL_SECRET_NOT_FOUND,
+    Reason.PROMETHEUS_CREDENTIALS_DISABLED,
+    Reason.PROMETHEUS_SECRET_NOT_LABELLED,
+    Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP,
+    Reason.PROMETHEUS_URL_NOT_ALLOWED,
+    Reason.PROMETHEUS_SECRET_NOT_FOUND,
+    Reason.HUB_TOKENS_DISABLED,
+    Reason.HUB_ENDPOINT_NOT_ALLOWED,
+    Reason.MODEL_SECRET_NOT_LABELLED,
+    Reason.MODEL_SECRET_NOT_FOUND,
 )
 
 
@@ -220,7 +215,7 @@ def keda_refusal(
         return exc
     for ref in secret_refs(scaling):
         if ref.name not in found:
-            return CredentialsRefused(SECRET_NOT_FOUND, f"secret {ref.name} not found")
+            return CredentialsRefused(Reason.PROMETHEUS_SECRET_NOT_FOUND, f"secret {ref.name} not found")
     return None
 
 
@@ -232,21 +227,21 @@ def model_refusal(
     if hub is None or not hub.token_secret:
         return None
     if not policy.hub_tokens:
-        return CredentialsRefused(HUB_TOKENS_DISABLED, "this operator is not configured to pass Hub tokens")
+        return CredentialsRefused(Reason.HUB_TOKENS_DISABLED, "this operator is not configured to pass Hub tokens")
     endpoint = hub.endpoint or PUBLIC_HUB
     if urlsplit(endpoint).scheme != "https" or not url_allowed(endpoint, policy.hub_endpoints):
         return CredentialsRefused(
-            HUB_ENDPOINT_NOT_ALLOWED,
+            Reason.HUB_ENDPOINT_NOT_ALLOWED,
             f"model.huggingFace.endpoint {endpoint} is not among the operator's Hub endpoints for tokens "
             f"({', '.join(policy.hub_endpoints) or 'none'})",
         )
     secret = read_secret(hub.token_secret)
     if secret is None:  # refused too: it could appear later without the label
-        return CredentialsRefused(MODEL_SECRET_NOT_FOUND, f"secret {hub.token_secret} not found")
+        return CredentialsRefused(Reason.MODEL_SECRET_NOT_FOUND, f"secret {hub.token_secret} not found")
     labels = (secret.get("metadata") or {}).get("labels") or {}
     if labels.get(MODEL_SECRET_LABEL) != "true":
         return CredentialsRefused(
-            MODEL_SECRET_NOT_LABELLED,
+            Reason.MODEL_SECRET_NOT_LABELLED,
             f'secret {hub.token_secret} is not labelled {MODEL_SECRET_LABEL}: "true"; it is not used',
         )
     return None

@@ -57,14 +57,14 @@ from .models import (
     SpecError,
     parse_spec,
 )
-from .reconcile import ApplyRefused, ForeignObjectError, Result, api_message, reconcile
+from .reasons import Reason
+from .reconcile import Action, ApplyRefused, ForeignObjectError, Result, api_message, reconcile
 from .rollout import COMMAND_ANNOTATION, Check, Command, Phase, RolloutState, advance
 from .rollout import Step as RolloutStep
 
-# A canary rolled back: Degraded until the spec changes (the stable revision serves meanwhile).
-ROLLED_BACK = "RolledBack"
-# Problems rollout news does not clear: only a spec change or the next re-check can.
-KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, st.API_ERROR, *credentials.REFUSALS, ROLLED_BACK)
+# Problems rollout news does not clear: only a spec change or the next re-check can (a canary
+# rolled back stays Degraded until the spec changes; the stable revision serves meanwhile).
+KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, Reason.API_ERROR, *credentials.REFUSALS, Reason.ROLLED_BACK)
 # At most this many drift repairs of one InferenceService's objects per window; more wait,
 # so a fight with another controller costs a few writes a minute, not a write storm.
 REPAIR_BURST = 3
@@ -163,9 +163,9 @@ def _temporary(exc: ApiException | urllib3.exceptions.HTTPError, retry: int = 0)
     return kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=delay)
 
 
-def _normal_event(body: kopf.Body | JsonObject, reason: str, message: str) -> None:
+def _normal_event(body: kopf.Body | JsonObject, reason: Reason | Action, message: str) -> None:
     """A Normal event; kopf.info would obey posting.level, which keeps log lines out."""
-    kopf.event(_body(body), type="Normal", reason=reason, message=message)
+    kopf.event(_body(body), type="Normal", reason=str(reason), message=message)
 
 
 def _body(obj: kopf.Body | JsonObject) -> kopf.Body:
@@ -304,20 +304,22 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
         # Cleared by labelling a Secret or configuring the operator, not only by a spec change.
         problem, recheck = st.Problem(exc.reason, exc.message), float(credentials.RECHECK_SECONDS)
     except SpecError as exc:
-        problem = st.Problem("InvalidSpec", str(exc))
+        problem = st.Problem(Reason.INVALID_SPEC, str(exc))
     except ForeignObjectError as exc:
-        problem = st.Problem("ResourceConflict", str(exc))
+        problem = st.Problem(Reason.RESOURCE_CONFLICT, str(exc))
     except ApplyRefused as exc:
-        problem = st.Problem("ApplyFailed", f"the API server refused the desired objects, none was written: {exc}")
+        problem = st.Problem(
+            Reason.APPLY_FAILED, f"the API server refused the desired objects, none was written: {exc}"
+        )
     if problem is not None:
         _give_up(memo, body, ref, generation, problem, logger, recheck)
 
     for change in result.writes:
-        _normal_event(body, change.action.value, change.describe())
+        _normal_event(body, change.action, change.describe())
     tracing.record_writes(result.writes)
     problem = result.problem
     if result.unavailable:
-        problem = st.Problem("ApiUnavailable", "; ".join(unavailable_message(k) for k in result.unavailable))
+        problem = st.Problem(Reason.API_UNAVAILABLE, "; ".join(unavailable_message(k) for k in result.unavailable))
     workload = Ref.of(result.deployment) if result.deployment is not None else None
     selector = selector_string(owner)
     extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector}
@@ -348,7 +350,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
 def _rollout_problem(rollout: RolloutState | None) -> st.Problem | None:
     if rollout is None or rollout.phase != Phase.ROLLED_BACK:
         return None
-    return st.Problem(ROLLED_BACK, f"revision {rollout.revision}: {rollout.message}")
+    return st.Problem(Reason.ROLLED_BACK, f"revision {rollout.revision}: {rollout.message}")
 
 
 def rollout_status(result: Result) -> JsonObject:
@@ -446,7 +448,7 @@ def _repair(
         logger.info("not repaired (%s): %s", why, exc)  # the reconcile handler reports it
         return None, None
     for change in result.writes:
-        _normal_event(isvc, "Repaired", f"{change.describe()}: {why}")
+        _normal_event(isvc, Action.REPAIRED, f"{change.describe()}: {why}")
     logger.info("repair after %s: %s", why, ", ".join(c.describe() for c in result.writes) or "nothing to do")
     return result, None
 
@@ -562,7 +564,7 @@ def _announce_readiness(isvc: JsonObject, previous: JsonObject | None, new: Json
     condition = st.find_condition(new["conditions"], st.READY)
     assert condition is not None
     if after == "True":
-        _normal_event(isvc, "Ready", condition["message"])
+        _normal_event(isvc, Reason.READY, condition["message"])
     else:
         kopf.warn(_body(isvc), reason=condition["reason"], message=condition["message"])
 
@@ -575,12 +577,16 @@ def _announce_rollout(body: kopf.Body | JsonObject, before: RolloutState | None,
         return
     meta = body["metadata"]
     metrics.ROLLOUTS.labels(meta["namespace"], meta["name"], "started").inc()
-    _normal_event(body, "CanaryStarted", after.message)
+    _normal_event(body, Reason.CANARY_STARTED, after.message)
 
 
 # --- canary analysis ----------------------------------------------------------------------------
 
-ROLLOUT_EVENTS = {"CanaryStep": "stepped", "CanaryPromoted": "promoted", "CanaryRolledBack": "rolled_back"}
+ROLLOUT_EVENTS = {
+    Reason.CANARY_STEP: "stepped",
+    Reason.CANARY_PROMOTED: "promoted",
+    Reason.CANARY_ROLLED_BACK: "rolled_back",
+}
 
 
 def canary_strategy(spec: kopf.Spec, **_: Any) -> bool:
@@ -685,7 +691,7 @@ def _apply_rollout_step(
         settled = {"rollout": {**result.rollout.to_status(), "lastCheck": last_check}}
         _publish(memo, ref, lambda fresh: settled)
     for change in result.writes:
-        _normal_event(isvc, change.action.value, change.describe())
+        _normal_event(isvc, change.action, change.describe())
     if (problem := _rollout_problem(step.state)) is not None:
         deployment_state = st.rollout(result.deployment)
         _publish(
@@ -698,8 +704,8 @@ def _apply_rollout_step(
     if step.event is not None:
         reason, message = step.event
         metrics.ROLLOUTS.labels(meta["namespace"], meta["name"], ROLLOUT_EVENTS[reason]).inc()
-        if reason == "CanaryRolledBack":
-            kopf.warn(_body(isvc), reason=reason, message=message)
+        if reason == Reason.CANARY_ROLLED_BACK:
+            kopf.warn(_body(isvc), reason=str(reason), message=message)
         else:
             _normal_event(isvc, reason, message)
 

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .models import HTTPRouteSpec, InferenceServiceSpec
+from .reasons import Reason
 
 SERVICE_ACCOUNTS_ENV = "INFERENCE_OPERATOR_POLICY_SERVICE_ACCOUNTS"
 PRIORITY_CLASSES_ENV = "INFERENCE_OPERATOR_POLICY_PRIORITY_CLASSES"
@@ -53,13 +54,12 @@ DEFAULT_GROUPS = "1-999"
 _GATEWAY = r"\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?/(\*|[a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
 _HOSTNAME = r"\*|(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 ANY = "*"
-REASON = "PolicyViolation"
 
 
 class PolicyViolation(Exception):
     """A spec asks for what the platform does not allow; the message names field and value."""
 
-    reason = REASON
+    reason = Reason.POLICY_VIOLATION
 
 
 def normalized_image(image: str) -> str:

@@ -30,6 +30,7 @@ from enum import StrEnum
 from .jsontypes import JsonObject
 from .kinds import DEPLOYMENT
 from .models import CanarySpec
+from .reasons import Reason
 
 REVISION_ANNOTATION = "inference.rocm.dev/revision"
 # The manifest last applied to the stable Deployment: what it keeps while a canary runs.
@@ -229,7 +230,7 @@ class Step:
 
     state: RolloutState
     verdict: str
-    event: tuple[str, str] | None = None
+    event: tuple[Reason, str] | None = None
 
 
 def judge(check: Check | None, canary: CanarySpec) -> tuple[str, str]:
@@ -279,17 +280,23 @@ def advance(state: RolloutState, canary: CanarySpec, check: Check | None, now: f
     weight = canary.steps[nxt]
     message = f"step {nxt + 1} of {len(canary.steps)}: {weight}% of the traffic ({why})"
     return Step(
-        replace(state, step=nxt, weight=weight, step_started=now, message=message), verdict, ("CanaryStep", message)
+        replace(state, step=nxt, weight=weight, step_started=now, message=message),
+        verdict,
+        (Reason.CANARY_STEP, message),
     )
 
 
 def _promoted(state: RolloutState, message: str, verdict: str) -> Step:
-    return Step(replace(state, phase=Phase.PROMOTED, weight=100, message=message), verdict, ("CanaryPromoted", message))
+    return Step(
+        replace(state, phase=Phase.PROMOTED, weight=100, message=message), verdict, (Reason.CANARY_PROMOTED, message)
+    )
 
 
 def _rolled_back(state: RolloutState, message: str, verdict: str) -> Step:
     return Step(
-        replace(state, phase=Phase.ROLLED_BACK, weight=0, message=message), verdict, ("CanaryRolledBack", message)
+        replace(state, phase=Phase.ROLLED_BACK, weight=0, message=message),
+        verdict,
+        (Reason.CANARY_ROLLED_BACK, message),
     )
 
 

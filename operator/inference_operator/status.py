@@ -13,37 +13,36 @@ from dataclasses import dataclass, replace
 
 from .jsontypes import JsonObject
 from .kinds import LEADER_WORKER_SET
+from .reasons import Reason
 
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 
 # Problems that stop the operator from applying the spec at all: rollout progress is blocked.
-BLOCKING_PROBLEMS = ("InvalidSpec", "PolicyViolation", "ResourceConflict", "ApplyFailed")
+BLOCKING_PROBLEMS = (Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.RESOURCE_CONFLICT, Reason.APPLY_FAILED)
 # Problems that only a change of the InferenceService (or of the cluster's APIs) can clear:
 # Deployment events keep them rather than overwrite them with rollout news.
-SPEC_PROBLEMS = (*BLOCKING_PROBLEMS, "ApiUnavailable")
-# The API server keeps failing a write the operator retries (a full Service IP range, RBAC,
-# an admission webhook down): only a reconcile that gets through clears it.
-API_ERROR = "ApiError"
+SPEC_PROBLEMS = (*BLOCKING_PROBLEMS, Reason.API_UNAVAILABLE)
 # Failures that retrying clears by itself, not news for the user.
 ROUTINE_API_STATUSES = (409, 429)
 
 
 def api_error_problem(status: int, reason: str, message: str, limit: int = 1024) -> Problem | None:
-    """The Degraded problem for an API error that persisted across a retry, or None when it
-    is routine (a conflict, throttling)."""
+    """The Degraded problem for an API error that persisted across a retry (a full Service IP
+    range, RBAC, an admission webhook down: only a reconcile that gets through clears it), or
+    None when it is routine (a conflict, throttling)."""
     if status in ROUTINE_API_STATUSES:
         return None
     text = f"the API server keeps failing a write ({status} {reason}): {message}"
-    return Problem(API_ERROR, text if len(text) <= limit else text[: limit - 3] + "...")
+    return Problem(Reason.API_ERROR, text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 @dataclass(frozen=True)
 class Problem:
     """Why the operator cannot (fully) realise the spec: becomes the Degraded condition."""
 
-    reason: str
+    reason: Reason
     message: str
 
 
@@ -91,7 +90,7 @@ def set_condition(
     conditions: list[JsonObject],
     type_: str,
     status: bool,
-    reason: str,
+    reason: Reason,
     message: str,
     now: str,
     generation: int | None = None,
@@ -103,7 +102,7 @@ def set_condition(
     condition = {
         "type": type_,
         "status": value,
-        "reason": reason,
+        "reason": str(reason),  # the word, not the member: YAML writers know only str
         "message": message,
         "lastTransitionTime": now if changed or previous is None else previous.get("lastTransitionTime", now),
     }
@@ -150,11 +149,11 @@ def rollout(deployment: JsonObject | None) -> Rollout:
     conditions = (deployment.get("status") or {}).get("conditions")
     failure = find_condition(conditions, "ReplicaFailure")
     if failure and failure.get("status") == "True":
-        problem = Problem("ReplicaFailure", failure.get("message") or "pods cannot be created")
+        problem = Problem(Reason.REPLICA_FAILURE, failure.get("message") or "pods cannot be created")
         return replace(counts, message=problem.message, problem=problem)
     progress = find_condition(conditions, "Progressing")
-    if progress and progress.get("reason") == "ProgressDeadlineExceeded":
-        problem = Problem("ProgressDeadlineExceeded", progress.get("message") or "rollout exceeded its deadline")
+    if progress and progress.get("reason") == Reason.PROGRESS_DEADLINE_EXCEEDED:
+        problem = Problem(Reason.PROGRESS_DEADLINE_EXCEEDED, progress.get("message") or "rollout exceeded its deadline")
         return replace(counts, message=problem.message, problem=problem)
     desired, replicas, updated, available = counts.desired, counts.replicas, counts.updated, counts.available
     if updated < desired:
@@ -204,30 +203,36 @@ def compute_status(
     problem = problem or pods or state.problem
 
     if state.is_ready:
-        ready = (True, "MinimumReplicasAvailable", state.ready_message)
+        ready = (True, Reason.MINIMUM_REPLICAS_AVAILABLE, state.ready_message)
     elif state is NOT_CREATED:
-        ready = (False, problem.reason, problem.message) if problem else (False, "ReplicasNotReady", state.message)
+        ready = (
+            (False, problem.reason, problem.message) if problem else (False, Reason.REPLICAS_NOT_READY, state.message)
+        )
     elif state.desired == 0:
-        ready = (False, "ScaledToZero", state.ready_message)
+        ready = (False, Reason.SCALED_TO_ZERO, state.ready_message)
     elif pods is not None:
         ready = (False, pods.reason, f"{state.ready_message}: {pods.message}")
     else:
-        ready = (False, "ReplicasNotReady", state.ready_message)
+        ready = (False, Reason.REPLICAS_NOT_READY, state.ready_message)
     conditions = set_condition(conditions, READY, *ready, now, generation)
 
     if problem and problem.reason in BLOCKING_PROBLEMS:
-        conditions = set_condition(conditions, PROGRESSING, False, "Blocked", problem.message, now, generation)
+        conditions = set_condition(conditions, PROGRESSING, False, Reason.BLOCKED, problem.message, now, generation)
     elif state.problem is not None:
         conditions = set_condition(conditions, PROGRESSING, False, state.problem.reason, state.message, now, generation)
     elif not state.done:
-        conditions = set_condition(conditions, PROGRESSING, True, "RolloutInProgress", state.message, now, generation)
+        conditions = set_condition(
+            conditions, PROGRESSING, True, Reason.ROLLOUT_IN_PROGRESS, state.message, now, generation
+        )
     else:
-        conditions = set_condition(conditions, PROGRESSING, False, "RolloutComplete", state.message, now, generation)
+        conditions = set_condition(
+            conditions, PROGRESSING, False, Reason.ROLLOUT_COMPLETE, state.message, now, generation
+        )
 
     if problem:
         conditions = set_condition(conditions, DEGRADED, True, problem.reason, problem.message, now, generation)
     else:
-        conditions = set_condition(conditions, DEGRADED, False, "AsExpected", "", now, generation)
+        conditions = set_condition(conditions, DEGRADED, False, Reason.AS_EXPECTED, "", now, generation)
 
     return {
         "conditions": conditions,
@@ -241,7 +246,7 @@ def spec_problem(status: JsonObject | None, kept: tuple[str, ...] = SPEC_PROBLEM
     """The problem recorded in a status that rollout news must not clear (reasons in `kept`)."""
     condition = find_condition((status or {}).get("conditions"), DEGRADED)
     if condition and condition.get("status") == "True" and condition.get("reason") in kept:
-        return Problem(condition["reason"], condition.get("message", ""))
+        return Problem(Reason(condition["reason"]), condition.get("message", ""))
     return None
 
 

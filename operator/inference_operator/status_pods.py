@@ -17,17 +17,19 @@ import re
 from dataclasses import dataclass
 
 from .jsontypes import JsonObject
+from .reasons import Reason
 from .status import Problem
 
-MODEL_FETCH_FAILED = "ModelFetchFailed"
-MODEL_LOAD_FAILED = "ModelLoadFailed"
-CRASH_LOOP = "CrashLoopBackOff"
-IMAGE_PULL = "ImagePullBackOff"
-OOM_KILLED = "OOMKilled"
-UNSCHEDULABLE = "Unschedulable"
-CONTAINER_CONFIG = "CreateContainerConfigError"
 # Every reason this module gives: what pod news may set and clear in Degraded.
-REASONS = (MODEL_FETCH_FAILED, MODEL_LOAD_FAILED, CRASH_LOOP, IMAGE_PULL, OOM_KILLED, UNSCHEDULABLE, CONTAINER_CONFIG)
+REASONS = (
+    Reason.MODEL_FETCH_FAILED,
+    Reason.MODEL_LOAD_FAILED,
+    Reason.CRASH_LOOP_BACK_OFF,
+    Reason.IMAGE_PULL_BACK_OFF,
+    Reason.OOM_KILLED,
+    Reason.UNSCHEDULABLE,
+    Reason.CREATE_CONTAINER_CONFIG_ERROR,
+)
 
 # The kubelet's waiting reasons for an image it cannot get (one reason for all: they alternate).
 IMAGE_PULL_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
@@ -105,25 +107,27 @@ def _restarts(status: JsonObject) -> str:
 def _failure(terminated: JsonObject | None) -> bool:
     if not terminated:
         return False
-    return terminated.get("reason") == OOM_KILLED or int(terminated.get("exitCode") or 0) != 0
+    return terminated.get("reason") == Reason.OOM_KILLED or int(terminated.get("exitCode") or 0) != 0
 
 
 def _terminated_problem(pod: JsonObject, status: JsonObject, terminated: JsonObject, roles: Roles) -> Problem:
     name = status.get("name", "")
     where = f"container {name}"
     restarts = _restarts(status)
-    if terminated.get("reason") == OOM_KILLED:
+    if terminated.get("reason") == Reason.OOM_KILLED:
         limit = _limit(pod, name)
         within = f" of {limit}" if limit else ""
-        return Problem(OOM_KILLED, f"{where} ran out of its memory limit{within} and was killed{restarts}")
+        return Problem(Reason.OOM_KILLED, f"{where} ran out of its memory limit{within} and was killed{restarts}")
     code = terminated.get("exitCode")
     said = redact(str(terminated.get("message") or ""))
     if name == roles.fetch:
         what = said or f"the fetch exited with code {code}; see kubectl logs -c {name}"
-        return Problem(MODEL_FETCH_FAILED, f"{where}: {what}{restarts}")
+        return Problem(Reason.MODEL_FETCH_FAILED, f"{where}: {what}{restarts}")
     if name in roles.servers and said:
-        return Problem(MODEL_LOAD_FAILED, f"{where}: {said}{restarts}")
-    return Problem(CRASH_LOOP, f"{where} exited with code {code}{restarts}; see kubectl logs -c {name} --previous")
+        return Problem(Reason.MODEL_LOAD_FAILED, f"{where}: {said}{restarts}")
+    return Problem(
+        Reason.CRASH_LOOP_BACK_OFF, f"{where} exited with code {code}{restarts}; see kubectl logs -c {name} --previous"
+    )
 
 
 def _container_problem(pod: JsonObject, status: JsonObject, roles: Roles) -> Problem | None:
@@ -133,18 +137,24 @@ def _container_problem(pod: JsonObject, status: JsonObject, roles: Roles) -> Pro
     reason = waiting.get("reason")
     if reason in IMAGE_PULL_WAITING:
         detail = redact(str(waiting.get("message") or ""))
-        return Problem(IMAGE_PULL, f"container {name}: {reason}" + (f": {detail}" if detail else ""))
+        return Problem(Reason.IMAGE_PULL_BACK_OFF, f"container {name}: {reason}" + (f": {detail}" if detail else ""))
     if reason in CONFIG_WAITING:
         detail = redact(str(waiting.get("message") or ""))
-        return Problem(CONTAINER_CONFIG, f"container {name}: {reason}" + (f": {detail}" if detail else ""))
+        return Problem(
+            Reason.CREATE_CONTAINER_CONFIG_ERROR, f"container {name}: {reason}" + (f": {detail}" if detail else "")
+        )
     if _failure(state.get("terminated")):
         return _terminated_problem(pod, status, state["terminated"], roles)
     last: JsonObject = (status.get("lastState") or {}).get("terminated") or {}
     # Crashed and waiting to start again, or started again and not yet ready: still failing.
-    if _failure(last) and (reason == CRASH_LOOP or (state.get("running") is not None and not status.get("ready"))):
+    if _failure(last) and (
+        reason == Reason.CRASH_LOOP_BACK_OFF or (state.get("running") is not None and not status.get("ready"))
+    ):
         return _terminated_problem(pod, status, last, roles)
-    if reason == CRASH_LOOP:
-        return Problem(CRASH_LOOP, f"container {name}: {redact(str(waiting.get('message') or 'back-off'))}")
+    if reason == Reason.CRASH_LOOP_BACK_OFF:
+        return Problem(
+            Reason.CRASH_LOOP_BACK_OFF, f"container {name}: {redact(str(waiting.get('message') or 'back-off'))}"
+        )
     return None
 
 
@@ -152,8 +162,8 @@ def pod_problem_of(pod: JsonObject, roles: Roles) -> Problem | None:
     """Why one pod does not serve, or None (running, starting, or loading the model)."""
     status = pod.get("status") or {}
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
-    if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == UNSCHEDULABLE:
-        return Problem(UNSCHEDULABLE, redact(str(scheduled.get("message") or "no node can run it")))
+    if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == Reason.UNSCHEDULABLE:
+        return Problem(Reason.UNSCHEDULABLE, redact(str(scheduled.get("message") or "no node can run it")))
     for key in ("initContainerStatuses", "containerStatuses"):
         for container in status.get(key) or []:
             problem = _container_problem(pod, container, roles)

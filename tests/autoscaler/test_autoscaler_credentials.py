@@ -23,6 +23,7 @@ from inference_operator.autoscaler.prometheus import PrometheusClient
 from inference_operator.builders import Owner
 from inference_operator.k8s import KubeApi
 from inference_operator.models import InferenceServiceSpec, SpecError, parse_spec
+from inference_operator.reasons import Reason
 from inference_operator.reconcile import reconcile
 from testsupport.cluster import Cluster, condition, wait_for
 
@@ -112,17 +113,32 @@ def scaling_active(cluster: Cluster) -> dict:
     ("url", "labelled", "policy", "reason"),
     [
         # The attack: any Secret of the namespace, to a URL of the author's choosing, in clear.
-        ("http://attacker.example:8080", False, cr.CredentialPolicy(allowed_urls=ANY), cr.INSECURE_URL),
+        (
+            "http://attacker.example:8080",
+            False,
+            cr.CredentialPolicy(allowed_urls=ANY),
+            Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP,
+        ),
         (
             "http://attacker.example:8080",
             False,
             cr.CredentialPolicy(allowed_urls=ANY, allow_http=True),
-            cr.SECRET_NOT_LABELLED,
+            Reason.PROMETHEUS_SECRET_NOT_LABELLED,
         ),
-        (HTTPS, False, cr.CredentialPolicy(allowed_urls=ANY), cr.SECRET_NOT_LABELLED),
-        ("http://prometheus.monitoring:9090", True, cr.CredentialPolicy(allowed_urls=ANY), cr.INSECURE_URL),
-        ("https://attacker.example", True, cr.CredentialPolicy(allowed_urls=(HTTPS,)), cr.URL_NOT_ALLOWED),
-        (HTTPS, True, cr.CredentialPolicy(allowed_urls=ANY, enabled=False), cr.DISABLED),
+        (HTTPS, False, cr.CredentialPolicy(allowed_urls=ANY), Reason.PROMETHEUS_SECRET_NOT_LABELLED),
+        (
+            "http://prometheus.monitoring:9090",
+            True,
+            cr.CredentialPolicy(allowed_urls=ANY),
+            Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP,
+        ),
+        (
+            "https://attacker.example",
+            True,
+            cr.CredentialPolicy(allowed_urls=(HTTPS,)),
+            Reason.PROMETHEUS_URL_NOT_ALLOWED,
+        ),
+        (HTTPS, True, cr.CredentialPolicy(allowed_urls=ANY, enabled=False), Reason.PROMETHEUS_CREDENTIALS_DISABLED),
     ],
 )
 async def test_a_refused_credential_is_never_sent_and_the_reason_is_in_status(
@@ -166,17 +182,19 @@ def test_keda_objects_are_left_out_while_the_credential_is_refused(cluster: Clus
     owner = Owner(name=NAME, namespace=NS, uid=body["metadata"]["uid"], spec=spec)
 
     missing = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
-    assert missing.problem is not None and missing.problem.reason == cr.SECRET_NOT_FOUND
+    assert missing.problem is not None and missing.problem.reason == Reason.PROMETHEUS_SECRET_NOT_FOUND
     add_secret(cluster, "db-admin", b"hunter2", labelled=False)
     result = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
-    assert result.problem is not None and result.problem.reason == cr.SECRET_NOT_LABELLED
+    assert result.problem is not None and result.problem.reason == Reason.PROMETHEUS_SECRET_NOT_LABELLED
     assert {c.kind for c in result.changes} == {"Deployment", "Service"}  # the service itself runs on
     assert cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME) is None
     assert cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME) is None
 
     cluster.patch("v1/secrets", NS, "db-admin", {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
     still = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY))
-    assert still.problem is not None and still.problem.reason == cr.INSECURE_URL  # a token in clear
+    assert (
+        still.problem is not None and still.problem.reason == Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP
+    )  # a token in clear
     allowed = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert allowed.problem is None
     auth = cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME)
@@ -230,7 +248,7 @@ def test_operator_reports_a_refused_keda_credential_and_looks_again(
         timeout=30,
         message="Degraded condition",
     )
-    assert degraded["reason"] == cr.SECRET_NOT_LABELLED and "db-admin" in degraded["message"]
+    assert degraded["reason"] == Reason.PROMETHEUS_SECRET_NOT_LABELLED and "db-admin" in degraded["message"]
     assert cluster.get("apps/v1/deployments", NS, NAME) is not None
     assert cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME) is None
     assert cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME) is None
@@ -280,13 +298,18 @@ def labelled(label: str | None) -> dict:
             "https://attacker.example",
             labelled(cr.MODEL_SECRET_LABEL),
             cr.CredentialPolicy(),
-            cr.HUB_ENDPOINT_NOT_ALLOWED,
+            Reason.HUB_ENDPOINT_NOT_ALLOWED,
         ),
-        ("http://huggingface.co", labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(), cr.HUB_ENDPOINT_NOT_ALLOWED),
-        (None, labelled(None), cr.CredentialPolicy(), cr.MODEL_SECRET_NOT_LABELLED),
-        (None, labelled(cr.SECRET_LABEL), cr.CredentialPolicy(), cr.MODEL_SECRET_NOT_LABELLED),  # Prometheus' label
-        (None, None, cr.CredentialPolicy(), cr.MODEL_SECRET_NOT_FOUND),
-        (None, labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(hub_tokens=False), cr.HUB_TOKENS_DISABLED),
+        (
+            "http://huggingface.co",
+            labelled(cr.MODEL_SECRET_LABEL),
+            cr.CredentialPolicy(),
+            Reason.HUB_ENDPOINT_NOT_ALLOWED,
+        ),
+        (None, labelled(None), cr.CredentialPolicy(), Reason.MODEL_SECRET_NOT_LABELLED),
+        (None, labelled(cr.SECRET_LABEL), cr.CredentialPolicy(), Reason.MODEL_SECRET_NOT_LABELLED),  # Prometheus' label
+        (None, None, cr.CredentialPolicy(), Reason.MODEL_SECRET_NOT_FOUND),
+        (None, labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(hub_tokens=False), Reason.HUB_TOKENS_DISABLED),
         (None, labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(), None),
         (
             "https://hf-mirror.internal/hub",
@@ -337,7 +360,7 @@ def held_for_an_unlabelled_token(cluster: Cluster) -> None:
         timeout=30,
         message="Degraded condition",
     )
-    assert degraded["reason"] == cr.MODEL_SECRET_NOT_LABELLED
+    assert degraded["reason"] == Reason.MODEL_SECRET_NOT_LABELLED
     assert cluster.get("apps/v1/deployments", NS, NAME) is None
 
 
@@ -374,7 +397,7 @@ def test_a_ca_secret_must_opt_in_too() -> None:
     assert scaling is not None
     with pytest.raises(cr.CredentialsRefused) as refused:
         cr.check(scaling, cr.CredentialPolicy(allowed_urls=ANY), lambda name: {"metadata": {"name": name}})
-    assert refused.value.reason == cr.SECRET_NOT_LABELLED
+    assert refused.value.reason == Reason.PROMETHEUS_SECRET_NOT_LABELLED
     ok = cr.check(
         scaling, cr.CredentialPolicy(allowed_urls=ANY), lambda name: {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}}
     )
@@ -493,9 +516,14 @@ async def test_the_analysis_never_takes_the_autoscalers_credential_to_a_url_of_i
 @pytest.mark.parametrize(
     ("url", "labelled", "policy", "reason"),
     [
-        (HTTPS, False, cr.CredentialPolicy(allowed_urls=ANY), cr.SECRET_NOT_LABELLED),
-        ("http://prometheus.monitoring:9090", True, cr.CredentialPolicy(allowed_urls=ANY), cr.INSECURE_URL),
-        (HTTPS, True, cr.CredentialPolicy(allowed_urls=ANY, enabled=False), cr.DISABLED),
+        (HTTPS, False, cr.CredentialPolicy(allowed_urls=ANY), Reason.PROMETHEUS_SECRET_NOT_LABELLED),
+        (
+            "http://prometheus.monitoring:9090",
+            True,
+            cr.CredentialPolicy(allowed_urls=ANY),
+            Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP,
+        ),
+        (HTTPS, True, cr.CredentialPolicy(allowed_urls=ANY, enabled=False), Reason.PROMETHEUS_CREDENTIALS_DISABLED),
     ],
 )
 async def test_the_analysis_sends_nothing_when_the_credential_is_refused(

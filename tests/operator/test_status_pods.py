@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from inference_operator import status as st
+from inference_operator.reasons import Reason
 from inference_operator.status_pods import (
-    CONTAINER_CONFIG,
-    CRASH_LOOP,
-    IMAGE_PULL,
-    MODEL_FETCH_FAILED,
-    MODEL_LOAD_FAILED,
-    OOM_KILLED,
-    UNSCHEDULABLE,
     Roles,
     pod_problem_of,
     pods_problem,
@@ -64,13 +58,13 @@ FETCHED = {"name": "model-fetch", "ready": True, "restartCount": 0, "state": {"t
 def test_a_failed_fetch_says_the_fetchers_own_words() -> None:
     message = "fetch failed (exit 1, source): https://models.example/m.onnx: HTTP 404"
     problem = pod_problem_of(pod(init=[crashed("model-fetch", message=message)]), ROLES)
-    assert problem == st.Problem(MODEL_FETCH_FAILED, f"container model-fetch: {message} (restarted 3 times)")
+    assert problem == st.Problem(Reason.MODEL_FETCH_FAILED, f"container model-fetch: {message} (restarted 3 times)")
 
 
 def test_a_failed_fetch_without_words_points_at_its_logs() -> None:
     problem = pod_problem_of(pod(init=[crashed("model-fetch", restarts=1)]), ROLES)
     assert problem == st.Problem(
-        MODEL_FETCH_FAILED,
+        Reason.MODEL_FETCH_FAILED,
         "container model-fetch: the fetch exited with code 1; see kubectl logs -c model-fetch (restarted 1 time)",
     )
 
@@ -78,14 +72,14 @@ def test_a_failed_fetch_without_words_points_at_its_logs() -> None:
 def test_a_fetch_that_just_failed_is_reported_before_the_kubelet_restarts_it() -> None:
     status = {"name": "model-fetch", "restartCount": 0, "state": {"terminated": {"exitCode": 6, "message": "deadline"}}}
     assert pod_problem_of(pod(init=[status]), ROLES) == st.Problem(
-        MODEL_FETCH_FAILED, "container model-fetch: deadline"
+        Reason.MODEL_FETCH_FAILED, "container model-fetch: deadline"
     )
 
 
 def test_a_server_that_exits_with_its_reason_failed_to_load_the_model() -> None:
     message = "version 1 failed to load: [ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Protobuf parsing failed."
     problem = pod_problem_of(pod(init=[FETCHED], containers=[crashed("model-server", message=message)]), ROLES)
-    assert problem == st.Problem(MODEL_LOAD_FAILED, f"container model-server: {message} (restarted 3 times)")
+    assert problem == st.Problem(Reason.MODEL_LOAD_FAILED, f"container model-server: {message} (restarted 3 times)")
 
 
 def test_a_restarted_server_not_yet_ready_is_still_failing() -> None:
@@ -97,7 +91,7 @@ def test_a_restarted_server_not_yet_ready_is_still_failing() -> None:
         "lastState": {"terminated": {"exitCode": 3, "message": "no model"}},
     }
     problem = pod_problem_of(pod(init=[FETCHED], containers=[restarted]), ROLES)
-    assert problem is not None and problem.reason == MODEL_LOAD_FAILED
+    assert problem is not None and problem.reason == Reason.MODEL_LOAD_FAILED
     # Once it is ready, the old crash is history.
     assert pod_problem_of(pod(init=[FETCHED], containers=[{**restarted, "ready": True}]), ROLES) is None
 
@@ -105,10 +99,11 @@ def test_a_restarted_server_not_yet_ready_is_still_failing() -> None:
 def test_a_crash_without_a_reason_is_a_crash_loop() -> None:
     problem = pod_problem_of(pod(init=[FETCHED], containers=[crashed("vllm", restarts=4)]), ROLES)
     assert problem == st.Problem(
-        CRASH_LOOP, "container vllm exited with code 1 (restarted 4 times); see kubectl logs -c vllm --previous"
+        Reason.CRASH_LOOP_BACK_OFF,
+        "container vllm exited with code 1 (restarted 4 times); see kubectl logs -c vllm --previous",
     )
     sidecar = crashed("adapters", message="boom")
-    assert pod_problem_of(pod(init=[FETCHED, sidecar]), ROLES).reason == CRASH_LOOP  # type: ignore[union-attr]
+    assert pod_problem_of(pod(init=[FETCHED, sidecar]), ROLES).reason == Reason.CRASH_LOOP_BACK_OFF  # type: ignore[union-attr]
 
 
 def test_out_of_memory_names_the_limit() -> None:
@@ -116,7 +111,7 @@ def test_out_of_memory_names_the_limit() -> None:
     killed["lastState"]["terminated"] = {"exitCode": 137, "reason": "OOMKilled"}
     problem = pod_problem_of(pod(init=[FETCHED], containers=[killed]), ROLES)
     assert problem == st.Problem(
-        OOM_KILLED, "container model-server ran out of its memory limit of 2Gi and was killed (restarted 1 time)"
+        Reason.OOM_KILLED, "container model-server ran out of its memory limit of 2Gi and was killed (restarted 1 time)"
     )
 
 
@@ -130,7 +125,8 @@ def test_an_image_that_cannot_be_pulled_is_one_reason(reason: str) -> None:
     }
     problem = pod_problem_of(pod(init=[FETCHED], containers=[waiting]), ROLES)
     assert problem == st.Problem(
-        IMAGE_PULL, f'container model-server: {reason}: Back-off pulling image "registry.example/server:1"'
+        Reason.IMAGE_PULL_BACK_OFF,
+        f'container model-server: {reason}: Back-off pulling image "registry.example/server:1"',
     )
 
 
@@ -141,7 +137,7 @@ def test_a_container_that_cannot_be_created_says_why() -> None:
     }
     problem = pod_problem_of(pod(init=[waiting]), ROLES)
     assert problem == st.Problem(
-        CONTAINER_CONFIG, 'container model-fetch: CreateContainerConfigError: secret "hf" not found'
+        Reason.CREATE_CONTAINER_CONFIG_ERROR, 'container model-fetch: CreateContainerConfigError: secret "hf" not found'
     )
 
 
@@ -153,7 +149,7 @@ def test_unschedulable_carries_the_schedulers_message() -> None:
         "message": "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available.",
     }
     problem = pod_problem_of(pod(conditions=[scheduled]), ROLES)
-    assert problem == st.Problem(UNSCHEDULABLE, scheduled["message"])
+    assert problem == st.Problem(Reason.UNSCHEDULABLE, scheduled["message"])
 
 
 def test_starting_and_loading_pods_are_no_problem() -> None:
@@ -173,7 +169,7 @@ def test_the_newest_failing_pod_is_named_and_the_others_counted() -> None:
     fine = pod("svc-fine", init=[FETCHED], created="2026-12-04T13:00:00Z")
     problem = pods_problem([old, new, gone, evicted, fine], ROLES)
     assert problem == st.Problem(
-        MODEL_FETCH_FAILED, "pod svc-new: container model-fetch: new (restarted 3 times) (and 1 more pod)"
+        Reason.MODEL_FETCH_FAILED, "pod svc-new: container model-fetch: new (restarted 3 times) (and 1 more pod)"
     )
     assert pods_problem([fine, gone], ROLES) is None
 

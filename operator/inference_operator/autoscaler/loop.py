@@ -30,6 +30,7 @@ from ..models import (
     InferenceServiceSpec,
     Metric,
 )
+from ..reasons import Reason
 from ..status import find_condition, now_iso, set_condition, status_changes
 from . import promql
 from .clients import CLIENT_ERRORS, PrometheusClients, client_problem
@@ -38,7 +39,7 @@ from .prometheus import PrometheusClient, Sample
 
 # The condition telling whether the built-in loop can query its metric, like an HPA's.
 SCALING_ACTIVE = "ScalingActive"
-EventPoster = Callable[[str, str], None]
+EventPoster = Callable[[Reason, str], None]
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,9 @@ def scaling_active(
     if refusal is not None:
         active, reason, message = False, refusal.reason, refusal.message
     elif observation.value is not None:
-        active, reason, message = True, "MetricAvailable", "the metric is queried from Prometheus"
+        active, reason, message = True, Reason.METRIC_AVAILABLE, "the metric is queried from Prometheus"
     else:
-        active, reason, message = False, "MetricUnavailable", observation.note or "no value"
+        active, reason, message = False, Reason.METRIC_UNAVAILABLE, observation.note or "no value"
     current = find_condition(conditions, SCALING_ACTIVE)
     if current is not None and (current.get("status"), current.get("reason")) == (str(active), reason):
         return None
@@ -250,9 +251,9 @@ class Autoscaler:
         written = now_iso()
         if decision.replicas != running:
             self.history = self.history.scaled(self.clock(), running, decision.replicas, policy.horizon_seconds)
-            reason = "ScaledUp" if decision.replicas > running else "ScaledDown"
+            reason = Reason.SCALED_UP if decision.replicas > running else Reason.SCALED_DOWN
         else:
-            reason = "ReplicasBounded"
+            reason = Reason.REPLICAS_BOUNDED
         self.post_event(reason, f"replicas {current} -> {decision.replicas}: {decision.reason}")
         return written
 
