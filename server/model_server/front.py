@@ -106,14 +106,7 @@ class FrontConfig:
         return largest, max(budget, largest)
 
     def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits(
-            header_timeout_s=self.header_timeout_s,
-            body_timeout_s=self.body_timeout_s,
-            max_header_bytes=self.max_header_bytes,
-            max_connections=self.max_connections,
-            probe_paths=PROBE_PATHS,
-            write_timeout_s=self.write_timeout_s,
-        )
+        return ConnectionLimits.of(self, PROBE_PATHS)
 
 
 def request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:

@@ -30,7 +30,7 @@ import asyncio
 import logging
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -61,6 +61,33 @@ class ConnectionLimits:
     @property
     def probe_slots(self) -> int:
         return max(4, self.max_connections // 32)
+
+    @classmethod
+    def of(cls, settings: ConnectionSettings, probe_paths: frozenset[str]) -> ConnectionLimits:
+        """The limits a process's settings name (the model server's, the front's: the same fields)."""
+        return cls(
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
+            max_header_bytes=settings.max_header_bytes,
+            max_connections=settings.max_connections,
+            probe_paths=probe_paths,
+            write_timeout_s=settings.write_timeout_s,
+        )
+
+
+class ConnectionSettings(Protocol):
+    """What ConnectionLimits.of reads from a process's settings."""
+
+    @property
+    def header_timeout_s(self) -> float: ...
+    @property
+    def body_timeout_s(self) -> float: ...
+    @property
+    def max_header_bytes(self) -> int: ...
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def write_timeout_s(self) -> float: ...
 
 
 C = TypeVar("C", bound=Hashable)

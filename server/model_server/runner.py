@@ -116,14 +116,7 @@ PROBE_PATHS = frozenset({"/health/live", "/health/ready", "/v2/health/live", "/v
 
 
 def connection_limits(settings: ServerSettings, probe_paths: frozenset[str] = PROBE_PATHS) -> ConnectionLimits:
-    return ConnectionLimits(
-        header_timeout_s=settings.header_timeout_s,
-        body_timeout_s=settings.body_timeout_s,
-        max_header_bytes=settings.max_header_bytes,
-        max_connections=settings.max_connections,
-        probe_paths=probe_paths,
-        write_timeout_s=settings.write_timeout_s,
-    )
+    return ConnectionLimits.of(settings, probe_paths)
 
 
 class MetricsExposition:
