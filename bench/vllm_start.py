@@ -3,7 +3,7 @@
 The operator puts vLLM's compile cache (VLLM_CACHE_ROOT) on the model cache claim when the
 InferenceService has one (builders/vllm.compile_cache), so the second replica and every
 restart find what the first compiled. This renders such a Deployment, plays the kubelet
-(tests/llm/conftest.running_vllm: the model volume and the cache claim become local
+(testsupport/vllm.running_vllm: the model volume and the cache claim become local
 directories), starts the server twice on one empty cache directory, and prints the seconds
 to a healthy /health of each start and their ratio.
 
@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import subprocess
-import sys
 import tempfile
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from inference_operator.builders import Owner, build_deployment  # noqa: E402
-from inference_operator.builders.storage import MODEL_DIR  # noqa: E402
-from inference_operator.builders.vllm import COMPILE_CACHE_DIR  # noqa: E402
-from inference_operator.models import parse_spec  # noqa: E402
-from tests.llm.conftest import VENV, running_vllm, vllm_python  # noqa: E402
-from testsupport.processes import free_port  # noqa: E402
+from inference_operator.builders import Owner, build_deployment
+from inference_operator.builders.storage import MODEL_DIR
+from inference_operator.builders.vllm import COMPILE_CACHE_DIR
+from inference_operator.models import parse_spec
+from testsupport.processes import free_port
+from testsupport.vllm import build_tiny_llama, running_vllm
 
 SPEC = {
     "model": {"uri": "hf://bench/tiny-llama", "name": "tiny", "cachePvc": "model-cache"},
@@ -49,9 +44,7 @@ def start_seconds(container: dict, model: pathlib.Path, cache: pathlib.Path, wor
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    python = vllm_python()
-    model = VENV.parent / "tiny-llama"
-    subprocess.run([str(python), str(ROOT / "tests" / "llm" / "tiny_llama.py"), str(model)], check=True, timeout=300)
+    model = build_tiny_llama()
     container = rendered_container()
     env = {var["name"]: var.get("value") for var in container["env"]}
     assert env["VLLM_CACHE_ROOT"] == COMPILE_CACHE_DIR, "the rendered container keeps its cache on the claim"

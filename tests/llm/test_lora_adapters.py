@@ -23,10 +23,11 @@ import pytest
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.adapters import CONFIG_KEY, FILES_DIR, LIST_DIR, PLUGINS_DIR, PRIVATE_DIR, SIDECAR
 from inference_operator.models import parse_spec
-from tests.llm.conftest import local_path, running_vllm, vllm_python
+from tests.llm.conftest import vllm_python
 from tests.llm.tiny_lora import adapter_files
 from tests.storage.test_model_fetch_hf import Hub, hub  # noqa: F401  (hub is a fixture)
 from testsupport.processes import free_port, stop, wait_http
+from testsupport.vllm import local_path, running_vllm
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,9 @@ import pytest
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.models import parse_spec
-from tests.llm.conftest import kubelet_command, kubelet_env, running_vllm, vllm_python
+from tests.llm.conftest import vllm_python
 from testsupport.processes import free_port
+from testsupport.vllm import kubelet_command, kubelet_env, running_vllm
 
 pytestmark = pytest.mark.slow
 

@@ -26,11 +26,11 @@ import pytest
 from inference_operator.autoscaler import promql
 from inference_operator.models import Metric
 from tests.autoscaler.conftest import Target, running_prometheus
-from tests.llm.conftest import running_vllm
 from testsupport.cluster import Cluster, ReplicaRecorder, captured_operator_logs, wait_for
 from testsupport.load import CompletionLoad
 from testsupport.otlp import otlp_receiver
 from testsupport.processes import free_port
+from testsupport.vllm import running_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""PEFT LoRA adapters for the tiny Llama (tiny_llama.py), as the files a Hub repository holds.
+"""PEFT LoRA adapters for the tiny Llama (testsupport/tiny_llama.py), as a Hub repository's files.
 
 Written by hand (safetensors is an 8-byte header length, a JSON header and the raw tensors), so
 the project's venv builds them without peft: rank-r A and B matrices for q_proj and v_proj of
@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 
-HIDDEN = 128  # tiny_llama.py: hidden_size, and 2 key/value heads of 64
+HIDDEN = 128  # testsupport/tiny_llama.py: hidden_size, and 2 key/value heads of 64
 LAYERS = 2
 TARGETS = ("q_proj", "v_proj")
 

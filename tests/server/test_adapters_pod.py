@@ -29,8 +29,8 @@ from inference_operator.builders import Owner, build_all
 from inference_operator.builders.adapters import CONFIG_KEY, LIST_VOLUME, SIDECAR
 from inference_operator.models import parse_spec
 from tests.http_stub import QuietHandler, serving
-from tests.llm.conftest import local_path
 from testsupport.processes import free_port, stop, wait_http
+from testsupport.vllm import local_path
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "rocm-inference-operator"

@@ -1,8 +1,9 @@
 """Write a tiny random-weight Llama and its tokenizer to a directory vLLM can serve.
 
 Run with the vLLM venv's Python (it has transformers and tokenizers; the project venv has
-neither): `python tests/llm/tiny_llama.py OUT_DIR`. Nothing is downloaded: the tokenizer is a
-word-level vocabulary trained here on a few sentences. Sizes: hidden 128 with 2 heads gives
+neither): `python testsupport/tiny_llama.py OUT_DIR`, as `testsupport.vllm.build_tiny_llama`
+does. Nothing is downloaded: the tokenizer is a word-level vocabulary trained here on a few
+sentences. Sizes: hidden 128 with 2 heads gives
 head_dim 64, the smallest head size vLLM's CPU attention accepts.
 """
 
