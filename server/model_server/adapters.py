@@ -387,7 +387,9 @@ class Sidecar:
         try:
             storage.fetch(uri, partial, limits)
             if not (partial / "adapter_config.json").exists():
-                raise storage.NotAModelError(f"{uri}: no adapter_config.json (not a PEFT LoRA adapter)")
+                raise storage.FetchError(
+                    f"{uri}: no adapter_config.json (not a PEFT LoRA adapter)", storage.ExitCode.NOT_A_MODEL
+                )
             partial.rename(target)
         finally:
             shutil.rmtree(partial, ignore_errors=True)

@@ -110,33 +110,12 @@ class ExitCode(enum.IntEnum):
 
 
 class FetchError(Exception):
-    """The model could not be fetched; the message says what and from where."""
+    """The model could not be fetched: the message says what and from where, `code` the exit
+    code the init container ends with, so a pod's status tells the kinds of failure apart."""
 
-    code = ExitCode.SOURCE
-
-
-class UsageError(FetchError):
-    code = ExitCode.USAGE
-
-
-class UnsafeError(FetchError):
-    code = ExitCode.UNSAFE
-
-
-class NotAModelError(FetchError):
-    code = ExitCode.NOT_A_MODEL
-
-
-class TooLargeError(FetchError):
-    code = ExitCode.TOO_LARGE
-
-
-class DeadlineError(FetchError):
-    code = ExitCode.DEADLINE
-
-
-class ChecksumError(FetchError):
-    code = ExitCode.CHECKSUM
+    def __init__(self, message: str, code: ExitCode = ExitCode.SOURCE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclasses.dataclass
@@ -153,17 +132,19 @@ class Limits:
     def remaining(self) -> float:
         left = self.deadline_seconds - (time.monotonic() - self.started)
         if left <= 0:
-            raise DeadlineError(f"not done within the deadline of {self.deadline_seconds:g} s")
+            raise FetchError(f"not done within the deadline of {self.deadline_seconds:g} s", ExitCode.DEADLINE)
         return left
 
     def count(self, size: int) -> None:
         self.written += size
         if self.written > self.max_bytes:
-            raise TooLargeError(f"more than the size cap of {self.max_bytes} bytes")
+            raise FetchError(f"more than the size cap of {self.max_bytes} bytes", ExitCode.TOO_LARGE)
 
     def expect(self, total: int, what: str) -> None:
         if self.written + total > self.max_bytes:
-            raise TooLargeError(f"{what} is {total} bytes, over the size cap of {self.max_bytes} bytes")
+            raise FetchError(
+                f"{what} is {total} bytes, over the size cap of {self.max_bytes} bytes", ExitCode.TOO_LARGE
+            )
 
 
 class S3Client(Protocol):
@@ -176,7 +157,7 @@ def safe_relative(path: str, what: str) -> PurePosixPath:
     """A relative path with real names only: no absolute part, no `.`/`..`, no empty part."""
     parts = path.split("/")
     if not path or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
-        raise UnsafeError(f"refusing {what} {path!r}: it would leave the model directory")
+        raise FetchError(f"refusing {what} {path!r}: it would leave the model directory", ExitCode.UNSAFE)
     return PurePosixPath(*parts)
 
 
@@ -185,7 +166,9 @@ def contained(dest: Path, relative: PurePosixPath, what: str) -> Path:
     target = dest.joinpath(*relative.parts)
     root = dest.resolve()
     if not target.resolve().is_relative_to(root) or target.resolve() == root:
-        raise UnsafeError(f"refusing {what} {relative.as_posix()!r}: it would leave the model directory")
+        raise FetchError(
+            f"refusing {what} {relative.as_posix()!r}: it would leave the model directory", ExitCode.UNSAFE
+        )
     return target
 
 
@@ -196,7 +179,7 @@ def looks_like_html(head: bytes) -> bool:
 def _parse_digest(text: str, what: str) -> str:
     digest = text.strip().split()[0].lower() if text.strip() else ""
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise UsageError(f"{what}: {text.strip()[:80]!r} is not a sha256 hex digest")
+        raise FetchError(f"{what}: {text.strip()[:80]!r} is not a sha256 hex digest", ExitCode.USAGE)
     return digest
 
 
@@ -279,11 +262,13 @@ def write_file(
                 if sniff and len(head) < SNIFF_BYTES:
                     head += chunk[: SNIFF_BYTES - len(head)]
                     if looks_like_html(head):
-                        raise NotAModelError(f"{target.name}: the source sent an HTML page, not a model")
+                        raise FetchError(
+                            f"{target.name}: the source sent an HTML page, not a model", ExitCode.NOT_A_MODEL
+                        )
                 digests.update(chunk)
                 out.write(chunk)
         if (problem := digests.mismatch()) is not None:
-            raise ChecksumError(f"{target.name}: {problem}")
+            raise FetchError(f"{target.name}: {problem}", ExitCode.CHECKSUM)
         os.replace(part, target)
     finally:
         if os.path.exists(part):
@@ -308,7 +293,7 @@ def manifest_path(path: str, what: str) -> PurePosixPath:
     the fetcher's own state directory."""
     relative = safe_relative(path, what)
     if relative.parts[0] == STATE_DIR:
-        raise UnsafeError(f"refusing {what} {path!r}: {STATE_DIR}/ holds the fetcher's own state")
+        raise FetchError(f"refusing {what} {path!r}: {STATE_DIR}/ holds the fetcher's own state", ExitCode.UNSAFE)
     return relative
 
 
@@ -437,20 +422,22 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 
 def check_redirect(first: str, current: str, location: str, limits: Limits) -> str:
-    """The next URL of a redirect, or UnsafeError: no downgrade to http, no other host unless allowed."""
+    """The next URL of a redirect, or FetchError (UNSAFE): no downgrade to http, no other host unless allowed."""
     target = urljoin(current, location)
     scheme, host, port = _origin(target)
     first_scheme, first_host, first_port = _origin(first)
     if scheme not in ("http", "https"):
-        raise UnsafeError(f"refusing a redirect to {scheme}:// ({target})")
+        raise FetchError(f"refusing a redirect to {scheme}:// ({target})", ExitCode.UNSAFE)
     if scheme == "http" and (first_scheme == "https" or _origin(current)[0] == "https"):
-        raise UnsafeError(f"refusing a redirect from https to plain http ({target})")
+        raise FetchError(f"refusing a redirect from https to plain http ({target})", ExitCode.UNSAFE)
     same_host = host == first_host and (port == first_port or (first_scheme, scheme) == ("http", "https"))
     if not same_host:
         if host not in limits.redirect_hosts:
-            raise UnsafeError(f"refusing a redirect to another host {host!r} (allow it with --allow-redirect-host)")
+            raise FetchError(
+                f"refusing a redirect to another host {host!r} (allow it with --allow-redirect-host)", ExitCode.UNSAFE
+            )
         if scheme != "https":
-            raise UnsafeError(f"refusing a plain http redirect to another host ({target})")
+            raise FetchError(f"refusing a plain http redirect to another host ({target})", ExitCode.UNSAFE)
     return target
 
 
@@ -458,7 +445,7 @@ def _file_name(uri: str) -> str:
     path = urlsplit(uri).path
     name = PurePosixPath(path).name
     if not name or path.endswith("/") or name in (".", "..") or ".." in path.split("/"):
-        raise UsageError(f"{uri}: an http(s) model URI must name a file, e.g. .../model.onnx")
+        raise FetchError(f"{uri}: an http(s) model URI must name a file, e.g. .../model.onnx", ExitCode.USAGE)
     return name
 
 
@@ -496,7 +483,7 @@ def _get_http(uri: str, target: Path, client: httpx.Client, limits: Limits) -> l
                     raise FetchError(f"{url}: HTTP {response.status_code}")
                 content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
                 if content_type in ("text/html", "application/xhtml+xml"):
-                    raise NotAModelError(f"{url}: the server sent {content_type}, not a model")
+                    raise FetchError(f"{url}: the server sent {content_type}, not a model", ExitCode.NOT_A_MODEL)
                 length = response.headers.get("content-length", "")
                 if length.isdigit():
                     limits.expect(int(length), url)
@@ -554,7 +541,9 @@ def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: L
     sidecars = {rel.as_posix(): obj.key for obj, rel in objects if rel.name.endswith(".sha256")}
     files = [(obj, rel) for obj, rel in objects if rel.as_posix() not in sidecars]
     if limits.sha256 and len(files) != 1:
-        raise UsageError(f"{uri}: --sha256 names one file, this prefix has {len(files)}; use <file>.sha256 objects")
+        raise FetchError(
+            f"{uri}: --sha256 names one file, this prefix has {len(files)}; use <file>.sha256 objects", ExitCode.USAGE
+        )
     limits.expect(sum(obj.size for obj, _ in files), uri)
     keep = [rel for _, rel in files]
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -583,9 +572,9 @@ def _s3_location(uri: str) -> tuple[str, str]:
     parts = urlsplit(uri)
     bucket, path = parts.netloc, parts.path.lstrip("/")
     if not bucket:
-        raise UsageError(f"{uri}: no bucket")
+        raise FetchError(f"{uri}: no bucket", ExitCode.USAGE)
     if path and (".." in path.split("/") or "." in path.split("/")):
-        raise UsageError(f"{uri}: `.` and `..` are not allowed in an S3 key")
+        raise FetchError(f"{uri}: `.` and `..` are not allowed in an S3 key", ExitCode.USAGE)
     return bucket, path
 
 
@@ -637,7 +626,7 @@ def _s3_get(client: S3Client, bucket: str, key: str) -> dict[str, Any]:
         raise FetchError(f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}") from exc
     content_type = str(response.get("ContentType") or "").split(";")[0].strip().lower()
     if content_type == "text/html" and not key.lower().endswith(TEXT_NAMES):
-        raise NotAModelError(f"s3://{bucket}/{key}: stored as {content_type}, not a model")
+        raise FetchError(f"s3://{bucket}/{key}: stored as {content_type}, not a model", ExitCode.NOT_A_MODEL)
     return response
 
 
@@ -645,8 +634,8 @@ def _s3_body(response: dict[str, Any], bucket: str, key: str) -> Iterator[bytes]
     try:
         yield from response["Body"].iter_chunks(CHUNK)
     except Exception as exc:  # botocore's own check of a checksum it was sent, a dropped connection
-        error = ChecksumError if "checksum" in type(exc).__name__.lower() else FetchError
-        raise error(f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}") from exc
+        code = ExitCode.CHECKSUM if "checksum" in type(exc).__name__.lower() else ExitCode.SOURCE
+        raise FetchError(f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}", code) from exc
 
 
 # --- Hugging Face Hub -------------------------------------------------------------------------
@@ -665,9 +654,9 @@ def parse_hf(uri: str) -> tuple[str, str]:
     repo = repo.rstrip("/")
     revision = revision or "main"
     if not HF_REPO.match(repo) or ".." in repo:
-        raise UsageError(f"{uri}: expected hf://ORG/NAME[@REVISION]")
+        raise FetchError(f"{uri}: expected hf://ORG/NAME[@REVISION]", ExitCode.USAGE)
     if not HF_REVISION.match(revision) or ".." in revision.split("/"):
-        raise UsageError(f"{uri}: {revision!r} is not a branch, tag or commit")
+        raise FetchError(f"{uri}: {revision!r} is not a branch, tag or commit", ExitCode.USAGE)
     return repo, revision
 
 
@@ -680,7 +669,7 @@ def fetch_hf(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Pat
     limits = limits or Limits()
     repo, revision = parse_hf(uri)
     if limits.sha256:
-        raise UsageError(f"{uri}: --sha256 names one file; the Hub checks its own files")
+        raise FetchError(f"{uri}: --sha256 names one file; the Hub checks its own files", ExitCode.USAGE)
     hub = _Hub.connect()
     try:
         commit = hub.commit(uri, repo, revision)
@@ -745,7 +734,9 @@ class _Hub:
         token = os.environ.get("HF_TOKEN") or None
         endpoint = os.environ.get("HF_ENDPOINT") or None
         if token and endpoint and urlsplit(endpoint).scheme != "https" and not _truthy(ENV_ALLOW_HTTP_TOKEN):
-            raise UnsafeError(f"refusing to send HF_TOKEN to {endpoint}: not https (set {ENV_ALLOW_HTTP_TOKEN}=true)")
+            raise FetchError(
+                f"refusing to send HF_TOKEN to {endpoint}: not https (set {ENV_ALLOW_HTTP_TOKEN}=true)", ExitCode.UNSAFE
+            )
         return cls(huggingface_hub, hf_errors, token, endpoint)
 
     def commit(self, uri: str, repo: str, revision: str) -> str:
@@ -754,7 +745,7 @@ class _Hub:
         if not commit:
             raise FetchError(f"{uri}: the Hub named no commit for {revision!r}")
         if not COMMIT_SHA.fullmatch(commit):  # it becomes a path under HF_HOME and dest_dir
-            raise UnsafeError(f"{uri}: the Hub named a commit that is no 40-digit hex sha")
+            raise FetchError(f"{uri}: the Hub named a commit that is no 40-digit hex sha", ExitCode.UNSAFE)
         return str(commit)
 
     def files(self, repo: str, commit: str) -> list[Any]:
@@ -817,14 +808,14 @@ def _staged_problem(
         return FetchError(f"{uri}: {name} was not downloaded")
     actual = staged.stat().st_size
     if expected.size is not None and actual != expected.size:
-        return TooLargeError(f"{uri}: {name} is {actual} bytes, the Hub declared {expected.size}")
+        return FetchError(f"{uri}: {name} is {actual} bytes, the Hub declared {expected.size}", ExitCode.TOO_LARGE)
     digests = _Digests(expected)
     with staged.open("rb") as f:
         while chunk := f.read(CHUNK):
             limits.remaining()
             digests.update(chunk)
     if (problem := digests.mismatch()) is not None:
-        return ChecksumError(f"{uri}: {name}: {problem} (the Hub's digest)")
+        return FetchError(f"{uri}: {name}: {problem} (the Hub's digest)", ExitCode.CHECKSUM)
     return None
 
 
@@ -866,7 +857,7 @@ def _size_watch(root: Path, cap: int) -> Iterator[None]:
         done.set()
         watcher.join()
     if _tree_bytes(root) - before > cap:
-        raise TooLargeError(f"more than the size cap of {cap} bytes written")
+        raise FetchError(f"more than the size cap of {cap} bytes written", ExitCode.TOO_LARGE)
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -881,7 +872,7 @@ def fetch(uri: str, dest_dir: Path, limits: Limits | None = None) -> list[Path]:
         return fetch_s3(uri, dest_dir, limits=limits)
     if scheme == "hf":
         return fetch_hf(uri, dest_dir, limits=limits)
-    raise UsageError(f"{uri}: unsupported scheme {scheme!r} (http, https, s3, hf)")
+    raise FetchError(f"{uri}: unsupported scheme {scheme!r} (http, https, s3, hf)", ExitCode.USAGE)
 
 
 SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
@@ -943,7 +934,7 @@ GRACE_SECONDS = 2.0
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGALRM, _exit_now)
     signal.setitimer(signal.ITIMER_REAL, GRACE_SECONDS)
-    raise DeadlineError("not done within the deadline")
+    raise FetchError("not done within the deadline", ExitCode.DEADLINE)
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
@@ -971,7 +962,7 @@ def trust_ca_bundle(environ: dict[str, str] | os._Environ[str]) -> Path | None:
     try:
         ssl.create_default_context(cadata=pem)
     except (ssl.SSLError, ValueError) as exc:
-        raise UsageError(f"{ENV_CA_BUNDLE}: not PEM certificates ({exc})") from None
+        raise FetchError(f"{ENV_CA_BUNDLE}: not PEM certificates ({exc})", ExitCode.USAGE) from None
     fd, name = tempfile.mkstemp(prefix="model-fetch-ca-", suffix=".pem")
     with os.fdopen(fd, "w") as bundle:
         bundle.write(Path(certifi.where()).read_text() + "\n" + pem + "\n")
@@ -997,7 +988,7 @@ def say_why(message: str, environ: dict[str, str] | os._Environ[str] = os.enviro
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)  # exits 2 on bad arguments, like a UsageError
+    args = parser().parse_args(argv)  # exits 2 on bad arguments, like ExitCode.USAGE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for chatty in ("httpx", "httpx2", "huggingface_hub"):  # one line per request otherwise
         logging.getLogger(chatty).setLevel(logging.WARNING)
@@ -1016,7 +1007,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FetchError as exc:
         log.error("fetch failed (exit %d, %s): %s", exc.code, exc.code.name.lower(), exc)
         say_why(f"fetch failed (exit {int(exc.code)}, {exc.code.name.lower()}): {exc}")
-        if isinstance(exc, DeadlineError):
+        if exc.code == ExitCode.DEADLINE:
             logging.shutdown()
             os._exit(exc.code)  # download threads of a library may still be blocked: do not wait
         return exc.code

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from model_server import storage
-from model_server.storage import ChecksumError, DeadlineError, FetchError, Limits, exclusive, fetch_s3
+from model_server.storage import ExitCode, Limits, exclusive, fetch_s3
+from tests.storage.fetch_failures import fetch_fails
 from tests.storage.test_model_fetch import StandInS3
 
 WEIGHTS = bytes(range(256)) * 16
@@ -71,7 +72,7 @@ def test_a_multipart_object_is_downloaded_each_time_and_checked_by_its_sha256(tm
     assert client.fetched == ["m/model.onnx"] * 2
     client.headers["m/model.onnx"] = {"ChecksumSHA256": sha256_header(WEIGHTS), "ChecksumType": "FULL_OBJECT"}
     client.served["m/model.onnx"] = WEIGHTS[::-1]
-    with pytest.raises(ChecksumError, match="sha256"):
+    with fetch_fails(ExitCode.CHECKSUM, match="sha256"):
         fetch_s3("s3://bucket/m/model.onnx", tmp_path / "again", client)
     assert served(tmp_path / "again") == {}
 
@@ -84,7 +85,7 @@ def tampered() -> Iterator[StandInS3]:
 
 
 def test_a_download_that_does_not_match_its_md5_etag_is_refused(tmp_path: pathlib.Path, tampered: StandInS3) -> None:
-    with pytest.raises(ChecksumError, match="md5"):
+    with fetch_fails(ExitCode.CHECKSUM, match="md5"):
         fetch_s3("s3://bucket/m", tmp_path, tampered)
     assert "1/model.onnx" not in served(tmp_path)
 
@@ -137,17 +138,17 @@ def test_a_checksum_error_while_reading_is_a_checksum_failure(tmp_path: pathlib.
         def iter_chunks(self, size: int) -> Iterator[bytes]:
             raise ConnectionResetError("reset by peer")
 
-    for body, error in ((Failing(), ChecksumError), (Dropping(), FetchError)):
+    for body, code in ((Failing(), ExitCode.CHECKSUM), (Dropping(), ExitCode.SOURCE)):
         client = StandInS3({"m/model.onnx": WEIGHTS})
         client.get_object = lambda Bucket, Key, ChecksumMode="", body=body: {"Body": body}  # type: ignore[method-assign]  # noqa: N803
-        with pytest.raises(error):
-            fetch_s3("s3://bucket/m/model.onnx", tmp_path / error.__name__, client)
-        assert served(tmp_path / error.__name__) == {}
+        with fetch_fails(code):
+            fetch_s3("s3://bucket/m/model.onnx", tmp_path / code.name, client)
+        assert served(tmp_path / code.name) == {}
 
 
 def test_a_fetch_waits_for_the_one_under_way_within_its_deadline(tmp_path: pathlib.Path) -> None:
     client = StandInS3(dict(OBJECTS))
-    with exclusive(tmp_path, Limits()), pytest.raises(DeadlineError):
+    with exclusive(tmp_path, Limits()), fetch_fails(ExitCode.DEADLINE):
         fetch_s3("s3://bucket/m", tmp_path, client, Limits(deadline_seconds=0.5))
     assert client.fetched == []
     fetch_s3("s3://bucket/m", tmp_path, client)  # the lock is gone with its holder

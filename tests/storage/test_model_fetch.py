@@ -21,20 +21,18 @@ from typing import Any
 import httpx
 import pytest
 
+from model_server import storage
 from model_server.storage import (
-    ChecksumError,
     ExitCode,
     FetchError,
     Limits,
-    NotAModelError,
-    TooLargeError,
-    UnsafeError,
     check_redirect,
     fetch_http,
     fetch_s3,
     parse_size,
 )
 from tests.http_stub import QuietHandler, serving
+from tests.storage.fetch_failures import fetch_fails
 
 PAYLOAD = bytes(range(256)) * 8192  # 2 MiB: more than one chunk
 
@@ -216,9 +214,9 @@ def test_https_redirects_to_http_or_another_host_are_refused(
         }
         base = f"https://127.0.0.1:{port}"
         with httpx.Client(verify=ssl.create_default_context(cafile=tls.cafile)) as client:  # type: ignore[attr-defined]
-            with pytest.raises(UnsafeError, match="https to plain http"):
+            with fetch_fails(ExitCode.UNSAFE, match="https to plain http"):
                 fetch_http(f"{base}/down/model.onnx", tmp_path, client)
-            with pytest.raises(UnsafeError, match="another host"):
+            with fetch_fails(ExitCode.UNSAFE, match="another host"):
                 fetch_http(f"{base}/away/model.onnx", tmp_path, client)
             assert leftovers(tmp_path) == []
             fetch_http(f"{base}/same/model.onnx", tmp_path, client)
@@ -231,11 +229,11 @@ def test_redirect_rules() -> None:
     limits = Limits(redirect_hosts=frozenset({"cdn.example"}))
     assert check_redirect("http://h/m", "http://h/m", "https://h/n", limits) == "https://h/n"
     assert check_redirect("https://h/m", "https://h/m", "https://cdn.example/x", limits) == "https://cdn.example/x"
-    with pytest.raises(UnsafeError):
+    with fetch_fails(ExitCode.UNSAFE):
         check_redirect("https://h/m", "https://h/m", "http://cdn.example/x", limits)
-    with pytest.raises(UnsafeError):
+    with fetch_fails(ExitCode.UNSAFE):
         check_redirect("https://h/m", "https://h/m", "https://h:8443/m", Limits())  # another port
-    with pytest.raises(UnsafeError):
+    with fetch_fails(ExitCode.UNSAFE):
         check_redirect("https://h/m", "https://h/m", "file:///etc/passwd", limits)
 
 
@@ -326,7 +324,7 @@ def test_s3_single_object_and_errors(tmp_path: pathlib.Path) -> None:
     assert fetch_s3("s3://b/m/model.onnx", tmp_path, client) == [tmp_path / "model.onnx"]
     with pytest.raises(FetchError, match="no objects"):
         fetch_s3("s3://b/nothing/", tmp_path, client)
-    with pytest.raises(UnsafeError, match="leave the model directory"):
+    with fetch_fails(ExitCode.UNSAFE, match="leave the model directory"):
         fetch_s3("s3://b/evil/", tmp_path, client)
 
 
@@ -335,7 +333,7 @@ def test_s3_keys_leaving_the_destination_write_nothing(tmp_path: pathlib.Path, k
     """One bad key refuses the whole fetch before any file is written, even the good ones."""
     dest = tmp_path / "models"
     client = StandInS3({"m/1/model.onnx": b"fine", key: b"owned"})
-    with pytest.raises(UnsafeError):
+    with fetch_fails(ExitCode.UNSAFE):
         fetch_s3("s3://b/m/", dest, client)
     assert client.fetched == []
     assert leftovers(tmp_path) == []
@@ -346,19 +344,19 @@ def test_s3_sidecar_checksums_and_size_cap(tmp_path: pathlib.Path) -> None:
     good = StandInS3({"m/1/model.onnx": b"v1", "m/1/model.onnx.sha256": f"{digest}  model.onnx\n".encode()})
     assert relative(fetch_s3("s3://b/m", tmp_path / "a", good), tmp_path / "a") == ["1/model.onnx"]
     bad = StandInS3({"m/1/model.onnx": b"v1-tampered", "m/1/model.onnx.sha256": digest.encode()})
-    with pytest.raises(ChecksumError):
+    with fetch_fails(ExitCode.CHECKSUM):
         fetch_s3("s3://b/m", tmp_path / "b", bad)
     assert leftovers(tmp_path / "b") == ["1"]  # the directory, never the file
-    with pytest.raises(TooLargeError):
+    with fetch_fails(ExitCode.TOO_LARGE):
         fetch_s3("s3://b/m", tmp_path / "c", StandInS3({"m/model.onnx": b"x" * 100}), Limits(max_bytes=99))
 
 
 def test_s3_html_object_is_not_a_model(tmp_path: pathlib.Path) -> None:
     client = StandInS3({"m/model.onnx": b"<html>error</html>"})
-    with pytest.raises(NotAModelError):
+    with fetch_fails(ExitCode.NOT_A_MODEL):
         fetch_s3("s3://b/m/model.onnx", tmp_path, client)
     typed = StandInS3({"m/model.onnx": b"\x08\x01"}, {"m/model.onnx": "text/html"})
-    with pytest.raises(NotAModelError):
+    with fetch_fails(ExitCode.NOT_A_MODEL):
         fetch_s3("s3://b/m/model.onnx", tmp_path, typed)
     assert leftovers(tmp_path) == []
 
@@ -367,3 +365,24 @@ def test_s3_uri_with_dot_dot_is_a_usage_error(tmp_path: pathlib.Path) -> None:
     result = run_fetch("s3://bucket/models/..", tmp_path)
     assert result.returncode == ExitCode.USAGE, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "code",
+    [c for c in ExitCode if c not in (ExitCode.OK, ExitCode.DEADLINE, ExitCode.LOCAL_IO)],  # DEADLINE: os._exit
+)
+def test_the_exit_code_is_the_one_the_error_carries(
+    code: ExitCode, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One error type for every failure: its code is the process's exit status and its words
+    the termination message, whatever the kind."""
+
+    def failing(uri: str, dest: pathlib.Path, limits: storage.Limits) -> list[pathlib.Path]:
+        raise storage.FetchError(f"{uri}: it went wrong", code)
+
+    monkeypatch.setattr(storage, "fetch", failing)
+    monkeypatch.setenv(storage.ENV_TERMINATION_LOG, str(tmp_path / "termination-log"))
+    assert storage.main(["https://models.example/model.onnx", str(tmp_path / "dest")]) == code
+    assert (tmp_path / "termination-log").read_text() == (
+        f"fetch failed (exit {int(code)}, {code.name.lower()}): https://models.example/model.onnx: it went wrong\n"
+    )

@@ -6,9 +6,8 @@ from __future__ import annotations
 import ssl
 import subprocess
 
-import pytest
-
 from model_server import storage
+from tests.storage.fetch_failures import fetch_fails
 
 
 def _ca(tmp_path) -> str:
@@ -34,7 +33,7 @@ def test_the_fetcher_trusts_the_bundle_besides_the_public_roots(tmp_path, monkey
 
 
 def test_the_fetcher_refuses_a_bundle_that_is_not_pem() -> None:
-    with pytest.raises(storage.UsageError, match="MODEL_FETCH_CA_BUNDLE"):
+    with fetch_fails(storage.ExitCode.USAGE, match="MODEL_FETCH_CA_BUNDLE"):
         storage.trust_ca_bundle(
             {"MODEL_FETCH_CA_BUNDLE": "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----"}
         )

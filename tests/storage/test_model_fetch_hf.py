@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from model_server.storage import ExitCode, UsageError, parse_hf
+from model_server.storage import ExitCode, parse_hf
 from tests.http_stub import QuietHandler, serving
+from tests.storage.fetch_failures import fetch_fails
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 FILES = {
@@ -207,7 +208,7 @@ def test_hf_unknown_repo_is_a_source_error(hub: Hub, tmp_path: pathlib.Path) -> 
 
 @pytest.mark.parametrize("uri", ["hf://justaname", "hf://org/name/extra", "hf://org/name@../x", "hf://../x", "hf://"])
 def test_hf_bad_uris_are_usage_errors(uri: str) -> None:
-    with pytest.raises(UsageError):
+    with fetch_fails(ExitCode.USAGE):
         parse_hf(uri)
 
 
