@@ -6,12 +6,13 @@ per machine (`STORE`, beside the built images' other caches) holds every image t
 imported, unpacked, each recorded with the podman image ID it was imported from. A tier run
 brings the store up to date (an image podman rebuilt or no longer has is dropped and the new one
 imported, streamed from `podman save` without a tarball on disk) and then starts its own
-containerd on a copy of the store whose blobs and unpacked layers are hard links: nothing is
-written twice and the run's containerd, with its containers and metadata, is still its own.
+containerd on a copy of the store whose blobs are hard links and whose unpacked layers are
+symbolic links to the store's: nothing is written twice, the copy is made and removed in well
+under a second, and the run's containerd, with its containers and metadata, is still its own.
 
-The hard links are safe because neither is ever written in place: content blobs are immutable,
-and a committed snapshot's files are only overlay lower layers (a container's writes go to its
-own upper directory). The two bolt databases are copied for real.
+The links are safe because neither is ever written in place: content blobs are immutable, and a
+committed snapshot is only ever an overlay lower directory (a container's writes go to its own
+upper directory; removing the snapshot removes the link). The two bolt databases are copied.
 
 The store is changed only under a lock file, by a containerd without the CRI plugin whose sockets
 and state are in the tier's work directory, so the tier's teardown stops it even if the run is
@@ -42,6 +43,8 @@ SNAPSHOTTER = "overlayfs"
 INDEX = "images.json"
 # What the tier's containerd writes to: copied, never linked (the rest is blobs and layers).
 Ctr = Callable[..., "subprocess.CompletedProcess[bytes]"]
+# A committed layer is only ever an overlay lower directory: linked, not copied.
+SNAPSHOTS = f"io.containerd.snapshotter.v1.{SNAPSHOTTER}/snapshots"
 DATABASES = ("io.containerd.metadata.v1.bolt/meta.db", f"io.containerd.snapshotter.v1.{SNAPSHOTTER}/metadata.db")
 
 
@@ -182,23 +185,32 @@ def sync(
     return to_import
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem (a tmpfs /tmp): a copy, as an import would have written
+        shutil.copy2(source, target)
+
+
 def seed(store: pathlib.Path, root: pathlib.Path) -> None:
-    """A containerd root at `root` holding the store's images: blobs and layers hard-linked,
-    the databases copied. Hold `locked(store)`."""
+    """A containerd root at `root` holding the store's images: each unpacked layer a symbolic
+    link to the store's (a few dozen links, where its files are tens of thousands), each blob a
+    hard link, the databases copied. Hold `locked(store)`."""
     source = store / "root"
     if not source.is_dir():
         root.mkdir(parents=True, exist_ok=True)
         return
     assert not root.exists(), f"{root} exists: a containerd root is seeded once"
-    root.parent.mkdir(parents=True, exist_ok=True)
-    linked = subprocess.run(
-        ["cp", "-a", "--link", str(source), str(root)], capture_output=True, check=False, timeout=600
+    layers = source / SNAPSHOTS
+    shutil.copytree(
+        source,
+        root,
+        symlinks=True,
+        copy_function=_link_or_copy,
+        ignore=lambda directory, names: names if pathlib.Path(directory) == layers else [],
     )
-    if linked.returncode != 0:  # another filesystem (a tmpfs /tmp): a copy, as an import would write
-        shutil.rmtree(root, ignore_errors=True)
-        subprocess.run(
-            ["cp", "-a", "--reflink=auto", str(source), str(root)], check=True, capture_output=True, timeout=1200
-        )
+    for layer in layers.iterdir() if layers.is_dir() else ():
+        (root / SNAPSHOTS / layer.name).symlink_to(layer)
     for name in DATABASES:
         path = root / name
         if path.exists():

@@ -230,12 +230,21 @@ def leftovers(work: pathlib.Path) -> list[str]:
     return found + (_unrestored_sysctls(state) if state else [])
 
 
-def teardown(work: pathlib.Path) -> None:
+def teardown(work: pathlib.Path, seconds: dict[str, float] | None = None) -> None:
     """Remove everything the tier made under `work` and on the host; safe to call twice, and from
-    another process after the one that started the tier was killed."""
+    another process after the one that started the tier was killed. `seconds` gets each step's time."""
     state = State(work)
+    clock = [time.monotonic()]
+
+    def done(step: str) -> None:
+        now = time.monotonic()
+        if seconds is not None:
+            seconds[f"teardown: {step}"] = now - clock[0]
+        clock[0] = now
+
     _stop_recorded(state)
     _kill_containers(work)
+    done("processes and containers killed")
     for netns in _tier_netns(set(state.data["netns_before"])):
         _run("umount", str(netns))
         with contextlib.suppress(OSError):
@@ -243,12 +252,14 @@ def teardown(work: pathlib.Path) -> None:
     for point in _mounts_under(work) + _mounts_under(imagestore.STORE):
         if _run("umount", point).returncode != 0:
             _run("umount", "-l", point)
+    done("network namespaces and mounts removed")
     for directory in _cgroup_dirs():
         with contextlib.suppress(OSError):
             directory.rmdir()
     _run("ip", "link", "delete", BRIDGE)
     for binary, table, ours in _tier_chains():
         _remove_chains(binary, table, ours)
+    done("cgroups, bridge and iptables chains removed")
     for key, value in state.data["sysctls"].items():
         with contextlib.suppress(OSError):
             (pathlib.Path("/proc/sys") / key).write_text(value)
@@ -662,13 +673,14 @@ def running_cluster(work: pathlib.Path, images: Sequence[str] = ()) -> Iterator[
     cni = cni_dir()
     assert cni is not None
     started = time.monotonic()
+    cluster: NodeCluster | None = None
     try:
         with contextlib.ExitStack() as stack:
             cluster = _bring_up(stack, state, work, directory, cni, images)
             cluster.started = started
             yield cluster
     finally:
-        teardown(work)
+        teardown(work, cluster.phases if cluster is not None else None)
 
 
 def _images_in_root(state: State, work: pathlib.Path, images: Sequence[str]) -> tuple[float, list[str]]:

@@ -92,6 +92,10 @@ def test_a_seeded_root_runs_the_image_and_leaves_the_store_as_it_was(work: pathl
     assert blobs
     for blob in blobs:  # the same files: the image is not written again
         assert (copy / blob.relative_to(store)).stat().st_ino == blob.stat().st_ino
+    layers = list((store / "root" / imagestore.SNAPSHOTS).iterdir())
+    assert layers
+    for layer in layers:
+        assert (copy / layer.relative_to(store)).resolve() == layer
     for database in imagestore.DATABASES:  # but the databases are the copy's own
         assert (copy / "root" / database).stat().st_ino != (store / "root" / database).stat().st_ino
     with imagestore.store_containerd(copy, work / "s2", record) as ctr:
