@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from inference_operator.builders import Owner
+from inference_operator.builders.common import engine_port
 from inference_operator.builders.storage import MODEL_DIR
 from inference_operator.builders.vllm import vllm_args
 from inference_operator.models import SpecError, parse_spec
@@ -66,7 +67,8 @@ def test_vllm_reads_the_operators_command_line_and_the_refused_args_would_overri
     assert parsed["served_model_name"] == ["llama-3.3-70b-instruct"]
     assert parsed["tensor_parallel_size"] == 8
     assert parsed["max_model_len"] == 32768
-    assert (parsed["host"], parsed["port"]) == ("0.0.0.0", 8080)
+    # On the pod's loopback, behind the front (which holds runtime.port).
+    assert (parsed["host"], parsed["port"]) == ("127.0.0.1", engine_port(owner.spec))
     # The example's engine arguments reach the engine.
     assert parsed["max_num_seqs"] == 256
     assert parsed["gpu_memory_utilization"] == pytest.approx(0.92)
