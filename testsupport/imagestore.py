@@ -41,10 +41,10 @@ NAMESPACE = "k8s.io"  # the namespace the kubelet's CRI reads images from
 SNAPSHOTTER = "overlayfs"
 # Written after an image is imported and before one is removed: an image it names is in the store.
 INDEX = "images.json"
-# What the tier's containerd writes to: copied, never linked (the rest is blobs and layers).
 Ctr = Callable[..., "subprocess.CompletedProcess[bytes]"]
 # A committed layer is only ever an overlay lower directory: linked, not copied.
 SNAPSHOTS = f"io.containerd.snapshotter.v1.{SNAPSHOTTER}/snapshots"
+# What the tier's containerd writes to: copied, never linked (the rest is blobs and layers).
 DATABASES = ("io.containerd.metadata.v1.bolt/meta.db", f"io.containerd.snapshotter.v1.{SNAPSHOTTER}/metadata.db")
 
 
@@ -122,12 +122,12 @@ def store_containerd(store: pathlib.Path, scratch: pathlib.Path, record: Callabl
     """A containerd on the store's root (no CRI: the kubelet never sees it), and `ctr` against it."""
     scratch.mkdir(parents=True, exist_ok=True)
     socket = scratch / "containerd.sock"
+    config = _config(store, scratch)
     with (scratch / "containerd.log").open("ab") as log:
         process = subprocess.Popen(
-            ["containerd", "--config", str(_config(store, scratch))],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    record(process.pid, "containerd")
+            ["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    record(process.pid, str(config))  # its command line names it: no other process matches
 
     def ctr(*args: str, stdin: IO[bytes] | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
@@ -166,7 +166,8 @@ def sync(
     store: pathlib.Path, wanted: list[str], scratch: pathlib.Path, record: Callable[[int, str], None]
 ) -> list[str]:
     """Bring the store up to date for `wanted` (names podman has); the names imported. Hold
-    `locked(store)`. `record(pid, marker)` is told of the containerd started for the change."""
+    `locked(store)`. `record(pid, marker)` is told of the containerd started for the change (the
+    marker is a word of its command line)."""
     index, podman = read_index(store), podman_images()
     to_import, to_remove = plan(index, podman, wanted)
     if not to_import and not to_remove:

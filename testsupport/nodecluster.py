@@ -14,8 +14,9 @@ what Service ClusterIPs need. Every image is `localhost/...` and preloaded: noth
 Everything the tier creates is written down in `<work>/state.json` as it is created, so that
 `teardown(work)` removes it all, from this process or from another after this one was killed:
 processes (by PID, checked against their command line), container shims and container processes
-(by the cgroups under `CGROUP_ROOT`), mounts under the work directory, network namespaces, the
-bridge, iptables chains, and the sysctls the kubelet changes (restored).
+(by the cgroups under `CGROUP_ROOT`), mounts under the work directory and the image store
+(testsupport.imagestore), network namespaces, the bridge, iptables chains, and the sysctls the
+kubelet changes (restored).
 """
 
 from __future__ import annotations

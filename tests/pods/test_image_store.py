@@ -19,17 +19,21 @@ from testsupport.nodecluster import BUSYBOX, build_image
 
 pytestmark = [pytest.mark.pods, pytest.mark.slow]
 
-NAME = "localhost/rio-store-test:1"
+
+def image_name(work: pathlib.Path) -> str:
+    """A name of this test's own: podman's names are the machine's."""
+    return f"localhost/rio-store-test:{work.name.lower()}"
 
 
-def build(context: pathlib.Path, text: str) -> str:
+def build(work: pathlib.Path, text: str) -> str:
     """An image whose /greeting is `text`: another text, another image ID."""
+    context = work / "context"
     context.mkdir(exist_ok=True)
     shutil.copy(BUSYBOX, context / "busybox")
     (context / "greeting").write_text(text)
     (context / "Containerfile").write_text("FROM scratch\nCOPY busybox /bin/busybox\nCOPY greeting /greeting\n")
-    build_image(context / "Containerfile", context, NAME)
-    return imagestore.podman_images()[NAME]
+    build_image(context / "Containerfile", context, image_name(work))
+    return imagestore.podman_images()[image_name(work)]
 
 
 @pytest.fixture
@@ -37,7 +41,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pathlib.Path]:
     # Short: containerd's socket paths must fit in a sockaddr_un.
     path = pathlib.Path(subprocess.check_output(["mktemp", "-d", "/tmp/rio-store-XXXXXX"], text=True).strip())
     yield path
-    subprocess.run(["podman", "rmi", "-f", NAME], capture_output=True, check=False, timeout=120)
+    subprocess.run(["podman", "rmi", "-f", image_name(path)], capture_output=True, check=False, timeout=120)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -61,31 +65,31 @@ def stored(store: pathlib.Path, scratch: pathlib.Path) -> str:
 
 
 def test_an_image_is_imported_once_again_when_rebuilt_and_dropped_when_gone(work: pathlib.Path) -> None:
-    store = work / "store"
-    first = build(work / "context", "hello")
+    store, name = work / "store", image_name(work)
+    first = build(work, "hello")
     pids, record = started()
-    assert imagestore.sync(store, [NAME], work / "s1", record) == [NAME]
+    assert imagestore.sync(store, [name], work / "s1", record) == [name]
     assert len(pids) == 1  # the change was made by a containerd of its own, recorded for teardown
-    assert imagestore.sync(store, [NAME], work / "s2", record) == []  # nothing started, nothing imported
+    assert imagestore.sync(store, [name], work / "s2", record) == []  # nothing started, nothing imported
     assert len(pids) == 1
-    assert imagestore.read_index(store) == {NAME: first}
-    second = build(work / "context", "hello again")
+    assert imagestore.read_index(store) == {name: first}
+    second = build(work, "hello again")
     assert second != first
-    assert imagestore.sync(store, [NAME], work / "s3", record) == [NAME]
-    assert imagestore.read_index(store) == {NAME: second}
-    subprocess.run(["podman", "rmi", NAME], capture_output=True, check=True, timeout=120)
+    assert imagestore.sync(store, [name], work / "s3", record) == [name]
+    assert imagestore.read_index(store) == {name: second}
+    subprocess.run(["podman", "rmi", name], capture_output=True, check=True, timeout=120)
     assert imagestore.sync(store, [], work / "s4", record) == []
     assert imagestore.read_index(store) == {}
-    assert NAME not in stored(store, work / "s5")
+    assert name not in stored(store, work / "s5")
     # Its layers went with it: only the (empty) databases and directories are left.
     assert not [p for p in (store / "root" / "io.containerd.content.v1.content").rglob("*") if p.is_file()]
 
 
 def test_a_seeded_root_runs_the_image_and_leaves_the_store_as_it_was(work: pathlib.Path) -> None:
-    store, copy = work / "store", work / "copy"
-    build(work / "context", "hello from the store")
+    store, copy, name = work / "store", work / "copy", image_name(work)
+    build(work, "hello from the store")
     _, record = started()
-    imagestore.sync(store, [NAME], work / "s1", record)
+    imagestore.sync(store, [name], work / "s1", record)
     before = digests(store)
     imagestore.seed(store, copy / "root")
     blobs = [p for p in (store / "root" / "io.containerd.content.v1.content").rglob("*") if p.is_file()]
@@ -99,13 +103,13 @@ def test_a_seeded_root_runs_the_image_and_leaves_the_store_as_it_was(work: pathl
     for database in imagestore.DATABASES:  # but the databases are the copy's own
         assert (copy / "root" / database).stat().st_ino != (store / "root" / database).stat().st_ino
     with imagestore.store_containerd(copy, work / "s2", record) as ctr:
-        ran = ctr("run", "--rm", "--snapshotter", imagestore.SNAPSHOTTER, NAME, "greet", "/bin/busybox", "cat",
+        ran = ctr("run", "--rm", "--snapshotter", imagestore.SNAPSHOTTER, name, "greet", "/bin/busybox", "cat",
                   "/greeting")  # fmt: skip
         assert ran.stdout.decode() == "hello from the store"
         # What a tier's containerd does with its copy: containers written to, images removed.
-        ctr("run", "--rm", "--snapshotter", imagestore.SNAPSHOTTER, NAME, "write", "/bin/busybox", "sh", "-c",
+        ctr("run", "--rm", "--snapshotter", imagestore.SNAPSHOTTER, name, "write", "/bin/busybox", "sh", "-c",
             "echo changed > /greeting")  # fmt: skip
-        ctr("images", "rm", "--sync", NAME)
+        ctr("images", "rm", "--sync", name)
     assert digests(store) == before
-    assert NAME in stored(store, work / "s3")
-    assert imagestore.sync(store, [NAME], work / "s4", record) == []
+    assert name in stored(store, work / "s3")
+    assert imagestore.sync(store, [name], work / "s4", record) == []
