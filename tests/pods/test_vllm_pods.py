@@ -11,6 +11,7 @@ one cluster and one InferenceService, in namespaces that enforce Pod Security `r
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import http.server
 import json
@@ -44,9 +45,10 @@ from tests.pods.conftest import (
     tier,
     wait_ready_pods,
 )
+from tests.pods.conftest import ready as pod_ready
 from testsupport import images
 from testsupport.cluster import condition, wait_for
-from testsupport.nodecluster import NODE_IP, NodeCluster
+from testsupport.nodecluster import NODE_IP, NODE_NAME, NodeCluster
 
 # The first test also waits for the tier: its images (the vLLM image is 2.7 GB to import) and cluster.
 pytestmark = [pytest.mark.pods, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -172,7 +174,12 @@ def inference_service(hub: Hub, adapters: list[dict[str, str]]) -> dict:
         "kind": "InferenceService",
         "metadata": {"name": NAME, "namespace": NS},
         "spec": {
-            "model": {"uri": "hf://org/tiny-llama", "huggingFace": {"endpoint": hub.url, "tokenSecret": "hf"}},
+            "model": {
+                "uri": "hf://org/tiny-llama",
+                "huggingFace": {"endpoint": hub.url, "tokenSecret": "hf"},
+                # The model, and vLLM's compile cache, on a claim the replicas share.
+                "cachePvc": CACHE_CLAIM,
+            },
             "runtime": {
                 "engine": "vllm",
                 "imagePullPolicy": "Never",
@@ -194,6 +201,7 @@ def inference_service(hub: Hub, adapters: list[dict[str, str]]) -> dict:
 
 
 SQL = {"name": "sql", "uri": "hf://org/sql-lora"}
+CACHE_CLAIM = "llm-cache"
 
 
 def ris(node: NodeCluster) -> dict:
@@ -208,6 +216,15 @@ def service_address(node: NodeCluster) -> str:
 def vllm_pod(node: NodeCluster) -> str:
     (pod,) = [p for p in pods(node, NS, SELECTOR) if not p["metadata"].get("deletionTimestamp")]
     return str(pod["metadata"]["name"])
+
+
+def vllm_start_to_ready(node: NodeCluster) -> float:
+    """Seconds from the vLLM container's start to its pod's Ready, as the kubelet recorded them."""
+    pod = kubectl_json(node, "get", "pod", vllm_pod(node), "-n", NS)
+    (vllm,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "vllm"]
+    ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    started = datetime.datetime.fromisoformat(vllm["state"]["running"]["startedAt"])
+    return (datetime.datetime.fromisoformat(ready["lastTransitionTime"]) - started).total_seconds()
 
 
 def in_vllm(node: NodeCluster, script: str, timeout: float = 120) -> str:
@@ -237,8 +254,57 @@ def complete(address: str, model: str, chat: bool = False, stream: bool = False)
     return "".join(c[0]["delta"].get("content") or "" if chat else c[0]["text"] for c in chunks if c)
 
 
+@pytest.fixture(scope="module")
+def cache_volume(node: NodeCluster, release: dict, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A `local` PersistentVolume on the node (a kind whose files the kubelet hands to the pod's
+    fsGroup, as a cloud disk's are) and the claim CACHE_CLAIM bound to it; its directory."""
+    directory = tmp_path_factory.mktemp("llm-cache-volume")
+    directory.chmod(0o755)  # root's, as a fresh disk is: only the fsGroup makes it the pod's
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{NS}-{CACHE_CLAIM}"},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "local-cache",
+            "local": {"path": str(directory)},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": CACHE_CLAIM, "namespace": NS},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "local-cache",
+            "volumeName": volume["metadata"]["name"],
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
+    }
+    apply(node, volume, claim)
+    wait_for(
+        lambda: kubectl_json(node, "get", "pvc", CACHE_CLAIM, "-n", NS).get("status", {}).get("phase") == "Bound",
+        timeout=60,
+        message="the cache claim bound",
+    )
+    return directory
+
+
 def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
-    node: NodeCluster, release: dict, hub: Hub
+    node: NodeCluster, release: dict, hub: Hub, cache_volume: pathlib.Path
 ) -> None:
     secret = {
         "apiVersion": "v1",
@@ -251,6 +317,7 @@ def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
     apply(node, inference_service(hub, [SQL]))
     wait_ready_pods(node, NS, SELECTOR, 1, timeout=420)
     FIGURES["vLLM InferenceService applied to Ready pod (s)"] = time.monotonic() - applied
+    FIGURES["vLLM start to Ready, first replica (s)"] = vllm_start_to_ready(node)
     FIGURES["images imported into the node's containerd, vLLM's included (s)"] = node.import_seconds
     wait_for(lambda: (condition(ris(node), "Ready") or {}).get("status") == "True", timeout=60, message="Ready")
     address = service_address(node)
@@ -447,3 +514,28 @@ def test_a_removed_adapter_is_unloaded_and_a_request_for_it_is_a_404(node: NodeC
     assert response.status_code == 404, response.text
     wait_for(lambda: adapter_state(node, "sql") is None, timeout=60, message="sql gone from status.adapters")
     assert complete(address, NAME)  # the base model serves on
+
+
+def test_a_replacement_replica_starts_from_the_claim(node: NodeCluster, hub: Hub, cache_volume: pathlib.Path) -> None:
+    """The claim holds the model and vLLM's cache directory (VLLM_CACHE_ROOT, under the service's
+    own directory), in files the pod's fsGroup owns: a replacement replica downloads nothing.
+    (The tier's CPU image has no C++ compiler, so vLLM runs eager there and writes no compiled
+    graphs; bench/vllm_start.py measures the compile cache's warm start as processes.)"""
+    cache = cache_volume / "vllm-cache" / NAME
+    assert (cache / "modelinfos").is_dir(), "vLLM wrote nothing to its cache directory on the claim"
+    files = [path for path in cache_volume.rglob("*") if path.is_file()]
+    assert files and all(path.stat().st_gid == 1000 for path in files)  # the pod's fsGroup
+    downloads = len(hub.requests)
+    old = vllm_pod(node)
+    deleted = time.monotonic()
+    node.kubectl("delete", "pod", old, "-n", NS, "--wait=false")
+    wait_for(
+        lambda: [p for p in pods(node, NS, SELECTOR) if p["metadata"]["name"] != old and pod_ready(p)] or None,
+        timeout=420,
+        message="the replacement replica Ready",
+    )
+    FIGURES["vLLM replica deleted to its replacement Ready, model on the claim (s)"] = time.monotonic() - deleted
+    FIGURES["vLLM start to Ready, second replica (s)"] = vllm_start_to_ready(node)
+    # The model files came from the claim: the Hub was asked which revision main is, for no file.
+    assert not [path for path, _ in hub.requests[downloads:] if "/resolve/" in path], hub.requests[downloads:]
+    assert complete(service_address(node), NAME)
