@@ -323,3 +323,16 @@ def test_the_compile_cache_is_on_the_cache_claim_per_service_else_on_the_pods_tm
         container = container_of(build_deployment(owner(uncached)))
         assert env_of(container)["VLLM_CACHE_ROOT"] == "/tmp/vllm-cache"  # the tmp emptyDir
         assert not any(m["mountPath"] == "/var/cache/vllm" for m in container["volumeMounts"])
+
+
+@pytest.mark.parametrize(
+    ("cpu", "front"),
+    [("1500m", "200m"), ("4", "500m"), ("16", "2000m"), ("1e999999999", "2000m"), ("0.001", "200m")],
+)
+def test_the_fronts_cpu_is_an_eighth_of_vllms_within_bounds(cpu: str, front: str) -> None:
+    """The schema takes any exponent a quantity's digits allow: the largest must render too."""
+    spec = vllm_spec()
+    spec["resources"]["cpu"] = cpu
+    deployment = build_deployment(owner(spec))
+    assert front_of(deployment)["resources"]["limits"]["cpu"] == front
+    kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)

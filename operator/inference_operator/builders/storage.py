@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 
 from ..jsontypes import JsonObject
 from ..models import ModelSpec
@@ -204,7 +204,10 @@ def quantity_value(quantity: str) -> Decimal:
     if match is None or match.group(3) not in _SUFFIXES:
         raise ValueError(f"not a quantity: {quantity!r}")
     number, exponent, suffix = match.groups()
-    return Decimal(number + exponent) * _SUFFIXES[suffix]
+    # The schema lets an exponent be as large as its digits allow ("1e999999999"): the default
+    # context would overflow on it, and such a value only has to compare as huge.
+    with localcontext(Context(prec=28, Emax=MAX_EMAX, Emin=MIN_EMIN)):
+        return Decimal(number + exponent) * _SUFFIXES[suffix]
 
 
 def fetch_resources(cpu: str, memory: str) -> JsonObject:

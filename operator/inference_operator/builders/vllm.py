@@ -156,7 +156,8 @@ def vllm_container(
 def front_cpu(serving_cpu: str) -> str:
     """An eighth of the serving container's CPU, between FRONT_CPU_MIN and FRONT_CPU_MAX, in
     millicores."""
-    cpu = min(max(quantity_value(serving_cpu) / 8, FRONT_CPU_MIN), FRONT_CPU_MAX)
+    serving = quantity_value(serving_cpu)
+    cpu = FRONT_CPU_MAX if serving >= 8 * FRONT_CPU_MAX else max(serving / 8, FRONT_CPU_MIN)
     return f"{int(cpu * 1000)}m"
 
 
