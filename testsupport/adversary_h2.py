@@ -16,6 +16,7 @@ trailers (grpc-status 0 and live = true).
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -25,6 +26,12 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+
+# h2 and hpack log every header field at DEBUG: with the root logger at DEBUG (a test before
+# may have set it), encoding 300 heads of 10,000 fields took this process 177 s, and the health
+# checks it times waited on it, not on the server.
+for _name in ("h2", "hpack"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 SERVICE = "inference.GRPCInferenceService"
 #: ServerLiveResponse{live: true}, framed: not compressed, 2 bytes.
