@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 from collections.abc import Iterator
@@ -37,3 +38,15 @@ def operator(cluster: Cluster) -> Iterator[KopfRunner]:
         yield runner
     assert runner.exit_code == 0, runner.output
     assert runner.exception is None, runner.exception
+
+
+@pytest.fixture(autouse=True)
+def root_logger_as_it_was() -> Iterator[None]:
+    """Each test leaves the root logger as it found it. A KopfRunner (kopf's `configure`) sets it
+    to DEBUG or INFO with a stderr handler of its own, for the rest of the process: every later
+    test then formatted every library's debug lines (300 gRPC heads took 177 s in hpack's)."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = [h for h in root.handlers if h in handlers or type(h).__module__.startswith("_pytest")]
