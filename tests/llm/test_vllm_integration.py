@@ -212,9 +212,11 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
     # The stabilization window: the first scale-down comes 8 s or more after the last decision
     # that still recommended the replicas it removes. (Not 8 s after the load stopped: TTFT p95
     # may dip below target while the load still runs, and the window starts from there.) The
-    # log line is written a few milliseconds after the decision's clock reading, hence the slack.
+    # log line is written after the decision's clock reading: milliseconds alone, 0.3 s on a
+    # loaded machine (7.70 s was seen); without the window the scale-down would follow within a
+    # decision or two (1-2 s), so a second's slack still tells the two apart.
     recommended_at = [t for t, line in logs.timed(DECISION) if _recommendation(line) >= downs[0][1]]
-    assert recommended_at and downs[0][0] - max(recommended_at) >= 8 - 0.25, (downs[0][0], recommended_at[-3:])
+    assert recommended_at and downs[0][0] - max(recommended_at) >= 8 - 1.0, (downs[0][0], recommended_at[-3:])
     directions = [1 if after > before else -1 for _, before, after in writes]
     assert sum(1 for a, b in itertools.pairwise(directions) if a != b) == 1  # one turn, no flapping
 
