@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from model_server.lifecycle import Shutdown
 from model_server.runner import GracefulServer
 from model_server.settings import ServerSettings
 
-from .helpers import RunningServer
+from .helpers import RunningServer, wait_started
 
 
 @dataclass
@@ -56,15 +55,7 @@ def running_grpc_server(
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not (server.started and front.port):
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        if wait_ready:
-            repo = app.state.server.repository
-            while repo.not_ready_reason() is not None:
-                assert time.monotonic() < deadline, f"model not ready: {repo.not_ready_reason()}"
-                time.sleep(0.01)
+        wait_started(app, lambda: bool(server.started and front.port), wait_ready)
         yield GrpcServer(RunningServer(app, f"http://127.0.0.1:{port}", registry), front.port, server)
     finally:
         server.should_exit = True

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import uvicorn
@@ -57,6 +58,19 @@ class RunningServer:
             time.sleep(0.01)
 
 
+def wait_started(app: Any, started: Callable[[], bool], wait_ready: bool, timeout: float = 30) -> None:
+    """Until `started()` (the server thread listens) and, with `wait_ready`, the model is ready."""
+    deadline = time.monotonic() + timeout
+    while not started():
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    if wait_ready:
+        repo = app.state.server.repository
+        while repo.not_ready_reason() is not None:
+            assert time.monotonic() < deadline, f"model not ready: {repo.not_ready_reason()}"
+            time.sleep(0.01)
+
+
 @contextlib.contextmanager
 def running_server(settings: ServerSettings, *, wait_ready: bool = True, **app_kwargs) -> Iterator[RunningServer]:
     """A real uvicorn server for `settings` on a free loopback port, in a thread."""
@@ -72,15 +86,7 @@ def running_server(settings: ServerSettings, *, wait_ready: bool = True, **app_k
     thread.start()
     running = RunningServer(app, f"http://127.0.0.1:{port}", registry)
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.01)
-        if wait_ready:
-            repo = app.state.server.repository
-            while repo.not_ready_reason() is not None:
-                assert time.monotonic() < deadline, f"model not ready: {repo.not_ready_reason()}"
-                time.sleep(0.01)
+        wait_started(app, lambda: server.started, wait_ready)
         yield running
     finally:
         server.should_exit = True
