@@ -47,10 +47,14 @@ class Lifetime:
         return not stopped and not self._gone.is_set()
 
     async def sleep(self, stopped: kopf.DaemonStopped, seconds: float) -> None:
-        """Wait `seconds`, or less if kopf stops the daemon or the object is deleted."""
-        waits = {asyncio.ensure_future(self._gone.wait()), asyncio.ensure_future(stopped.wait(seconds))}
+        """Wait `seconds`, or less if kopf stops the daemon or the object is deleted.
+
+        The time limit is ours, not kopf's `stopped.wait(seconds)`: that one ends a task of its
+        own with TimeoutError, and when that happens while the operator stops, kopf re-raises it
+        as the operator's failure. Waits without a limit end only when set or cancelled."""
+        waits = {asyncio.ensure_future(self._gone.wait()), asyncio.ensure_future(stopped.wait())}
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for wait in waits:
                 wait.cancel()

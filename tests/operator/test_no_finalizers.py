@@ -4,6 +4,9 @@ daemons end when it is deleted (lifetimes.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import kopf
 import pytest
 from kopf.testing import KopfRunner
@@ -64,3 +67,31 @@ async def test_a_deleted_service_leaves_no_daemon_waiting_and_no_status_lock() -
     await handlers.service_deleted(event={"type": "DELETED"}, body=body, memo=memo)
     assert life.gone
     assert memo["status_locks"] == {("ml", "kept"): other}
+
+
+async def test_a_daemon_sleep_leaves_no_failed_task_for_kopf_to_reraise_at_stop() -> None:
+    """kopf re-raises the exception of every task that ends while the operator stops: a sleep
+    must end its own waits by cancellation only, never by a TimeoutError of a task of its own."""
+    from kopf._cogs.aiokits.aioenums import AsyncFlagWaiter, FlagSetter
+
+    loop = asyncio.get_running_loop()
+    created: list[asyncio.Task[object]] = []
+    previous = loop.get_task_factory()
+
+    def recording(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[object]:
+        task: asyncio.Task[object] = asyncio.Task(coro, loop=loop, **kwargs)
+        created.append(task)
+        return task
+
+    loop.set_task_factory(recording)  # type: ignore[arg-type]
+    try:
+        stopper: FlagSetter[object] = FlagSetter()
+        life = lifetimes.Lifetime(kopf.Memo(), "uid-sleeping")
+        await life.sleep(AsyncFlagWaiter(stopper), 0.05)  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)  # let the cancelled waits finish
+    finally:
+        loop.set_task_factory(previous)
+    assert created, "the sleep waits in tasks of its own"
+    assert all(task.done() for task in created)
+    failed = [task for task in created if not task.cancelled() and task.exception() is not None]
+    assert not failed, [task.exception() for task in failed]
