@@ -64,7 +64,11 @@ def available() -> bool:
 
 
 def _helm(*args: str) -> dict:
-    home = tempfile.mkdtemp(prefix="helm-home-")
+    with tempfile.TemporaryDirectory(prefix="helm-home-") as home:
+        return _helm_in(home, *args)
+
+
+def _helm_in(home: str, *args: str) -> dict:
     env = {
         **os.environ,
         "HELM_DRIVER": "memory",
