@@ -6,7 +6,7 @@ header fields nor bodies: 300 connections of 10,000 header fields each grew it 2
 this process is the pod's way in. It serves with the model server's connection limits
 (http_protocol.py: header bytes and fields on every request of a connection, header, body and
 write timeouts, a connection cap that closes idle connections first and keeps room for probes)
-and reads each body under one budget (bodies.ReadBudget) before vLLM sees a byte of it. The
+and reads each body under one budget (proxy.BodyReader) before vLLM sees a byte of it. The
 answer streams back as vLLM writes it (server-sent events pass chunk by chunk); a client that
 goes away closes the upstream request, and vLLM stops generating for nobody.
 
@@ -23,22 +23,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 import httpx
 import uvicorn
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from . import signals
-from .bodies import ReadBudget, read_body
+from .bodies import ReadBudget
 from .errors import Busy, PayloadTooLarge
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
+from .proxy import (
+    Body,
+    BodyReader,
+    ClientGone,
+    answer,
+    error_body,
+    handed_over,
+    request_headers,
+    stream,
+    target,
+)
 from .settings import ServerSettings, detect_memory_limit
 from .vllm_guard import is_management
 
@@ -50,26 +58,6 @@ READY_PATH = "/health/ready"
 ENGINE_HEALTH_PATH = "/health"
 #: Answered at the connection cap too (the kubelet probes the front and, through it, vLLM).
 PROBE_PATHS = frozenset({LIVE_PATH, READY_PATH, ENGINE_HEALTH_PATH})
-#: A connection's own headers (RFC 9110 7.6.1) and the proxy's, never passed on either way.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-        b"host",
-        b"content-length",
-    }
-)
-#: Who the client is, as only this proxy may tell vLLM.
-FORWARDED = frozenset({b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"x-real-ip"})
-#: uvicorn writes its own.
-RESPONSE_OWN = frozenset({b"date", b"server"})
 #: Of the front's memory limit, what bodies being read may hold at once.
 BODY_BUDGET_SHARE = 3 / 8
 MAX_BODY_CEILING = 64 * 1024 * 1024
@@ -109,42 +97,6 @@ class FrontConfig:
         return ConnectionLimits.of(self, PROBE_PATHS)
 
 
-def request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
-    """The client's headers for vLLM: without hop-by-hop or forwarding ones, then who the client
-    really is (the peer of this connection, whatever the client wrote)."""
-    named = _connection_named(scope["headers"])
-    headers = [
-        (name, value)
-        for name, value in scope["headers"]
-        if name not in HOP_BY_HOP and name not in FORWARDED and name not in named
-    ]
-    client = scope.get("client")
-    if client:
-        headers.append((b"x-forwarded-for", client[0].encode("latin-1")))
-    headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode("latin-1")))
-    return headers
-
-
-def response_headers(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """vLLM's answer headers for the client, the framing and connection ones left to this server."""
-    pairs = list(headers)
-    named = _connection_named(pairs)
-    return [
-        (name, value)
-        for name, value in pairs
-        if name not in HOP_BY_HOP and name not in RESPONSE_OWN and name not in named
-    ]
-
-
-def _connection_named(headers: Iterable[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """Headers a `Connection` header names: hop-by-hop for that message too."""
-    named: set[bytes] = set()
-    for name, value in headers:
-        if name.lower() == b"connection":
-            named.update(part.strip().lower() for part in value.split(b",") if part.strip())
-    return frozenset(named)
-
-
 def is_refused_path(path: str) -> bool:
     """Adapter management, however the path is encoded (each layer of %-encoding undone)."""
     for _ in range(4):
@@ -157,27 +109,13 @@ def is_refused_path(path: str) -> bool:
     return True  # encoded deeper than any client needs: refused rather than guessed at
 
 
-def error_body(status: int, message: str) -> bytes:
-    """OpenAI's error shape: what an OpenAI client expects from this port."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-
-
-async def answer(send: Send, status: int, body: bytes, *, retry_after: bool = False) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    if retry_after:
-        headers.append((b"retry-after", b"1"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 class Front:
     """The ASGI app: probes, refusals, and every other request relayed to vLLM."""
 
     def __init__(self, config: FrontConfig, client: httpx.AsyncClient | None = None) -> None:
         self.config = config
-        self.max_body, budget = config.body_limits()
-        self.bodies = ReadBudget(budget)
+        max_body, budget = config.body_limits()
+        self.bodies = BodyReader(max_body, ReadBudget(budget), config.body_wait_s)
         self._client = client
         self._ready_at = -READY_CACHE_S
         self._ready = False
@@ -248,34 +186,21 @@ class Front:
 
     async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The request to vLLM once its body is whole; vLLM's answer back as it comes."""
-        length = _content_length(scope)
-        if length is not None and length > self.max_body:
-            message = f"request body of {length} bytes exceeds the limit of {self.max_body} bytes"
-            await answer(send, 413, error_body(413, message))
-            return
-        reader = self.bodies.open(self.max_body if length is None else length)
-        released = False
-
-        def release() -> None:  # once: when vLLM has the body, or when it never will
-            nonlocal released
-            if not released:
-                released = True
-                self.bodies.close(reader)
-
+        body: Body | None = None
         try:
-            body = await read_body(_chunks(receive), length, self._take(reader))
-            headers = [*request_headers(scope), (b"content-length", b"%d" % len(body))]
-            content = _handed_over(bytes(body), release)
-            del body
-            request = self.client.build_request(scope["method"], _target(scope), headers=headers, content=content)
+            body = await self.bodies.read(scope, receive)
+            headers = [*request_headers(scope), (b"content-length", b"%d" % len(body.data))]
+            request = self.client.build_request(
+                scope["method"], target(scope), headers=headers, content=handed_over(body)
+            )
             response = await self.client.send(request, stream=True)
         except PayloadTooLarge as exc:
-            await answer(send, 413, error_body(413, f"{exc} (limit {self.max_body} bytes)"))
+            await answer(send, 413, error_body(413, str(exc)))
             return
         except Busy:
             await answer(send, 503, error_body(503, "too many request bodies arriving at once"), retry_after=True)
             return
-        except _ClientGone:
+        except ClientGone:
             return
         except httpx.TimeoutException:
             await answer(send, 504, error_body(504, "the engine did not accept the request in time"))
@@ -286,89 +211,12 @@ class Front:
             )
             return
         finally:
-            release()
+            if body is not None:
+                body.release()
         try:
-            await _stream(response, receive, send)
+            await stream(response, receive, send)
         finally:
             await response.aclose()
-
-    def _take(self, reader: int) -> Callable[[int], Awaitable[None]]:
-        async def take(size: int) -> None:
-            await self.bodies.take(reader, size, self.config.body_wait_s)
-
-        return take
-
-
-class _ClientGone(Exception):
-    """The client left before its body was whole."""
-
-
-async def _handed_over(body: bytes, release: Callable[[], None]) -> AsyncIterator[bytes]:
-    """The body, written to vLLM once; then it is vLLM's to hold, and the budget has it back
-    (a non-streamed completion answers minutes later: its bytes here are long gone by then)."""
-    chunk = [body]
-    del body
-    yield chunk.pop()
-    release()
-
-
-async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone()
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
-
-
-async def _stream(response: httpx.Response, receive: Receive, send: Send) -> None:
-    """vLLM's answer, chunk by chunk as it arrives, until it ends or the client leaves."""
-    start: Message = {
-        "type": "http.response.start",
-        "status": response.status_code,
-        "headers": response_headers(response.headers.raw),
-    }
-
-    async def pump() -> None:
-        await send(start)
-        async for chunk in response.aiter_raw():
-            if chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-
-    async def client_gone() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    relay, watch = asyncio.ensure_future(pump()), asyncio.ensure_future(client_gone())
-    try:
-        await asyncio.wait({relay, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (relay, watch):
-            task.cancel()
-        for task in (relay, watch):
-            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-                await task
-    if relay.done() and not relay.cancelled() and relay.exception() is not None:
-        log.warning("the engine's answer broke off: %s", relay.exception())
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                return max(int(value), 0)
-            except ValueError:
-                return None
-    return None
-
-
-def _target(scope: Scope) -> str:
-    """The path as the client wrote it (vLLM decodes it once, as it would have), and the query."""
-    path: bytes = scope.get("raw_path") or scope["path"].encode()
-    query: bytes = scope.get("query_string", b"")
-    return (path + (b"?" + query if query else b"")).decode("latin-1")
 
 
 # ---------------------------------------------------------------------- process edge

@@ -22,7 +22,8 @@ import httpx
 import pytest
 import uvicorn
 
-from model_server.front import error_body, is_refused_path, request_headers, response_headers
+from model_server.front import is_refused_path
+from model_server.proxy import error_body, request_headers, response_headers
 from testsupport.cluster import wait_for
 from testsupport.processes import free_port, running
 
