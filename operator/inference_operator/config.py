@@ -21,7 +21,7 @@ from .credentials import CredentialPolicy
 from .models import InferenceServiceSpec
 from .peering import PeeringSettings
 from .policy import PodPolicy
-from .settings import FetchSettings, GpuDefaults, NetworkPolicySettings, TracingSettings
+from .settings import ActivatorSettings, FetchSettings, GpuDefaults, NetworkPolicySettings, TracingSettings
 
 KUBECONFIG_ENV = "KUBECONFIG"
 
@@ -46,6 +46,8 @@ class OperatorConfig:
     peering: PeeringSettings = field(default_factory=PeeringSettings)
     # Traces of reconciles to the platform's collector (chart values tracing.*); off by default.
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    # The activator's Service (chart values activator.*): where services at zero send requests.
+    activator: ActivatorSettings = field(default_factory=ActivatorSettings)
     # The API server as the kubelet announces it in a pod (client-go's choice too), else None.
     api_server: str | None = None
     # A kubeconfig path outside a pod (KUBECONFIG), read when the client is made.
@@ -72,6 +74,7 @@ class OperatorConfig:
             pod_policy=PodPolicy.from_env(environ, images.all),
             peering=PeeringSettings.from_env(environ),
             tracing=TracingSettings.from_env(environ),
+            activator=ActivatorSettings.from_env(environ),
             api_server=in_cluster_server(environ),
             kubeconfig=environ.get(KUBECONFIG_ENV) or None,
         )

@@ -31,6 +31,7 @@ from . import (
     metrics,
     ownership,
     policy,
+    scale_to_zero,
     status_pods,
     tracing,
 )
@@ -61,6 +62,7 @@ from .reasons import Reason
 from .reconcile import Action, ApplyRefused, ForeignObjectError, Result, api_message, reconcile
 from .rollout import COMMAND_ANNOTATION, Check, Command, Phase, RolloutState, advance
 from .rollout import Step as RolloutStep
+from .scale_to_zero_handlers import watch_activator_only
 
 # Problems rollout news does not clear: only a spec change or the next re-check can (a canary
 # rolled back stays Degraded until the spec changes; the stable revision serves meanwhile).
@@ -96,6 +98,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         memo.api = KubeApi(load_api_client(operator_config.kubeconfig))
     if "tracing" not in memo:
         memo.tracing = tracing.start(operator_config.tracing)
+    watch_activator_only(settings, operator_config.activator)
 
 
 @kopf.on.cleanup()
@@ -201,6 +204,25 @@ def _publish(
     if fresh is None:
         return None, {}
     return fresh.get("status"), computed.get("status") or {}
+
+
+def _follow_activator(
+    memo: kopf.Memo, isvc: kopf.Body | JsonObject, owner: Owner, status: JsonObject, logger: kopf.Logger
+) -> None:
+    """NAME-activator as the service's ready count now asks (scale_to_zero.py)."""
+    ready = status.get("readyReplicas")
+    if not scale_to_zero.remember(memo, owner, ready):
+        return
+    change = scale_to_zero.sync_slice(memo.api, owner, ready, memo.get(scale_to_zero.ACTIVATOR_KEY))
+    if change is not None:
+        _normal_event(isvc, change.action, change.describe())
+        logger.info("activator slice: %s (ready replicas %s)", change.describe(), ready)
+
+
+def _serves_at_zero(isvc: JsonObject) -> bool:
+    """The service scales to zero: at zero it is Ready (status.compute_status)."""
+    scaling = (isvc.get("spec") or {}).get("autoscaling") or {}
+    return bool(scaling.get("scaleToZero")) and scaling.get("minReplicas") == 0
 
 
 def _status_lock(memo: kopf.Memo, ref: Ref) -> threading.Lock:
@@ -329,9 +351,11 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
 
     def compute(fresh: JsonObject) -> JsonObject:
         state, pods = _observe(memo.api, workload, selector)
-        return st.compute_status(fresh.get("status"), state, generation, shown, pods=pods) | extra
+        zero = _serves_at_zero(fresh)
+        return st.compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
 
     previous, new_status = _publish(memo, ref, compute)
+    _follow_activator(memo, body, owner, new_status, logger)
     _announce_pods(body, previous, new_status)
     logger.info(
         "reconciled generation %s: %d writes (%s), status keys changed: %s",
@@ -493,19 +517,26 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
                 return None
             problem = refused or st.spec_problem(status, KEPT_PROBLEMS)
             state, pods = _observe(api, workload, status.get("selector"))
-            return st.compute_status(status, state, generation, problem, pods=pods)
+            return st.compute_status(
+                status, state, generation, problem, pods=pods, serves_at_zero=_serves_at_zero(fresh)
+            )
 
         previous, new_status = await asyncio.to_thread(_publish, memo, ref, mirrored)
+        if _serves_at_zero(isvc) or (namespace, owner_ref["name"]) in (memo.get(scale_to_zero.COLD_KEY) or {}):
+            owner = memo.config.owner(owner_ref["name"], namespace, owner_ref["uid"], parse_spec(isvc["spec"]))
+            await asyncio.to_thread(_follow_activator, memo, isvc, owner, new_status, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("owned %s event not handled: %s", body.get("kind"), exc)
         return
+    except SpecError:
+        return  # the reconcile handler reports it
     _announce_readiness(isvc, previous, new_status)
     _announce_pods(isvc, previous, new_status)
 
 
 # One event handler per owned kind, selected by our managed-by label.
 for _kind in KINDS:
-    if _kind.owned:
+    if _kind.owned and _kind.reconciled:
         kopf.on.event(
             group=_kind.group,
             version=_kind.version,
@@ -543,7 +574,8 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logg
         if status.get("observedGeneration") != generation:
             return None  # a reconcile of this generation is under way and reads the pods itself
         state, pods = _observe(api, _workload_ref(fresh), status.get("selector"))
-        return st.compute_status(status, state, generation, st.spec_problem(status, KEPT_PROBLEMS), pods=pods)
+        problem = st.spec_problem(status, KEPT_PROBLEMS)
+        return st.compute_status(status, state, generation, problem, pods=pods, serves_at_zero=_serves_at_zero(fresh))
 
     try:
         previous, new_status = await asyncio.to_thread(_publish, memo, ref, compute)

@@ -39,6 +39,9 @@ class Kind:
     keeps_live_replicas: bool = False
     # Read by label selector (a list), never one by name.
     listed: bool = False
+    # Reconcile applies and prunes it, and its events (a hand edit, a deletion) are repaired;
+    # False: another path of the operator keeps it (scale_to_zero.py's activator slices).
+    reconciled: bool = True
 
     @property
     def key(self) -> tuple[str, str]:
@@ -89,6 +92,9 @@ LEADER_WORKER_SET = Kind(
     keeps_live_replicas=True,
 )
 SERVICE = Kind("v1", "Service", "services", owned=True)
+# autoscaling.scaleToZero: NAME-activator sends NAME's traffic to the activator while no replica
+# is ready (scale_to_zero.py keeps it; kube-proxy routes every slice labelled for the Service).
+ENDPOINT_SLICE = Kind("discovery.k8s.io/v1", "EndpointSlice", "endpointslices", owned=True, reconciled=False)
 POD_DISRUPTION_BUDGET = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", owned=True)
 HORIZONTAL_POD_AUTOSCALER = Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", owned=True)
 TRIGGER_AUTHENTICATION = Kind(
@@ -135,6 +141,7 @@ KINDS: tuple[Kind, ...] = (
     DEPLOYMENT,
     LEADER_WORKER_SET,
     SERVICE,
+    ENDPOINT_SLICE,
     POD_DISRUPTION_BUDGET,
     HORIZONTAL_POD_AUTOSCALER,
     TRIGGER_AUTHENTICATION,

@@ -765,14 +765,49 @@ class PrometheusAuth(_Spec):
     ca_secret: SecretKeyRef | None = None
 
 
+class ScaleToZeroSpec(_Spec):
+    """Scale to zero replicas when idle, and back on the first request (autoscaling.minReplicas 0).
+
+    At zero the service's requests go to the activator (installed by the chart), which holds each
+    one, wakes the service and answers it once a replica is Ready."""
+
+    idle_seconds: int = Field(
+        300, ge=10, le=86400, description="Seconds without a request after which the service goes to zero replicas."
+    )
+    max_wait_seconds: int = Field(
+        600,
+        ge=1,
+        le=3600,
+        description="The longest a request held at zero waits for a Ready replica (a cold start: image pull, "
+        "model fetch, compilation); past it the activator answers 503 with Retry-After.",
+    )
+    max_held_requests: int = Field(
+        1000, ge=1, le=100000, description="Requests held at once for this service; beyond them: 429."
+    )
+
+
 class AutoscalingSpec(_Spec):
     """Latency-SLO autoscaling; absent means a fixed `spec.replicas`."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel(
-            "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
-            "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
-            ".minReplicas",
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+                "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
+                ".minReplicas",
+            ),
+            cel(
+                "(has(self.minReplicas) && self.minReplicas == 0) == has(self.scaleToZero)",
+                "autoscaling.minReplicas 0 and autoscaling.scaleToZero go together: scaleToZero says when to go "
+                "to zero and how long a request may wait for the first replica",
+                ".scaleToZero",
+            ),
+            cel(
+                "!has(self.scaleToZero) || !has(self.mode) || self.mode == 'builtin'",
+                "autoscaling.scaleToZero needs mode builtin: an HPA cannot go below one replica, and KEDA "
+                "would wake the service only after its next Prometheus poll while the first request waits",
+                ".mode",
+            ),
         )
     )
 
@@ -780,7 +815,7 @@ class AutoscalingSpec(_Spec):
         AutoscalingMode.BUILTIN,
         description="builtin runs the operator's own loop; hpa and keda emit an HPA or a KEDA ScaledObject instead.",
     )
-    min_replicas: Annotated[int, Field(ge=1)] = 1
+    min_replicas: int = Field(1, ge=0, description="0 scales the service to zero when idle (with scaleToZero).")
     max_replicas: Annotated[int, Field(ge=1, le=1000)]
     metric: Metric = Metric.LATENCY_P95_MS
     target: float = Field(
@@ -804,6 +839,9 @@ class AutoscalingSpec(_Spec):
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
     scale_up: ScalingRule = Field(default_factory=ScalingRule)
     scale_down: ScalingRule = Field(default_factory=ScalingRule)
+    scale_to_zero: ScaleToZeroSpec | None = Field(
+        None, description="Go to zero replicas when idle and back on the first request (with minReplicas 0)."
+    )
 
 
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]

@@ -17,6 +17,8 @@ class Reason(enum.StrEnum):
     MINIMUM_REPLICAS_AVAILABLE = "MinimumReplicasAvailable"
     REPLICAS_NOT_READY = "ReplicasNotReady"
     SCALED_TO_ZERO = "ScaledToZero"
+    # A request waited at zero: one replica, written at once (scale_to_zero.py).
+    WOKEN = "Woken"
     # Progressing: a rollout under way, done, blocked by a problem below, or failing as the
     # Deployment says.
     ROLLOUT_IN_PROGRESS = "RolloutInProgress"

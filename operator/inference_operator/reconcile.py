@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from .builders import Owner, build_all
+from .builders.activator import private_service_name
 from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_name, arm_service, arm_services_fit, canary_deployment
 from .builders.common import SPEC_HASH_ANNOTATION
 from .builders.endpoint_picker import OBJECT_KINDS as PICKER_OBJECTS
@@ -226,6 +227,7 @@ def reconcile(
     kept = {kind_of_object(obj) for obj in wanted} | set(missing)
     result.changes.extend(prune(api, owner, kept))
     result.changes.extend(prune_endpoint_picker(api, owner, wanted))
+    result.changes.extend(prune_private_service(api, owner, wanted))
     if rollout is not None or state is not None:
         result.changes.extend(prune_canary(api, owner, wanted))
     return result
@@ -373,7 +375,7 @@ def prune(api: KubeApi, owner: Owner, kept: set[Kind]) -> list[Change]:
     """Delete this InferenceService's objects of owned kinds it no longer wants (never another's)."""
     deleted = []
     for kind in KINDS:
-        if not kind.owned or kind in kept or kind in PICKER_ONLY_KINDS or not _served(api, kind):
+        if not kind.owned or not kind.reconciled or kind in kept or kind in PICKER_ONLY_KINDS or not _served(api, kind):
             continue
         ref = Ref.to(kind, owner.namespace, owner.name)
         live = api.get(ref)
@@ -404,3 +406,15 @@ def prune_endpoint_picker(api: KubeApi, owner: Owner, wanted: list[JsonObject]) 
         if live is not None and owned_by(live, owner.uid) and api.delete(ref):
             deleted.append(Change(Action.DELETED, kind.kind, name))
     return deleted
+
+
+def prune_private_service(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
+    """Delete NAME-private once scale to zero is off (NAME-activator goes with it: scale_to_zero.py)."""
+    name = private_service_name(owner.name)
+    if any(obj["kind"] == SERVICE.kind and obj["metadata"]["name"] == name for obj in wanted):
+        return []
+    ref = Ref.to(SERVICE, owner.namespace, name)
+    live = api.get(ref)
+    if live is not None and owned_by(live, owner.uid) and api.delete(ref):
+        return [Change(Action.DELETED, SERVICE.kind, name)]
+    return []

@@ -225,3 +225,33 @@ class TracingSettings:
         if not 0.0 <= ratio <= 1.0:
             raise SettingsError(f"{TRACE_SAMPLE_RATIO_ENV}={text!r}: must be a number from 0 to 1")
         return cls(endpoint=endpoint, sampling_ratio=ratio)
+
+
+ACTIVATOR_SERVICE_ENV = "INFERENCE_OPERATOR_ACTIVATOR_SERVICE"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class ActivatorSettings:
+    """Where the chart installed the activator that holds requests of services at zero.
+
+    INFERENCE_OPERATOR_ACTIVATOR_SERVICE   NAMESPACE/NAME of its Service; unset: no activator,
+                                           and a service at zero refuses connections
+    """
+
+    namespace: str = ""
+    service: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.service)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ActivatorSettings:
+        text = environ.get(ACTIVATOR_SERVICE_ENV, "").strip()
+        if not text:
+            return cls()
+        namespace, _, service = text.partition("/")
+        if not (_DNS_LABEL.match(namespace) and _DNS_LABEL.match(service)):
+            raise SettingsError(f"{ACTIVATOR_SERVICE_ENV}={text!r}: must be NAMESPACE/NAME of a Service")
+        return cls(namespace, service)

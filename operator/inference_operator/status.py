@@ -190,8 +190,12 @@ def compute_status(
     problem: Problem | None = None,
     now: str | None = None,
     pods: Problem | None = None,
+    serves_at_zero: bool = False,
 ) -> JsonObject:
     """The status conditions and replica counts for the current state of the world.
+
+    `serves_at_zero`: the service scales to zero (autoscaling.scaleToZero), so zero replicas is
+    Ready (the activator answers and wakes it), not an outage.
 
     `problem` comes from the reconciler (invalid spec, apply refused, API missing); it wins
     over what the Deployment says, since a Deployment built from an older spec is not news
@@ -208,6 +212,8 @@ def compute_status(
         ready = (
             (False, problem.reason, problem.message) if problem else (False, Reason.REPLICAS_NOT_READY, state.message)
         )
+    elif state.desired == 0 and serves_at_zero and not problem:
+        ready = (True, Reason.SCALED_TO_ZERO, "scaled to zero replicas: a request wakes it and waits for a replica")
     elif state.desired == 0:
         ready = (False, Reason.SCALED_TO_ZERO, state.ready_message)
     elif pods is not None:

@@ -140,6 +140,17 @@ VIOLATIONS = [
         "hf:// models and adapters only",
     ),
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "spec.autoscaling.minReplicas", "<="),
+    ({"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1}}, "spec.autoscaling.scaleToZero", "together"),
+    (
+        {"autoscaling": {"maxReplicas": 2, "target": 1, "scaleToZero": {"idleSeconds": 60}}},
+        "spec.autoscaling.scaleToZero",
+        "together",
+    ),
+    (
+        {"autoscaling": {"mode": "keda", "minReplicas": 0, "maxReplicas": 2, "target": 1, "scaleToZero": {}}},
+        "spec.autoscaling.mode",
+        "needs mode builtin",
+    ),
     ({"resources": {"gpu": {"count": 0, "productName": "X"}}}, "spec.resources.gpu", "count is 0"),
     ({"resources": {"gpu": {"count": 2, "visibleDevices": "0"}}}, "spec.resources.gpu.visibleDevices", "exactly"),
     ({"resources": {"gpu": {"count": 2, "visibleDevices": "0,2"}}}, "spec.resources.gpu.visibleDevices", "count-1"),

@@ -147,6 +147,11 @@ CEL_CASES = [
     ({"adapters": [{"name": "a", "uri": "hf://o/a"}]}, "spec.adapters needs runtime.engine vllm"),
     ({"runtime": {"lora": {"maxLoras": 2}}}, "runtime.lora applies to engine vllm only"),
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "minReplicas"),
+    ({"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1}}, "autoscaling.scaleToZero go together"),
+    (
+        {"autoscaling": {"mode": "hpa", "minReplicas": 0, "maxReplicas": 2, "target": 1, "scaleToZero": {}}},
+        "autoscaling.scaleToZero needs mode builtin",
+    ),
     ({"rollout": {"strategy": "canary"}}, "rollout.canary is required"),
     ({"rollout": {"strategy": "canary", "canary": {"steps": [20, 5], "analysis": {"maxLatencyMs": 5}}}}, "increasing"),
     (

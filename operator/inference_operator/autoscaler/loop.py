@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from .. import metrics
+from ..builders.activator import Wake
 from ..credentials import CredentialPolicy, CredentialsRefused, check_url
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
@@ -31,10 +32,11 @@ from ..models import (
     Metric,
 )
 from ..reasons import Reason
+from ..rollout import Phase, RolloutState
 from ..status import find_condition, now_iso, set_condition, status_changes
 from . import promql
 from .clients import CLIENT_ERRORS, PrometheusClients, client_problem
-from .policy import Decision, History, Observation, Policy, decide
+from .policy import Decision, History, Idleness, Observation, Policy, decide, idle_decision
 from .prometheus import PrometheusClient, Sample
 
 # The condition telling whether the built-in loop can query its metric, like an HPA's.
@@ -127,6 +129,7 @@ class Autoscaler:
         policy: CredentialPolicy,
         clock: Callable[[], float] = time.monotonic,
         prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,
+        wall_clock: Callable[[], float] = time.time,
     ):
         self.api = api
         self.namespace = namespace
@@ -141,6 +144,11 @@ class Autoscaler:
         # (generation before our last scale write, replicas written): until the watch delivers
         # the object with a newer generation, the body still shows the old count.
         self._pending: tuple[int, int] | None = None
+        # scaleToZero: since when the service counts as active (wall clock), and whether the
+        # last tick saw it at zero (then a tick at one or more means it was woken).
+        self.wall_clock = wall_clock
+        self.active_since = wall_clock()
+        self._was_at_zero = False
 
     @property
     def ref(self) -> Ref:
@@ -184,13 +192,23 @@ class Autoscaler:
         policy = Policy.from_spec(scaling)
         status = body.get("status") or {}
         ready = status.get("readyReplicas")
-        observation, p95_ms, refusal = await self._observe(
-            scaling, spec.model.name or self.name, ready, spec.runtime.engine
-        )
         generation = (body.get("metadata") or {}).get("generation") or 0
         current = self._current_replicas(spec.replicas, generation)
-        decision = decide(observation, current, policy, self.history)
-        self.history = self.history.remember(observation.at, decision.recommendation, policy.horizon_seconds)
+        at_zero = scaling.scale_to_zero is not None and current == 0
+        if at_zero:  # no pods to measure: nothing to ask Prometheus
+            observation, p95_ms, refusal = Observation(started, None, note="scaled to zero"), None, None
+        else:
+            observation, p95_ms, refusal = await self._observe(
+                scaling, spec.model.name or self.name, ready, spec.runtime.engine
+            )
+        self._was_at_zero = self._was_at_zero or at_zero
+        if at_zero:
+            decision = Decision(0, "scaled to zero: a request wakes it (the activator holds it meanwhile)", 0)
+        else:
+            decision = decide(observation, current, policy, self.history)
+            self.history = self.history.remember(observation.at, decision.recommendation, policy.horizon_seconds)
+            if scaling.scale_to_zero is not None and decision.replicas <= current:
+                decision = await self._idle(body, spec, current) or decision
 
         previous = status.get("autoscaler") or {}
         last_scale_time = previous.get("lastScaleTime")
@@ -230,6 +248,38 @@ class Autoscaler:
         except ApiException as exc:
             self.logger.warning("autoscaler status not written: API error %s", exc.status)
         return max(0.0, scaling.interval_seconds - (self.clock() - started))
+
+    async def _idle(self, body: JsonObject, spec: InferenceServiceSpec, current: int) -> Decision | None:
+        """The scale-to-zero rule: zero once nothing was asked for `idleSeconds` (policy.idle_decision)."""
+        scaling = spec.autoscaling
+        assert scaling is not None and scaling.scale_to_zero is not None
+        now = self.wall_clock()
+        if self._was_at_zero:
+            self.active_since = now  # woken: a new idle period starts
+        self._was_at_zero = False
+        woken = Wake.of((body.get("metadata") or {}).get("annotations")).at
+        if woken is not None:
+            self.active_since = max(self.active_since, woken.timestamp())
+        idle_seconds = scaling.scale_to_zero.idle_seconds
+        query = promql.recent_requests(spec.runtime.engine, self.namespace, spec.model.name or self.name, idle_seconds)
+        try:
+            answer = await (await self._prometheus(scaling)).query(query)
+        except CredentialsRefused:
+            answer = None
+        except CLIENT_ERRORS:
+            answer = None
+        requests = answer.value if answer is not None else None
+        if requests is not None and requests > 0:
+            self.active_since = now
+        rollout = RolloutState.from_status(body.get("status"))
+        idleness = Idleness(
+            now=now,
+            active_since=self.active_since,
+            idle_seconds=idle_seconds,
+            requests=requests,
+            rollout_in_progress=rollout is not None and rollout.phase == Phase.PROGRESSING,
+        )
+        return idle_decision(idleness, current)
 
     def _current_replicas(self, spec_replicas: int, generation: int) -> int:
         """spec.replicas, or what we wrote last if the body predates that write."""

@@ -72,7 +72,8 @@ class Policy:
     def from_spec(cls, spec: AutoscalingSpec) -> Policy:
         return cls(
             target=spec.target,
-            min_replicas=spec.min_replicas,
+            # Zero is the idle rule's alone (idle_decision): latency never asks for less than one.
+            min_replicas=max(spec.min_replicas, 1),
             max_replicas=spec.max_replicas,
             metric=spec.metric.value,
             tolerance=spec.tolerance,
@@ -264,3 +265,35 @@ def _rate_limited(
             limited = f", limited by scaleDown ({rule.pods} pods or {rule.percent}% per {rule.period_seconds:g}s)"
             wanted = limit
     return policy.bounded(wanted), limited
+
+
+@dataclass(frozen=True)
+class Idleness:
+    """What the scale-to-zero rule looks at (`autoscaling.scaleToZero`), on the wall clock.
+
+    `requests` is what the service answered in the last `idle_seconds` plus what it is
+    answering now (None: Prometheus could not say). `active_since` is the latest of: when this
+    loop started watching, the last wake, the last time requests were seen. Both must say idle:
+    Prometheus alone would call a service idle right after a wake (its new pods have counted
+    nothing yet), and the loop's own memory alone would not see requests it never asked about.
+    """
+
+    now: float
+    active_since: float
+    idle_seconds: float
+    requests: float | None
+    rollout_in_progress: bool = False
+
+
+def idle_decision(idle: Idleness, current: int) -> Decision | None:
+    """Scale to zero now (a Decision of 0), or None to let the latency rule decide."""
+    if current <= 0:
+        return None
+    if idle.rollout_in_progress:
+        return None  # no arm of a canary goes to zero mid-rollout
+    if idle.requests is None or not math.isfinite(idle.requests) or idle.requests > 0:
+        return None
+    quiet = idle.now - idle.active_since
+    if quiet < idle.idle_seconds:
+        return None
+    return Decision(0, f"no request for {quiet:.0f}s (scaleToZero.idleSeconds {idle.idle_seconds:g}): scale to zero", 0)

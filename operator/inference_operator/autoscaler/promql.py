@@ -194,3 +194,15 @@ def canary_error_ratio(namespace: str, model: str, name: str, window_seconds: in
         f"(sum(rate({REQUESTS_TOTAL}{errors}[{window_seconds}s])) or vector(0))"
         f" / sum(rate({REQUESTS_TOTAL}{every}[{window_seconds}s]))"
     )
+
+
+def recent_requests(engine: Engine, namespace: str, model: str, window_seconds: int) -> str:
+    """Requests the service answered in the window plus those it is answering now (the idle
+    rule of scaleToZero). A counter no request has created yet counts 0; the gauges must be
+    scraped, so a service Prometheus does not see is never called idle."""
+    if engine == Engine.VLLM:
+        sel = vllm_selector(namespace, model)
+        answered = f"(sum(increase({VLLM_E2E}_count{sel}[{window_seconds}s])) or vector(0))"
+        return f"{answered} + sum({VLLM_RUNNING}{sel}) + sum({VLLM_WAITING}{sel})"
+    sel = selector(namespace, model)
+    return f"(sum(increase({REQUESTS_TOTAL}{sel}[{window_seconds}s])) or vector(0)) + sum({INFLIGHT}{sel})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..jsontypes import JsonObject
 from ..kinds import OWNED_KINDS
 from ..models import AutoscalingMode
+from .activator import build_private_service, scales_to_zero
 from .adapters import build_adapters_config_map, lora_enabled
 from .common import Owner, multi_node, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
@@ -31,6 +32,8 @@ def build_all(owner: Owner) -> list[JsonObject]:
         objects.append(build_network_policy(owner))  # before the pods it lets in
     workload = build_leader_worker_set(owner) if multi_node(owner.spec) else build_deployment(owner)
     objects += [workload, build_service(owner)]
+    if scales_to_zero(owner):
+        objects.append(build_private_service(owner))  # the activator's way to the pods
     if needs_pdb(owner):
         objects.append(build_pdb(owner))
     scaling = owner.spec.autoscaling

@@ -1,0 +1,154 @@
+"""Scale to zero: the objects that put the activator in a service's path while it has no ready replica.
+
+The activator (`python -m model_server activator`, installed by the chart) holds requests for a
+service at zero, wakes it and answers them once a replica is Ready. It is in the path only while
+the service has no ready replica, as Knative's is: kube-proxy routes every EndpointSlice labelled
+`kubernetes.io/service-name: NAME`, not only the ones the EndpointSlice controller writes, so one
+more slice, NAME-activator, with the activator pods' addresses sends NAME's traffic there, and
+deleting it takes the activator out again. The activator reaches the pods through NAME-private
+(the same pods, without that slice), and a ready answer through it means a Ready pod.
+
+A slice names only its own namespace's Services, and the activator takes the hosts and the
+upstream from those Service objects, never from this slice's annotation (which only tunes the
+waiting, within the activator's own caps).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from ..jsontypes import JsonObject
+from ..kinds import ENDPOINT_SLICE, SERVICE
+from ..models import NAME_MAX_LENGTH, Engine, ScaleToZeroSpec, SpecError
+from .common import Owner, object_meta, serving_labels
+from .service import HTTP_PORT
+
+# The EndpointSlice controller keeps slices with its own managed-by value; kube-proxy reads all.
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+MANAGED_BY = "activator.inference.rocm.dev"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+ROUTE_ANNOTATION = "inference.rocm.dev/activator"
+# Written by the activator when a request waits at zero; the operator scales to one at once.
+WAKE_ANNOTATION = "inference.rocm.dev/wake"
+PRIVATE_SUFFIX = "-private"
+SLICE_SUFFIX = "-activator"
+# The pods' own ready paths (the model server's; the vLLM front answers the same one).
+READY_PATH = "/health/ready"
+
+
+@dataclass(frozen=True)
+class ActivatorEndpoints:
+    """Where the activator pods listen: their ready addresses and the port."""
+
+    addresses: tuple[str, ...]
+    port: int
+
+    @classmethod
+    def from_slices(cls, slices: Sequence[JsonObject], port_name: str = "http") -> ActivatorEndpoints:
+        """The ready (and not terminating) addresses of the activator Service's slices."""
+        addresses: set[str] = set()
+        port = 0
+        for item in slices:
+            if item.get("addressType", "IPv4") != "IPv4":
+                continue  # the slice it is copied into is IPv4
+            for entry in item.get("ports") or []:
+                if entry.get("name") == port_name and entry.get("port"):
+                    port = int(entry["port"])
+            for endpoint in item.get("endpoints") or []:
+                conditions = endpoint.get("conditions") or {}
+                if conditions.get("ready") is not False and not conditions.get("terminating"):
+                    addresses.update(endpoint.get("addresses") or [])
+        return cls(tuple(sorted(addresses)), port)
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.addresses) and self.port > 0
+
+
+def scales_to_zero(owner: Owner) -> bool:
+    scaling = owner.spec.autoscaling
+    return scaling is not None and scaling.scale_to_zero is not None
+
+
+def private_service_name(name: str) -> str:
+    return name + PRIVATE_SUFFIX
+
+
+def slice_name(name: str) -> str:
+    return name + SLICE_SUFFIX
+
+
+def check_names(name: str) -> None:
+    """The derived names must still be DNS labels: refuse a name too long for them."""
+    longest = NAME_MAX_LENGTH - max(len(PRIVATE_SUFFIX), len(SLICE_SUFFIX))
+    if len(name) > longest:
+        raise SpecError(
+            "metadata.name",
+            f"{name!r} is longer than {longest} characters, which autoscaling.scaleToZero needs "
+            f"(it names the Service {private_service_name(name)!r})",
+        )
+
+
+def build_private_service(owner: Owner) -> JsonObject:
+    """NAME-private: the pods' http port without the activator's slice (its upstream)."""
+    check_names(owner.name)
+    return {
+        **SERVICE.header(),
+        "metadata": object_meta(owner, private_service_name(owner.name)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": serving_labels(owner),
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def route_settings(scale_to_zero: ScaleToZeroSpec, engine: Engine) -> JsonObject:
+    """What the activator may be told about waiting for this service (it clamps each value)."""
+    del engine  # both engines' pods answer READY_PATH
+    return {
+        "maxWaitSeconds": scale_to_zero.max_wait_seconds,
+        "maxHeld": scale_to_zero.max_held_requests,
+        "readyPath": READY_PATH,
+    }
+
+
+def build_activator_slice(owner: Owner, activator: ActivatorEndpoints) -> JsonObject:
+    """NAME-activator: NAME's traffic to the activator pods, on the Service's `http` port."""
+    scaling = owner.spec.autoscaling
+    assert scaling is not None and scaling.scale_to_zero is not None
+    check_names(owner.name)
+    meta = object_meta(
+        owner,
+        slice_name(owner.name),
+        {ROUTE_ANNOTATION: json.dumps(route_settings(scaling.scale_to_zero, owner.spec.runtime.engine))},
+    )
+    meta["labels"] = {**meta["labels"], SERVICE_NAME_LABEL: owner.name, MANAGED_BY_LABEL: MANAGED_BY}
+    return {
+        **ENDPOINT_SLICE.header(),
+        "metadata": meta,
+        "addressType": "IPv4",
+        "endpoints": [
+            {"addresses": [address], "conditions": {"ready": True, "serving": True, "terminating": False}}
+            for address in activator.addresses
+        ],
+        "ports": [{"name": "http", "port": activator.port, "protocol": "TCP"}],
+    }
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A wake request read from the annotation: when the activator asked."""
+
+    at: datetime | None
+
+    @classmethod
+    def of(cls, annotations: JsonObject | None) -> Wake:
+        value = (annotations or {}).get(WAKE_ANNOTATION)
+        try:
+            return cls(datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None)
+        except ValueError:
+            return cls(None)  # a hand-written value wakes nothing and breaks nothing

@@ -1,0 +1,106 @@
+"""Scale to zero at the edges: the activator's slice of each service, and the wake.
+
+A service with `autoscaling.scaleToZero` has NAME-activator (builders/activator.py) exactly while
+it has no ready replica and the activator has a ready pod; it is kept from three events: a
+reconcile, a change of the service's Deployment (its ready count), and a change of the activator's
+own pods (their addresses, in every slice). Without the slice (no activator installed, or none
+ready) a service at zero refuses connections, as any Service without endpoints does.
+
+The wake: the activator writes the `inference.rocm.dev/wake` annotation when a request waits; the
+operator then sets one replica through the scale subresource at once, instead of at the
+autoscaler's next tick.
+"""
+
+from __future__ import annotations
+
+from .builders.activator import (
+    ActivatorEndpoints,
+    build_activator_slice,
+    scales_to_zero,
+    slice_name,
+)
+from .builders.common import Owner
+from .jsontypes import JsonObject
+from .k8s import KubeApi, Ref
+from .kinds import ENDPOINT_SLICE, INFERENCE_SERVICE
+from .reconcile import Action, Change, owned_by
+
+#: memo key: the activator's endpoints as last seen (None until its slices were listed).
+ACTIVATOR_KEY = "activator"
+#: memo key: (namespace, name) -> Owner of the services whose activator slice is wanted now.
+COLD_KEY = "cold_services"
+
+
+def wants_activator(owner: Owner, ready_replicas: int | None, activator: ActivatorEndpoints | None) -> bool:
+    """Whether NAME's traffic should go to the activator: no ready replica, and one to go to."""
+    return scales_to_zero(owner) and not ready_replicas and activator is not None and activator.usable
+
+
+def sync_slice(
+    api: KubeApi, owner: Owner, ready_replicas: int | None, activator: ActivatorEndpoints | None
+) -> Change | None:
+    """Apply or delete NAME-activator as `wants_activator` says; the write made, if any."""
+    ref = Ref.to(ENDPOINT_SLICE, owner.namespace, slice_name(owner.name))
+    live = api.get(ref)
+    if wants_activator(owner, ready_replicas, activator):
+        assert activator is not None
+        desired = build_activator_slice(owner, activator)
+        if live is not None and _same(live, desired):
+            return None
+        api.apply(desired)
+        return Change(Action.CREATED if live is None else Action.UPDATED, ENDPOINT_SLICE.kind, ref.name)
+    if live is not None and owned_by(live, owner.uid) and api.delete(ref):
+        return Change(Action.DELETED, ENDPOINT_SLICE.kind, ref.name)
+    return None
+
+
+def _same(live: JsonObject, desired: JsonObject) -> bool:
+    def essence(obj: JsonObject) -> tuple[object, ...]:
+        meta = obj.get("metadata") or {}
+        return (obj.get("endpoints"), obj.get("ports"), meta.get("annotations"), meta.get("labels"))
+
+    live_view = {**live, "metadata": {**live["metadata"], "annotations": _ours(live, desired, "annotations")}}
+    live_view["metadata"]["labels"] = _ours(live, desired, "labels")
+    return essence(live_view) == essence(desired)
+
+
+def _ours(live: JsonObject, desired: JsonObject, key: str) -> JsonObject:
+    """The live object's labels or annotations that the desired object sets (others are not ours)."""
+    mine = desired["metadata"].get(key) or {}
+    theirs = live["metadata"].get(key) or {}
+    return {k: theirs[k] for k in mine if k in theirs}
+
+
+def wake_replicas(owner: Owner, current_replicas: int) -> int | None:
+    """The replicas a wake sets: one for a scale-to-zero service at zero, else None (nothing)."""
+    return 1 if scales_to_zero(owner) and current_replicas == 0 else None
+
+
+def wake(api: KubeApi, namespace: str, name: str, replicas: int) -> None:
+    """Write the woken replica count through the scale subresource (as the autoscaler does)."""
+    api.patch(Ref.to(INFERENCE_SERVICE, namespace, name), {"spec": {"replicas": replicas}}, "scale")
+
+
+def remember(memo: dict[str, object], owner: Owner, ready_replicas: int | None) -> bool:
+    """Record a scale-to-zero service's state for the activator's changes; whether to sync it
+    (it scales to zero, or it did and its slice may still be there)."""
+    services = memo.setdefault(COLD_KEY, {})
+    assert isinstance(services, dict)
+    key = (owner.namespace, owner.name)
+    if scales_to_zero(owner):
+        services[key] = (owner, ready_replicas)
+        return True
+    return services.pop(key, None) is not None
+
+
+def resync_all(api: KubeApi, memo: dict[str, object]) -> list[Change]:
+    """Every known scale-to-zero service's slice against the activator's current endpoints."""
+    services = memo.get(COLD_KEY) or {}
+    assert isinstance(services, dict)
+    activator = memo.get(ACTIVATOR_KEY)
+    assert activator is None or isinstance(activator, ActivatorEndpoints)
+    changes = []
+    for owner, ready in list(services.values()):
+        if (change := sync_slice(api, owner, ready, activator)) is not None:
+            changes.append(change)
+    return changes

@@ -1,0 +1,73 @@
+"""kopf handlers of scale to zero: the activator's addresses, and the wake (scale_to_zero.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from .builders.activator import SERVICE_NAME_LABEL, WAKE_ANNOTATION, ActivatorEndpoints
+from .k8s import KubeApi
+from .kinds import ENDPOINT_SLICE
+from .models import GROUP, PLURAL, VERSION, SpecError, parse_spec
+from .reasons import Reason
+from .scale_to_zero import ACTIVATOR_KEY, resync_all, wake, wake_replicas
+from .settings import ActivatorSettings
+
+# A label selector no object matches: without an activator, no EndpointSlice is watched at all.
+NOTHING = f"{SERVICE_NAME_LABEL},!{SERVICE_NAME_LABEL}"
+
+
+def activator_selector(settings: ActivatorSettings) -> str:
+    """The server-side selector of the slices the operator watches: the activator Service's."""
+    return f"{SERVICE_NAME_LABEL}={settings.service}" if settings.enabled else NOTHING
+
+
+def watch_activator_only(settings: kopf.OperatorSettings, activator: ActivatorSettings) -> None:
+    """Called at startup: the cluster's EndpointSlices are many, the activator's one or two."""
+    settings.watching.label_selectors[ENDPOINT_SLICE.group, ENDPOINT_SLICE.plural] = activator_selector(activator)
+
+
+@kopf.on.event(ENDPOINT_SLICE.group, ENDPOINT_SLICE.version, ENDPOINT_SLICE.plural, id="activator-endpoints")
+async def activator_endpoints(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """The activator's ready pods changed (a rollout, a restart): every service at zero follows."""
+    settings: ActivatorSettings = memo.config.activator
+    if not settings.enabled or body["metadata"].get("namespace") != settings.namespace:
+        return
+    api: KubeApi = memo.api
+    selector = activator_selector(settings)
+    try:
+        slices = await asyncio.to_thread(api.list_objects, *ENDPOINT_SLICE.key, settings.namespace, selector)
+        endpoints = ActivatorEndpoints.from_slices(slices)
+        if endpoints == memo.get(ACTIVATOR_KEY):
+            return
+        memo[ACTIVATOR_KEY] = endpoints
+        changes = await asyncio.to_thread(resync_all, api, memo)
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        logger.warning("activator endpoints not followed: %s", exc)
+        return
+    logger.info(
+        "activator at %s:%d; %d slice(s) written", ",".join(endpoints.addresses) or "-", endpoints.port, len(changes)
+    )
+
+
+@kopf.on.field(GROUP, VERSION, PLURAL, field=("metadata", "annotations", WAKE_ANNOTATION), id="wake")
+def wake_on_request(new: Any, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """A request waits at zero (the activator wrote the annotation): one replica, now."""
+    if not new:
+        return
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+        owner = memo.config.owner(meta["name"], meta["namespace"], meta["uid"], spec)
+    except SpecError as exc:
+        logger.info("wake ignored: %s", exc)
+        return
+    replicas = wake_replicas(owner, spec.replicas)
+    if replicas is None:
+        return  # not at zero (already waking, or awake), or not a scale-to-zero service
+    wake(memo.api, owner.namespace, owner.name, replicas)
+    kopf.event(body, type="Normal", reason=Reason.WOKEN, message=f"replicas 0 -> {replicas}: a request is waiting")
+    logger.info("woken: replicas 0 -> %d for a request waiting since %s", replicas, new)

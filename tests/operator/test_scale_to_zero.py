@@ -1,0 +1,182 @@
+"""autoscaling.scaleToZero, the operator's side: the spec's rules, NAME-private and NAME-activator
+(builders/activator.py), the slice kept as the ready count and the activator's pods change
+(scale_to_zero.py, against the emulated API server), the wake, and Ready at zero."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes
+import kubernetes_validate
+import pytest
+
+from inference_operator import scale_to_zero
+from inference_operator import status as st
+from inference_operator.builders import Owner, build_all
+from inference_operator.builders.activator import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    ROUTE_ANNOTATION,
+    SERVICE_NAME_LABEL,
+    WAKE_ANNOTATION,
+    ActivatorEndpoints,
+    Wake,
+    build_activator_slice,
+    check_names,
+)
+from inference_operator.k8s import KubeApi, Ref
+from inference_operator.kinds import ENDPOINT_SLICE, SERVICE
+from inference_operator.models import SpecError, parse_spec
+from inference_operator.reasons import Reason
+from inference_operator.reconcile import Action, reconcile
+from inference_operator.scale_to_zero_handlers import NOTHING, activator_selector
+from inference_operator.settings import ActivatorSettings, SettingsError
+from testsupport.cluster import Cluster
+
+SCALING = {"minReplicas": 0, "maxReplicas": 4, "target": 100, "scaleToZero": {"idleSeconds": 60, "maxWaitSeconds": 90}}
+ACTIVATOR = ActivatorEndpoints(("10.244.0.7", "10.244.0.9"), 8012)
+
+
+def owner(name: str = "mlp", uid: str = "u-1", **scaling: Any) -> Owner:
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": {**SCALING, **scaling}}
+    return Owner(name=name, namespace="ml", uid=uid, spec=parse_spec(spec))
+
+
+def plain_owner(name: str = "mlp", uid: str = "u-1") -> Owner:
+    return Owner(name=name, namespace="ml", uid=uid, spec=parse_spec({"model": {"uri": "pvc://models/mlp"}}))
+
+
+def test_the_private_service_selects_the_pods_and_validates() -> None:
+    built = [obj for obj in build_all(owner()) if obj["kind"] == "Service"]
+    assert [s["metadata"]["name"] for s in built] == ["mlp", "mlp-private"]
+    public, private = built
+    assert private["spec"]["selector"] == public["spec"]["selector"]
+    assert [p["name"] for p in private["spec"]["ports"]] == ["http"]
+    kubernetes_validate.validate(private, "1.33", strict=True)
+    assert not [obj for obj in build_all(plain_owner()) if obj["metadata"]["name"].endswith("-private")]
+
+
+def test_the_activator_slice_routes_the_public_service_to_the_activator_and_validates() -> None:
+    piece = build_activator_slice(owner(), ACTIVATOR)
+    kubernetes_validate.validate(piece, "1.33", strict=True)
+    labels = piece["metadata"]["labels"]
+    assert labels[SERVICE_NAME_LABEL] == "mlp"  # kube-proxy adds it to mlp's endpoints
+    assert labels[MANAGED_BY_LABEL] == MANAGED_BY  # the EndpointSlice controller leaves it alone
+    assert [e["addresses"] for e in piece["endpoints"]] == [["10.244.0.7"], ["10.244.0.9"]]
+    assert piece["ports"] == [{"name": "http", "port": 8012, "protocol": "TCP"}]  # the Service's port name
+    assert piece["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    route = json.loads(piece["metadata"]["annotations"][ROUTE_ANNOTATION])
+    assert route == {"maxWaitSeconds": 90, "maxHeld": 1000, "readyPath": "/health/ready"}
+    assert "upstream" not in route and "hosts" not in route  # the activator reads those from Services
+
+
+def test_the_activator_endpoints_are_its_ready_ipv4_addresses() -> None:
+    slices = [
+        {
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8012}, {"name": "metrics", "port": 9092}],
+            "endpoints": [
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": True}},
+                {"addresses": ["10.0.0.3"], "conditions": {"ready": False}},
+                {"addresses": ["10.0.0.4"], "conditions": {"ready": True, "terminating": True}},
+                {"addresses": ["10.0.0.1"]},  # no conditions: ready, as the API defines it
+            ],
+        },
+        {"addressType": "IPv6", "ports": [{"name": "http", "port": 8012}], "endpoints": [{"addresses": ["fd00::2"]}]},
+    ]
+    found = ActivatorEndpoints.from_slices(slices)
+    assert found == ActivatorEndpoints(("10.0.0.1", "10.0.0.2"), 8012)
+    assert found.usable
+    assert not ActivatorEndpoints.from_slices([]).usable
+
+
+def test_a_name_too_long_for_the_derived_names_is_refused() -> None:
+    check_names("a" * 53)
+    with pytest.raises(SpecError, match="longer than 53"):
+        check_names("a" * 54)
+
+
+def test_the_wake_annotation_is_read_and_a_hand_written_one_breaks_nothing() -> None:
+    assert Wake.of({WAKE_ANNOTATION: "2026-12-04T21:00:00Z"}).at is not None
+    assert Wake.of({WAKE_ANNOTATION: "soon"}).at is None
+    assert Wake.of(None).at is None
+    assert scale_to_zero.wake_replicas(owner(), 0) == 1
+    assert scale_to_zero.wake_replicas(owner(), 2) is None  # awake (or waking): nothing to write
+    assert scale_to_zero.wake_replicas(plain_owner(), 0) is None  # zero by hand stays zero
+
+
+def test_zero_replicas_is_ready_for_a_service_that_scales_to_zero_only() -> None:
+    state = st.Rollout(desired=0, replicas=0, ready=0, updated=0, done=True, message="")
+    at_zero = st.compute_status(None, state, 1, serves_at_zero=True)
+    ready = st.find_condition(at_zero["conditions"], st.READY)
+    assert ready is not None and (ready["status"], ready["reason"]) == ("True", Reason.SCALED_TO_ZERO)
+    by_hand = st.find_condition(st.compute_status(None, state, 1)["conditions"], st.READY)
+    assert by_hand is not None and by_hand["status"] == "False"
+    broken = st.compute_status(None, state, 1, st.Problem(Reason.INVALID_SPEC, "bad"), serves_at_zero=True)
+    assert st.find_condition(broken["conditions"], st.READY)["status"] == "False"  # type: ignore[index]
+
+
+def test_the_activator_setting_and_its_watch_selector() -> None:
+    settings = ActivatorSettings.from_env({"INFERENCE_OPERATOR_ACTIVATOR_SERVICE": "inference-system/rio-activator"})
+    assert (settings.namespace, settings.service) == ("inference-system", "rio-activator")
+    assert activator_selector(settings) == "kubernetes.io/service-name=rio-activator"
+    assert activator_selector(ActivatorSettings()) == NOTHING  # no activator: no slice watched
+    with pytest.raises(SettingsError):
+        ActivatorSettings.from_env({"INFERENCE_OPERATOR_ACTIVATOR_SERVICE": "rio-activator"})
+
+
+def _api(cluster: Cluster) -> KubeApi:
+    return KubeApi(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+
+
+def _create(cluster: Cluster, name: str, spec: dict[str, Any]) -> str:
+    obj = {"apiVersion": "inference.rocm.dev/v1alpha1", "kind": "InferenceService"}
+    response = cluster.apply_cr({**obj, "metadata": {"name": name, "namespace": "ml"}, "spec": spec})
+    assert response.status_code in (200, 201), response.text
+    return str(response.json()["metadata"]["uid"])
+
+
+def test_the_slice_follows_the_ready_count_and_the_activator(cluster: Cluster) -> None:
+    api = _api(cluster)
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
+    service = owner(uid=_create(cluster, "mlp", spec))
+    ref = Ref.to(ENDPOINT_SLICE, "ml", "mlp-activator")
+    memo: dict[str, object] = {}
+
+    assert scale_to_zero.remember(memo, service, 0)
+    change = scale_to_zero.sync_slice(api, service, 0, ACTIVATOR)
+    assert change is not None and change.action == Action.CREATED
+    assert api.get(ref) is not None
+    assert scale_to_zero.sync_slice(api, service, 0, ACTIVATOR) is None  # unchanged: no write
+
+    memo[scale_to_zero.ACTIVATOR_KEY] = ActivatorEndpoints(("10.244.0.8",), 8012)  # the activator rolled
+    assert [c.action for c in scale_to_zero.resync_all(api, memo)] == [Action.UPDATED]
+    live = api.get(ref)
+    assert live is not None and [e["addresses"] for e in live["endpoints"]] == [["10.244.0.8"]]
+
+    change = scale_to_zero.sync_slice(api, service, 1, ACTIVATOR)  # a replica is ready: out of the path
+    assert change is not None and change.action == Action.DELETED
+    assert api.get(ref) is None
+    assert scale_to_zero.sync_slice(api, service, 0, None) is None  # no activator known: no slice
+    assert scale_to_zero.sync_slice(api, service, 0, ActivatorEndpoints((), 8012)) is None
+
+
+def test_turning_scale_to_zero_off_removes_the_private_service_and_the_slice(cluster: Cluster) -> None:
+    api = _api(cluster)
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
+    uid = _create(cluster, "mlp", spec)
+    service = owner(uid=uid)
+    reconcile(api, service)
+    assert api.get(Ref.to(SERVICE, "ml", "mlp-private")) is not None
+    memo: dict[str, object] = {}
+    scale_to_zero.remember(memo, service, 0)
+    scale_to_zero.sync_slice(api, service, 0, ACTIVATOR)
+
+    plain = plain_owner(uid=uid)
+    result = reconcile(api, plain)
+    assert ("Service", "mlp-private") in [(c.kind, c.name) for c in result.writes if c.action == Action.DELETED]
+    assert scale_to_zero.remember(memo, plain, None)  # it was known: its slice is looked at once more
+    change = scale_to_zero.sync_slice(api, plain, None, ACTIVATOR)
+    assert change is not None and change.action == Action.DELETED
+    assert not scale_to_zero.remember(memo, plain, None)  # and then no more
