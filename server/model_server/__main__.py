@@ -1,4 +1,4 @@
-"""`python -m model_server serve|front|quantize ...`."""
+"""`python -m model_server serve|front|activator|quantize ...`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 from . import signals
 
-if sys.argv[1:2] in (["serve"], ["front"]):
+if sys.argv[1:2] in (["serve"], ["front"], ["activator"]):
     # Before the imports that take a while: as PID 1, a SIGTERM meanwhile would be lost.
     signals.remember_stop_signals()
 
@@ -42,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_front_arguments(front)
 
+    activator = commands.add_parser(
+        "activator",
+        help="hold the requests of services scaled to zero until a replica is ready",
+        allow_abbrev=False,
+        description="Where a service's requests go while it has no ready replica (see model_server/activator.py).",
+    )
+    from .activator import add_arguments as add_activator_arguments
+
+    add_activator_arguments(activator)
+
     quant = commands.add_parser("quantize", help="INT8-quantize an ONNX model")
     quant.add_argument("--model", required=True, help="input .onnx")
     quant.add_argument("--out", required=True, help="output .onnx")
@@ -74,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .front import serve as serve_front
 
         return serve_front(config_from_args(args))
+    if args.command == "activator":
+        from .activator import config_from_args as activator_config
+        from .activator import serve as serve_activator
+
+        return serve_activator(activator_config(args))
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:

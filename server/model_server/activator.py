@@ -1,0 +1,693 @@
+"""The activator: where a service's requests go while it has no ready replica (scale to zero).
+
+As Knative's activator, it is in the request path only at zero. The operator then points the
+service's own Service at this Deployment through an EndpointSlice (activator_routes.py says
+what a slice may route), and removes that slice once a replica is ready. Each request that
+arrives here is read whole under the vLLM front's bounds (proxy.py), then held: it wakes the
+service (a merge patch of the InferenceService's wake annotation, at most one per service every
+2 s), and one poller per service asks the replicas' readiness path through the `S-private`
+Service (kube-proxy sends that only to Ready pods) every 0.25 s. On the first 200 the held
+requests go on in the order they came, each proxied as the front proxies (hop-by-hop headers
+dropped, the client named by its peer address) with its answer streamed back. A request held
+past its wait gets a 503 with Retry-After; more than a service's (or the activator's) limits of
+held requests or bytes get a 429.
+
+A route whose slice is removed keeps serving for a minute: requests held for it still go to the
+upstream they waited for, and new ones that kube-proxy still sends here are proxied at once.
+
+SIGTERM: /readyz turns 503, the listener stays open `drain_listen_seconds` (the operator and
+kube-proxy take this pod out of the slices meanwhile), then closes; the process exits once no
+request is held or in flight, each having been served or having reached its wait. A rolling
+update of the activator loses no held request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from . import signals
+from .activator_kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
+from .activator_metrics import ActivatorMetrics, Exposition
+from .activator_routes import (
+    SLICE_SELECTOR,
+    WAKE_ANNOTATION,
+    HoldPolicy,
+    Load,
+    Route,
+    RouteRefused,
+    RouteTable,
+    ServiceKey,
+    hold_refusal,
+    route_for,
+    slice_service,
+)
+from .bodies import ReadBudget
+from .errors import Busy, PayloadTooLarge
+from .http_protocol import ConnectionLimits, LimitedHttpProtocol
+from .proxy import Body, BodyReader, ClientGone, answer, error_body, request_headers, stream, target
+from .settings import ServerSettings, detect_memory_limit
+
+log = logging.getLogger("model_server.activator")
+
+LIVE_PATH = "/healthz"
+READY_PATH = "/readyz"
+PROBE_PATHS = frozenset({LIVE_PATH, READY_PATH})
+#: How often a service's readiness is asked while requests wait for it.
+POLL_S = 0.25
+#: At most one wake patch per service this often; again this often while requests still wait.
+WAKE_INTERVAL_S = 2.0
+REWAKE_S = 30.0
+#: After a 200 from the readiness path, new requests go straight on for this long.
+READY_REUSE_S = 1.0
+#: The longest a released request waits for the one before it to be answered (see `_written`).
+ORDER_GRACE_S = 0.1
+#: How long a removed route still proxies what kube-proxy sends here.
+LINGER_S = 60.0
+#: Slices whose Services are missing are tried again, and lingering routes ended, this often.
+HOUSEKEEPING_S = 2.0
+BACKOFF_S = (0.5, 30.0)
+#: Of the memory limit: bodies being read at once, and bodies held.
+READ_BUDGET_SHARE = 1 / 4
+HELD_BUDGET_SHARE = 3 / 8
+MAX_BODY_CEILING = 64 * 1024 * 1024
+#: How long one exposition of the metrics serves every scrape (a flood costs five a second).
+EXPOSITION_MAX_AGE_S = 0.2
+#: What a request that waited its whole wait is told to wait before it tries again.
+RETRY_AFTER_S = 5
+GONE = 499  # nginx's code for a client that left: counted, never sent
+_defaults = ServerSettings.model_fields
+
+
+@dataclass(frozen=True)
+class ActivatorConfig:
+    """The activator's flags. The hold limits are caps: a slice's annotation may only lower them."""
+
+    kube_api: str = ""  # "": in the cluster (KUBERNETES_SERVICE_HOST, the ServiceAccount's token)
+    kube_token_file: str = ""
+    kube_ca_file: str = ""
+    host: str = "0.0.0.0"
+    port: int = 8012
+    metrics_port: int = 9090  # 0: none
+    cluster_domain: str = "cluster.local"
+    max_wait_seconds: float = 600.0
+    max_held: int = 1000
+    max_held_bytes: int = 64 * 1024 * 1024
+    max_held_total: int = 2000
+    max_held_bytes_total: int = 0  # 0: from the memory limit
+    ready_path: str = "/health/ready"
+    drain_listen_seconds: float = 10.0
+    memory_limit_bytes: int = 0  # 0: the cgroup limit
+    max_body_bytes: int = 0  # 0: from the memory limit
+    max_connections: int = 4096
+    max_header_bytes: int = _defaults["max_header_bytes"].default
+    header_timeout_s: float = _defaults["header_timeout_s"].default
+    body_timeout_s: float = _defaults["body_timeout_s"].default
+    write_timeout_s: float = _defaults["write_timeout_s"].default
+    keep_alive_timeout_s: int = _defaults["keep_alive_timeout_s"].default
+    body_wait_s: float = 10.0
+    connect_timeout_s: float = 2.0
+    log_level: str = "info"
+
+    def caps(self) -> HoldPolicy:
+        return HoldPolicy(self.max_wait_seconds, self.max_held, self.max_held_bytes, self.ready_path)
+
+    def limits(self) -> tuple[int, int, int]:
+        """(the largest body, bodies being read at once, bodies held at once), in bytes."""
+        memory = self.memory_limit_bytes or detect_memory_limit()
+        reading = int(memory * READ_BUDGET_SHARE)
+        largest = self.max_body_bytes or min(MAX_BODY_CEILING, reading // 4)
+        held = self.max_held_bytes_total or int(memory * HELD_BUDGET_SHARE)
+        return largest, max(reading, largest), held
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits.of(self, PROBE_PATHS)
+
+
+@dataclass(eq=False)
+class Held:
+    """One request waiting for its service: released with the upstream to use and the event
+    the request before it sets when this one may go (so they arrive in order)."""
+
+    size: int
+    arrived: float
+    released: asyncio.Future[tuple[str, asyncio.Event | None]]
+    next_may_go: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(eq=False)
+class Gate:
+    """One routed service: its requests held, its poller, its wakes."""
+
+    route: Route
+    held: deque[Held] = field(default_factory=deque)
+    held_bytes: int = 0
+    poller: asyncio.Task[None] | None = None
+    last_wake: float = -WAKE_INTERVAL_S
+    ready_until: float = 0.0
+    lingering_until: float | None = None
+
+    @property
+    def load(self) -> Load:
+        return Load(len(self.held), self.held_bytes)
+
+
+class Activator:
+    """The ASGI app, the routes it keeps from the API server, and the requests it holds."""
+
+    def __init__(
+        self,
+        config: ActivatorConfig,
+        api: KubeApi,
+        metrics: ActivatorMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.api = api
+        self.metrics = metrics if metrics is not None else ActivatorMetrics()
+        self.clock = clock
+        self.caps = config.caps()
+        max_body, reading, held = config.limits()
+        self.bodies = BodyReader(max_body, ReadBudget(reading), config.body_wait_s)
+        self.total_caps = Load(config.max_held_total, held)
+        self.table = RouteTable()
+        self.gates: dict[ServiceKey, Gate] = {}
+        self.slices: dict[tuple[str, str], dict[str, Any]] = {}
+        self.slice_routes: dict[tuple[str, str], ServiceKey] = {}
+        self.pending: set[tuple[str, str]] = set()
+        self.held_total = Load()
+        self.synced = False
+        self.draining = False
+        self._client: httpx.AsyncClient | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ HTTP
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """One pool of connections to the services' upstreams, made on the serving loop."""
+        if self._client is None:
+            limits = httpx.Limits(max_connections=self.config.max_connections, max_keepalive_connections=64)
+            # No read timeout: a long completion writes nothing until it is done; the client's
+            # leaving (or this server's write timeout) is what ends a request that waits.
+            timeout = httpx.Timeout(connect=self.config.connect_timeout_s, read=None, write=30.0, pool=30.0)
+            self._client = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+        return self._client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        host = _host(scope)
+        found = self.table.lookup(host)
+        if isinstance(found, Route):
+            gate = self.gates[found.key]
+            code = await self.serve(gate, scope, receive, send)
+            self.metrics.answered(found.key, code)
+        elif isinstance(found, list):
+            name = found[0].name
+            message = f"host {host!r} names services at zero in several namespaces: use {name}.<namespace>"
+            await answer(send, 404, error_body(404, message))
+        elif scope["path"] == LIVE_PATH:
+            await answer(send, 200, b'{"status":"live"}')
+        elif scope["path"] == READY_PATH:
+            ready = self.synced and not self.draining
+            await answer(send, 200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
+        else:
+            await answer(send, 404, error_body(404, f"no service is routed through the activator for host {host!r}"))
+
+    async def serve(self, gate: Gate, scope: Scope, receive: Receive, send: Send) -> int:
+        """One request of a routed service: read, then held or passed on; the status answered."""
+        try:
+            body = await self.bodies.read(scope, receive)
+        except PayloadTooLarge as exc:
+            await answer(send, 413, error_body(413, str(exc)))
+            return 413
+        except Busy:
+            await answer(send, 503, error_body(503, "too many request bodies arriving at once"), retry_after=True)
+            return 503
+        except ClientGone:
+            return GONE
+        try:
+            if gate.lingering_until is not None or gate.ready_until > self.clock():
+                return await self.forward(gate.route.upstream, scope, body, receive, send)
+            return await self.hold(gate, scope, body, receive, send)
+        finally:
+            body.release()
+
+    async def hold(self, gate: Gate, scope: Scope, body: Body, receive: Receive, send: Send) -> int:
+        key, policy, size = gate.route.key, gate.route.policy, len(body.data)
+        refusal = hold_refusal(gate.load, policy, self.held_total, self.total_caps, size)
+        if refusal is not None:
+            self.metrics.waited(key, "refused", 0.0)
+            await answer(send, 429, error_body(429, refusal), retry_after=True)
+            return 429
+        body.release()  # held now: its bytes count against the held limits, not the read budget
+        held = Held(size, self.clock(), asyncio.get_running_loop().create_future())
+        self._take(gate, held)
+        self.wake(gate)
+        if gate.poller is None:
+            gate.poller = self._spawn(self.poll(gate))
+        outcome = await self._wait(held, policy.max_wait_seconds, receive)
+        waited = self.clock() - held.arrived
+        if outcome == "served":
+            self.metrics.waited(key, "served", waited)
+            upstream, before = held.released.result()
+            return await self.forward(upstream, scope, body, receive, send, before, held.next_may_go)
+        self._give_back(gate, held)
+        self.metrics.waited(key, outcome, waited)
+        if outcome == "gone":
+            return GONE
+        retry = max(1, int(min(policy.max_wait_seconds, RETRY_AFTER_S)))
+        message = f"the service did not become ready within {policy.max_wait_seconds:g}s; retry later"
+        await answer(send, 503, error_body(503, message), retry_after=retry)
+        return 503
+
+    async def _wait(self, held: Held, max_wait: float, receive: Receive) -> str:
+        """Until released (served), the client leaves (gone), or the wait is over (timeout)."""
+        gone = asyncio.ensure_future(_disconnected(receive))
+        remaining = held.arrived + max_wait - self.clock()
+        try:
+            waiting: set[asyncio.Future[Any]] = {held.released, gone}
+            await asyncio.wait(waiting, timeout=max(remaining, 0.0), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gone
+        if held.released.done():
+            return "served"
+        return "gone" if gone.done() and not gone.cancelled() else "timeout"
+
+    def _take(self, gate: Gate, held: Held) -> None:
+        gate.held.append(held)
+        gate.held_bytes += held.size
+        self.held_total = Load(self.held_total.requests + 1, self.held_total.body_bytes + held.size)
+        self.metrics.held.labels(gate.route.key.namespace, gate.route.key.name).inc()
+
+    def _give_back(self, gate: Gate, held: Held) -> None:
+        """`held` is no longer waiting (released, or ended); once."""
+        with contextlib.suppress(ValueError):
+            gate.held.remove(held)
+            gate.held_bytes -= held.size
+            self.held_total = Load(self.held_total.requests - 1, self.held_total.body_bytes - held.size)
+            self.metrics.held.labels(gate.route.key.namespace, gate.route.key.name).dec()
+
+    def release(self, gate: Gate, upstream: str) -> None:
+        """Every held request of the gate on its way, in the order they came."""
+        before: asyncio.Event | None = None
+        while gate.held:
+            held = gate.held[0]
+            self._give_back(gate, held)
+            if not held.released.done():
+                held.released.set_result((upstream, before))
+                before = held.next_may_go
+
+    async def forward(
+        self,
+        upstream: str,
+        scope: Scope,
+        body: Body,
+        receive: Receive,
+        send: Send,
+        before: asyncio.Event | None = None,
+        next_may_go: asyncio.Event | None = None,
+    ) -> int:
+        """The request to the service's ready replicas, after the one before it has been
+        handed over; their answer streamed back."""
+        try:
+            if before is not None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.config.connect_timeout_s + 5):
+                        await before.wait()
+            headers = [*request_headers(scope), (b"content-length", b"%d" % len(body.data))]
+            url = httpx.URL(upstream).copy_with(raw_path=target(scope).encode("latin-1"))
+            content = _written(body, next_may_go)
+            request = self.client.build_request(scope["method"], url, headers=headers, content=content)
+            response = await self.client.send(request, stream=True)
+        except httpx.TimeoutException:
+            await answer(send, 504, error_body(504, "the service did not accept the request in time"))
+            return 504
+        except httpx.HTTPError:
+            message = "the service is not answering (starting or stopping)"
+            await answer(send, 503, error_body(503, message), retry_after=True)
+            return 503
+        finally:
+            if next_may_go is not None:
+                next_may_go.set()
+            body.data = b""
+        try:
+            await stream(response, receive, send)
+        finally:
+            await response.aclose()
+        return response.status_code
+
+    # ------------------------------------------------------------------ waking and polling
+
+    def wake(self, gate: Gate) -> None:
+        """Ask the operator to start the service: at most once per WAKE_INTERVAL_S."""
+        now = self.clock()
+        if now - gate.last_wake < WAKE_INTERVAL_S:
+            return
+        gate.last_wake = now
+        self._spawn(self._patch_wake(gate.route.key))
+
+    async def _patch_wake(self, key: ServiceKey) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        patch = {"metadata": {"annotations": {WAKE_ANNOTATION: stamp}}}
+        try:
+            await self.api.merge_patch(inference_service_path(key.namespace, key.name), patch)
+        except (ApiError, httpx.HTTPError) as exc:
+            log.warning("wake of %s failed: %s", key, exc)
+            return
+        self.metrics.wakes.labels(key.namespace, key.name).inc()
+        log.info("woke %s (%s)", key, stamp)
+
+    async def poll(self, gate: Gate) -> None:
+        """While requests of the gate wait: its readiness path every POLL_S; on a 200, release."""
+        try:
+            while gate.held:
+                route = gate.route
+                if await self.ready(route):
+                    gate.ready_until = self.clock() + READY_REUSE_S
+                    self.release(gate, route.upstream)
+                    break
+                if self.clock() - gate.last_wake >= REWAKE_S:
+                    self.wake(gate)
+                await asyncio.sleep(POLL_S)
+        finally:
+            gate.poller = None
+
+    async def ready(self, route: Route) -> bool:
+        """The readiness path answers 200 through S-private (its body is never read)."""
+        url = httpx.URL(route.upstream).copy_with(raw_path=route.policy.ready_path.encode())
+        timeout = httpx.Timeout(connect=0.5, read=1.0, write=1.0, pool=1.0)
+        try:
+            async with self.client.stream("GET", url, timeout=timeout) as response:
+                return response.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    # ------------------------------------------------------------------ routes
+
+    async def watch_slices(self) -> None:
+        """List the activator's slices, then watch from the list; list again on 410 or a broken
+        stream, with backoff."""
+        backoff = BACKOFF_S[0]
+        params = {"labelSelector": SLICE_SELECTOR}
+        while True:
+            try:
+                listing = await self.api.list(SLICES, params)
+                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                await self.replace_slices(listing.get("items") or [])
+                self.synced = True
+                backoff = BACKOFF_S[0]
+                while True:
+                    started = self.clock()
+                    async for event in self.api.watch(SLICES, {**params, "resourceVersion": version}):
+                        obj = event.get("object") or {}
+                        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                        if event.get("type") == "DELETED":
+                            self.remove_slice(obj)
+                        elif event.get("type") in ("ADDED", "MODIFIED"):
+                            await self.apply_slice(obj)
+                    if self.clock() - started < 1.0:  # ended at once: not a watch to spin on
+                        await asyncio.sleep(1.0)
+            except (ApiError, httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.warning("EndpointSlices: %s; listing again in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_S[1])
+
+    async def replace_slices(self, items: list[dict[str, Any]]) -> None:
+        ids = {_slice_id(item) for item in items}
+        for gone in [sid for sid in self.slices if sid not in ids]:
+            self.remove_slice(self.slices[gone])
+        for item in items:
+            await self.apply_slice(item)
+
+    async def apply_slice(self, slice_: dict[str, Any]) -> None:
+        sid = _slice_id(slice_)
+        self.slices[sid] = slice_
+        await self.resolve(sid)
+
+    async def resolve(self, sid: tuple[str, str]) -> None:
+        """The route of slice `sid` from its namespace's Services; pending while they are missing."""
+        slice_ = self.slices.get(sid)
+        if slice_ is None:
+            return
+        try:
+            key = slice_service(slice_)
+            service = await self.api.get(service_path(key.namespace, key.name))
+            private = await self.api.get(service_path(key.namespace, key.name + "-private"))
+            route = route_for(slice_, service, private, self.caps, self.config.cluster_domain)
+        except RouteRefused as exc:
+            if sid not in self.pending:
+                log.warning("%s: no route", exc)
+            self.pending.add(sid)
+            return
+        except (ApiError, httpx.HTTPError, ValueError) as exc:
+            log.warning("slice %s/%s: %s; trying again", *sid, exc)
+            self.pending.add(sid)
+            return
+        if self.slices.get(sid) is not slice_:
+            return  # changed or removed while the Services were read: its newer self decides
+        self.pending.discard(sid)
+        previous = self.slice_routes.get(sid)
+        self.slice_routes[sid] = route.key
+        if previous is not None and previous != route.key:
+            self._unroute_if_unused(previous)
+        gate = self.gates.get(route.key)
+        if gate is None:
+            self.gates[route.key] = Gate(route)
+            self.metrics.held.labels(route.key.namespace, route.key.name).set(0)  # the series says: routed
+            log.info("routing %s: %s -> %s", route.key, ", ".join(sorted(route.hosts)), route.upstream)
+        else:
+            gate.route, gate.lingering_until = route, None
+        self.table.set(route)
+
+    def remove_slice(self, slice_: dict[str, Any]) -> None:
+        sid = _slice_id(slice_)
+        self.slices.pop(sid, None)
+        self.pending.discard(sid)
+        key = self.slice_routes.pop(sid, None)
+        if key is not None:
+            self._unroute_if_unused(key)
+
+    def _unroute_if_unused(self, key: ServiceKey) -> None:
+        """No slice routes `key` any more: it lingers (see the module doc), then is forgotten."""
+        if key in self.slice_routes.values():
+            return
+        gate = self.gates.get(key)
+        if gate is not None and gate.lingering_until is None:
+            gate.lingering_until = self.clock() + LINGER_S
+            log.info("route of %s removed: proxied directly for %.0fs", key, LINGER_S)
+
+    async def housekeeping(self) -> None:
+        """Slices whose Services were missing, tried again; lingering routes ended."""
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            for sid in list(self.pending):
+                await self.resolve(sid)
+            self.end_lingering()
+
+    def end_lingering(self) -> None:
+        now = self.clock()
+        for key, gate in list(self.gates.items()):
+            if gate.lingering_until is not None and gate.lingering_until <= now and not gate.held:
+                self.table.remove(key)
+                del self.gates[key]
+                self.metrics.forget(key)
+                log.info("route of %s forgotten", key)
+
+    # ------------------------------------------------------------------ lifespan
+
+    def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        background: list[asyncio.Task[None]] = []
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                background = [self._spawn(self.watch_slices()), self._spawn(self.housekeeping())]
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                for task in [*background, *self._tasks]:
+                    task.cancel()
+                await asyncio.gather(*background, *self._tasks, return_exceptions=True)
+                if self._client is not None:
+                    await self._client.aclose()
+                await self.api.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _slice_id(slice_: dict[str, Any]) -> tuple[str, str]:
+    metadata = slice_.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def _host(scope: Scope) -> str:
+    for name, value in scope["headers"]:
+        if name == b"host":
+            host: str = value.decode("latin-1")
+            return host[:255]
+    return ""
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _written(body: Body, next_may_go: asyncio.Event | None) -> AsyncIterator[bytes]:
+    """The body, written upstream once. The next held request goes when this one's answer has
+    begun, or ORDER_GRACE_S after its body was next_may_go if the answer is slow to begin (a
+    completion that is not streamed): the replica has then read this one first. Going at once
+    was not enough: a replica reads a new connection's request only on the turn of its loop
+    after accepting it, so one sent next on an open connection was read before it (1 in 3 runs)."""
+    data, body.data = body.data, b""
+    yield data
+    del data
+    if next_may_go is not None:
+        asyncio.get_running_loop().call_later(ORDER_GRACE_S, next_may_go.set)
+
+
+# ---------------------------------------------------------------------- process edge
+
+
+class ActivatorServer(uvicorn.Server):
+    """uvicorn with the activator's SIGTERM: unready at once, the listener open for
+    `drain_listen_seconds`, then closed; uvicorn then waits for every request in progress
+    (held ones end by their wait). The metrics port is a second listener of the same server."""
+
+    def __init__(self, config: uvicorn.Config, activator: Activator, metrics: uvicorn.Config | None) -> None:
+        super().__init__(config)
+        self.activator = activator
+        self.metrics = metrics
+        self._delay: threading.Timer | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        metrics = await self._listen_for_metrics() if self.metrics is not None else None
+        await super().startup(sockets)
+        if metrics is not None:
+            self.servers.append(metrics)
+        early = signals.take_received()
+        if early is not None and not self.should_exit:
+            self.handle_exit(early, None)
+
+    async def _listen_for_metrics(self) -> asyncio.Server:
+        config = self.metrics
+        assert config is not None
+        config.load()
+
+        def connection(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state={}, _loop=_loop
+            )
+            return protocol
+
+        server = await asyncio.get_running_loop().create_server(connection, host=config.host, port=config.port)
+        log.info("metrics on :%d/metrics", config.port)
+        return server
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.activator.draining = True
+        delay = self.activator.config.drain_listen_seconds
+        if delay > 0 and self._delay is None and not self.should_exit:
+            log.info("signal %d: not ready; the listener closes in %.1fs", sig, delay)
+            self._delay = threading.Timer(delay, super().handle_exit, args=(sig, frame))
+            self._delay.daemon = True
+            self._delay.start()
+            return
+        log.info("signal %d: closing the listener; exiting once no request is held or in flight", sig)
+        super().handle_exit(sig, frame)
+
+
+def flag(field_name: str) -> str:
+    """`max_held_bytes` -> `--max-held-bytes`; seconds in `_s` drop it (`--write-timeout`), as the front's."""
+    return "--" + field_name.removesuffix("_s").replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of ActivatorConfig, of the field's type."""
+    for name, spec in ActivatorConfig.__dataclass_fields__.items():
+        parser.add_argument(flag(name), dest=name, type=type(spec.default), default=spec.default)
+
+
+def config_from_args(args: argparse.Namespace) -> ActivatorConfig:
+    return ActivatorConfig(**{name: getattr(args, name) for name in ActivatorConfig.__dataclass_fields__})
+
+
+def kube_api(config: ActivatorConfig) -> KubeApi:
+    if not config.kube_api:
+        return KubeApi.in_cluster()
+    token = TokenFile(Path(config.kube_token_file)) if config.kube_token_file else None
+    return KubeApi(config.kube_api, token, Path(config.kube_ca_file) if config.kube_ca_file else None)
+
+
+def serve(config: ActivatorConfig) -> int:
+    """Run until SIGTERM; 0 once every held and in-flight request has ended."""
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    largest, reading, held = config.limits()
+    log.info(
+        "activator on :%d (bodies up to %d bytes, %d being read at once, %d held at once)",
+        config.port,
+        largest,
+        reading,
+        held,
+    )
+    activator = Activator(config, kube_api(config))
+    metrics = None
+    if config.metrics_port:
+        metrics = uvicorn.Config(
+            Exposition(activator.metrics.registry, max_age_s=EXPOSITION_MAX_AGE_S),
+            host=config.host,
+            port=config.metrics_port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            proxy_headers=False,
+            timeout_keep_alive=config.keep_alive_timeout_s,
+            http=LimitedHttpProtocol.with_limits(ConnectionLimits.of(config, frozenset({"/metrics"}))),
+        )
+    server = ActivatorServer(
+        uvicorn.Config(
+            activator,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            access_log=False,
+            lifespan="on",
+            proxy_headers=False,  # the client is the peer: nobody in front of this proxy is trusted
+            timeout_keep_alive=config.keep_alive_timeout_s,
+            # Every held request ends by its wait; a stream still relayed then is cut off.
+            timeout_graceful_shutdown=int(config.max_wait_seconds) + 20,
+            http=LimitedHttpProtocol.with_limits(config.connection_limits()),
+        ),
+        activator,
+        metrics,
+    )
+    signals.remember_stop_signals()
+    server.run()
+    return 0 if server.started else 1

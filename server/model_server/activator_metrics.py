@@ -1,0 +1,94 @@
+"""The activator's metrics, in a registry of its own, and the app that exposes them.
+
+A service's series exist while it has a route (and a minute after, while its last requests are
+answered); then they are removed, so a cluster's services coming and going at zero do not pile
+up series in the activator for ever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import Receive, Scope, Send
+
+from .activator_routes import ServiceKey
+
+#: How a held request ended.
+OUTCOMES = ("served", "timeout", "refused", "gone")
+#: From a warm replica's first answer to the longest cold start a request may wait (one hour).
+WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 90, 120, 180, 240, 300, 450, 600, 900, 1800, 3600)
+
+
+class ActivatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        labels = ["namespace", "service"]
+        self.held = Gauge(
+            "activator_held_requests",
+            "Requests held until the service has a ready replica.",
+            labels,
+            registry=self.registry,
+        )
+        self.wait = Histogram(
+            "activator_wait_seconds",
+            "How long a request was held, by how its wait ended (served, timeout, refused, gone).",
+            [*labels, "outcome"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.wakes = Counter(
+            "activator_wakes",
+            "Wake requests sent for the service (its wake annotation patched).",
+            labels,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "activator_requests",
+            "Requests for the service, by the status answered.",
+            [*labels, "code"],
+            registry=self.registry,
+        )
+        self._codes: dict[ServiceKey, set[str]] = {}
+
+    def answered(self, key: ServiceKey, code: int) -> None:
+        self._codes.setdefault(key, set()).add(str(code))
+        self.requests.labels(key.namespace, key.name, str(code)).inc()
+
+    def waited(self, key: ServiceKey, outcome: str, seconds: float) -> None:
+        self.wait.labels(key.namespace, key.name, outcome).observe(seconds)
+
+    def forget(self, key: ServiceKey) -> None:
+        """Remove every series of the service."""
+        with contextlib.suppress(KeyError):
+            self.held.remove(key.namespace, key.name)
+        with contextlib.suppress(KeyError):
+            self.wakes.remove(key.namespace, key.name)
+        for outcome in OUTCOMES:
+            with contextlib.suppress(KeyError):
+                self.wait.remove(key.namespace, key.name, outcome)
+        for code in self._codes.pop(key, set()):
+            with contextlib.suppress(KeyError):
+                self.requests.remove(key.namespace, key.name, code)
+
+
+class Exposition:
+    """The metrics port's app: the registry's exposition at any path, made at most once per
+    `max_age_s` whoever asks (a flood of scrapes costs one exposition a second)."""
+
+    def __init__(self, registry: CollectorRegistry, max_age_s: float = 1.0) -> None:
+        self.registry = registry
+        self.max_age_s = max_age_s
+        self._made_at = -max_age_s
+        self._body = b""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        now = time.monotonic()
+        if now - self._made_at >= self.max_age_s:
+            self._body, self._made_at = generate_latest(self.registry), now
+        headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", b"%d" % len(self._body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": self._body})

@@ -1,0 +1,460 @@
+"""The scale-to-zero activator (model_server/activator.py): its pure decisions (which hosts a
+slice routes, to where, under which limits), and the process as the chart runs it, against a
+small API server (testsupport/fake_kube_api.py) and a stand-in replica whose readiness the test
+turns on: requests at zero are held, wake the service once, and are answered in order once a
+replica is ready; the limits answer 429 and 503 with Retry-After; SIGTERM loses no held request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from model_server.activator_routes import (
+    HoldPolicy,
+    Load,
+    RouteRefused,
+    RouteTable,
+    ServiceKey,
+    hold_refusal,
+    normalize_host,
+    policy_from_annotation,
+    route_for,
+    service_hosts,
+)
+from testsupport.cluster import wait_for
+from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
+from testsupport.processes import free_port, running
+
+CAPS = HoldPolicy(max_wait_seconds=600, max_held=100, max_held_bytes=64 << 20, ready_path="/health/ready")
+
+# ---------------------------------------------------------------------- pure parts
+
+
+def test_a_service_is_reached_by_every_name_its_clients_use_with_any_port() -> None:
+    hosts = service_hosts(ServiceKey("team-a", "llm"), "cluster.local", ["10.96.0.10"])
+    assert hosts == {"llm", "llm.team-a", "llm.team-a.svc", "llm.team-a.svc.cluster.local", "10.96.0.10"}
+    for header in ("llm", "LLM.team-a:80", "llm.team-a.svc:8080", "llm.team-a.svc.cluster.local.", "10.96.0.10:80"):
+        assert normalize_host(header) in hosts, header
+    assert normalize_host("[fd00::10]:80") == "fd00::10"
+    assert normalize_host("fd00::10") == "fd00::10"
+
+
+def test_the_annotation_only_lowers_the_activators_limits() -> None:
+    lower = {"maxWaitSeconds": 30, "maxHeld": 5, "maxHeldBytes": 1024, "readyPath": "/health"}
+    assert policy_from_annotation(json.dumps(lower), CAPS) == HoldPolicy(30, 5, 1024, "/health")
+    higher = {"maxWaitSeconds": 10**9, "maxHeld": 10**9, "maxHeldBytes": 10**12}
+    assert policy_from_annotation(json.dumps(higher), CAPS) == CAPS
+    wrong = {"maxWaitSeconds": "1", "maxHeld": True, "maxHeldBytes": -5, "readyPath": 3}
+    assert policy_from_annotation(json.dumps(wrong), CAPS) == CAPS
+    assert policy_from_annotation("not json", CAPS) == CAPS
+    assert policy_from_annotation("[1]", CAPS) == CAPS
+    assert policy_from_annotation(None, CAPS) == CAPS
+
+
+@pytest.mark.parametrize(
+    "path", ["//metadata.internal/x", "/../x", "http://evil/", "/a?b=1", "/%2e%2e/x", "ready", "/" + "a" * 300]
+)
+def test_a_readiness_path_that_is_not_a_plain_path_is_not_taken(path: str) -> None:
+    assert policy_from_annotation(json.dumps({"readyPath": path}), CAPS).ready_path == CAPS.ready_path
+
+
+def _services(namespace: str = "team-a", name: str = "llm") -> tuple[dict[str, Any], dict[str, Any]]:
+    return service(namespace, name, "10.96.0.10", 80), service(namespace, f"{name}-private", "10.96.0.11", 80)
+
+
+def test_the_route_comes_from_the_services_and_never_from_the_slice() -> None:
+    public, private = _services()
+    slice_ = activator_slice("team-a", "llm", {"maxHeld": 3, "upstream": "http://169.254.169.254", "hosts": ["x"]})
+    route = route_for(slice_, public, private, CAPS, "cluster.local")
+    assert route.key == ServiceKey("team-a", "llm")
+    assert route.upstream == "http://10.96.0.11:80"
+    assert route.policy.max_held == 3
+    assert "x" not in route.hosts and "llm.team-a.svc" in route.hosts and "10.96.0.10" in route.hosts
+
+
+def test_a_slice_whose_services_are_missing_or_lead_nowhere_routes_nothing() -> None:
+    public, private = _services()
+    slice_ = activator_slice("team-a", "llm")
+    with pytest.raises(RouteRefused, match="team-a/llm not found"):
+        route_for(slice_, None, private, CAPS, "cluster.local")
+    with pytest.raises(RouteRefused, match="llm-private not found"):
+        route_for(slice_, public, None, CAPS, "cluster.local")
+    other_namespace = service("team-b", "llm-private", "10.96.0.12", 80)
+    with pytest.raises(RouteRefused, match="not found"):
+        route_for(slice_, public, other_namespace, CAPS, "cluster.local")
+    unselected = service("team-a", "llm-private", "10.96.0.11", 80, selector={})
+    external = {**private, "spec": {**private["spec"], "type": "ExternalName", "externalName": "evil.example"}}
+    headless = service("team-a", "llm-private", "None", 80)
+    for lead_nowhere in (unselected, external, headless):
+        with pytest.raises(RouteRefused, match="no cluster IP, selector or port"):
+            route_for(slice_, public, lead_nowhere, CAPS, "cluster.local")
+    for label in ("llm.team-b", "LLM", "", "x" * 60):
+        bad = activator_slice("team-a", "llm")
+        bad["metadata"]["labels"]["kubernetes.io/service-name"] = label
+        with pytest.raises(RouteRefused, match="service-name"):
+            route_for(bad, public, private, CAPS, "cluster.local")
+
+
+def test_a_short_name_two_namespaces_claim_routes_to_neither() -> None:
+    table = RouteTable()
+    a = route_for(activator_slice("team-a", "llm"), *_services("team-a"), CAPS, "cluster.local")
+    public_b, private_b = service("team-b", "llm", "10.96.1.10", 80), service("team-b", "llm-private", "10.96.1.11", 80)
+    b = route_for(activator_slice("team-b", "llm"), public_b, private_b, CAPS, "cluster.local")
+    table.set(a)
+    assert table.lookup("llm:80") == a
+    table.set(b)
+    assert table.lookup("llm") == [a.key, b.key]
+    assert table.lookup("llm.team-a.svc") == a and table.lookup("llm.team-b") == b
+    assert table.lookup("10.96.1.10") == b and table.lookup("llm.team-c") is None
+    table.remove(b.key)
+    assert table.lookup("llm") == a and table.lookup("llm.team-b") is None
+
+
+def test_holding_is_refused_over_any_limit() -> None:
+    policy = HoldPolicy(60, max_held=2, max_held_bytes=100)
+    caps = Load(requests=10, body_bytes=1000)
+    assert hold_refusal(Load(1, 50), policy, Load(1, 50), caps, 50) is None
+    assert "2 requests" in (hold_refusal(Load(2, 0), policy, Load(2, 0), caps, 0) or "")
+    assert "bytes" in (hold_refusal(Load(1, 60), policy, Load(1, 60), caps, 41) or "")
+    assert "activator" in (hold_refusal(Load(0, 0), policy, Load(10, 0), caps, 1) or "")
+    assert "activator" in (hold_refusal(Load(0, 0), policy, Load(5, 990), caps, 11) or "")
+
+
+# ---------------------------------------------------------------------- the process
+
+
+@dataclass
+class Replicas:
+    """A stand-in for a service's ready replicas behind S-private: readiness per service (turned on
+    by the test), the requests that reached it in order, and a gate its streams wait on."""
+
+    port: int = 0
+    ready: set[str] = field(default_factory=set)
+    seen: list[str] = field(default_factory=list)
+    gate: threading.Event = field(default_factory=threading.Event)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if path.startswith("/ready/"):
+            await _json(send, {}, 200 if path.removeprefix("/ready/") in self.ready else 503)
+            return
+        self.seen.append(f"{path}?{scope['query_string'].decode()}")
+        if path == "/v1/stream":
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+            )
+            await send({"type": "http.response.body", "body": b"data: first\n\n", "more_body": True})
+            while not self.gate.is_set():
+                await asyncio.sleep(0.02)
+            for n in range(3):
+                await send({"type": "http.response.body", "body": b"data: %d\n\n" % n, "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            return
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        await _json(send, {"path": path, "body": body.decode(), "headers": headers})
+
+
+async def _json(send: Any, value: object, status: int = 200) -> None:
+    data = json.dumps(value).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": data})
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[Replicas]:
+    app = Replicas(port=free_port())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=app.port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or None, timeout=10, message="the stand-in replicas to listen")
+    yield app
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[tuple[FakeKubeApi, str]]:
+    fake = FakeKubeApi()
+    with running_api(fake) as url:
+        yield fake, url
+
+
+@dataclass
+class Activator:
+    url: str
+    metrics: str
+    process: Any
+
+    def get(self, host: str, path: str = "/v1/echo", **kwargs: Any) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", headers={"host": host}, timeout=60, **kwargs)
+
+    def post(self, host: str, path: str = "/v1/echo", **kwargs: Any) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", headers={"host": host}, timeout=60, **kwargs)
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        text = httpx.get(self.metrics, timeout=5).text
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            match = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
+            if match and ",".join(sorted(match.group(1).split(","))) == wanted:
+                return float(match.group(2))
+        return None
+
+
+def activator_command(api_url: str, port: int, metrics_port: int, *flags: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "model_server",
+        "activator",
+        f"--kube-api={api_url}",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        f"--metrics-port={metrics_port}",
+        "--max-wait-seconds=60",
+        f"--memory-limit-bytes={256 << 20}",
+        "--log-level=info",
+        *flags,
+    ]
+
+
+@pytest.fixture(scope="module")
+def activator(api: tuple[FakeKubeApi, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Activator]:
+    _, url = api
+    port, metrics_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    log = Path(tmp_path_factory.mktemp("activator")) / "activator.log"
+    command = activator_command(url, port, metrics_port, "--drain-listen-seconds=0")
+    with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/readyz") as process:
+        yield Activator(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", process)
+
+
+def at_zero(
+    api: FakeKubeApi, activator: Activator, replicas: Replicas, namespace: str, name: str, **policy: Any
+) -> str:
+    """Service `name` in `namespace` at zero, routed through the activator; its host."""
+    api.put_service(service(namespace, name, "10.96.0.10", 80))
+    api.put_service(service(namespace, f"{name}-private", "127.0.0.1", replicas.port))
+    api.put_slice(activator_slice(namespace, name, {"readyPath": f"/ready/{namespace}.{name}", **policy}))
+    wait_for(
+        lambda: activator.metric("activator_held_requests", namespace=namespace, service=name) is not None,
+        timeout=20,
+        message=f"{namespace}/{name} to be routed",
+    )
+    return f"{name}.{namespace}.svc"
+
+
+def in_background(call: Callable[[], httpx.Response]) -> Future[httpx.Response]:
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(call)
+    pool.shutdown(wait=False)
+    return future
+
+
+def held(activator: Activator, namespace: str, name: str) -> float:
+    return activator.metric("activator_held_requests", namespace=namespace, service=name) or 0.0
+
+
+def test_a_request_at_zero_is_held_wakes_the_service_once_and_is_answered_once_ready(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    host = at_zero(fake, activator, replicas, "team-a", "llm")
+    pending = in_background(lambda: activator.post(host, "/v1/echo?q=1", json={"prompt": "hi"}))
+    wait_for(lambda: fake.patches_of("team-a", "llm"), timeout=20, message="a wake patch")
+    wait_for(lambda: held(activator, "team-a", "llm") == 1, timeout=20, message="the request to be held")
+    assert not pending.done()
+    replicas.ready.add("team-a.llm")
+    response = pending.result(timeout=30)
+    assert response.status_code == 200
+    answered = response.json()
+    assert answered["path"] == "/v1/echo" and json.loads(answered["body"]) == {"prompt": "hi"}
+    assert answered["headers"]["x-forwarded-for"] == "127.0.0.1"
+    [patch] = fake.patches_of("team-a", "llm")
+    stamp = patch.body["metadata"]["annotations"]["inference.rocm.dev/wake"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp)
+    labels = {"namespace": "team-a", "service": "llm"}
+    wait_for(lambda: activator.metric("activator_wait_seconds_count", **labels, outcome="served") == 1, timeout=10)
+    assert activator.metric("activator_wakes_total", **labels) == 1
+    assert activator.metric("activator_requests_total", **labels, code="200") == 1
+    assert activator.metric("activator_held_requests", **labels) == 0
+
+
+def test_requests_held_together_are_all_answered_in_the_order_they_came(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    host = at_zero(fake, activator, replicas, "team-a", "many")
+    pending = []
+    for n in range(20):
+        pending.append(in_background(lambda n=n: activator.get(host, f"/v1/order?n={n}")))  # type: ignore[misc]
+        wait_for(lambda n=n: held(activator, "team-a", "many") == n + 1, timeout=20, message=f"request {n} held")  # type: ignore[misc]
+    replicas.ready.add("team-a.many")
+    assert [p.result(timeout=30).status_code for p in pending] == [200] * 20
+    order = [seen for seen in replicas.seen if seen.startswith("/v1/order")]
+    assert order == [f"/v1/order?n={n}" for n in range(20)]
+    assert len(fake.patches_of("team-a", "many")) < 20  # throttled: not one per request
+
+
+def test_a_stream_passes_chunk_by_chunk_after_the_wait(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    host = at_zero(fake, activator, replicas, "team-a", "stream")
+    replicas.gate.clear()
+    lines: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        with httpx.Client(timeout=60) as client:
+            with client.stream("GET", f"{activator.url}/v1/stream", headers={"host": host}) as response:
+                assert response.status_code == 200
+                for line in response.iter_lines():
+                    if line:
+                        lines.append(line)
+        done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    wait_for(lambda: held(activator, "team-a", "stream") == 1, timeout=20, message="the stream request held")
+    replicas.ready.add("team-a.stream")
+    wait_for(lambda: lines == ["data: first"], timeout=20, message="the first event, before the rest exists")
+    replicas.gate.set()
+    assert done.wait(20)
+    assert lines == ["data: first", "data: 0", "data: 1", "data: 2", "data: [DONE]"]
+
+
+def test_past_its_wait_a_request_gets_a_503_to_retry_and_not_before(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    host = at_zero(fake, activator, replicas, "team-a", "never", maxWaitSeconds=2)
+    started = time.monotonic()
+    response = activator.post(host, json={"prompt": "hi"})
+    waited = time.monotonic() - started
+    assert response.status_code == 503
+    assert int(response.headers["retry-after"]) >= 1
+    error = response.json()["error"]
+    assert "did not become ready within 2s" in error["message"] and error["code"] == 503
+    assert waited >= 2.0  # the whole wait, never less
+    timeouts = {"namespace": "team-a", "service": "never", "outcome": "timeout"}
+    wait_for(lambda: activator.metric("activator_wait_seconds_count", **timeouts) == 1, timeout=10)
+
+
+def test_over_its_held_limit_a_request_gets_a_429(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    host = at_zero(fake, activator, replicas, "team-a", "small", maxHeld=2)
+    first = [in_background(lambda: activator.get(host)) for _ in range(2)]
+    wait_for(lambda: held(activator, "team-a", "small") == 2, timeout=20, message="two requests held")
+    refused = activator.get(host)
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert "2 requests are already waiting" in refused.json()["error"]["message"]
+    replicas.ready.add("team-a.small")
+    assert [f.result(timeout=30).status_code for f in first] == [200, 200]
+
+
+def test_an_unknown_host_is_a_404_naming_it(activator: Activator) -> None:
+    response = activator.get("nobody.team-z.svc:80", "/v1/completions")
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == (
+        "no service is routed through the activator for host 'nobody.team-z.svc:80'"
+    )
+
+
+def test_a_slice_routes_nothing_of_another_namespace(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    # team-b's service exists; team-x writes a slice naming it, and has no such Service itself.
+    fake.put_service(service("team-b", "secret", "10.96.2.10", 80))
+    fake.put_service(service("team-b", "secret-private", "127.0.0.1", replicas.port))
+    fake.put_slice(activator_slice("team-x", "secret"))
+    wait_for(lambda: fake.seen("/api/v1/namespaces/team-x/services/secret") > 0, timeout=20, message="the lookup")
+    # team-x routes its own service, and tries hosts of team-b through it.
+    at_zero(fake, activator, replicas, "team-x", "own")
+    replicas.ready.add("team-x.own")
+    for host in ("secret.team-b", "secret.team-b.svc", "secret.team-b.svc.cluster.local", "10.96.2.10", "secret"):
+        assert activator.get(host).status_code == 404, host
+    assert fake.seen("/api/v1/namespaces/team-b/services/secret-private") == 0
+
+
+def test_a_slice_after_a_broken_watch_or_a_410_is_still_routed(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    fake.break_watches()
+    at_zero(fake, activator, replicas, "team-c", "after-break")
+    fake.expire_watches()
+    at_zero(fake, activator, replicas, "team-c", "after-gone")
+    replicas.ready.add("team-c.after-gone")
+    assert activator.get("after-gone.team-c").status_code == 200
+
+
+def test_a_removed_route_still_proxies_what_kube_proxy_sends(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    host = at_zero(fake, activator, replicas, "team-d", "woken")
+    fake.delete_slice("team-d", "woken-activator")  # the operator: a replica is ready
+    replicas.ready.add("team-d.woken")
+    wait_for(lambda: activator.get(host).status_code == 200, timeout=20, message="the request proxied directly")
+
+
+def test_on_sigterm_held_requests_are_answered_before_the_process_exits(
+    api: tuple[FakeKubeApi, str], replicas: Replicas, tmp_path: Path
+) -> None:
+    fake, url = api
+    port, metrics_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = activator_command(url, port, metrics_port, "--drain-listen-seconds=3")
+    with running(
+        command, env=env, log=tmp_path / "activator.log", ready_url=f"http://127.0.0.1:{port}/readyz", stop_timeout=60
+    ) as process:
+        this = Activator(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", process)
+        host = at_zero(fake, this, replicas, "team-e", "rolled")
+        pending = in_background(lambda: this.post(host, json={"prompt": "held across a rollout"}))
+        wait_for(lambda: held(this, "team-e", "rolled") == 1, timeout=20, message="the request to be held")
+        process.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(f"{this.url}/readyz", timeout=5).status_code == 503, timeout=5, message="unready")
+        wait_for(lambda: _refused(this.url), timeout=20, message="the listener to close")
+        assert process.poll() is None and not pending.done()
+        replicas.ready.add("team-e.rolled")
+        response = pending.result(timeout=30)
+        assert response.status_code == 200
+        assert json.loads(response.json()["body"]) == {"prompt": "held across a rollout"}
+        assert process.wait(30) == 0
+
+
+def _refused(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/healthz", timeout=2)
+    except httpx.ConnectError:
+        return True
+    except httpx.HTTPError:
+        return False
+    return False
