@@ -45,7 +45,9 @@ class Prometheus:
         return PrometheusClient(url, transport=httpx.MockTransport(self.answer), **kw)
 
 
-def loop_for(cluster: Cluster, prometheus: Prometheus, wall: Clock, events: list[tuple[str, str]]) -> Autoscaler:
+def loop_for(
+    cluster: Cluster, prometheus: Prometheus, wall: Clock, events: list[tuple[str, str]], activator: bool = True
+) -> Autoscaler:
     return Autoscaler(
         make_api(cluster),
         "ml",
@@ -56,6 +58,7 @@ def loop_for(cluster: Cluster, prometheus: Prometheus, wall: Clock, events: list
         clock=Clock(),
         prometheus_factory=prometheus.factory,
         wall_clock=wall,
+        activator=activator,
     )
 
 
@@ -123,6 +126,17 @@ async def test_no_scale_to_zero_while_a_canary_is_judged(cluster: Cluster) -> No
         rollout = {"status": {"rollout": {"phase": "Progressing", "step": 0, "weight": 50}}}
         assert (await tick(cluster, loop, **rollout))["spec"]["replicas"] == 1
         assert (await tick(cluster, loop))["spec"]["replicas"] == 0  # the rollout is over
+    finally:
+        await loop.aclose()
+
+
+async def test_without_an_activator_nothing_would_wake_it_so_it_stays_at_one(cluster: Cluster) -> None:
+    create(cluster, replicas=1, metric="latencyP95Ms", **STZ)
+    prometheus, wall, events = Prometheus(), Clock(), list[tuple[str, str]]()
+    loop = loop_for(cluster, prometheus, wall, events, activator=False)
+    try:
+        wall.now += 600
+        assert (await tick(cluster, loop))["spec"]["replicas"] == 1
     finally:
         await loop.aclose()
 

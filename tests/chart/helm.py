@@ -153,7 +153,16 @@ def by_kind(objects: list[dict], kind: str) -> list[dict]:
     return [o for o in objects if o.get("kind") == kind]
 
 
+def is_activator(obj: dict) -> bool:
+    return (obj.get("metadata", {}).get("labels") or {}).get("app.kubernetes.io/component") == "activator"
+
+
 def one(objects: list[dict], kind: str, name: str | None = None) -> dict:
-    found = [o for o in by_kind(objects, kind) if name is None or o["metadata"]["name"] == name]
+    """The object of `kind` named `name`; unnamed, the operator's (the activator's are asked by name)."""
+    found = [
+        o
+        for o in by_kind(objects, kind)
+        if (o["metadata"]["name"] == name if name is not None else not is_activator(o))
+    ]
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {json.dumps([o['metadata'] for o in found])}"
     return found[0]

@@ -67,3 +67,24 @@ app.kubernetes.io/part-of: rocm-inference
 {{ $root.Files.Get (printf "files/rbac/%s.yaml" $file) }}
 {{- end }}
 {{- end }}
+
+{{- define "rio.activatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "rio.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: activator
+{{- end }}
+
+{{- define "rio.activatorLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "rio.activatorSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: rocm-inference
+{{- end }}
+
+{{/* NAMESPACE/NAME of the activator's Service, for the operator; empty without one. */}}
+{{- define "rio.activatorService" -}}
+{{- if and .Values.activator.enabled .Values.watch.allNamespaces }}
+{{- printf "%s/%s-activator" .Release.Namespace (include "rio.fullname" . | trunc 53 | trimSuffix "-") }}
+{{- end }}
+{{- end }}

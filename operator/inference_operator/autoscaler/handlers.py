@@ -55,6 +55,7 @@ async def autoscaler(
         # (settings.posting.level), and kopf.info obeys that level too.
         post_event=lambda reason, message: kopf.event(body, type="Normal", reason=reason, message=message),
         policy=memo.config.credentials,
+        activator=memo.config.activator.enabled,
     )
     life = Lifetime(memo, meta["uid"])
     try:

@@ -130,6 +130,7 @@ class Autoscaler:
         clock: Callable[[], float] = time.monotonic,
         prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,
         wall_clock: Callable[[], float] = time.time,
+        activator: bool = True,
     ):
         self.api = api
         self.namespace = namespace
@@ -147,6 +148,8 @@ class Autoscaler:
         # scaleToZero: since when the service counts as active (wall clock), and whether the
         # last tick saw it at zero (then a tick at one or more means it was woken).
         self.wall_clock = wall_clock
+        # Without the chart's activator nothing would wake a service at zero: it stays at one.
+        self.activator = activator
         self.active_since = wall_clock()
         self._was_at_zero = False
 
@@ -253,6 +256,8 @@ class Autoscaler:
         """The scale-to-zero rule: zero once nothing was asked for `idleSeconds` (policy.idle_decision)."""
         scaling = spec.autoscaling
         assert scaling is not None and scaling.scale_to_zero is not None
+        if not self.activator:
+            return None
         now = self.wall_clock()
         if self._was_at_zero:
             self.active_since = now  # woken: a new idle period starts
