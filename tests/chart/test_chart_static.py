@@ -63,8 +63,13 @@ def vllm_series() -> set[str]:
     return series
 
 
+# vLLM's own series the dashboard reads and the operator does not (the real vLLM pod on the
+# real-pods tier answers the dashboard's query of it).
+VLLM_DASHBOARD_ONLY = {"vllm:lora_requests_info"}
+
+
 def known_series() -> set[str]:
-    series = set(MODEL_SERVER_METRICS) | operator_metric_names() | vllm_series() | {"up"}
+    series = set(MODEL_SERVER_METRICS) | operator_metric_names() | vllm_series() | VLLM_DASHBOARD_ONLY | {"up"}
     for name in HISTOGRAMS:
         series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     return series

@@ -213,6 +213,9 @@ def test_monitoring_install(chart_cluster: Cluster) -> None:
     service = h.one(objects, "Service")
     assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert service_monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    # The operator's per-InferenceService series keep their own namespace label (the dashboard
+    # filters on it; tests/pods/test_observability_pods.py runs its queries on real series).
+    assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True
 
     pod_monitor = h.one(objects, "PodMonitor")
     # The labels and port name the operator's builders give model-server pods.

@@ -1,0 +1,78 @@
+"""The chart's Grafana dashboard as queries: each panel's PromQL and each variable's query, with the
+dashboard's variables filled in as Grafana fills them for one namespace and one model, so a test
+can run them against a real Prometheus and require data from every one."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from dataclasses import dataclass
+
+import httpx
+
+DASHBOARD = (
+    pathlib.Path(__file__).resolve().parents[2] / "charts/rocm-inference-operator/dashboards/rocm-inference.json"
+)
+# What Grafana makes of $__rate_interval with its default 15 s scrape interval for the data source:
+# max($__interval + 15s, 4 * 15s) is 1m for any range up to a few hours.
+RATE_INTERVAL = "1m"
+# Panels whose series no real-pods cluster can produce, and why. Nothing else may be missing.
+NO_SERIES_ON_THE_TIER = {
+    "GPU utilisation": "exported only where amdsmi finds an AMD GPU; the tier's nodes have none",
+    "GPU memory used": "exported only where amdsmi finds an AMD GPU; the tier's nodes have none",
+}
+
+
+@dataclass(frozen=True)
+class Query:
+    panel: str
+    ref: str
+    expr: str
+
+    @property
+    def engines(self) -> set[str]:
+        """Whose series it reads: vLLM's (`vllm:*`), the model server's and the operator's, or
+        either (the variables list both kinds of model)."""
+        vllm = "vllm:" in self.expr
+        return (
+            {"vllm", "model-server"} if vllm and "model_server_" in self.expr else {"vllm" if vllm else "model-server"}
+        )
+
+
+def load() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def queries(dashboard: dict | None = None) -> list[Query]:
+    """Every panel target and every query variable (the expression inside query_result(...))."""
+    board = dashboard or load()
+    found = [
+        Query(p["title"], t["refId"], t["expr"]) for p in board["panels"] if p["type"] != "row" for t in p["targets"]
+    ]
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            expr = variable["query"]["query"].removeprefix("query_result(").removesuffix(")")
+            found.append(Query(f"variable {variable['name']}", variable["name"], expr))
+    return found
+
+
+def filled(expr: str, namespace: str, model: str) -> str:
+    """`expr` as Grafana sends it with one namespace and one model picked (a single value of a
+    multi-value variable goes in as is; these names hold no regex characters)."""
+    return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$namespace", namespace).replace("$model", model)
+
+
+def without_data(prometheus_url: str, engine: str, namespace: str, model: str) -> dict[str, str]:
+    """The queries of `engine`'s panels (and the variables) that return no series with a number
+    from this Prometheus, by panel and refId; the panels the tier cannot fill are skipped."""
+    empty = {}
+    for query in queries():
+        if engine not in query.engines or query.panel in NO_SERIES_ON_THE_TIER:
+            continue
+        expr = filled(query.expr, namespace, model)
+        answer = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": expr}, timeout=5).json()
+        assert answer["status"] == "success", (query, answer)
+        if not any(not math.isnan(float(series["value"][1])) for series in answer["data"]["result"]):
+            empty[f"{query.panel} ({query.ref})"] = expr
+    return empty
