@@ -78,8 +78,6 @@ REWAKE_S = 30.0
 READY_REUSE_S = 1.0
 #: The longest a released request waits for the one before it to be answered (see `_written`).
 ORDER_GRACE_S = 0.1
-#: How long a removed route still proxies what kube-proxy sends here.
-LINGER_S = 60.0
 #: Slices whose Services are missing are tried again, and lingering routes ended, this often.
 HOUSEKEEPING_S = 2.0
 BACKOFF_S = (0.5, 30.0)
@@ -113,6 +111,7 @@ class ActivatorConfig:
     max_held_bytes_total: int = 0  # 0: from the memory limit
     ready_path: str = "/health/ready"
     drain_listen_seconds: float = 10.0
+    linger_seconds: float = 60.0
     memory_limit_bytes: int = 0  # 0: the cgroup limit
     max_body_bytes: int = 0  # 0: from the memory limit
     max_connections: int = 4096
@@ -216,6 +215,15 @@ class Activator:
             return
         if scope["type"] != "http":
             return
+        # The probe paths are the activator's whatever the Host (no engine serves them), so
+        # they cost nothing however many a client sends.
+        if scope["path"] == LIVE_PATH:
+            await answer(send, 200, b'{"status":"live"}')
+            return
+        if scope["path"] == READY_PATH:
+            ready = self.synced and not self.draining
+            await answer(send, 200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
+            return
         host = _host(scope)
         found = self.table.lookup(host)
         if isinstance(found, Route):
@@ -226,11 +234,6 @@ class Activator:
             name = found[0].name
             message = f"host {host!r} names services at zero in several namespaces: use {name}.<namespace>"
             await answer(send, 404, error_body(404, message))
-        elif scope["path"] == LIVE_PATH:
-            await answer(send, 200, b'{"status":"live"}')
-        elif scope["path"] == READY_PATH:
-            ready = self.synced and not self.draining
-            await answer(send, 200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
         else:
             await answer(send, 404, error_body(404, f"no service is routed through the activator for host {host!r}"))
 
@@ -496,8 +499,8 @@ class Activator:
             return
         gate = self.gates.get(key)
         if gate is not None and gate.lingering_until is None:
-            gate.lingering_until = self.clock() + LINGER_S
-            log.info("route of %s removed: proxied directly for %.0fs", key, LINGER_S)
+            gate.lingering_until = self.clock() + self.config.linger_seconds
+            log.info("route of %s removed: proxied directly for %.0fs", key, self.config.linger_seconds)
 
     async def housekeeping(self) -> None:
         """Slices whose Services were missing, tried again; lingering routes ended."""
@@ -607,7 +610,9 @@ class ActivatorServer(uvicorn.Server):
             )
             return protocol
 
-        server = await asyncio.get_running_loop().create_server(connection, host=config.host, port=config.port)
+        server = await asyncio.get_running_loop().create_server(
+            connection, host=config.host, port=config.port, backlog=config.backlog
+        )
         log.info("metrics on :%d/metrics", config.port)
         return server
 
@@ -629,10 +634,32 @@ def flag(field_name: str) -> str:
     return "--" + field_name.removesuffix("_s").replace("_", "-")
 
 
+HELP = {
+    "kube_api": "the API server's URL; empty: in the cluster (KUBERNETES_SERVICE_HOST, the ServiceAccount's files)",
+    "kube_token_file": "a bearer token file for --kube-api, read again when it changes",
+    "kube_ca_file": "the CA bundle of --kube-api",
+    "port": "the port the activator's EndpointSlices name",
+    "metrics_port": "Prometheus metrics; 0: none",
+    "cluster_domain": "hosts S.N.svc.<this> are routed too",
+    "max_wait_seconds": "the longest a request is held (a slice's maxWaitSeconds is capped by it)",
+    "max_held": "requests held per service (caps a slice's maxHeld)",
+    "max_held_bytes": "bytes of bodies held per service (caps a slice's maxHeldBytes)",
+    "max_held_total": "requests held for all services at once",
+    "max_held_bytes_total": "bytes of bodies held for all services at once; 0: 3/8 of the memory limit",
+    "ready_path": "the replicas' readiness path when a slice names none (or one that is not a plain path)",
+    "drain_listen_seconds": "after SIGTERM, how long the listener stays open (unready) before it closes",
+    "linger_seconds": "after a slice is removed, how long its hosts are still proxied straight to the replicas",
+    "memory_limit_bytes": "0: the cgroup's; bodies being read take up to 1/4 of it",
+    "max_body_bytes": "the largest request body (413 above); 0: from the memory limit, at most 64 MiB",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field of ActivatorConfig, of the field's type."""
     for name, spec in ActivatorConfig.__dataclass_fields__.items():
-        parser.add_argument(flag(name), dest=name, type=type(spec.default), default=spec.default)
+        default = spec.default
+        text = f"{HELP[name]} (default {default!r})" if name in HELP else f"default {default!r}"
+        parser.add_argument(flag(name), dest=name, type=type(default), default=default, help=text)
 
 
 def config_from_args(args: argparse.Namespace) -> ActivatorConfig:

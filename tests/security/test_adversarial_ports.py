@@ -18,6 +18,7 @@ from inference_operator.builders import Owner, build_all
 from inference_operator.builders.vllm import FRONT
 from inference_operator.models import parse_spec
 from testsupport import adversary
+from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command
 
@@ -111,6 +112,25 @@ def vllm_front(vllm_engine: int, tmp_path_factory: pytest.TempPathFactory) -> It
         yield Running(process.pid, {"front": port})
 
 
+@pytest.fixture(scope="module")
+def activator(vllm_engine: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """The scale-to-zero activator with its shipped limits, routing a service named `adversary`
+    (the Host every attack writes) to a ready engine: attacks reach its proxy, not only its 404."""
+    adversary.raise_fd_limit()
+    api = FakeKubeApi()
+    api.put_service(service("adv", "adversary", "10.96.0.10", 80))
+    api.put_service(service("adv", "adversary-private", "127.0.0.1", vllm_engine))
+    api.put_slice(activator_slice("adv", "adversary", {"readyPath": "/health"}))
+    port, metrics_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    log = Path(tmp_path_factory.mktemp("adversary-activator")) / "activator.log"
+    with running_api(api) as url:
+        command = [sys.executable, "-m", "model_server", "activator", f"--kube-api={url}", "--host=127.0.0.1"]
+        command += [f"--port={port}", f"--metrics-port={metrics_port}", f"--memory-limit-bytes={MEMORY_LIMIT}"]
+        with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/readyz") as process:
+            yield Running(process.pid, {"activator": port, "metrics": metrics_port})
+
+
 #: Every listening port: the fixture that runs its process, and the target it makes of it.
 PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
     "model-server-http": (
@@ -144,6 +164,18 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
     "vllm-front": (
         "vllm_front",
         lambda s: adversary.Target("vLLM front", "127.0.0.1", s.ports["front"], "/health", s.pid, "/v1/completions"),
+    ),
+    # Where a service's requests go while it is at zero; its probes are asked with a Host no
+    # service has, as the kubelet's are.
+    "activator": (
+        "activator",
+        lambda s: adversary.Target(
+            "activator", "127.0.0.1", s.ports["activator"], "/healthz", s.pid, "/v1/completions"
+        ),
+    ),
+    "activator-metrics": (
+        "activator",
+        lambda s: adversary.Target("activator metrics", "127.0.0.1", s.ports["metrics"], "/metrics", s.pid),
     ),
 }
 

@@ -209,7 +209,7 @@ class Activator:
     process: Any
 
     def get(self, host: str, path: str = "/v1/echo", **kwargs: Any) -> httpx.Response:
-        return httpx.get(f"{self.url}{path}", headers={"host": host}, timeout=60, **kwargs)
+        return httpx.get(f"{self.url}{path}", headers={"host": host}, **{"timeout": 60, **kwargs})
 
     def post(self, host: str, path: str = "/v1/echo", **kwargs: Any) -> httpx.Response:
         return httpx.post(f"{self.url}{path}", headers={"host": host}, timeout=60, **kwargs)
@@ -241,13 +241,28 @@ def activator_command(api_url: str, port: int, metrics_port: int, *flags: str) -
     ]
 
 
+MAX_BODY = 1 << 20
+#: How long a removed route is still proxied here: long enough to see it, short enough to see it end.
+LINGER_S = 5
+
+
 @pytest.fixture(scope="module")
-def activator(api: tuple[FakeKubeApi, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Activator]:
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = Path(tmp_path_factory.mktemp("token")) / "token"
+    path.write_text("first-token\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def activator(
+    api: tuple[FakeKubeApi, str], token_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Activator]:
     _, url = api
     port, metrics_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     log = Path(tmp_path_factory.mktemp("activator")) / "activator.log"
-    command = activator_command(url, port, metrics_port, "--drain-listen-seconds=0")
+    flags = ["--drain-listen-seconds=0", f"--kube-token-file={token_file}", f"--max-body-bytes={MAX_BODY}"]
+    command = activator_command(url, port, metrics_port, *flags, f"--linger-seconds={LINGER_S}")
     with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/readyz") as process:
         yield Activator(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", process)
 
@@ -415,14 +430,69 @@ def test_a_slice_after_a_broken_watch_or_a_410_is_still_routed(
     assert activator.get("after-gone.team-c").status_code == 200
 
 
-def test_a_removed_route_still_proxies_what_kube_proxy_sends(
+def test_a_removed_route_still_proxies_what_kube_proxy_sends_then_is_forgotten(
     api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
 ) -> None:
     fake, _ = api
     host = at_zero(fake, activator, replicas, "team-d", "woken")
     fake.delete_slice("team-d", "woken-activator")  # the operator: a replica is ready
-    replicas.ready.add("team-d.woken")
-    wait_for(lambda: activator.get(host).status_code == 200, timeout=20, message="the request proxied directly")
+    # Its readiness path still says 503: a request held would wait; one passed on is answered.
+
+    def passed_on() -> bool:
+        try:
+            return activator.get(host, timeout=httpx.Timeout(5, read=1)).status_code == 200
+        except httpx.ReadTimeout:
+            return False  # held: the removal not seen yet
+
+    wait_for(passed_on, timeout=20, message="requests passed straight on once the slice is gone")
+    labels = {"namespace": "team-d", "service": "woken"}
+    wait_for(lambda: activator.metric("activator_requests_total", **labels, code="200"), timeout=10)
+    wait_for(
+        lambda: (
+            activator.get(host).status_code == 404 and activator.metric("activator_requests_total", **labels) is None
+        ),
+        timeout=LINGER_S + 20,
+        message="the route and its series to be forgotten",
+    )
+    assert activator.metric("activator_held_requests", **labels) is None
+
+
+def test_an_oversized_body_is_refused_before_it_is_held(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    host = at_zero(fake, activator, replicas, "team-f", "big")
+    declared = activator.post(host, content=b"x" * (MAX_BODY + 1))
+    assert declared.status_code == 413 and f"limit of {MAX_BODY} bytes" in declared.json()["error"]["message"]
+    chunked = activator.post(host, content=iter([b"x" * 65536] * (MAX_BODY // 65536 + 2)))
+    assert chunked.status_code == 413
+    assert fake.patches_of("team-f", "big") == []  # nothing held: nothing woken
+
+
+def test_a_client_that_leaves_while_held_is_let_go(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    host = at_zero(fake, activator, replicas, "team-g", "impatient")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.get(f"{activator.url}/v1/echo", headers={"host": host}, timeout=httpx.Timeout(5, read=1))
+    labels = {"namespace": "team-g", "service": "impatient"}
+    wait_for(lambda: activator.metric("activator_wait_seconds_count", **labels, outcome="gone") == 1, timeout=10)
+    assert held(activator, "team-g", "impatient") == 0
+
+
+def test_wakes_carry_the_service_accounts_token_as_it_is_rotated(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas, token_file: Path
+) -> None:
+    fake, _ = api
+    first = at_zero(fake, activator, replicas, "team-h", "first")
+    second = at_zero(fake, activator, replicas, "team-h", "second")
+    replicas.ready.update({"team-h.first", "team-h.second"})
+    assert activator.get(first).status_code == 200
+    token_file.write_text("rotated-token\n")
+    assert activator.get(second).status_code == 200
+    assert [p.authorization for p in fake.patches_of("team-h", "first")] == ["Bearer first-token"]
+    assert [p.authorization for p in fake.patches_of("team-h", "second")] == ["Bearer rotated-token"]
 
 
 def test_on_sigterm_held_requests_are_answered_before_the_process_exits(
