@@ -260,9 +260,10 @@ class Activator:
         key, policy, size = gate.route.key, gate.route.policy, len(body.data)
         refusal = hold_refusal(gate.load, policy, self.held_total, self.total_caps, size)
         if refusal is not None:
+            status, message = refusal
             self.metrics.waited(key, "refused", 0.0)
-            await answer(send, 429, error_body(429, refusal), retry_after=True)
-            return 429
+            await answer(send, status, error_body(status, message), retry_after=status == 429)
+            return status
         body.release()  # held now: its bytes count against the held limits, not the read budget
         held = Held(size, self.clock(), asyncio.get_running_loop().create_future())
         self._take(gate, held)

@@ -238,12 +238,16 @@ class Load:
     body_bytes: int = 0
 
 
-def hold_refusal(service: Load, policy: HoldPolicy, total: Load, caps: Load, size: int) -> str | None:
-    """Why one more request of `size` body bytes may not be held (the 429's message), or None."""
+def hold_refusal(service: Load, policy: HoldPolicy, total: Load, caps: Load, size: int) -> tuple[int, str] | None:
+    """Why one more request of `size` body bytes may not be held, as a status and its message:
+    413 for a body no wait could make room for, 429 while others fill the limits; or None."""
+    if size > min(policy.max_held_bytes, caps.body_bytes):
+        largest = min(policy.max_held_bytes, caps.body_bytes)
+        return 413, f"a body of {size} bytes is larger than a request held while the service starts may be ({largest})"
     if service.requests + 1 > policy.max_held:
-        return f"{policy.max_held} requests are already waiting for this service to start"
+        return 429, f"{policy.max_held} requests are already waiting for this service to start"
     if service.body_bytes + size > policy.max_held_bytes:
-        return f"requests waiting for this service to start already hold {service.body_bytes} bytes of bodies"
+        return 429, f"requests waiting for this service to start already hold {service.body_bytes} bytes of bodies"
     if total.requests + 1 > caps.requests or total.body_bytes + size > caps.body_bytes:
-        return "the activator holds as many requests as it may; retry shortly"
+        return 429, "the activator holds as many requests as it may; retry shortly"
     return None

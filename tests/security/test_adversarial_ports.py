@@ -115,7 +115,7 @@ def vllm_front(vllm_engine: int, tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture(scope="module")
 def activator(vllm_engine: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The scale-to-zero activator with its shipped limits, routing a service named `adversary`
-    (the Host every attack writes) to a ready engine: attacks reach its proxy, not only its 404."""
+    (the Host every attack writes) to a ready engine: the uploads are read for that service."""
     adversary.raise_fd_limit()
     api = FakeKubeApi()
     api.put_service(service("adv", "adversary", "10.96.0.10", 80))
@@ -165,8 +165,7 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
         "vllm_front",
         lambda s: adversary.Target("vLLM front", "127.0.0.1", s.ports["front"], "/health", s.pid, "/v1/completions"),
     ),
-    # Where a service's requests go while it is at zero; its probes are asked with a Host no
-    # service has, as the kubelet's are.
+    # Where a service's requests go while it is at zero (model_server/activator.py).
     "activator": (
         "activator",
         lambda s: adversary.Target(

@@ -24,6 +24,7 @@ import httpx
 import pytest
 import uvicorn
 
+from model_server.activator_kube import KubeApi, TokenFile
 from model_server.activator_routes import (
     HoldPolicy,
     Load,
@@ -128,11 +129,35 @@ def test_a_short_name_two_namespaces_claim_routes_to_neither() -> None:
 def test_holding_is_refused_over_any_limit() -> None:
     policy = HoldPolicy(60, max_held=2, max_held_bytes=100)
     caps = Load(requests=10, body_bytes=1000)
+
+    def refusal(service: Load, total: Load, size: int) -> tuple[int, str]:
+        return hold_refusal(service, policy, total, caps, size) or (0, "")
+
     assert hold_refusal(Load(1, 50), policy, Load(1, 50), caps, 50) is None
-    assert "2 requests" in (hold_refusal(Load(2, 0), policy, Load(2, 0), caps, 0) or "")
-    assert "bytes" in (hold_refusal(Load(1, 60), policy, Load(1, 60), caps, 41) or "")
-    assert "activator" in (hold_refusal(Load(0, 0), policy, Load(10, 0), caps, 1) or "")
-    assert "activator" in (hold_refusal(Load(0, 0), policy, Load(5, 990), caps, 11) or "")
+    assert refusal(Load(2, 0), Load(2, 0), 0) == (429, "2 requests are already waiting for this service to start")
+    assert refusal(Load(1, 60), Load(1, 60), 41)[0] == 429  # room once the others go on
+    assert refusal(Load(0, 0), Load(10, 0), 1) == (429, "the activator holds as many requests as it may; retry shortly")
+    assert refusal(Load(0, 0), Load(5, 990), 11)[0] == 429
+    too_large = refusal(Load(0, 0), Load(0, 0), 101)  # never: a retry cannot help it
+    assert too_large[0] == 413 and "101 bytes" in too_large[1]
+
+
+def test_in_a_pod_the_api_server_and_the_service_account_come_from_the_pod() -> None:
+    api = KubeApi.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"})
+    assert api.base_url == "https://[fd00::1]:6443"
+    assert api.token is not None and api.token.path == Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    assert api.ca_file == Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    with pytest.raises(RuntimeError, match="--kube-api"):
+        KubeApi.in_cluster({})
+
+
+def test_a_rotated_token_is_read_again(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("one\n")
+    token = TokenFile(path)
+    assert token.token() == "one"
+    path.write_text("two-rotated\n")
+    assert token.token() == "two-rotated"
 
 
 # ---------------------------------------------------------------------- the process
