@@ -236,6 +236,8 @@ class ClusterEmulator(kmock.KubernetesEmulator, HistoryFreeDispatch):
         declare(self, "resource.k8s.io/v1/resourceclaimtemplates", "ResourceClaimTemplate")
         # routing.inferencePool: the endpoint picker's identity and its RoleBinding.
         declare(self, "v1/serviceaccounts", "ServiceAccount")
+        # Scale to zero: the operator watches the activator's slices and writes NAME-activator.
+        declare(self, "discovery.k8s.io/v1/endpointslices", "EndpointSlice")
         declare(self, "rbac.authorization.k8s.io/v1/rolebindings", "RoleBinding")
 
     # --- request handling -------------------------------------------------------------------

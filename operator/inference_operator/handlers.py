@@ -99,6 +99,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if "tracing" not in memo:
         memo.tracing = tracing.start(operator_config.tracing)
     watch_activator_only(settings, operator_config.activator)
+    if "scale_to_zero" not in memo:
+        memo.scale_to_zero = scale_to_zero.Registry()
 
 
 @kopf.on.cleanup()
@@ -211,9 +213,10 @@ def _follow_activator(
 ) -> None:
     """NAME-activator as the service's ready count now asks (scale_to_zero.py)."""
     ready = status.get("readyReplicas")
-    if not scale_to_zero.remember(memo, owner, ready):
+    registry: scale_to_zero.Registry = memo.scale_to_zero
+    if not registry.remember(owner, ready):
         return
-    change = scale_to_zero.sync_slice(memo.api, owner, ready, memo.get(scale_to_zero.ACTIVATOR_KEY))
+    change = scale_to_zero.sync_slice(memo.api, owner, ready, registry.activator)
     if change is not None:
         _normal_event(isvc, change.action, change.describe())
         logger.info("activator slice: %s (ready replicas %s)", change.describe(), ready)
@@ -522,7 +525,7 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             )
 
         previous, new_status = await asyncio.to_thread(_publish, memo, ref, mirrored)
-        if _serves_at_zero(isvc) or (namespace, owner_ref["name"]) in (memo.get(scale_to_zero.COLD_KEY) or {}):
+        if _serves_at_zero(isvc) or memo.scale_to_zero.knows(namespace, owner_ref["name"]):
             owner = memo.config.owner(owner_ref["name"], namespace, owner_ref["uid"], parse_spec(isvc["spec"]))
             await asyncio.to_thread(_follow_activator, memo, isvc, owner, new_status, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
@@ -832,6 +835,9 @@ async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
         lifetimes.object_deleted(memo, meta["uid"])
         with _STATUS_LOCKS_GUARD:  # a write still holding it keeps its own reference
             (memo.get("status_locks") or {}).pop((meta["namespace"], meta["name"]), None)
+        registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
+        if registry is not None:
+            registry.forget(meta["namespace"], meta["name"])
 
 
 from .autoscaler import handlers as _autoscaler  # noqa: E402,F401

@@ -13,8 +13,12 @@ autoscaler's next tick.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from datetime import datetime
+
 from .builders.activator import (
     ActivatorEndpoints,
+    Wake,
     build_activator_slice,
     scales_to_zero,
     slice_name,
@@ -24,11 +28,6 @@ from .jsontypes import JsonObject
 from .k8s import KubeApi, Ref
 from .kinds import ENDPOINT_SLICE, INFERENCE_SERVICE
 from .reconcile import Action, Change, owned_by
-
-#: memo key: the activator's endpoints as last seen (None until its slices were listed).
-ACTIVATOR_KEY = "activator"
-#: memo key: (namespace, name) -> Owner of the services whose activator slice is wanted now.
-COLD_KEY = "cold_services"
 
 
 def wants_activator(owner: Owner, ready_replicas: int | None, activator: ActivatorEndpoints | None) -> bool:
@@ -71,9 +70,15 @@ def _ours(live: JsonObject, desired: JsonObject, key: str) -> JsonObject:
     return {k: theirs[k] for k in mine if k in theirs}
 
 
-def wake_replicas(owner: Owner, current_replicas: int) -> int | None:
-    """The replicas a wake sets: one for a scale-to-zero service at zero, else None (nothing)."""
-    return 1 if scales_to_zero(owner) and current_replicas == 0 else None
+def wake_replicas(owner: Owner, current_replicas: int, wake: Wake, zero_since: datetime | None) -> int | None:
+    """The replicas a wake sets: one for a scale-to-zero service at zero asked after it got
+    there, else None (nothing to write). The annotation stays on the object: one written before
+    the last scale to zero is history, not a request waiting now."""
+    if not scales_to_zero(owner) or current_replicas != 0 or wake.at is None:
+        return None
+    if zero_since is not None and wake.at <= zero_since:
+        return None
+    return 1
 
 
 def wake(api: KubeApi, namespace: str, name: str, replicas: int) -> None:
@@ -81,26 +86,34 @@ def wake(api: KubeApi, namespace: str, name: str, replicas: int) -> None:
     api.patch(Ref.to(INFERENCE_SERVICE, namespace, name), {"spec": {"replicas": replicas}}, "scale")
 
 
-def remember(memo: dict[str, object], owner: Owner, ready_replicas: int | None) -> bool:
-    """Record a scale-to-zero service's state for the activator's changes; whether to sync it
-    (it scales to zero, or it did and its slice may still be there)."""
-    services = memo.setdefault(COLD_KEY, {})
-    assert isinstance(services, dict)
-    key = (owner.namespace, owner.name)
-    if scales_to_zero(owner):
-        services[key] = (owner, ready_replicas)
-        return True
-    return services.pop(key, None) is not None
+@dataclass
+class Registry:
+    """What the handlers share: the activator's endpoints and the scale-to-zero services with
+    their ready counts. kopf hands each object a shallow copy of the operator's memo, so the
+    registry is made once at startup and is then the same object for every handler."""
 
+    activator: ActivatorEndpoints | None = None
+    services: dict[tuple[str, str], tuple[Owner, int | None]] = field(default_factory=dict)
 
-def resync_all(api: KubeApi, memo: dict[str, object]) -> list[Change]:
-    """Every known scale-to-zero service's slice against the activator's current endpoints."""
-    services = memo.get(COLD_KEY) or {}
-    assert isinstance(services, dict)
-    activator = memo.get(ACTIVATOR_KEY)
-    assert activator is None or isinstance(activator, ActivatorEndpoints)
-    changes = []
-    for owner, ready in list(services.values()):
-        if (change := sync_slice(api, owner, ready, activator)) is not None:
-            changes.append(change)
-    return changes
+    def remember(self, owner: Owner, ready_replicas: int | None) -> bool:
+        """Record a service's state; whether to sync its slice (it scales to zero, or it did
+        and its slice may still be there)."""
+        key = (owner.namespace, owner.name)
+        if scales_to_zero(owner):
+            self.services[key] = (owner, ready_replicas)
+            return True
+        return self.services.pop(key, None) is not None
+
+    def knows(self, namespace: str, name: str) -> bool:
+        return (namespace, name) in self.services
+
+    def resync(self, api: KubeApi) -> list[Change]:
+        """Every known scale-to-zero service's slice against the activator's current endpoints."""
+        changes = []
+        for owner, ready in list(self.services.values()):
+            if (change := sync_slice(api, owner, ready, self.activator)) is not None:
+                changes.append(change)
+        return changes
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.services.pop((namespace, name), None)

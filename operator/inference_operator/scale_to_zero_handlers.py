@@ -9,12 +9,13 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from .builders.activator import SERVICE_NAME_LABEL, WAKE_ANNOTATION, ActivatorEndpoints
+from .builders.activator import SERVICE_NAME_LABEL, WAKE_ANNOTATION, ActivatorEndpoints, Wake
 from .k8s import KubeApi
 from .kinds import ENDPOINT_SLICE
 from .models import GROUP, PLURAL, VERSION, SpecError, parse_spec
 from .reasons import Reason
-from .scale_to_zero import ACTIVATOR_KEY, resync_all, wake, wake_replicas
+from .scale_to_zero import Registry, wake_replicas
+from .scale_to_zero import wake as scale_to_zero_wake
 from .settings import ActivatorSettings
 
 # A label selector no object matches: without an activator, no EndpointSlice is watched at all.
@@ -42,10 +43,11 @@ async def activator_endpoints(body: kopf.Body, memo: kopf.Memo, logger: kopf.Log
     try:
         slices = await asyncio.to_thread(api.list_objects, *ENDPOINT_SLICE.key, settings.namespace, selector)
         endpoints = ActivatorEndpoints.from_slices(slices)
-        if endpoints == memo.get(ACTIVATOR_KEY):
+        registry: Registry = memo.scale_to_zero
+        if endpoints == registry.activator:
             return
-        memo[ACTIVATOR_KEY] = endpoints
-        changes = await asyncio.to_thread(resync_all, api, memo)
+        registry.activator = endpoints
+        changes = await asyncio.to_thread(registry.resync, api)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("activator endpoints not followed: %s", exc)
         return
@@ -54,20 +56,26 @@ async def activator_endpoints(body: kopf.Body, memo: kopf.Memo, logger: kopf.Log
     )
 
 
-@kopf.on.field(GROUP, VERSION, PLURAL, field=("metadata", "annotations", WAKE_ANNOTATION), id="wake")
-def wake_on_request(new: Any, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """A request waits at zero (the activator wrote the annotation): one replica, now."""
-    if not new:
+@kopf.on.event(GROUP, VERSION, PLURAL, id="wake", annotations={WAKE_ANNOTATION: kopf.PRESENT})
+def wake_on_request(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """A request waits at zero (the activator wrote the annotation): one replica, now. An event
+    handler, since kopf leaves annotations under its own prefix out of the changes it reports."""
+    if meta.get("deletionTimestamp"):
         return
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
         owner = memo.config.owner(meta["name"], meta["namespace"], meta["uid"], spec)
-    except SpecError as exc:
-        logger.info("wake ignored: %s", exc)
-        return
-    replicas = wake_replicas(owner, spec.replicas)
+    except SpecError:
+        return  # the reconcile handler reports it
+    wake = Wake.of(meta.get("annotations"))
+    zero_since = Wake.of({WAKE_ANNOTATION: ((body.get("status") or {}).get("autoscaler") or {}).get("lastScaleTime")})
+    replicas = wake_replicas(owner, spec.replicas, wake, zero_since.at)
     if replicas is None:
-        return  # not at zero (already waking, or awake), or not a scale-to-zero service
-    wake(memo.api, owner.namespace, owner.name, replicas)
+        return  # not at zero, or a wake from before the service last went to zero
+    try:
+        scale_to_zero_wake(memo.api, owner.namespace, owner.name, replicas)
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        logger.warning("wake not written: %s", exc)  # the activator asks again within seconds
+        return
     kopf.event(body, type="Normal", reason=Reason.WOKEN, message=f"replicas 0 -> {replicas}: a request is waiting")
-    logger.info("woken: replicas 0 -> %d for a request waiting since %s", replicas, new)
+    logger.info("woken: replicas 0 -> %d for a request waiting since %s", replicas, wake.at)

@@ -101,9 +101,14 @@ def test_the_wake_annotation_is_read_and_a_hand_written_one_breaks_nothing() -> 
     assert Wake.of({WAKE_ANNOTATION: "2026-12-04T21:00:00Z"}).at is not None
     assert Wake.of({WAKE_ANNOTATION: "soon"}).at is None
     assert Wake.of(None).at is None
-    assert scale_to_zero.wake_replicas(owner(), 0) == 1
-    assert scale_to_zero.wake_replicas(owner(), 2) is None  # awake (or waking): nothing to write
-    assert scale_to_zero.wake_replicas(plain_owner(), 0) is None  # zero by hand stays zero
+    asked = Wake.of({WAKE_ANNOTATION: "2026-12-04T21:00:05Z"})
+    zero_at = Wake.of({WAKE_ANNOTATION: "2026-12-04T21:00:00Z"}).at
+    assert scale_to_zero.wake_replicas(owner(), 0, asked, zero_at) == 1
+    assert scale_to_zero.wake_replicas(owner(), 0, asked, None) == 1  # never scaled by the loop
+    assert scale_to_zero.wake_replicas(owner(), 2, asked, zero_at) is None  # awake (or waking)
+    assert scale_to_zero.wake_replicas(plain_owner(), 0, asked, zero_at) is None  # zero by hand stays zero
+    later = Wake.of({WAKE_ANNOTATION: "2026-12-04T21:00:10Z"}).at
+    assert scale_to_zero.wake_replicas(owner(), 0, asked, later) is None  # an old wake is history
 
 
 def test_zero_replicas_is_ready_for_a_service_that_scales_to_zero_only() -> None:
@@ -142,16 +147,16 @@ def test_the_slice_follows_the_ready_count_and_the_activator(cluster: Cluster) -
     spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
     service = owner(uid=_create(cluster, "mlp", spec))
     ref = Ref.to(ENDPOINT_SLICE, "ml", "mlp-activator")
-    memo: dict[str, object] = {}
+    registry = scale_to_zero.Registry()
 
-    assert scale_to_zero.remember(memo, service, 0)
+    assert registry.remember(service, 0)
     change = scale_to_zero.sync_slice(api, service, 0, ACTIVATOR)
     assert change is not None and change.action == Action.CREATED
     assert api.get(ref) is not None
     assert scale_to_zero.sync_slice(api, service, 0, ACTIVATOR) is None  # unchanged: no write
 
-    memo[scale_to_zero.ACTIVATOR_KEY] = ActivatorEndpoints(("10.244.0.8",), 8012)  # the activator rolled
-    assert [c.action for c in scale_to_zero.resync_all(api, memo)] == [Action.UPDATED]
+    registry.activator = ActivatorEndpoints(("10.244.0.8",), 8012)  # the activator rolled
+    assert [c.action for c in registry.resync(api)] == [Action.UPDATED]
     live = api.get(ref)
     assert live is not None and [e["addresses"] for e in live["endpoints"]] == [["10.244.0.8"]]
 
@@ -169,14 +174,73 @@ def test_turning_scale_to_zero_off_removes_the_private_service_and_the_slice(clu
     service = owner(uid=uid)
     reconcile(api, service)
     assert api.get(Ref.to(SERVICE, "ml", "mlp-private")) is not None
-    memo: dict[str, object] = {}
-    scale_to_zero.remember(memo, service, 0)
+    registry = scale_to_zero.Registry()
+    registry.remember(service, 0)
     scale_to_zero.sync_slice(api, service, 0, ACTIVATOR)
 
     plain = plain_owner(uid=uid)
     result = reconcile(api, plain)
     assert ("Service", "mlp-private") in [(c.kind, c.name) for c in result.writes if c.action == Action.DELETED]
-    assert scale_to_zero.remember(memo, plain, None)  # it was known: its slice is looked at once more
+    assert registry.remember(plain, None)  # it was known: its slice is looked at once more
     change = scale_to_zero.sync_slice(api, plain, None, ACTIVATOR)
     assert change is not None and change.action == Action.DELETED
-    assert not scale_to_zero.remember(memo, plain, None)  # and then no more
+    assert not registry.remember(plain, None)  # and then no more
+
+
+ACTIVATOR_SLICES = "/apis/discovery.k8s.io/v1/namespaces/inference-system/endpointslices"
+
+
+def _activator_slice(address: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "rio-activator-abcde", "namespace": "inference-system",
+                     "labels": {SERVICE_NAME_LABEL: "rio-activator"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+        "ports": [{"name": "http", "port": 8012, "protocol": "TCP"}],
+    }  # fmt: skip
+
+
+@pytest.mark.integration
+def test_the_operator_follows_the_activator_and_wakes_a_service_at_once(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kopf.testing import KopfRunner
+
+    from testsupport.cluster import inference_service, wait_for
+
+    monkeypatch.setenv("INFERENCE_OPERATOR_ACTIVATOR_SERVICE", "inference-system/rio-activator")
+    created = cluster.request("POST", ACTIVATOR_SLICES, _activator_slice("10.244.0.7"), content_type="application/json")
+    assert created.status_code in (200, 201), created.text
+    slice_path = "/apis/discovery.k8s.io/v1/namespaces/ml/endpointslices/mlp-activator"
+
+    def addresses() -> list[list[str]] | None:
+        found = cluster.request("GET", slice_path)
+        return [e["addresses"] for e in found.json()["endpoints"]] if found.status_code == 200 else None
+
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": {**SCALING, "intervalSeconds": 60}}
+    args = ["run", "--all-namespaces", "--standalone", "-m", "inference_operator.handlers"]
+    with KopfRunner(args, timeout=60) as runner:
+        assert cluster.apply_cr(inference_service("mlp", "ml", spec)).status_code in (200, 201)
+        wait_for(lambda: addresses() == [["10.244.0.7"]], message="the service's traffic to the activator")
+        ready = wait_for(lambda: condition_of(cluster, "Ready"), message="Ready at zero")
+        assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero")
+
+        moved = _activator_slice("10.244.0.8")  # the activator rolled to a new pod
+        path = f"{ACTIVATOR_SLICES}/rio-activator-abcde"
+        assert cluster.request("PUT", path, moved, content_type="application/json").status_code == 200
+        wait_for(lambda: addresses() == [["10.244.0.8"]], message="the slice following the activator")
+
+        wake = {"metadata": {"annotations": {WAKE_ANNOTATION: "2026-12-04T21:00:00Z"}}}
+        assert cluster.patch(CR_PATH, "ml", "mlp", wake).status_code == 200
+        wait_for(lambda: (cluster.get_cr("ml", "mlp") or {}).get("spec", {}).get("replicas") == 1, message="woken")
+    assert runner.exception is None, runner.exception
+
+
+CR_PATH = "inference.rocm.dev/v1alpha1/inferenceservices"
+
+
+def condition_of(cluster: Cluster, kind: str) -> dict[str, Any] | None:
+    status = (cluster.get_cr("ml", "mlp") or {}).get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), None)
