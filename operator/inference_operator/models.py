@@ -1120,6 +1120,13 @@ class InferenceServiceSpec(_Spec):
                 "spec.adapters needs runtime.engine vllm",
                 ".adapters",
             ),
+            cel(
+                "!has(self.autoscaling) || !has(self.autoscaling.scaleToZero)"
+                " || !has(self.routing) || !has(self.routing.inferencePool) || !self.routing.inferencePool",
+                "autoscaling.scaleToZero holds requests at the Service, and an InferencePool's gateway sends them "
+                "to the pods directly: at zero they would fail; use routing.httpRoute or the Service",
+                ".autoscaling.scaleToZero",
+            ),
         )
     )
 

@@ -147,6 +147,14 @@ VIOLATIONS = [
         "together",
     ),
     (
+        {
+            "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1, "scaleToZero": {}},
+            "routing": {"inferencePool": True},
+        },
+        "spec.autoscaling.scaleToZero",
+        "InferencePool",
+    ),
+    (
         {"autoscaling": {"mode": "keda", "minReplicas": 0, "maxReplicas": 2, "target": 1, "scaleToZero": {}}},
         "spec.autoscaling.mode",
         "needs mode builtin",

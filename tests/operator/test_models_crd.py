@@ -149,6 +149,13 @@ CEL_CASES = [
     ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2, "target": 1}}, "minReplicas"),
     ({"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1}}, "autoscaling.scaleToZero go together"),
     (
+        {
+            "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1, "scaleToZero": {}},
+            "routing": {"inferencePool": True},
+        },
+        "an InferencePool's gateway sends them",
+    ),
+    (
         {"autoscaling": {"mode": "hpa", "minReplicas": 0, "maxReplicas": 2, "target": 1, "scaleToZero": {}}},
         "autoscaling.scaleToZero needs mode builtin",
     ),
