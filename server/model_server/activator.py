@@ -158,7 +158,8 @@ class Gate:
     held: deque[Held] = field(default_factory=deque)
     held_bytes: int = 0
     poller: asyncio.Task[None] | None = None
-    last_wake: float = -WAKE_INTERVAL_S
+    last_wake: float = -REWAKE_S
+    wake_wanted: bool = False  # requests were held since the last wake
     ready_until: float = 0.0
     lingering_until: float | None = None
 
@@ -267,7 +268,7 @@ class Activator:
         body.release()  # held now: its bytes count against the held limits, not the read budget
         held = Held(size, self.clock(), asyncio.get_running_loop().create_future())
         self._take(gate, held)
-        self.wake(gate)
+        gate.wake_wanted = True
         if gate.poller is None:
             gate.poller = self._spawn(self.poll(gate))
         outcome = await self._wait(held, policy.max_wait_seconds, receive)
@@ -366,12 +367,13 @@ class Activator:
     # ------------------------------------------------------------------ waking and polling
 
     def wake(self, gate: Gate) -> None:
-        """Ask the operator to start the service: at most once per WAKE_INTERVAL_S."""
+        """Ask the operator to start the service, if requests came since the last time (at most
+        once per WAKE_INTERVAL_S) or they have waited REWAKE_S since."""
         now = self.clock()
-        if now - gate.last_wake < WAKE_INTERVAL_S:
-            return
-        gate.last_wake = now
-        self._spawn(self._patch_wake(gate.route.key))
+        since = now - gate.last_wake
+        if (gate.wake_wanted and since >= WAKE_INTERVAL_S) or since >= REWAKE_S:
+            gate.last_wake, gate.wake_wanted = now, False
+            self._spawn(self._patch_wake(gate.route.key))
 
     async def _patch_wake(self, key: ServiceKey) -> None:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -385,7 +387,9 @@ class Activator:
         log.info("woke %s (%s)", key, stamp)
 
     async def poll(self, gate: Gate) -> None:
-        """While requests of the gate wait: its readiness path every POLL_S; on a 200, release."""
+        """While requests of the gate wait: its readiness path every POLL_S; on a 200, release.
+        A wake is sent only once the replicas have not answered: requests that kube-proxy still
+        sends here for a service already up go on without a write to the API server."""
         try:
             while gate.held:
                 route = gate.route
@@ -393,8 +397,7 @@ class Activator:
                     gate.ready_until = self.clock() + READY_REUSE_S
                     self.release(gate, route.upstream)
                     break
-                if self.clock() - gate.last_wake >= REWAKE_S:
-                    self.wake(gate)
+                self.wake(gate)
                 await asyncio.sleep(POLL_S)
         finally:
             gate.poller = None

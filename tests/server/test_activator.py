@@ -453,6 +453,7 @@ def test_a_slice_after_a_broken_watch_or_a_410_is_still_routed(
     at_zero(fake, activator, replicas, "team-c", "after-gone")
     replicas.ready.add("team-c.after-gone")
     assert activator.get("after-gone.team-c").status_code == 200
+    assert fake.patches_of("team-c", "after-gone") == []  # already up (kube-proxy was late): no wake
 
 
 def test_a_removed_route_still_proxies_what_kube_proxy_sends_then_is_forgotten(
@@ -510,12 +511,16 @@ def test_wakes_carry_the_service_accounts_token_as_it_is_rotated(
     api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas, token_file: Path
 ) -> None:
     fake, _ = api
-    first = at_zero(fake, activator, replicas, "team-h", "first")
-    second = at_zero(fake, activator, replicas, "team-h", "second")
-    replicas.ready.update({"team-h.first", "team-h.second"})
-    assert activator.get(first).status_code == 200
+
+    def woken_and_answered(name: str) -> None:
+        pending = in_background(lambda: activator.get(at_zero(fake, activator, replicas, "team-h", name)))
+        wait_for(lambda: fake.patches_of("team-h", name), timeout=20, message=f"{name} woken")
+        replicas.ready.add(f"team-h.{name}")
+        assert pending.result(timeout=30).status_code == 200
+
+    woken_and_answered("first")
     token_file.write_text("rotated-token\n")
-    assert activator.get(second).status_code == 200
+    woken_and_answered("second")
     assert [p.authorization for p in fake.patches_of("team-h", "first")] == ["Bearer first-token"]
     assert [p.authorization for p in fake.patches_of("team-h", "second")] == ["Bearer rotated-token"]
 
