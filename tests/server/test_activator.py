@@ -443,6 +443,21 @@ def test_a_slice_routes_nothing_of_another_namespace(
     assert fake.seen("/api/v1/namespaces/team-b/services/secret-private") == 0
 
 
+def test_a_slice_that_comes_before_its_services_is_routed_once_they_exist(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    fake, _ = api
+    fake.put_slice(activator_slice("team-i", "early", {"readyPath": "/ready/team-i.early"}))
+    wait_for(lambda: fake.seen("/api/v1/namespaces/team-i/services/early") > 0, timeout=20, message="the lookup")
+    assert activator.get("early.team-i").status_code == 404  # no Service: nothing routed
+    fake.put_service(service("team-i", "early", "10.96.0.10", 80))
+    fake.put_service(service("team-i", "early-private", "127.0.0.1", replicas.port))  # the slice unchanged
+    labels = {"namespace": "team-i", "service": "early"}
+    wait_for(lambda: activator.metric("activator_held_requests", **labels) is not None, timeout=20, message="a route")
+    replicas.ready.add("team-i.early")
+    assert activator.get("early.team-i").status_code == 200
+
+
 def test_a_slice_after_a_broken_watch_or_a_410_is_still_routed(
     api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
 ) -> None:
