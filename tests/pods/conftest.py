@@ -193,18 +193,52 @@ def scrape_targets(node: NodeCluster, namespaces: list[str]) -> list[dict]:
     return groups
 
 
+@dataclass(frozen=True)
+class ServiceJob:
+    """A ServiceMonitor's scrape job as the Prometheus Operator writes it: named after the
+    Service, over the Service's ready endpoints on `port`, each target labelled with the
+    Service's namespace and pod; `honor_labels` as the ServiceMonitor's endpoint says."""
+
+    job: str
+    namespace: str
+    selector: dict[str, str]
+    port: int
+    path: str = "/metrics"
+    honor_labels: bool = False
+
+
+def service_targets(node: NodeCluster, service: ServiceJob) -> list[dict]:
+    """The ready pods behind `service`, as HTTP service-discovery target groups."""
+    selector = ",".join(f"{k}={v}" for k, v in service.selector.items())
+    return [
+        {"targets": [f"{p['status']['podIP']}:{service.port}"], "labels": {"namespace": service.namespace,
+                                                                           "pod": p["metadata"]["name"]}}
+        for p in pods(node, service.namespace, selector)
+        if ready(p) and p["status"].get("podIP")
+    ]  # fmt: skip
+
+
 @contextlib.contextmanager
-def pod_prometheus(node: NodeCluster, work: pathlib.Path, namespaces: list[str]) -> Iterator[PodPrometheus]:
+def pod_prometheus(
+    node: NodeCluster,
+    work: pathlib.Path,
+    namespaces: list[str],
+    rules: list[dict] | None = None,
+    services: tuple[ServiceJob, ...] = (),
+) -> Iterator[PodPrometheus]:
     """The real Prometheus on the node's address, scraping every second the pods the chart's
-    PodMonitor would select. Debian's Prometheus has no Kubernetes discovery built in, so the pods
-    come from the API server through HTTP service discovery served by the test (refreshed every
-    second)."""
+    PodMonitor would select (and the `services` a ServiceMonitor would), evaluating the rule
+    groups `rules` every second. Debian's Prometheus has no Kubernetes discovery built in, so the
+    pods come from the API server through HTTP service discovery served by the test (refreshed
+    every second)."""
     home = work / "prometheus"
     home.mkdir(exist_ok=True)
+    jobs = {service.job: service for service in services}
 
     class Discovery(_Quiet):
         def do_GET(self) -> None:  # noqa: N802
-            body = json.dumps(scrape_targets(node, namespaces)).encode()
+            job = jobs.get(self.path.removeprefix("/jobs/"))
+            body = json.dumps(service_targets(node, job) if job else scrape_targets(node, namespaces)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -213,17 +247,21 @@ def pod_prometheus(node: NodeCluster, work: pathlib.Path, namespaces: list[str])
 
     discovery = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Discovery)
     threading.Thread(target=discovery.serve_forever, daemon=True).start()
-    config = {
+    discovered = f"http://127.0.0.1:{discovery.server_address[1]}"
+    config: dict[str, Any] = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
         "scrape_configs": [
-            {
-                "job_name": "pods",
-                "http_sd_configs": [
-                    {"url": f"http://127.0.0.1:{discovery.server_address[1]}/targets", "refresh_interval": "1s"}
-                ],
-            }
+            {"job_name": "pods", "http_sd_configs": [{"url": f"{discovered}/targets", "refresh_interval": "1s"}]},
+            *(
+                {"job_name": s.job, "metrics_path": s.path, "honor_labels": s.honor_labels,
+                 "http_sd_configs": [{"url": f"{discovered}/jobs/{s.job}", "refresh_interval": "1s"}]}
+                for s in services
+            ),
         ],
-    }
+    }  # fmt: skip
+    if rules is not None:
+        (home / "rules.yaml").write_text(yaml.safe_dump({"groups": rules}))
+        config["rule_files"] = [str(home / "rules.yaml")]
     (home / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     url = f"http://{NODE_IP}:{port}"
