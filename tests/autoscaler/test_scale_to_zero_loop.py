@@ -65,7 +65,7 @@ def loop_for(
 async def tick(cluster: Cluster, loop: Autoscaler, **changes: Any) -> dict[str, Any]:
     body = cluster.get_cr("ml", "mlp")
     assert body is not None
-    body = {**body, **changes}
+    body = {**body, "status": {"readyReplicas": 1}, **changes}  # serving, unless the test says otherwise
     await loop.tick(body, parse_spec(body["spec"]))
     fresh = cluster.get_cr("ml", "mlp")
     assert fresh is not None
@@ -101,6 +101,23 @@ async def test_idle_for_the_idle_period_goes_to_zero_and_requests_hold_it(cluste
         await loop.aclose()
 
 
+async def test_idle_counts_from_when_a_replica_serves(cluster: Cluster) -> None:
+    """A service whose first replica took longer than idleSeconds to start is not idle yet."""
+    create(cluster, replicas=1, metric="latencyP95Ms", **STZ)
+    prometheus, wall, events = Prometheus(), Clock(), list[tuple[str, str]]()
+    loop = loop_for(cluster, prometheus, wall, events)
+    try:
+        wall.now += 600
+        starting = {"status": {"readyReplicas": 0}}
+        assert (await tick(cluster, loop, **starting))["spec"]["replicas"] == 1
+        wall.now += 30
+        assert (await tick(cluster, loop))["spec"]["replicas"] == 1  # Ready for 30 s of 60
+        wall.now += 31
+        assert (await tick(cluster, loop))["spec"]["replicas"] == 0
+    finally:
+        await loop.aclose()
+
+
 async def test_a_wake_starts_a_new_idle_period(cluster: Cluster) -> None:
     create(cluster, replicas=1, metric="latencyP95Ms", **STZ)
     prometheus, wall, events = Prometheus(), Clock(), list[tuple[str, str]]()
@@ -123,7 +140,7 @@ async def test_no_scale_to_zero_while_a_canary_is_judged(cluster: Cluster) -> No
     loop = loop_for(cluster, prometheus, wall, events)
     try:
         wall.now += 600
-        rollout = {"status": {"rollout": {"phase": "Progressing", "step": 0, "weight": 50}}}
+        rollout = {"status": {"readyReplicas": 1, "rollout": {"phase": "Progressing", "step": 0, "weight": 50}}}
         assert (await tick(cluster, loop, **rollout))["spec"]["replicas"] == 1
         assert (await tick(cluster, loop))["spec"]["replicas"] == 0  # the rollout is over
     finally:

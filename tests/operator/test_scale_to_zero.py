@@ -33,6 +33,7 @@ from inference_operator.reconcile import Action, reconcile
 from inference_operator.scale_to_zero_handlers import NOTHING, activator_selector
 from inference_operator.settings import ActivatorSettings, SettingsError
 from testsupport.cluster import Cluster
+from testsupport.crd import addon_errors
 
 SCALING = {"minReplicas": 0, "maxReplicas": 4, "target": 100, "scaleToZero": {"idleSeconds": 60, "maxWaitSeconds": 90}}
 ACTIVATOR = ActivatorEndpoints(("10.244.0.7", "10.244.0.9"), 8012)
@@ -69,6 +70,20 @@ def test_the_activator_slice_routes_the_public_service_to_the_activator_and_vali
     route = json.loads(piece["metadata"]["annotations"][ROUTE_ANNOTATION])
     assert route == {"maxWaitSeconds": 90, "maxHeld": 1000, "readyPath": "/health/ready"}
     assert "upstream" not in route and "hosts" not in route  # the activator reads those from Services
+
+
+def test_a_route_to_a_service_that_scales_to_zero_names_it_as_the_activator_knows_it() -> None:
+    routing = {"httpRoute": {"parentRefs": [{"name": "gw"}], "hostnames": ["mlp.example.com"]}}
+    spec = {"model": {"uri": "pvc://models/mlp"}, "autoscaling": SCALING, "routing": routing}
+    built = build_all(Owner(name="mlp", namespace="ml", uid="u-1", spec=parse_spec(spec)))
+    (route,) = [obj for obj in built if obj["kind"] == "HTTPRoute"]
+    assert addon_errors(route) == []  # the Gateway API's own schema and CEL rules
+    (rule,) = route["spec"]["rules"]
+    assert rule["filters"] == [{"type": "URLRewrite", "urlRewrite": {"hostname": "mlp.ml.svc.cluster.local"}}]
+    plain = {**spec, "autoscaling": {**SCALING, "minReplicas": 1}}
+    plain["autoscaling"].pop("scaleToZero")
+    (route,) = [o for o in build_all(Owner("mlp", "ml", "u-1", parse_spec(plain))) if o["kind"] == "HTTPRoute"]
+    assert "filters" not in route["spec"]["rules"][0]  # the gateway's Host is left alone
 
 
 def test_the_activator_endpoints_are_its_ready_ipv4_addresses() -> None:

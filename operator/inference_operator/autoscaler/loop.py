@@ -259,8 +259,9 @@ class Autoscaler:
         if not self.activator:
             return None
         now = self.wall_clock()
-        if self._was_at_zero:
-            self.active_since = now  # woken: a new idle period starts
+        ready = (body.get("status") or {}).get("readyReplicas")
+        if self._was_at_zero or not ready:
+            self.active_since = now  # woken, or not serving yet: idle counts from when it serves
         self._was_at_zero = False
         woken = Wake.of((body.get("metadata") or {}).get("annotations")).at
         if woken is not None:

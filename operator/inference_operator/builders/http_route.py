@@ -4,7 +4,9 @@ The route sends its Gateways' requests for its hostnames to the service: to the 
 to the InferencePool with `routing.inferencePool` (whose endpoint picker chooses the pod).
 While a canary runs behind a route, its backends become the two arms' Services, weighted
 by the step's percentage (`weighted`): the split is exact per request, whatever the sizes
-of the arms. Only fields of the v1 (standard channel) schema are set.
+of the arms. With autoscaling.scaleToZero the route rewrites the Host to the Service's
+in-cluster name, the one the activator answers for at zero. Only fields of the v1 (standard
+channel) schema are set.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import copy
 
 from ..jsontypes import JsonObject
 from ..kinds import HTTP_ROUTE, INFERENCE_POOL, SERVICE
+from .activator import scales_to_zero
 from .canary import CANARY, STABLE, arm_name
-from .common import Owner, object_meta
+from .common import Owner, object_meta, service_url
 from .service import HTTP_PORT
 
 
@@ -38,10 +41,13 @@ def build_http_route(owner: Owner) -> JsonObject:
         backend: JsonObject = {"group": INFERENCE_POOL.group, "kind": INFERENCE_POOL.kind, "name": owner.name}
     else:
         backend = _service_backend(owner.name, 1)
-    spec: JsonObject = {
-        "parentRefs": parents,
-        "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [backend]}],
-    }
+    rule: JsonObject = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [backend]}
+    if scales_to_zero(owner):
+        # At zero the Service's endpoints are the activator's, which knows a service by its
+        # in-cluster name: the route's public hostname would be a stranger to it.
+        host = service_url(owner).removeprefix("http://")
+        rule["filters"] = [{"type": "URLRewrite", "urlRewrite": {"hostname": host}}]
+    spec: JsonObject = {"parentRefs": parents, "rules": [rule]}
     if route.hostnames:
         spec["hostnames"] = list(route.hostnames)
     return {**HTTP_ROUTE.header(), "metadata": object_meta(owner), "spec": spec}
