@@ -280,6 +280,11 @@ ATTACKS: dict[str, tuple[Attack, int]] = {
 }
 
 
+def attacks(protocol: str) -> list[str]:
+    """The attacks a port of `protocol` is held to: a gRPC port's include large messages at once."""
+    return list(adversary_h2.ATTACKS if protocol == GRPC else ATTACKS)
+
+
 @contextlib.contextmanager
 def _closing(conns: list[socket.socket] | list[adversary_h2.Client]) -> Iterator[None]:
     try:

@@ -7,7 +7,9 @@ would, not through a gRPC library that plays by the rules.
 - half-open: connections whose streams never send their message (headers, then silence);
 - stalled uploads: calls announcing a 60 MiB message that stop after what the window takes;
 - huge headers: a call, then a second whose metadata is 10,000 fields (HPACK makes them a few
-  bytes each on the wire: the size is only seen once decoded).
+  bytes each on the wire: the size is only seen once decoded);
+- large messages (gRPC only): 100 calls at once, each sending a whole 19 MiB message as fast as
+  the server's flow-control windows let it.
 
 The watcher's health check is the protocol's ServerLive over a new connection, read to its
 trailers (grpc-status 0 and live = true).
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import selectors
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -231,10 +235,120 @@ def huge_headers(endpoint: Endpoint, scale: int) -> list[Client]:
     return clients
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+#: Each large message: a ModelInferRequest for `tiny` whose one input (1x4 FP32) carries this
+#: many raw bytes, under the 20 MiB a server with a 512 MiB memory limit takes (answered
+#: INVALID_ARGUMENT once it is all there: the shape needs 16 bytes).
+LARGE_MESSAGE_BYTES = 19 * MiB
+_INFER_HEAD = b"\x0a\x04tiny" + b"\x2a\x0d\x0a\x01x\x12\x04FP32\x1a\x02\x01\x04"
+
+
+class Upload(Client):
+    """One connection sending one whole ModelInfer message, as fast as the server's flow-control
+    windows let it, on the thread of its `Pump` (the attack holds the connections while they send)."""
+
+    def __init__(self, endpoint: Endpoint, zeros: memoryview, pump: Pump) -> None:
+        super().__init__(endpoint)
+        message = _INFER_HEAD + b"\x3a" + _varint(len(zeros))
+        self.parts = [memoryview(frame(message, announced=len(message) + len(zeros))), zeros]
+        self.stream = self.call("ModelInfer", b"", end=False)
+        self.pending = memoryview(self.h2.data_to_send())
+        self.done = False
+        self.pump = pump
+
+    def step(self) -> None:
+        """Read what arrived, then write what the windows allow (without waiting)."""
+        with contextlib.suppress(BlockingIOError):
+            data = self.sock.recv(65536)
+            if not data:
+                self.done = True
+                return
+            for event in self.h2.receive_data(data):
+                if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                    self.done = True
+                elif isinstance(event, h2.events.DataReceived):
+                    self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        while not self.pending and self.parts and not self.done:
+            window = min(self.h2.local_flow_control_window(self.stream), self.h2.max_outbound_frame_size)
+            if window <= 0:
+                break
+            piece, self.parts[0] = self.parts[0][:window], self.parts[0][window:]
+            if not self.parts[0]:
+                self.parts.pop(0)
+            self.h2.send_data(self.stream, piece, end_stream=not self.parts)
+            self.pending = memoryview(self.h2.data_to_send())
+        if self.pending:
+            with contextlib.suppress(BlockingIOError):
+                self.pending = self.pending[self.sock.send(self.pending) :]
+
+    def close(self) -> None:
+        self.pump.stop()
+        super().close()
+
+
+class Pump:
+    """The thread that drives every `Upload` until each is answered or the attack lets go."""
+
+    def __init__(self) -> None:
+        self.uploads: list[Upload] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="adversary-uploads")
+
+    def start(self) -> None:
+        for upload in self.uploads:
+            upload.sock.setblocking(False)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            while not self._stop.is_set():
+                live = [upload for upload in self.uploads if not upload.done]
+                if not live:
+                    return
+                for upload in live:
+                    selector.register(
+                        upload.sock,
+                        selectors.EVENT_READ | (selectors.EVENT_WRITE if upload.pending or upload.parts else 0),
+                        upload,
+                    )
+                ready = selector.select(0.05)
+                for key in list(selector.get_map().values()):
+                    selector.unregister(key.fileobj)
+                for key, _ in ready:
+                    try:
+                        key.data.step()
+                    except (OSError, h2.exceptions.ProtocolError):
+                        key.data.done = True
+
+
+def large_messages(endpoint: Endpoint, scale: int) -> list[Client]:
+    """`scale` connections, each a ModelInfer call sending a whole LARGE_MESSAGE_BYTES message at
+    once, as fast as the server takes it: the server must not hold them all at the same time."""
+    zeros = memoryview(bytes(LARGE_MESSAGE_BYTES))
+    pump = Pump()
+    pump.uploads = [Upload(endpoint, zeros, pump) for _ in range(scale)]
+    pump.start()
+    return list(pump.uploads)
+
+
 ATTACKS: dict[str, tuple[Callable[[Endpoint, int], list[Client]], int]] = {
     "pipelined": (pipelined, 20),
     "idle": (idle, 2_000),
     "half-open": (half_open, 2_000),
     "stalled uploads": (stalled_uploads, 1_000),
     "huge headers": (huge_headers, 300),
+    "large messages": (large_messages, 100),
 }

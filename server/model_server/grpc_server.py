@@ -5,7 +5,12 @@ batcher, metrics and error types as REST. An error's gRPC status follows from it
 
 Bounds, as every port has them: messages up to `max_body_bytes` (RESOURCE_EXHAUSTED above, from
 gRPC itself, with the sizes in its message), at most `max_connections` connections, 100 streams
-on each, and `max_connections` calls at once. Every method is served as a client-streaming call
+on each, and `max_connections` calls at once. Messages being received hold memory under a budget
+the size of REST's read budget (`MessageBudget`): gRPC's core takes a message whole once a call
+asks for it, opening its flow-control window to the message's length, and holds at most its
+lookahead (64 KiB) of a stream that has not asked, so a call asks only with the largest message
+reserved; it keeps twice what came until it is answered. Probes receive beside the budget, a few
+at once (the one receiving longest is ended for a newcomer). Every method is served as a client-streaming call
 that reads its one message itself, so that a call whose message does not come is bounded too:
 it is ended after `body_timeout_s`, and at the call limit the call waiting longest for its message
 is ended for the newcomer (idle first, as the HTTP port evicts; its stream is reset: answering it
@@ -31,9 +36,10 @@ from . import __version__
 from . import grpc_predict_v2_pb2 as pb
 from .api.common import AppState
 from .api.errors import CLIENT_CLOSED, INTERNAL_ERROR, status_of
+from .bodies import MemoryBudget
 from .dataplane import submit
 from .discovery import version_key
-from .errors import ModelNotFound, ServerError
+from .errors import Busy, ModelNotFound, ServerError
 from .grpc_codec import check_requested_outputs, decode_infer_request, encode_infer_response
 
 log = logging.getLogger(__name__)
@@ -50,6 +56,15 @@ PROBE_SLOTS = 16
 PROBES = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 #: grpc's message sizes are C ints.
 MAX_MESSAGE_BYTES = (1 << 31) - 1
+#: Bytes gRPC's core reads ahead on a stream whose call has not asked for its message (its default,
+#: pinned: with BDP probing off it stays there; on, the windows grew until 100 calls of 19 MiB
+#: with 2 asking at once still took 1.2 GiB).
+LOOKAHEAD_BYTES = 64 * 1024
+#: What a received message costs until its call is answered, in multiples of its size: the message
+#: and the tensors decoded from it (protobuf's bytes fields are copied out).
+RECEIVED_COPIES = 2
+#: Probes receiving their message at once, beside the message budget (their messages are empty).
+PROBE_RECEIVERS = 4
 
 #: An error's gRPC status, from its HTTP status (the one table of error types is api/errors.py).
 GRPC_STATUS_OF_HTTP: dict[int, grpc.StatusCode] = {
@@ -88,12 +103,14 @@ class Call:
     task: asyncio.Task[Any] | None
     waiting: bool = True
     evicted: bool = False
+    probe: bool = False
 
 
 @dataclass
 class CallTable:
     """The calls in progress, at most `limit` (+ `probe_slots` for probes). At the limit, a new
-    call ends the one that has waited longest for its message; with none waiting it is refused."""
+    call ends the one that has waited longest for its message (never a probe: a flood of calls
+    whose message does not come would end the kubelet's); with none waiting it is refused."""
 
     limit: int
     probe_slots: int = PROBE_SLOTS
@@ -101,12 +118,12 @@ class CallTable:
 
     def enter(self, probe: bool) -> Call:
         if len(self.calls) >= self.limit:
-            oldest = next((call for call in self.calls if call.waiting), None)
+            oldest = next((call for call in self.calls if call.waiting and not call.probe), None)
             if oldest is not None:
                 self.evict(oldest)
             elif not probe or len(self.calls) >= self.limit + self.probe_slots:
                 raise Refused(f"the server is at its limit of {self.limit} calls in progress; retry shortly")
-        call = Call(asyncio.current_task())
+        call = Call(asyncio.current_task(), probe=probe)
         self.calls[call] = None
         return call
 
@@ -118,6 +135,48 @@ class CallTable:
 
     def leave(self, call: Call) -> None:
         self.calls.pop(call, None)
+
+
+class Reservation:
+    """Bytes a call holds of the message budget."""
+
+    def __init__(self, budget: MemoryBudget, held: int) -> None:
+        self.budget = budget
+        self.held = held
+
+    def keep(self, size: int) -> None:
+        """Hold only `size` (at most what is held); the rest goes back."""
+        kept = max(0, min(size, self.held))
+        self.budget.release(self.held - kept)
+        self.held = kept
+
+    def release(self) -> None:
+        self.keep(0)
+
+
+class MessageBudget:
+    """Memory for messages being received: each call reserves the largest message before it asks
+    for its own, first come first served, and is refused after `wait_s` without one."""
+
+    def __init__(self, total: int, message_limit: int, wait_s: float) -> None:
+        self.memory = MemoryBudget(max(total, message_limit))
+        self.message_limit = message_limit
+        self.wait_s = wait_s
+        self.waiting = 0
+
+    async def reserve(self) -> Reservation:
+        self.waiting += 1
+        try:
+            await self.memory.acquire(self.message_limit, self.wait_s)
+        except Busy:
+            raise Refused(
+                f"the server is receiving other messages up to its budget of {self.memory.total >> 20} MiB "
+                f"(each call reserves the largest message, {self.message_limit >> 20} MiB, until its own has "
+                "come); retry shortly"
+            ) from None
+        finally:
+            self.waiting -= 1
+        return Reservation(self.memory, self.message_limit)
 
 
 # ---------------------------------------------------------------------- the service
@@ -134,8 +193,14 @@ class InferenceService:
         self.settings = state.settings
         self.calls = CallTable(state.settings.max_connections)
         self.message_limit = min(MAX_MESSAGE_BYTES, state.settings.parse_memory_bytes)
+        self.messages = MessageBudget(state.bodies.buffer.total, receive_limit(state), state.bodies.wait_s)
+        self.probe_receivers = CallTable(PROBE_RECEIVERS, probe_slots=0)
 
-    def handlers(self) -> grpc.GenericRpcHandler:
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+        """Each method's handler, registered with gRPC's core one by one: the core then queues
+        each method's new calls apart, so calls of a flood wait behind each other, not in front of
+        the kubelet's ServerLive (on one queue, 2,000 half-open connections held it 1-3 s and
+        past the core's backlog of 1,000 calls it refused some)."""
         methods: dict[str, tuple[type[Message], Handler]] = {
             "ServerLive": (pb.ServerLiveRequest, self.server_live),
             "ServerReady": (pb.ServerReadyRequest, self.server_ready),
@@ -144,15 +209,12 @@ class InferenceService:
             "ModelMetadata": (pb.ModelMetadataRequest, self.model_metadata),
             "ModelInfer": (pb.ModelInferRequest, self.model_infer),
         }
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                name: grpc.stream_unary_rpc_method_handler(
-                    self._bounded(name, message, handler), response_serializer=_serialize
-                )
-                for name, (message, handler) in methods.items()
-            },
-        )
+        return {
+            name: grpc.stream_unary_rpc_method_handler(
+                self._bounded(name, message, handler), response_serializer=_serialize
+            )
+            for name, (message, handler) in methods.items()
+        }
 
     def _bounded(
         self, name: str, message: type[Message], handler: Handler
@@ -168,20 +230,45 @@ class InferenceService:
             except Refused as exc:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
                 raise AssertionError("abort raises") from None
+            reservation: Reservation | None = None
             try:
-                raw = await self._receive(requests, context, entry, timeout)
+                if probe:
+                    raw = await self._receive_probe(requests, context, timeout)
+                else:
+                    reservation = await self._reserve(context)
+                    raw = await self._receive(requests, context, timeout)
+                    reservation.keep(RECEIVED_COPIES * len(raw))
                 entry.waiting = False
                 try:
                     request = message.FromString(raw)
                 except DecodeError as exc:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {message.__name__}: {exc}")
+                del raw
                 return await self._answer(name, handler, request, context)
             finally:
                 self.calls.leave(entry)
+                if reservation is not None:
+                    reservation.release()
 
         return call
 
-    async def _receive(self, requests: AsyncIterator[bytes], context: Context, entry: Call, timeout: float) -> bytes:
+    async def _reserve(self, context: Context) -> Reservation:
+        try:
+            return await self.messages.reserve()
+        except Refused as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        raise AssertionError("abort raises")
+
+    async def _receive_probe(self, requests: AsyncIterator[bytes], context: Context, timeout: float) -> bytes:
+        """A probe's message, received beside the budget: at PROBE_RECEIVERS, the newcomer ends
+        the probe receiving longest (a probe's message is empty; one that does not come is hostile)."""
+        receiver = self.probe_receivers.enter(probe=False)
+        try:
+            return await self._receive(requests, context, timeout)
+        finally:
+            self.probe_receivers.leave(receiver)
+
+    async def _receive(self, requests: AsyncIterator[bytes], context: Context, timeout: float) -> bytes:
         try:
             async with asyncio.timeout(timeout):
                 return await anext(requests)
@@ -270,11 +357,19 @@ def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
+def receive_limit(state: AppState) -> int:
+    """The largest message a call may send: REST's largest body."""
+    return min(MAX_MESSAGE_BYTES, state.settings.max_body_bytes)
+
+
 def server_options(state: AppState) -> list[tuple[str, int]]:
     """The listener's bounds, from the settings every port shares."""
     settings = state.settings
     return [
-        ("grpc.max_receive_message_length", min(MAX_MESSAGE_BYTES, settings.max_body_bytes)),
+        ("grpc.max_receive_message_length", receive_limit(state)),
+        # No window grows beyond the lookahead until its call asks for its message.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES),
         ("grpc.max_send_message_length", min(MAX_MESSAGE_BYTES, settings.parse_memory_bytes)),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ("grpc.max_allowed_incoming_connections", CONNECTIONS_PER_CALL_SLOT * settings.max_connections),
@@ -298,7 +393,8 @@ class GrpcFrontEnd:
     async def start(self) -> int:
         """Listen on `grpc_port` (0: a free port); the port bound."""
         settings = self.state.settings
-        server = grpc.aio.server(handlers=[self.service.handlers()], options=server_options(self.state))
+        server = grpc.aio.server(options=server_options(self.state))
+        server.add_registered_method_handlers(SERVICE, self.service.handlers())
         self.port = server.add_insecure_port(f"{_host(settings.host)}:{settings.grpc_port or 0}")
         await server.start()
         self.server = server

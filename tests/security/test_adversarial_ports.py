@@ -179,22 +179,13 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
 }
 
 
-#: Attacks a port does not bound yet, left out for that port only, with what was measured.
-NOT_YET_BOUNDED: dict[str, dict[str, str]] = {
-    "model-server-grpc": {
-        # gRPC's core holds every handshaking connection; with 2,000 half-open connections and
-        # the whole suite running beside it, 2 of 46 ServerLive calls over a new connection went
-        # unanswered for 5 s (alone: all answered, worst 156 ms). The gRPC port is off unless
-        # runtime.grpcPort is set; README's bounds table says so.
-        "half-open": "new gRPC connections stall while 2,000 half-open ones are held, under load",
-    },
-}
+#: The ports that speak gRPC: held to the attacks in their HTTP/2 shape, and to large messages.
+GRPC_PORTS = frozenset({"model-server-grpc"})
 
 CASES = [
     (port, attack)
     for port in sorted(PORTS)
-    for attack in adversary.ATTACKS
-    if attack not in NOT_YET_BOUNDED.get(port, {})
+    for attack in adversary.attacks(adversary.GRPC if port in GRPC_PORTS else adversary.HTTP)
 ]
 
 

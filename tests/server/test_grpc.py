@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from model_server import grpc_predict_v2_pb2 as pb
 from model_server.grpc_server import SERVICE
+from testsupport import adversary, adversary_h2
 
 from .grpc_helpers import infer, raw_call, running_grpc_server
 from .helpers import HeldRuntime, make_settings
@@ -266,6 +267,40 @@ def test_a_call_whose_message_never_comes_is_ended_after_the_body_timeout(affine
             stop.set()
     # ended by the server (its message), not by the client's own deadline
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "did not arrive within 0.5 s" in message
+
+
+def test_calls_whose_messages_are_coming_hold_the_budget_and_probes_answer_beside_it(affine_repo):
+    """gRPC's core takes a message whole once its call asks for it, so a call asks only with the
+    largest message reserved: with 512 MiB, REST's read budget (51 MiB) holds two reservations of
+    20 MiB. Two calls whose messages stall hold both; the next call waits for one of them, and
+    the probes answer meanwhile."""
+    settings = make_settings(affine_repo, grpc_port=0, memory_limit_bytes=512 * MiB)
+    rows = np.zeros((1, 4), np.float32)
+    with running_grpc_server(settings) as server:
+        assert server.server.grpc is not None
+        budget = server.server.grpc.service.messages
+        assert budget.memory.total // budget.message_limit == 2
+        endpoint = adversary.Target("gRPC", "127.0.0.1", server.grpc_port, "", 0)
+        stalled = [adversary_h2.Client(endpoint) for _ in range(2)]
+        for client in stalled:  # a message of 1 MiB announced, 1 KiB of it sent
+            client.call("ModelInfer", adversary_h2.frame(bytes(1024), announced=MiB), end=False)
+            client.flush()
+        wait_for(lambda: budget.memory.free < budget.message_limit)
+
+        client = triton.InferenceServerClient(server.target)
+        answers: list[object] = []
+        waiting = threading.Thread(target=lambda: answers.append(client.infer("tiny", [triton_input(rows)])))
+        waiting.start()
+        wait_for(lambda: budget.waiting == 1)
+        live, ready = client.is_server_live(), client.is_model_ready("tiny")
+        assert not answers and budget.waiting == 1
+
+        stalled[0].close()  # its call ends, its reservation returns: the waiting call goes on
+        waiting.join(10)
+        stalled[1].close()
+        wait_for(lambda: budget.memory.free == budget.memory.total)
+    assert live and ready
+    assert len(answers) == 1 and answers[0].as_numpy("y").shape == (1, 3)  # type: ignore[attr-defined]
 
 
 def wait_for(condition, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """The gRPC protocol as data: the committed message classes are what the .proto makes and what
 Triton's client speaks; typed contents decode to the arrays they hold or are refused by name;
-the call table ends the call waiting longest for its message at the limit."""
+the call table ends the call waiting longest for its message at the limit, never a probe; the
+message budget reserves the largest message for each call until its own has come."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from model_server.grpc_codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from model_server.grpc_server import CallTable, Refused
+from model_server.grpc_server import CallTable, MessageBudget, Refused
 from model_server.tensors import MAX_BYTES_ELEMENTS
 from testsupport.grpc_codegen import OUTPUTS, generate
 
@@ -183,3 +184,44 @@ async def test_the_call_table_ends_the_call_waiting_longest_for_its_message_at_i
     assert not table.calls
     for sleeper in sleepers:
         sleeper.cancel()
+
+
+async def test_the_call_table_never_ends_a_probe_waiting_for_its_message():
+    table = CallTable(limit=2, probe_slots=1)
+    sleepers = [asyncio.ensure_future(asyncio.sleep(30)) for _ in range(2)]
+    probe, call = table.enter(probe=True), table.enter(probe=False)  # both waiting, the probe longer
+    probe.task, call.task = sleepers
+
+    newcomer = table.enter(probe=False)
+    await asyncio.sleep(0)
+    assert call.evicted and sleepers[1].cancelled()
+    assert not probe.evicted and not sleepers[0].cancelled()
+    newcomer.waiting = False
+    with pytest.raises(Refused):  # only the probe waits: nothing to end
+        table.enter(probe=False)
+    for entry in (probe, newcomer):
+        table.leave(entry)
+    sleepers[0].cancel()
+
+
+MiB = 1 << 20
+
+
+async def test_the_message_budget_holds_the_largest_message_per_call_until_its_own_has_come():
+    budget = MessageBudget(total=100 * MiB, message_limit=40 * MiB, wait_s=0.2)
+    first, second = await budget.reserve(), await budget.reserve()
+    third = asyncio.ensure_future(budget.reserve())  # 20 MiB left: it waits
+    while not budget.waiting:
+        await asyncio.sleep(0)
+    assert not third.done()
+
+    first.keep(2 * 5 * MiB)  # its 5 MiB message came: the message and its tensors are kept
+    held = await asyncio.wait_for(third, 5)
+    assert budget.memory.free == (100 - 10 - 40 - 40) * MiB
+    with pytest.raises(Refused, match="budget of 100 MiB") as refused:
+        await budget.reserve()  # 10 MiB free, and nothing returns within its wait
+    assert "the largest message, 40 MiB" in str(refused.value) and budget.waiting == 0
+
+    for reservation in (first, second, held):
+        reservation.release()
+    assert budget.memory.free == 100 * MiB
