@@ -335,7 +335,7 @@ def test_a_model_server_answering_5xx_fires_the_error_rate_alert_then_it_resolve
 ) -> None:
     assert not alerts(prometheus, "InferenceErrorRateHigh")
     started = time.monotonic()
-    failing = Paced(service, request(-1), per_second=15)
+    failing = Paced(service, request(-1), per_second=25)
     try:
         firing = fires(prometheus, "InferenceErrorRateHigh", started)
     finally:
