@@ -31,15 +31,18 @@ from inference_operator.builders.common import engine_port
 from inference_operator.models import parse_spec
 from tests.llm.conftest import tiny_llama  # noqa: F401  (a fixture)
 from tests.llm.tiny_lora import adapter_files
+from tests.observability import dashboard
 from tests.pods.conftest import (
     FIGURES,
     OPERATOR_NAMESPACE,
+    PodPrometheus,
     apply,
     bridge_server,
     chart_values,
     helm_install,
     kubectl_json,
     namespace,
+    pod_prometheus,
     pods,
     run_client_pod,
     tier,
@@ -392,6 +395,32 @@ def test_the_adapter_is_served_and_answers_differently_and_status_follows(node: 
     assert complete(address, "sql", chat=True, stream=True) == complete(address, "sql", chat=True)
     # The sidecar fetched it from the Hub with the token.
     assert ("/api/models/org/sql-lora/revision/main", f"Bearer {TOKEN}") in hub.requests
+
+
+@pytest.fixture(scope="module")
+def prometheus(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodPrometheus]:
+    with pod_prometheus(node, tmp_path_factory.mktemp("prom"), [NS]) as prom:
+        yield prom
+
+
+def test_the_dashboards_llm_panels_return_data(node: NodeCluster, prometheus: PodPrometheus) -> None:
+    """The chart dashboard's vLLM queries (tests/observability/dashboard.py), as Grafana sends them
+    for this namespace and model, on vLLM's own series after requests to the model and the
+    adapter: a metric vLLM renamed leaves a panel empty here."""
+    wait_for(lambda: prometheus.value(f'sum(up{{namespace="{NS}"}})') == 1, timeout=30, message="vLLM scraped")
+    address, empty = service_address(node), {}
+
+    def every_query_has_data() -> bool:
+        for model in (NAME, "sql", NAME):
+            complete(address, model)
+        empty.clear()
+        empty.update(dashboard.without_data(prometheus.url, "vllm", NS, NAME))
+        return not empty
+
+    try:
+        wait_for(every_query_has_data, timeout=60, interval=0.5, message="data for every LLM panel")
+    finally:
+        assert not empty, empty
 
 
 def sidecar_restarts(node: NodeCluster) -> int:
