@@ -487,6 +487,11 @@ class Activator:
             log.info("routing %s: %s -> %s", route.key, ", ".join(sorted(route.hosts)), route.upstream)
         else:
             gate.route, gate.lingering_until = route, None
+        for other_key, other in self.gates.items():
+            if other_key != route.key and other.lingering_until is not None and other.route.hosts & route.hosts:
+                # A routed service wins a host over one that only lingers: a deleted Service's
+                # ClusterIP goes to the next one created. Requests it holds keep their route.
+                self.table.remove(other_key)
         self.table.set(route)
 
     def remove_slice(self, slice_: dict[str, Any]) -> None:

@@ -498,6 +498,30 @@ def test_a_removed_route_still_proxies_what_kube_proxy_sends_then_is_forgotten(
     assert activator.metric("activator_held_requests", **labels) is None
 
 
+def test_a_cluster_ip_a_lingering_route_had_goes_to_the_service_created_on_it(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    """Deleted with its Service, a service's route lingers; the API server gives its ClusterIP to
+    the next Service. Requests for that address are the new service's: held for it, not passed
+    to the old one's replicas."""
+    fake, _ = api
+    address = "10.96.7.7"
+    fake.put_service(service("team-g", "old", address, 80))
+    fake.put_service(service("team-g", "old-private", "127.0.0.1", replicas.port))
+    fake.put_slice(activator_slice("team-g", "old", {"readyPath": "/ready/team-g.old"}))
+    wait_for(lambda: activator.metric("activator_held_requests", namespace="team-g", service="old") is not None)
+    fake.delete_slice("team-g", "old-activator")
+    replicas.ready.add("team-g.old")
+    fake.put_service(service("team-h", "new", address, 80))
+    fake.put_service(service("team-h", "new-private", "127.0.0.1", replicas.port))
+    fake.put_slice(activator_slice("team-h", "new", {"readyPath": "/ready/team-h.new"}))
+    wait_for(lambda: activator.metric("activator_held_requests", namespace="team-h", service="new") is not None)
+    pending = in_background(lambda: activator.post(address, "/v1/echo?q=reused"))
+    wait_for(lambda: held(activator, "team-h", "new") == 1, timeout=20, message="held for the new service")
+    replicas.ready.add("team-h.new")
+    assert pending.result(timeout=30).status_code == 200
+
+
 def test_an_oversized_body_is_refused_before_it_is_held(
     api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
 ) -> None:
