@@ -248,6 +248,9 @@ def _varint(value: int) -> bytes:
 #: many raw bytes, under the 20 MiB a server with a 512 MiB memory limit takes (answered
 #: INVALID_ARGUMENT once it is all there: the shape needs 16 bytes).
 LARGE_MESSAGE_BYTES = 19 * MiB
+#: How long the messages are sent before the attack holds what it has (a Python client sends
+#: 40-60 MiB/s of them; a server that takes two at a time answers 2-3 a second).
+UPLOADS_S = 3.0
 _INFER_HEAD = b"\x0a\x04tiny" + b"\x2a\x0d\x0a\x01x\x12\x04FP32\x1a\x02\x01\x04"
 
 
@@ -289,6 +292,10 @@ class Upload(Client):
             with contextlib.suppress(BlockingIOError):
                 self.pending = self.pending[self.sock.send(self.pending) :]
 
+    def writable(self) -> bool:
+        """Whether there is something to write now: bytes framed, or the window open for more."""
+        return bool(self.pending) or (bool(self.parts) and self.h2.local_flow_control_window(self.stream) > 0)
+
     def close(self) -> None:
         self.pump.stop()
         super().close()
@@ -300,6 +307,7 @@ class Pump:
     def __init__(self) -> None:
         self.uploads: list[Upload] = []
         self._stop = threading.Event()
+        self.finished = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="adversary-uploads")
 
     def start(self) -> None:
@@ -317,11 +325,12 @@ class Pump:
             while not self._stop.is_set():
                 live = [upload for upload in self.uploads if not upload.done]
                 if not live:
+                    self.finished.set()
                     return
                 for upload in live:
                     selector.register(
                         upload.sock,
-                        selectors.EVENT_READ | (selectors.EVENT_WRITE if upload.pending or upload.parts else 0),
+                        selectors.EVENT_READ | (selectors.EVENT_WRITE if upload.writable() else 0),
                         upload,
                     )
                 ready = selector.select(0.05)
@@ -341,6 +350,7 @@ def large_messages(endpoint: Endpoint, scale: int) -> list[Client]:
     pump = Pump()
     pump.uploads = [Upload(endpoint, zeros, pump) for _ in range(scale)]
     pump.start()
+    pump.finished.wait(UPLOADS_S)
     return list(pump.uploads)
 
 

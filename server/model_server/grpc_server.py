@@ -5,19 +5,22 @@ batcher, metrics and error types as REST. An error's gRPC status follows from it
 
 Bounds, as every port has them: messages up to `max_body_bytes` (RESOURCE_EXHAUSTED above, from
 gRPC itself, with the sizes in its message), at most `max_connections` connections, 100 streams
-on each, and `max_connections` calls at once. Messages being received hold memory under a budget
-the size of REST's read budget (`MessageBudget`): gRPC's core takes a message whole once a call
-asks for it, opening its flow-control window to the message's length, and holds at most its
-lookahead (64 KiB) of a stream that has not asked, so a call asks only with the largest message
-reserved; it keeps twice what came until it is answered. Probes receive beside the budget, a few
-at once (the one receiving longest is ended for a newcomer). Every method is served as a client-streaming call
+on each, and `max_connections` calls at once. Every method is served as a client-streaming call
 that reads its one message itself, so that a call whose message does not come is bounded too:
 it is ended after `body_timeout_s`, and at the call limit the call waiting longest for its message
 is ended for the newcomer (idle first, as the HTTP port evicts; its stream is reset: answering it
 with a status took the loop twice as long under a flood of such calls). Probes (ServerLive,
-ServerReady, ModelReady) have slots beyond the limit. A call whose client goes away or whose deadline passes
-is cancelled, which takes its request out of the batch queue (batching.py drops cancelled
-requests).
+ServerReady, ModelReady) have slots beyond the limit and are never ended for a newcomer; each
+method has its own queue of new calls in gRPC's core, so a flood of one method does not hold the
+kubelet's ServerLive. A call whose client goes away or whose deadline passes is cancelled, which
+takes its request out of the batch queue (batching.py drops cancelled requests).
+
+Messages being received hold memory under a budget the size of REST's read budget
+(`MessageBudget`): gRPC's core takes a message whole once its call asks for it, opening the
+stream's flow-control window to the message's length, and holds at most its lookahead (64 KiB,
+with BDP probing off) of a stream that has not asked, so a call asks only with the largest
+message reserved, and keeps twice what came until it is answered. ServerLive and ServerReady do
+not read their (empty) message; ModelReady reads its own beside the budget, a few at once.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -54,6 +57,9 @@ CONNECTIONS_PER_CALL_SLOT = 4
 #: Calls to the probe methods admitted beyond the call limit.
 PROBE_SLOTS = 16
 PROBES = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+#: Probes whose request has no fields: answered without reading it, so they wait for nothing (a
+#: message sent anyway stays unread, its stream holding at most the lookahead).
+UNREAD = frozenset({"ServerLive", "ServerReady"})
 #: grpc's message sizes are C ints.
 MAX_MESSAGE_BYTES = (1 << 31) - 1
 #: Bytes gRPC's core reads ahead on a stream whose call has not asked for its message (its default,
@@ -63,7 +69,7 @@ LOOKAHEAD_BYTES = 64 * 1024
 #: What a received message costs until its call is answered, in multiples of its size: the message
 #: and the tensors decoded from it (protobuf's bytes fields are copied out).
 RECEIVED_COPIES = 2
-#: Probes receiving their message at once, beside the message budget (their messages are empty).
+#: ModelReady calls receiving their message at once, beside the message budget (it is a name).
 PROBE_RECEIVERS = 4
 
 #: An error's gRPC status, from its HTTP status (the one table of error types is api/errors.py).
@@ -83,17 +89,27 @@ def grpc_status_of(exc: ServerError) -> grpc.StatusCode:
     return GRPC_STATUS_OF_HTTP.get(status_of(exc), grpc.StatusCode.INTERNAL)
 
 
-class Context(Protocol):
-    """What a handler uses of grpc.aio.ServicerContext."""
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None: ...
-
-
 # ---------------------------------------------------------------------- admission
 
 
 class Refused(Exception):
     """No slot for a new call: every call in progress has its message and is being served."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a call ends when it is not answered: its status and the message that says why."""
+
+    code: grpc.StatusCode
+    details: str
+
+
+class Ended(Exception):
+    """A call ends with `failure` (raised where it is found, returned where the call is served)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.failure = Failure(code, details)
 
 
 @dataclass(eq=False)
@@ -183,6 +199,7 @@ class MessageBudget:
 
 RequestT = TypeVar("RequestT", bound=Message)
 Handler = Callable[[Any], Awaitable[Message]]
+ServicerContext = grpc.aio.ServicerContext[bytes, Message]
 
 
 class InferenceService:
@@ -219,81 +236,91 @@ class InferenceService:
     def _bounded(
         self, name: str, message: type[Message], handler: Handler
     ) -> Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
-        """`handler` for one message of type `message`, read under the call table and the body
-        timeout, its errors answered with their status."""
-        probe = name in PROBES
-        timeout = self.settings.body_timeout_s
+        """`handler` for one message of type `message`, read under the call table, the message
+        budget and the body timeout, its errors answered with their status.
 
-        async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> Message:
-            try:
-                entry = self.calls.enter(probe)
-            except Refused as exc:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-                raise AssertionError("abort raises") from None
-            reservation: Reservation | None = None
-            try:
-                if probe:
-                    raw = await self._receive_probe(requests, context, timeout)
-                else:
-                    reservation = await self._reserve(context)
-                    raw = await self._receive(requests, context, timeout)
-                    reservation.keep(RECEIVED_COPIES * len(raw))
-                entry.waiting = False
-                try:
-                    request = message.FromString(raw)
-                except DecodeError as exc:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a {message.__name__}: {exc}")
-                del raw
-                return await self._answer(name, handler, request, context)
-            finally:
-                self.calls.leave(entry)
-                if reservation is not None:
-                    reservation.release()
+        A failure is aborted only once the frames that held the message are gone: gRPC keeps the
+        abort's exception with the call, whose traceback keeps those frames' locals (the message
+        and its tensors) in a cycle until a collection; 100 calls of 19 MiB refused one after
+        another so grew the server 120 MiB a second."""
+        probe = name in PROBES
+
+        async def call(requests: AsyncIterator[bytes], context: ServicerContext) -> Message:
+            outcome = await self._serve(name, message, handler, probe, context)
+            if isinstance(outcome, Failure):
+                await context.abort(outcome.code, outcome.details)
+                raise AssertionError("abort raises")
+            return outcome
 
         return call
 
-    async def _reserve(self, context: Context) -> Reservation:
+    async def _serve(
+        self, name: str, message: type[Message], handler: Handler, probe: bool, context: ServicerContext
+    ) -> Message | Failure:
         try:
-            return await self.messages.reserve()
+            entry = self.calls.enter(probe)
         except Refused as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        raise AssertionError("abort raises")
+            return Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        reservation: Reservation | None = None
+        try:
+            if name in UNREAD:
+                raw = b""
+            elif probe:
+                raw = await self._receive_probe(context)
+            else:
+                reservation = await self.messages.reserve()
+                raw = await self._receive(context)
+                reservation.keep(RECEIVED_COPIES * len(raw))
+            entry.waiting = False
+            request = message.FromString(raw)
+            del raw
+            return await self._answer(name, handler, request)
+        except Refused as exc:
+            return Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except Ended as exc:
+            return exc.failure
+        except DecodeError as exc:
+            return Failure(grpc.StatusCode.INVALID_ARGUMENT, f"not a {message.__name__}: {exc}")
+        finally:
+            self.calls.leave(entry)
+            if reservation is not None:
+                reservation.release()
 
-    async def _receive_probe(self, requests: AsyncIterator[bytes], context: Context, timeout: float) -> bytes:
+    async def _receive_probe(self, context: ServicerContext) -> bytes:
         """A probe's message, received beside the budget: at PROBE_RECEIVERS, the newcomer ends
-        the probe receiving longest (a probe's message is empty; one that does not come is hostile)."""
+        the probe receiving longest (a probe's message is a name; one that does not come is hostile)."""
         receiver = self.probe_receivers.enter(probe=False)
         try:
-            return await self._receive(requests, context, timeout)
+            return await self._receive(context)
         finally:
             self.probe_receivers.leave(receiver)
 
-    async def _receive(self, requests: AsyncIterator[bytes], context: Context, timeout: float) -> bytes:
+    async def _receive(self, context: ServicerContext) -> bytes:
+        """The call's one message, read through its context: the request iterator gRPC hands the
+        handler keeps the last message it yielded in a cycle of its own until a collection."""
+        timeout = self.settings.body_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                return await anext(requests)
-        except StopAsyncIteration:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
+                raw = await context.read()
         except TimeoutError:
-            await context.abort(
+            raise Ended(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"the request message did not arrive within {timeout:g} s"
-            )
-        raise AssertionError("abort raises")
+            ) from None
+        if not isinstance(raw, bytes):  # grpc.aio.EOF
+            raise Ended(grpc.StatusCode.INVALID_ARGUMENT, "the call ended without its request message")
+        return raw
 
-    async def _answer(self, name: str, handler: Handler, request: Message, context: Context) -> Message:
+    async def _answer(self, name: str, handler: Handler, request: Message) -> Message | Failure:
         try:
             return await handler(request)
         except ServerError as exc:
-            await context.abort(grpc_status_of(exc), str(exc))
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
+            return Failure(grpc_status_of(exc), str(exc))
         except Exception as exc:
             request_id = uuid.uuid4().hex[:16]
             log.error("unhandled error in gRPC %s (request id %s)", name, request_id, exc_info=exc)
-            await context.abort(
+            return Failure(
                 grpc.StatusCode.INTERNAL, f"internal error (request id {request_id}); the server log has the details"
             )
-        raise AssertionError("abort raises")
 
     # ------------------------------------------------------------------ the calls
 
