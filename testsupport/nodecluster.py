@@ -567,6 +567,10 @@ def _network(state: State) -> None:
     _run("ip", "link", "add", BRIDGE, "type", "bridge", check=True)
     _run("ip", "addr", "add", f"{NODE_IP}/{POD_CIDR.split('/')[1]}", "dev", BRIDGE, check=True)
     _run("ip", "link", "set", BRIDGE, "up", check=True)
+    # The host's packets to a ClusterIP kube-proxy has not programmed yet (a Service created a
+    # moment ago) stay on the bridge instead of following the default route off the machine;
+    # the route goes with the bridge.
+    _run("ip", "route", "add", SERVICE_CIDR, "dev", BRIDGE, check=True)
     _run("iptables", "-N", FORWARD_CHAIN, check=True)
     for rule in (
         ["-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"],

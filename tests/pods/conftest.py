@@ -315,6 +315,12 @@ def chart_values(ca_bundle: str, **overrides: Any) -> dict:
         "ha": {"peeringLifetimeSeconds": 10},
         "modelFetch": {"caBundle": ca_bundle},
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+        # One activator (scale to zero): its rollout still hands over, with room on two CPUs.
+        "activator": {
+            "replicas": 1,
+            "drainListenSeconds": 3,  # one node: its endpoints move within a second
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+        },
         **overrides,
     }
 

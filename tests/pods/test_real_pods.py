@@ -1,7 +1,8 @@
 """End to end on a real node: the chart's operator pods, an InferenceService whose model is fetched
 by its init container over https, inference through the Service's ClusterIP, the built-in
 autoscaler on real Prometheus, a rolling update and two canaries (one rolled back, one promoted)
-under load, a leader killed, and deletion.
+under load, scale to zero and back through the chart's activator (held requests, the activator
+rolled meanwhile, a model that never loads), a leader killed, and deletion.
 
 The tests run in order on one cluster and one InferenceService (each step starts from where the
 last one left it), in namespaces that enforce Pod Security `restricted`."""
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -48,7 +51,7 @@ NS = "e2e"
 NAME = "mlp"
 RELEASE = "rio"
 SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=predictor"
-OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
+OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 TARGET_MS = 40.0
 GRPC_PORT = 8081
 SLOW = "9"
@@ -371,6 +374,166 @@ def test_a_healthy_canary_is_promoted_under_load_and_fails_no_request(
     (pod,) = wait_ready_pods(node, NS, SELECTOR, 1, timeout=60)  # the stable Deployment, rolled to it
     assert "/mlp/1/model.onnx" in json.dumps(pod["spec"]["initContainers"])
     apply(node, canary_service(files, prometheus, "1", strategy="rolling"))  # as the next tests expect
+
+
+# --- Scale to zero: a second service that idles to zero, and one whose model never loads -------
+
+IDLE = "idle"
+IDLE_SELECTOR = f"app.kubernetes.io/instance={IDLE},app.kubernetes.io/component=predictor"
+HELD = 20
+
+
+def idle_service(
+    files: FileServer, prometheus: PodPrometheus, name: str = IDLE, uri: str = "mlp/1/model.onnx", **stz: int
+) -> dict:
+    """A service that goes to zero after 10 s without a request (the module's `mlp` stays)."""
+    service = inference_service(files, prometheus)
+    service["metadata"]["name"] = name
+    spec = service["spec"]
+    spec["model"] = {"uri": f"{files.url}/{uri}", "name": name, "version": "1"}
+    spec["runtime"].pop("grpcPort")
+    spec["resources"]["cpu"] = "200m"
+    spec["autoscaling"] |= {
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "scaleToZero": {"idleSeconds": 10, "maxWaitSeconds": 120, **stz},
+    }
+    return service
+
+
+def isvc(node: NodeCluster, name: str) -> dict:
+    return kubectl_json(node, "get", "ris", name, "-n", NS)
+
+
+def service_address(node: NodeCluster, name: str) -> str:
+    service = kubectl_json(node, "get", "service", name, "-n", NS)
+    return f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+
+
+def reachable(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def activator_deployment(node: NodeCluster) -> str:
+    (found,) = kubectl_json(
+        node, "get", "deployments", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/component=activator"
+    )["items"]
+    return str(found["metadata"]["name"])
+
+
+def slices_of_activator(node: NodeCluster, service: str) -> list[dict]:
+    selector = (
+        f"kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by=activator.inference.rocm.dev"
+    )
+    return list(kubectl_json(node, "get", "endpointslices", "-n", NS, "-l", selector)["items"])
+
+
+def test_an_idle_service_goes_to_zero_and_says_so(
+    node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
+) -> None:
+    apply(node, idle_service(files, prometheus))
+    wait_ready_pods(node, NS, IDLE_SELECTOR, 1, timeout=120)
+    ready_at = time.monotonic()
+    wait_for(lambda: isvc(node, IDLE)["spec"]["replicas"] == 0, timeout=90, interval=0.5, message="scale to zero")
+    FIGURES["scale to zero: Ready to zero replicas, idleSeconds 10 (s)"] = time.monotonic() - ready_at
+    wait_for(lambda: not pods(node, NS, IDLE_SELECTOR), timeout=60, message="the idle pod gone")
+    ready_condition = condition(isvc(node, IDLE), "Ready") or {}
+    assert (ready_condition.get("status"), ready_condition.get("reason")) == ("True", "ScaledToZero"), ready_condition
+    table = node.kubectl("get", "ris", IDLE, "-n", NS).stdout
+    assert "True" in table, table
+    # The activator is in the service's path: its slice names the Service and the activator's pods.
+    piece = kubectl_json(node, "get", "endpointslice", f"{IDLE}-activator", "-n", NS)
+    assert piece["metadata"]["labels"]["kubernetes.io/service-name"] == IDLE
+    assert piece["endpoints"] and piece["ports"][0]["name"] == "http"
+
+
+def test_requests_at_zero_are_held_answered_and_survive_an_activator_rollout(
+    node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
+) -> None:
+    address = service_address(node, IDLE)
+    url = f"http://{address}/infer"
+    body = {"data": [[0.1] * 64]}
+    answers: list[tuple[int, float]] = []
+    sent = time.monotonic()
+
+    def one() -> None:
+        started = time.monotonic()
+        response = httpx.post(url, json=body, timeout=180)
+        answers.append((response.status_code, time.monotonic() - started))
+
+    threads = [threading.Thread(target=one) for _ in range(HELD // 2)]
+    for thread in threads:
+        thread.start()
+    # Half from a pod: the same Service address from inside the cluster, held the same way.
+    script = (
+        "import json, threading, urllib.request\n"
+        "codes = []\n"
+        "def one():\n"
+        f"    r = urllib.request.urlopen(urllib.request.Request('{url}', data=json.dumps({body!r}).encode(), "
+        "headers={'Content-Type': 'application/json'}), timeout=180)\n"
+        "    codes.append(r.status)\n"
+        f"ts = [threading.Thread(target=one) for _ in range({HELD // 2})]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print(sorted(codes))\n"
+    )
+    in_pod: list[str] = []
+    client = threading.Thread(target=lambda: in_pod.append(run_client_pod(node, NS, "held", script, timeout=240)))
+    client.start()
+    # Roll the activator while it holds them: the old pods answer what they hold before they go.
+    wait_for(lambda: isvc(node, IDLE)["spec"]["replicas"] >= 1, timeout=30, interval=0.25, message="the wake")
+    FIGURES["scale to zero: first request to replicas 1 (s)"] = time.monotonic() - sent
+    node.kubectl("rollout", "restart", f"deployment/{activator_deployment(node)}", "-n", OPERATOR_NAMESPACE)
+    for thread in threads:
+        thread.join(timeout=240)
+    client.join(timeout=260)
+    assert sorted(code for code, _ in answers) == [200] * (HELD // 2), answers
+    assert in_pod == [str([200] * (HELD // 2))], in_pod
+    FIGURES["scale to zero: first request to its answer (s)"] = min(seconds for _, seconds in answers)
+    # A replica is Ready: the activator is out of the path (until the next idle period).
+    wait_for(lambda: not slices_of_activator(node, IDLE), timeout=10, message="the activator's slice gone")
+    node.kubectl(
+        "rollout", "status", f"deployment/{activator_deployment(node)}", "-n", OPERATOR_NAMESPACE, "--timeout=180s"
+    )
+
+
+def test_load_after_a_wake_scales_beyond_one(node: NodeCluster, release: dict) -> None:
+    load = Load([f"http://{service_address(node, IDLE)}/infer"], concurrency=12, max_seconds=90).start()
+    try:
+        wait_for(lambda: isvc(node, IDLE)["spec"]["replicas"] > 1, timeout=60, interval=0.5, message="scale-up")
+    finally:
+        load.stop()
+    assert load.sent > 20 and load.failed == 0, (load.sent, load.failures)
+    node.kubectl("delete", "ris", IDLE, "-n", NS, "--wait=false")
+
+
+def test_a_service_whose_model_never_loads_answers_503_after_its_wait(
+    node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
+) -> None:
+    never = idle_service(files, prometheus, name="never", uri="mlp/missing/model.onnx", maxWaitSeconds=6)
+    never["spec"]["replicas"] = 0  # created at zero: the activator has it at once
+    apply(node, never)
+    wait_for(lambda: slices_of_activator(node, "never"), timeout=30, message="the activator in the path")
+    address = service_address(node, "never")
+    wait_for(lambda: reachable(address), timeout=30, message="kube-proxy to send the new Service somewhere")
+    started = time.monotonic()
+    response = httpx.post(f"http://{address}/infer", json={"data": [[0.1] * 64]}, timeout=60)
+    waited = time.monotonic() - started
+    if response.status_code != 503:
+        activator = node.kubectl("logs", f"deployment/{activator_deployment(node)}", "-n", OPERATOR_NAMESPACE).stdout
+        slices = node.kubectl("get", "endpointslices", "-n", NS, "-o", "yaml").stdout
+        services = node.kubectl("get", "services", "-n", NS, "-o", "wide").stdout
+        raise AssertionError(
+            f"{response.status_code} {response.headers} {response.text!r}\n{activator}\n{slices}\n{services}"
+        )
+    assert response.headers.get("retry-after"), response.headers
+    assert waited >= 6, waited
+    assert isvc(node, "never")["spec"]["replicas"] == 1  # it was woken; its pod just never turned Ready
+    node.kubectl("delete", "ris", "never", "-n", NS, "--wait=false")
 
 
 def _change_batch_and_wait(node: NodeCluster, size: int) -> float:
