@@ -259,3 +259,24 @@ CR_PATH = "inference.rocm.dev/v1alpha1/inferenceservices"
 def condition_of(cluster: Cluster, kind: str) -> dict[str, Any] | None:
     status = (cluster.get_cr("ml", "mlp") or {}).get("status") or {}
     return next((c for c in status.get("conditions") or [] if c["type"] == kind), None)
+
+
+def test_both_engines_pods_answer_the_ready_path_the_activator_polls() -> None:
+    """The activator asks NAME-private for READY_PATH: the model server and a vLLM pod's front
+    both answer it, so a vLLM service scales to zero the same way."""
+    from inference_operator.builders.activator import READY_PATH
+    from model_server.front import READY_PATH as FRONT_READY
+
+    assert FRONT_READY == READY_PATH
+    server_paths = {getattr(route, "path", None) for route in _server_routes()}
+    assert READY_PATH in server_paths
+    scaling = {**SCALING, "metric": "ttftP95Ms"}
+    spec = {"model": {"uri": "hf://org/llm"}, "runtime": {"engine": "vllm"}, "autoscaling": scaling}
+    built = build_all(Owner(name="llm", namespace="ml", uid="u-1", spec=parse_spec(spec)))
+    assert "llm-private" in [obj["metadata"]["name"] for obj in built if obj["kind"] == "Service"]
+
+
+def _server_routes() -> list[Any]:
+    from model_server.api.health import router
+
+    return list(router.routes)
