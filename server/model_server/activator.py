@@ -42,9 +42,9 @@ import httpx
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from . import signals
+from . import metrics_port, signals
 from .activator_kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
-from .activator_metrics import ActivatorMetrics, Exposition
+from .activator_metrics import ActivatorMetrics
 from .activator_routes import (
     SLICE_SELECTOR,
     WAKE_ANNOTATION,
@@ -609,21 +609,8 @@ class ActivatorServer(uvicorn.Server):
             self.handle_exit(early, None)
 
     async def _listen_for_metrics(self) -> asyncio.Server:
-        config = self.metrics
-        assert config is not None
-        config.load()
-
-        def connection(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
-            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state={}, _loop=_loop
-            )
-            return protocol
-
-        server = await asyncio.get_running_loop().create_server(
-            connection, host=config.host, port=config.port, backlog=config.backlog
-        )
-        log.info("metrics on :%d/metrics", config.port)
-        return server
+        assert self.metrics is not None
+        return await metrics_port.listen(self.metrics, self.server_state)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.activator.draining = True
@@ -697,7 +684,7 @@ def serve(config: ActivatorConfig) -> int:
     metrics = None
     if config.metrics_port:
         metrics = uvicorn.Config(
-            Exposition(activator.metrics.registry, max_age_s=EXPOSITION_MAX_AGE_S),
+            metrics_port.MetricsExposition(activator.metrics.registry, max_age_s=EXPOSITION_MAX_AGE_S),
             host=config.host,
             port=config.metrics_port,
             log_config=None,

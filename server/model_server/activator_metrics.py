@@ -8,10 +8,8 @@ up series in the activator for ever.
 from __future__ import annotations
 
 import contextlib
-import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from starlette.types import Receive, Scope, Send
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .activator_routes import ServiceKey
 
@@ -71,24 +69,3 @@ class ActivatorMetrics:
         for code in self._codes.pop(key, set()):
             with contextlib.suppress(KeyError):
                 self.requests.remove(key.namespace, key.name, code)
-
-
-class Exposition:
-    """The metrics port's app: the registry's exposition at any path, made at most once per
-    `max_age_s` whoever asks (a flood of scrapes costs one exposition a second)."""
-
-    def __init__(self, registry: CollectorRegistry, max_age_s: float = 1.0) -> None:
-        self.registry = registry
-        self.max_age_s = max_age_s
-        self._made_at = -max_age_s
-        self._body = b""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        now = time.monotonic()
-        if now - self._made_at >= self.max_age_s:
-            self._body, self._made_at = generate_latest(self.registry), now
-        headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", b"%d" % len(self._body))]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": self._body})

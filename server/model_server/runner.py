@@ -16,14 +16,12 @@ import gc
 import logging
 import socket
 import threading
-import time
 from types import FrameType
 
 import uvicorn
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-from starlette.types import Receive, Scope, Send
+from prometheus_client import REGISTRY
 
-from . import signals
+from . import metrics_port, signals
 from .app import create_app
 from .caches import prepare_compile_caches
 from .grpc_server import GrpcFrontEnd
@@ -67,21 +65,8 @@ class GracefulServer(uvicorn.Server):
     async def _listen_for_metrics(self) -> asyncio.Server:
         """The metrics port: its connections are the server's own (the same state, so the same
         shutdown and Date header), each under the same limits as the main port's."""
-        config = self.metrics
-        assert config is not None
-        config.load()
-
-        def connection(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
-            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state={}, _loop=_loop
-            )
-            return protocol
-
-        server = await asyncio.get_running_loop().create_server(
-            connection, host=config.host, port=config.port, backlog=config.backlog
-        )
-        log.info("metrics on :%d/metrics", config.port)
-        return server
+        assert self.metrics is not None
+        return await metrics_port.listen(self.metrics, self.server_state)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """The gRPC port stops taking calls with the HTTP ports; its calls in progress drain
@@ -119,34 +104,12 @@ def connection_limits(settings: ServerSettings, probe_paths: frozenset[str] = PR
     return ConnectionLimits.of(settings, probe_paths)
 
 
-class MetricsExposition:
-    """The metrics port's app: the registry's exposition at any path, made at most once per
-    `max_age_s` whoever asks. Made on the loop, a flood of scrapes (300 at once) held every
-    port's answers for seconds; a second's staleness means nothing to a scrape every 15 s."""
-
-    def __init__(self, registry: CollectorRegistry, max_age_s: float = 1.0) -> None:
-        self.registry = registry
-        self.max_age_s = max_age_s
-        self._made_at = -max_age_s
-        self._body = b""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
-        now = time.monotonic()
-        if now - self._made_at >= self.max_age_s:
-            self._body, self._made_at = generate_latest(self.registry), now
-        headers = [(b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", b"%d" % len(self._body))]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": self._body})
-
-
 def metrics_config(settings: ServerSettings) -> uvicorn.Config | None:
     """The metrics port's listener, or None without `metrics_port`."""
     if not settings.metrics_port:
         return None
     return uvicorn.Config(
-        MetricsExposition(REGISTRY),
+        metrics_port.MetricsExposition(REGISTRY),
         host=settings.host,
         port=settings.metrics_port,
         log_config=None,
