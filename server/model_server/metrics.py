@@ -28,6 +28,10 @@ class RequestTracker:
     code: int = 200
 
 
+#: Request counts exported at 0 from a version's load: success and the server's own failures.
+DECLARED_CODES = (200, 500, 503)
+
+
 class ServerMetrics:
     """All server metrics, registered on one (injectable) registry."""
 
@@ -95,6 +99,14 @@ class ServerMetrics:
         self.queue_depth.labels(model)
 
     def batch_observer(self, model: str, version: str) -> BatchMetrics:
+        """The version's batch metrics; its request counts of the codes alerts divide by start at
+        0 with it: a series that appears at its first 500 has no earlier sample, so rate() and
+        increase() over a burst that fits one scrape interval see nothing (the error-rate alert
+        would never fire for it)."""
+        for code in DECLARED_CODES:
+            key = (model, version, code)
+            if key not in self._counted:
+                self._counted[key] = self.requests.labels(model, version, str(code))
         return BatchMetrics(self, model, version)
 
     @contextmanager

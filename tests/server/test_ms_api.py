@@ -409,3 +409,14 @@ async def test_torchscript_model_over_both_apis(tmp_path):
     out = v2.json()["outputs"][0]
     assert out["name"] == "y" and out["shape"] == [2, 3]
     np.testing.assert_allclose(np.reshape(out["data"], (2, 3)), x @ weight + bias, rtol=1e-5, atol=1e-5)
+
+
+async def test_the_error_counts_alerts_divide_by_start_at_zero_with_the_version(server):
+    """A 500 series that appears at its first 500 has no earlier sample: rate() over a burst
+    within one scrape interval sees nothing, and the error-rate alert never fires for it."""
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        await until(lambda: server.metric("model_server_queue_depth", {"model": "tiny"}) is not None)
+        text = (await client.get("/metrics")).text
+    for code in ("200", "500", "503"):
+        assert f'model_server_requests_total{{code="{code}",model="tiny",version="1"}}' in text, code
+    assert server.metric("model_server_requests_total", {"code": "500", "model": "tiny", "version": "1"}) == 0
