@@ -213,8 +213,8 @@ def _follow_activator(
 ) -> None:
     """NAME-activator as the service's ready count now asks (scale_to_zero.py)."""
     ready = status.get("readyReplicas")
-    registry: scale_to_zero.Registry = memo.scale_to_zero
-    if not registry.remember(owner, ready):
+    registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
+    if registry is None or not registry.remember(owner, ready):  # None: not started by `configure`
         return
     change = scale_to_zero.sync_slice(memo.api, owner, ready, registry.activator)
     if change is not None:
@@ -525,7 +525,8 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             )
 
         previous, new_status = await asyncio.to_thread(_publish, memo, ref, mirrored)
-        if _serves_at_zero(isvc) or memo.scale_to_zero.knows(namespace, owner_ref["name"]):
+        registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
+        if _serves_at_zero(isvc) or (registry is not None and registry.knows(namespace, owner_ref["name"])):
             owner = memo.config.owner(owner_ref["name"], namespace, owner_ref["uid"], parse_spec(isvc["spec"]))
             await asyncio.to_thread(_follow_activator, memo, isvc, owner, new_status, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kopf._core.engines import posting
 
-from inference_operator import credentials, handlers
+from inference_operator import credentials, handlers, scale_to_zero
 from inference_operator.builders import Owner, build_all
 from inference_operator.config import OperatorConfig
 from inference_operator.k8s import KubeApi
@@ -137,7 +137,10 @@ def shared_cluster(tmp_path_factory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def direct_memo(shared_cluster: Cluster) -> Iterator[kopf.Memo]:
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=shared_cluster.url))
-    memo = kopf.Memo(api=KubeApi(client), config=OperatorConfig.from_environ(os.environ))
+    # What `handlers.configure` puts in the operator's memo.
+    memo = kopf.Memo(
+        api=KubeApi(client), config=OperatorConfig.from_environ(os.environ), scale_to_zero=scale_to_zero.Registry()
+    )
     # kopf.info()/warn() outside the reactor: give them a queue to post into.
     loop = asyncio.new_event_loop()
     tokens = [
