@@ -158,7 +158,9 @@ def test_a_slow_canary_is_rolled_back_by_itself(tmp_path: Path, cluster: Cluster
     assert steady.failed == 0 and to_canary.failed == 0, (steady.failures, to_canary.failures)
 
     assert rolled_back["stage"] == "rolled back" and rolled_back["weight"] == 0
-    assert "latency" in rolled_back["message"] and "step 1 (10%)" in rolled_back["message"]
+    # At the first step usually; under a loaded machine an early check of the few first answers
+    # can pass it and the breach is caught at the second (2 s steps): either way before promotion.
+    assert "latency" in rolled_back["message"] and "rolled back at step" in rolled_back["message"]
     assert rolled_back["lastCheck"]["verdict"] == "fail" and rolled_back["lastCheck"]["latencyMs"] > MAX_LATENCY_MS
     breach = next(t for t, v in series if v > MAX_LATENCY_MS)
     reaction = rolled_back_at - breach
