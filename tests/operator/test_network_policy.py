@@ -71,15 +71,11 @@ def admitted(policy: dict[str, Any], port: int, peer: dict[str, Any]) -> bool:
         if "from" not in rule:
             return True
         for source in rule["from"]:
-            if "namespaceSelector" in source and matches(
-                source["namespaceSelector"]["matchLabels"], peer["namespace_labels"]
-            ):
-                return True
-            if (
-                "podSelector" in source
-                and peer["same_namespace"]
-                and matches(source["podSelector"]["matchLabels"], peer["pod_labels"])
-            ):
+            pods = "podSelector" not in source or matches(source["podSelector"]["matchLabels"], peer["pod_labels"])
+            if "namespaceSelector" in source:  # with a podSelector beside it: both must match
+                if matches(source["namespaceSelector"]["matchLabels"], peer["namespace_labels"]) and pods:
+                    return True
+            elif peer["same_namespace"] and pods:
                 return True
     return False
 
@@ -105,9 +101,13 @@ def test_the_sidecar_and_metrics_port_answer_only_the_operator_and_prometheus() 
     policy = network_policy(LORA)
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     anyone, tenant = peer("other-tenant"), peer("ml", {"app": "client"})
-    operator, prometheus = peer("inference-system"), peer("monitoring")
+    operator = peer("inference-system", {"app.kubernetes.io/component": "operator"})
+    prometheus = peer("monitoring")
     assert all(admitted(policy, 8000, p) for p in (anyone, tenant, operator, prometheus))  # serving: open
     assert [admitted(policy, 8001, p) for p in (anyone, tenant, operator, prometheus)] == [False, False, True, True]
+    # The activator shares the operator's namespace and proxies to where tenants' Services lead.
+    activator = peer("inference-system", {"app.kubernetes.io/component": "activator"})
+    assert admitted(policy, 8000, activator) and not admitted(policy, 8001, activator)
     assert not admitted(policy, 9999, operator)  # any other port: closed
     objects = build_all(owner(LORA))
     (sidecar,) = [c for t in pod_templates(objects) for c in t["spec"]["initContainers"] if c["name"] == "adapters"]

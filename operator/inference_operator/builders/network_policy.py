@@ -4,7 +4,8 @@ The serving ports (runtime.port, and runtime.grpcPort when set) answer everyone 
 the gateway, the endpoint picker). Every other port is closed to the pod network, but:
 
 - `runtime.metricsPort` (the model server's metrics; on vLLM pods, the adapters sidecar's status)
-  is open to the operator's namespace, which asks the sidecars how their adapters stand, and to
+  is open to the operator's pods (the chart's `app.kubernetes.io/component: operator` in its
+  namespace), which ask the sidecars how their adapters stand, and to
   Prometheus's namespaces (chart value networkPolicy.prometheusNamespaceSelector);
 - a multi-node replica's pods (resources.gpu.nodes > 1) reach each other on every port: vLLM's
   distributed bootstrap (--master-port), its message queues (which unpickle what they receive)
@@ -22,6 +23,9 @@ from ..kinds import NETWORK_POLICY
 from ..settings import NAMESPACE_NAME_LABEL
 from .common import Owner, multi_node, object_meta, selector_labels
 
+# The chart's label on the operator's pods (templates/_helpers.tpl, rio.selectorLabels).
+OPERATOR_POD_LABELS = {"app.kubernetes.io/component": "operator"}
+
 
 def needs_network_policy(owner: Owner) -> bool:
     return owner.network.enabled
@@ -30,8 +34,11 @@ def needs_network_policy(owner: Owner) -> bool:
 def build_network_policy(owner: Owner) -> JsonObject:
     runtime = owner.spec.runtime
     pods = {"matchLabels": selector_labels(owner)}
+    operator = {"matchLabels": {NAMESPACE_NAME_LABEL: owner.network.operator_namespace}}
     monitors = [
-        {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: owner.network.operator_namespace}}},
+        # The operator's pods, not its whole namespace: the scale-to-zero activator runs there
+        # too, and it proxies to whatever a tenant's NAME-private leads to.
+        {"namespaceSelector": operator, "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}},
         {"namespaceSelector": dict(owner.network.prometheus_namespaces)},
     ]
     ingress: list[JsonObject] = [
