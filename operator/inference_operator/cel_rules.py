@@ -1,7 +1,7 @@
 """CEL rules (`x-kubernetes-validations`) run the way the API server runs them.
 
 One evaluator (the `common-expression-language` package, a compiled CEL implementation) for the
-model (models.py runs the rules it declares instead of rewriting them in Python), `render`, the
+model (models/ runs the rules it declares instead of rewriting them in Python), `render`, the
 emulated API server and the tests. Standard CEL plus the functions of the Kubernetes CEL
 libraries that the rules call; a rule calling any other fails loudly ("cannot be evaluated"),
 never passes silently.

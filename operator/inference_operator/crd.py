@@ -3,8 +3,8 @@
     python -m inference_operator.crd            # rewrite crds/ and the chart's crds/ copy
     python -m inference_operator.crd --check    # exit 1 naming each stale file (CI runs this as a test)
 
-models.py is the one source of the schema; the two YAML files are build output, never edited by
-hand. To add a spec field: declare it on the right model in models.py with its type, default and
+models/ is the one source of the schema; the two YAML files are build output, never edited by
+hand. To add a spec field: declare it on the right model in models/ with its type, default and
 bounds (`Field(ge=..., le=..., pattern=..., max_length=..., description=...)`; the description
 becomes `kubectl explain` text), put any cross-field check next to it as a CEL rule with
 `cel(...)` in that model's `model_config` `json_schema_extra` (or the field's own

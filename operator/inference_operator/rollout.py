@@ -99,7 +99,7 @@ class RolloutState:
         }[self.phase]
 
     def to_status(self) -> JsonObject:
-        """The `status.rollout` mapping (as `RolloutStatus` in models.py describes it)."""
+        """The `status.rollout` mapping (as `models.RolloutStatus` describes it)."""
         status: JsonObject = {
             "phase": self.phase.value,
             "stage": self.stage,

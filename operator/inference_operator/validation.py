@@ -3,7 +3,7 @@
 The API server prunes (or, with strict field validation as kubectl asks for, refuses) unknown
 fields, fills the schema's defaults, validates the OpenAPI schema and then evaluates the CEL rules
 (`x-kubernetes-validations`) on the defaulted object. `validate_custom_resource` does the same
-against the CRD generated from models.py, so `render`, the tests and the emulated API server give
+against the CRD generated from models/, so `render`, the tests and the emulated API server give
 the verdict a real one would (CEL through cel.py).
 """
 

@@ -1,0 +1,197 @@
+"""The serving container: engine, image, providers, batching, ports, tracing, env and args."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from .base import SpecModel, cel, cel_list, cel_rules, cel_string, prefixes_pattern
+from .engines import (
+    OPERATOR_ENV,
+    OPERATOR_FLAGS,
+    VLLM_ARG_PATTERN,
+    VLLM_ARGS_MESSAGE,
+    VLLM_RESERVED_ARG_PATTERN,
+    VLLM_RESERVED_FLAGS,
+    Engine,
+)
+from .names import IMAGE_PATTERN
+
+
+class ExecutionProvider(StrEnum):
+    MIGRAPHX = "MIGraphXExecutionProvider"
+    ROCM = "ROCMExecutionProvider"
+    CUDA = "CUDAExecutionProvider"
+    CPU = "CPUExecutionProvider"
+
+
+class BatchingSpec(SpecModel):
+    max_batch_size: Annotated[int, Field(ge=1, le=1024)] = 16
+    max_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 5
+    max_queue: Annotated[int, Field(ge=1, le=100_000)] = 256
+
+
+class EnvVar(SpecModel):
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)
+    # 64 variables of at most 4 KiB: a pod spec stays far below etcd's object size limit.
+    value: str = Field("", max_length=4096)
+
+
+_ARGS_MESSAGE = "runtime.args must not set the flags the operator sets (use the spec's fields): " + ", ".join(
+    OPERATOR_FLAGS
+)
+_ENV_MESSAGE = "runtime.env must not set the variables the operator sets (GPUs: resources.gpu.visibleDevices): " + (
+    ", ".join(OPERATOR_ENV)
+)
+
+
+def _default_providers() -> list[ExecutionProvider]:
+    # MIGraphX is AMD's supported ONNX Runtime path; the ROCm provider left ONNX Runtime in 1.23
+    # and is only an opt-in fallback for images that still carry onnxruntime-rocm <= 1.22.
+    return [ExecutionProvider.MIGRAPHX, ExecutionProvider.CPU]
+
+
+_IS_VLLM = "has(self.engine) && self.engine == 'vllm'"
+
+# The LoRA ranks vLLM accepts (--max-lora-rank).
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+
+
+class LoraSpec(SpecModel):
+    """How many LoRA adapters vLLM holds at once, and how large they may be."""
+
+    max_loras: int = Field(4, ge=1, le=256, description="Adapters one batch may use at once (--max-loras).")
+    max_lora_rank: LoraRank = Field(
+        16, description="Largest adapter rank (--max-lora-rank); a larger one fails to load."
+    )
+
+
+class TracingSpec(SpecModel):
+    """Where the serving container sends its OpenTelemetry traces (OTLP over HTTP)."""
+
+    endpoint: str = Field(
+        # A URL to post traces to: http or https, a host, an optional path; no user info, query or
+        # fragment. Only this service's serving container sends there (never the operator, nor a
+        # container that holds a credential).
+        pattern=r"^https?://[^/?#@\s]+(/[^?#\s]*)?$",
+        max_length=2048,
+        description="OTLP/HTTP traces URL of a collector, e.g. http://otel-collector.observability:4318/v1/traces; "
+        "the model server sends a span per request (queue wait, batch, runtime, encoding), vLLM its own request "
+        "spans.",
+    )
+    sampling_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of new traces recorded; a caller's traceparent decides for the traces it continues.",
+    )
+
+
+class RuntimeSpec(SpecModel):
+    """The serving container: engine, image, providers, batching and probes."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
+                "runtime.port and runtime.metricsPort must differ",
+            ),
+            cel(f"!has(self.lora) || ({_IS_VLLM})", "runtime.lora applies to engine vllm only", ".lora"),
+            cel(
+                f"!has(self.grpcPort) || !({_IS_VLLM})",
+                "runtime.grpcPort applies to engine modelServer only: vLLM serves no gRPC inference protocol",
+                ".grpcPort",
+            ),
+            cel(
+                "!has(self.grpcPort) || ((!has(self.port) || self.grpcPort != self.port)"
+                " && (!has(self.metricsPort) || self.grpcPort != self.metricsPort))",
+                "runtime.grpcPort must differ from runtime.port and runtime.metricsPort",
+                ".grpcPort",
+            ),
+            cel(
+                f"!has(self.maxModelLen) || ({_IS_VLLM})",
+                "runtime.maxModelLen applies to engine vllm only",
+                ".maxModelLen",
+            ),
+            cel(
+                f"!({_IS_VLLM}) || !has(self.args) || self.args.all(a, a.matches({cel_string(VLLM_ARG_PATTERN)})"
+                f" && !a.matches({cel_string(VLLM_RESERVED_ARG_PATTERN)}))",
+                f"{VLLM_ARGS_MESSAGE}: each entry is --flag or --flag=value, and none may set a flag the operator sets "
+                f"({', '.join('--' + f for f in VLLM_RESERVED_FLAGS)}, or an abbreviation)",
+                ".args",
+            ),
+        )
+    )
+
+    engine: Engine = Field(
+        Engine.MODEL_SERVER,
+        description="modelServer runs the bundled server (ONNX/TorchScript, batching); vllm runs vLLM's "
+        "OpenAI-compatible server for LLMs (tensor parallel over resources.gpu.count).",
+    )
+    image: str | None = Field(
+        None,
+        pattern=IMAGE_PATTERN,
+        max_length=512,
+        description="Serving image; the operator's model-server or vLLM image (per engine) when unset.",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        le=10_000_000,
+        description="vllm: longest context (prompt + output tokens) per request (--max-model-len); the model's own "
+        "limit when unset.",
+    )
+    lora: LoraSpec | None = Field(
+        None,
+        description="vllm: serve LoRA adapters (spec.adapters), loaded and unloaded without a restart; on with "
+        "these sizes whenever spec.adapters has one.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    execution_providers: list[ExecutionProvider] = Field(
+        default_factory=_default_providers,
+        min_length=1,
+        max_length=4,
+        description="ONNX Runtime execution providers in order of preference; unavailable ones are skipped at "
+        "load time.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    batching: BatchingSpec = Field(default_factory=BatchingSpec)
+    port: Annotated[int, Field(ge=1, le=65535)] = 8080
+    metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9090
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="The Open Inference Protocol over gRPC (inference.GRPCInferenceService, for Triton's and "
+        "KServe's gRPC clients) on this port of the pod and the Service (KServe uses 8081); engine modelServer "
+        "only. Off when unset.",
+    )
+    tracing: TracingSpec | None = Field(
+        None, description="OpenTelemetry traces of the serving container; off when unset."
+    )
+    startup_timeout_seconds: int = Field(
+        600,
+        ge=10,
+        le=7200,
+        description="How long a replica may take to load and warm up its model before it is restarted.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment of the model server; the variables the operator sets are refused.",
+        json_schema_extra=cel(f"self.all(e, !has(e.name) || !(e.name in {cel_list(OPERATOR_ENV)}))", _ENV_MESSAGE),
+    )
+    args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra flags of the model server, or vLLM engine arguments (each one --flag or --flag=value); "
+        "the flags the operator sets (and their prefixes) are refused.",
+        json_schema_extra=cel(
+            "self.all(a, !a.matches('^--"
+            + prefixes_pattern(tuple(f.removeprefix("--") for f in OPERATOR_FLAGS))
+            + "(=|$)'))",
+            _ARGS_MESSAGE,
+        ),
+    )

@@ -1,0 +1,152 @@
+"""`spec` of an InferenceService: the models above put together, with the rules across them, and
+the one way a raw spec is read (`parse_spec`)."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field, field_validator
+
+from ..jsontypes import JsonObject
+from .autoscaling import AutoscalingSpec
+from .base import SpecModel, cel, cel_rules, cel_string
+from .engines import ENGINE_METRICS, VLLM_MULTI_NODE_ARG_PATTERN, VLLM_MULTI_NODE_FLAGS, Engine
+from .model import AdapterSpec, ModelSpec
+from .names import SpecError
+from .resources import ResourcesSpec, SchedulingSpec
+from .rollout import CANARY_METRICS, RolloutSpec
+from .routing import RoutingSpec
+from .runtime import RuntimeSpec
+
+_VLLM_METRICS = ", ".join(f"'{m.value}'" for m in sorted(ENGINE_METRICS[Engine.VLLM]))
+
+
+def _canary_metrics(engine: Engine) -> str:
+    return ", ".join(f"'{m.value}'" for m in CANARY_METRICS[engine])
+
+
+_MULTI_NODE = (
+    "has(self.resources) && has(self.resources.gpu) && has(self.resources.gpu.nodes) && self.resources.gpu.nodes > 1"
+)
+_IS_VLLM_SPEC = "has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm'"
+
+
+class InferenceServiceSpec(SpecModel):
+    """`spec` of an InferenceService."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.resources) || !has(self.resources.gpu) || !has(self.resources.gpu.count)"
+                " || self.resources.gpu.count > 0"
+                " || !has(self.runtime) || !has(self.runtime.executionProviders)"
+                " || 'CPUExecutionProvider' in self.runtime.executionProviders",
+                "runtime.executionProviders has no CPUExecutionProvider but resources.gpu.count is 0",
+                ".runtime.executionProviders",
+            ),
+            cel(
+                "!has(self.autoscaling) || !has(self.autoscaling.metric)"
+                " || ((has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm')"
+                f" == (self.autoscaling.metric in [{_VLLM_METRICS}]))",
+                "autoscaling.metric must be one the engine exports: ttftP95Ms, itlP95Ms, e2eLatencyP95Ms, "
+                "requestsWaiting or kvCacheUsage for vllm; latencyP95Ms, latencyP99Ms, queueDepth, rps or "
+                "gpuUtilization for modelServer",
+                ".autoscaling.metric",
+            ),
+            cel(
+                "!has(self.rollout) || !has(self.rollout.canary) || !has(self.rollout.canary.analysis)"
+                " || !has(self.rollout.canary.analysis.metric)"
+                " || ((has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm')"
+                f" ? self.rollout.canary.analysis.metric in [{_canary_metrics(Engine.VLLM)}]"
+                f" : self.rollout.canary.analysis.metric in [{_canary_metrics(Engine.MODEL_SERVER)}])",
+                "rollout.canary.analysis.metric must be a latency the engine exports: latencyP95Ms or latencyP99Ms "
+                "for modelServer; ttftP95Ms, itlP95Ms or e2eLatencyP95Ms for vllm",
+                ".rollout.canary.analysis.metric",
+            ),
+            cel(
+                "!has(self.model) || !has(self.model.huggingFace)"
+                " || (has(self.model.uri) && self.model.uri.startsWith('hf://'))"
+                " || (has(self.adapters) && self.adapters.exists(a, has(a.uri) && a.uri.startsWith('hf://')))",
+                "model.huggingFace applies to hf:// models and adapters only",
+                ".model.huggingFace",
+            ),
+            cel(
+                f"{_MULTI_NODE} ? ({_IS_VLLM_SPEC}) : true",
+                "resources.gpu.nodes above 1 needs runtime.engine vllm",
+                ".resources.gpu.nodes",
+            ),
+            cel(
+                f"{_MULTI_NODE}"
+                " ? !(has(self.rollout) && has(self.rollout.strategy) && self.rollout.strategy == 'canary')"
+                " && !(has(self.adapters) && size(self.adapters) > 0) : true",
+                "resources.gpu.nodes above 1 does not take a canary rollout or adapters yet",
+                ".resources.gpu.nodes",
+            ),
+            cel(
+                f"{_MULTI_NODE} && has(self.runtime) && has(self.runtime.args)"
+                f" ? self.runtime.args.all(a, !a.matches({cel_string(VLLM_MULTI_NODE_ARG_PATTERN)})) : true",
+                "runtime.args may not set what a multi-node replica sets: "
+                + ", ".join("--" + f for f in VLLM_MULTI_NODE_FLAGS)
+                + " (or an abbreviation)",
+                ".runtime.args",
+            ),
+            cel(
+                "!has(self.adapters) || size(self.adapters) == 0"
+                " || (has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm')",
+                "spec.adapters needs runtime.engine vllm",
+                ".adapters",
+            ),
+            cel(
+                "!has(self.autoscaling) || !has(self.autoscaling.scaleToZero)"
+                " || !has(self.routing) || !has(self.routing.inferencePool) || !self.routing.inferencePool",
+                "autoscaling.scaleToZero holds requests at the Service, and an InferencePool's gateway sends them "
+                "to the pods directly: at zero they would fail; use routing.httpRoute or the Service",
+                ".autoscaling.scaleToZero",
+            ),
+        )
+    )
+
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Desired replicas; written by the autoscaler (scale subresource) when spec.autoscaling is set.",
+    )
+    model: ModelSpec
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    autoscaling: AutoscalingSpec | None = Field(
+        None, description="Latency-SLO autoscaling; without it the service keeps spec.replicas."
+    )
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        max_length=64,
+        description="LoRA adapters served beside the model (engine vllm), each by its name; added and removed in "
+        "running replicas without a restart, and loaded by a new replica before it turns Ready. Their state "
+        "per replica is in status.adapters.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @field_validator("adapters")
+    @classmethod
+    def _unique_adapters(cls, adapters: list[AdapterSpec]) -> list[AdapterSpec]:
+        names = [a.name for a in adapters]
+        if len(set(names)) != len(names):
+            raise ValueError("adapter names must be unique")
+        return adapters
+
+
+def parse_spec(spec: JsonObject) -> InferenceServiceSpec:
+    """Validate a raw `spec` mapping; raise SpecError naming the first bad field."""
+    from pydantic import ValidationError
+
+    try:
+        return InferenceServiceSpec.model_validate(spec)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        path = ".".join(str(p) for p in ("spec", *err["loc"]))
+        message = err["msg"].removeprefix("Value error, ")
+        if len(exc.errors()) > 1:
+            message += f" (and {len(exc.errors()) - 1} more)"
+        raise SpecError(path, message) from exc
