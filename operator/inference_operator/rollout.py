@@ -243,15 +243,18 @@ def judge(check: Check | None, canary: CanarySpec) -> tuple[str, str]:
     if check.requests < analysis.min_requests:
         return "inconclusive", f"{check.requests:.0f} requests in the window, fewer than {analysis.min_requests}"
     latency, errors = check.latency_ms, check.error_ratio or 0.0
+    if latency is None or not math.isfinite(latency):
+        # Requests but no latency: the query failed (Prometheus busy, timed out) or came back
+        # NaN. Never a pass: a slow canary would be promoted unjudged.
+        return "inconclusive", f"no latency for the canary's pods over {check.requests:.0f} requests"
     problems = []
-    if latency is not None and math.isfinite(latency) and latency > analysis.max_latency_ms:
+    if latency > analysis.max_latency_ms:
         problems.append(f"latency {latency:.1f} ms over {analysis.max_latency_ms:g} ms")
     if errors > analysis.max_error_ratio:
         problems.append(f"error ratio {errors:.3f} over {analysis.max_error_ratio:g}")
     if problems:
         return "fail", "; ".join(problems)
-    shown = "n/a" if latency is None else f"{latency:.1f} ms"
-    return "pass", f"latency {shown}, error ratio {errors:.3f} over {check.requests:.0f} requests"
+    return "pass", f"latency {latency:.1f} ms, error ratio {errors:.3f} over {check.requests:.0f} requests"
 
 
 def advance(state: RolloutState, canary: CanarySpec, check: Check | None, now: float, command: str | None) -> Step:

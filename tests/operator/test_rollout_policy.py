@@ -94,7 +94,10 @@ def test_the_canary_takes_its_share_by_replicas_and_never_shrinks_the_stable_arm
         (SLOW, "fail", "latency 80.0 ms over 50 ms"),
         (FAILING, "fail", "error ratio 0.200 over 0.05"),
         (GOOD, "pass", "latency 20.0 ms"),
-        (replace(GOOD, latency_ms=None), "pass", "latency n/a"),  # vLLM exports no error count
+        (replace(GOOD, error_ratio=None), "pass", "latency 20.0 ms"),  # vLLM exports no error count
+        # Requests but no latency (its query failed or came back NaN): never promoted unjudged.
+        (replace(GOOD, latency_ms=None), "inconclusive", "no latency for the canary's pods over 100 requests"),
+        (replace(SLOW, latency_ms=float("nan")), "inconclusive", "no latency"),
     ],
 )
 def test_a_check_is_judged_only_on_fresh_data_with_enough_requests(check: Check | None, verdict: str, why: str) -> None:
