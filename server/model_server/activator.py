@@ -483,7 +483,7 @@ class Activator:
         gate = self.gates.get(route.key)
         if gate is None:
             self.gates[route.key] = Gate(route)
-            self.metrics.held.labels(route.key.namespace, route.key.name).set(0)  # the series says: routed
+            self.metrics.routed(route.key)
             log.info("routing %s: %s -> %s", route.key, ", ".join(sorted(route.hosts)), route.upstream)
         else:
             gate.route, gate.lingering_until = route, None

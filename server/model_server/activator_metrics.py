@@ -50,6 +50,15 @@ class ActivatorMetrics:
         )
         self._codes: dict[ServiceKey, set[str]] = {}
 
+    def routed(self, key: ServiceKey) -> None:
+        """Start the service's gauges and counters at 0, so that the first wake or timeout is an
+        increase (a series that appears at 1 has none: `increase()` needs a sample before it, and
+        the alert on timeouts would miss the first one)."""
+        self.held.labels(key.namespace, key.name).set(0)
+        self.wakes.labels(key.namespace, key.name)
+        for outcome in OUTCOMES:
+            self.wait.labels(key.namespace, key.name, outcome)
+
     def answered(self, key: ServiceKey, code: int) -> None:
         self._codes.setdefault(key, set()).add(str(code))
         self.requests.labels(key.namespace, key.name, str(code)).inc()

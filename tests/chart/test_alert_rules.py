@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.chart import helm as h
+from tests.observability import dashboard as grafana
 
 HERE = pathlib.Path(__file__).parent
 UNIT_TESTS = HERE / "alert_tests.yaml"
@@ -92,7 +93,7 @@ def test_every_dashboard_query_is_valid_promql(tmp_path: pathlib.Path) -> None:
             query = variable["query"]["query"]
             assert query.startswith("query_result(") and "vllm:" in query and "model_server_" in query
             exprs.append(query.removeprefix("query_result(").removesuffix(")"))
-    filled = [e.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$model", ".*") for e in exprs]
+    filled = [grafana.filled(e, namespace=".*", model=".*") for e in exprs]
     rules = [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(filled)]
     (tmp_path / "dashboard.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     checked = promtool("check", "rules", "dashboard.yaml", cwd=tmp_path)

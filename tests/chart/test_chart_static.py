@@ -13,10 +13,12 @@ import jsonschema
 import pytest
 import yaml
 from kopf._cogs.structs import references
+from prometheus_client import CollectorRegistry
 
 import inference_operator
 from inference_operator import metrics
 from inference_operator.autoscaler import promql
+from model_server.activator_metrics import ActivatorMetrics
 from tests.chart import helm as h
 
 SCHEMA = json.loads((h.CHART / "values.schema.json").read_text())
@@ -44,8 +46,13 @@ HISTOGRAMS = {
 
 
 def operator_metric_names() -> set[str]:
+    return registry_series(metrics.REGISTRY)
+
+
+def registry_series(registry: CollectorRegistry) -> set[str]:
+    """The series names a registry's families expose."""
     names = set()
-    for family in metrics.REGISTRY.collect():
+    for family in registry.collect():
         if family.type == "counter":
             names.add(f"{family.name}_total")
         elif family.type == "histogram":
@@ -70,6 +77,7 @@ VLLM_DASHBOARD_ONLY = {"vllm:lora_requests_info"}
 
 def known_series() -> set[str]:
     series = set(MODEL_SERVER_METRICS) | operator_metric_names() | vllm_series() | VLLM_DASHBOARD_ONLY | {"up"}
+    series |= registry_series(ActivatorMetrics().registry)  # the scale-to-zero activator's
     for name in HISTOGRAMS:
         series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     return series
@@ -109,6 +117,8 @@ PROMQL_WORDS = {
     "labels",
     "value",
     "reason",
+    "service",
+    "outcome",
 }
 
 
@@ -295,6 +305,8 @@ def test_dashboard_queries_known_metrics_and_shows_what_operators_need() -> None
         <= used
     )
     assert "inference_operator_rollouts_total" in used
+    # scale to zero: requests held, their wait, wakes
+    assert {"activator_held_requests", "activator_wait_seconds_bucket", "activator_wakes_total"} <= used
 
 
 def test_the_dashboard_is_valid_grafana_json() -> None:

@@ -454,6 +454,10 @@ def test_a_slice_that_comes_before_its_services_is_routed_once_they_exist(
     fake.put_service(service("team-i", "early-private", "127.0.0.1", replicas.port))  # the slice unchanged
     labels = {"namespace": "team-i", "service": "early"}
     wait_for(lambda: activator.metric("activator_held_requests", **labels) is not None, timeout=20, message="a route")
+    # Routed, every series starts at 0: a first wake or timeout is then an increase an alert sees.
+    assert activator.metric("activator_wakes_total", **labels) == 0
+    for outcome in ("served", "timeout", "refused", "gone"):
+        assert activator.metric("activator_wait_seconds_count", **labels, outcome=outcome) == 0, outcome
     replicas.ready.add("team-i.early")
     assert activator.get("early.team-i").status_code == 200
 

@@ -82,9 +82,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: rocm-inference
 {{- end }}
 
+{{/* The activator's name (its Deployment, Service, account and scrape job), whether or not it is installed. */}}
+{{- define "rio.activatorFullname" -}}
+{{- printf "%s-activator" (include "rio.fullname" . | trunc 53 | trimSuffix "-") }}
+{{- end }}
+
+{{/* Whether the activator is installed ("true" or empty): its watch is cluster-wide. */}}
+{{- define "rio.activatorEnabled" -}}
+{{- if and .Values.activator.enabled .Values.watch.allNamespaces }}true{{ end }}
+{{- end }}
+
 {{/* NAMESPACE/NAME of the activator's Service, for the operator; empty without one. */}}
 {{- define "rio.activatorService" -}}
-{{- if and .Values.activator.enabled .Values.watch.allNamespaces }}
-{{- printf "%s/%s-activator" .Release.Namespace (include "rio.fullname" . | trunc 53 | trimSuffix "-") }}
+{{- if include "rio.activatorEnabled" . }}
+{{- printf "%s/%s" .Release.Namespace (include "rio.activatorFullname" .) }}
 {{- end }}
 {{- end }}
