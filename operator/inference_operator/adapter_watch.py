@@ -4,7 +4,7 @@ The I/O half of adapter_status: list the service's pods, GET each one's /adapter
 deadline for the whole exchange, however slowly the answer trickles; a bounded answer, parsed
 only when shallow; no redirect, no proxy from the operator's environment: the request goes to
 the pod, or nowhere), a few replicas at a time, and sum up. Run by the `adapters` daemon in
-handlers.py.
+handlers/adapters.py.
 """
 
 from __future__ import annotations

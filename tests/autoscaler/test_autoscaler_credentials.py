@@ -266,11 +266,11 @@ def test_operator_reports_a_refused_keda_credential_and_looks_again(
 
 
 def test_a_malformed_allow_list_stops_the_operator_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
-    from inference_operator import handlers
+    from inference_operator.handlers import startup
 
     monkeypatch.setenv(cr.ENV_ALLOWED_URLS, "https://user:pass@prometheus:9090")
     with pytest.raises(ValueError, match="without user info"):
-        handlers.configure(settings=kopf.OperatorSettings(), memo=kopf.Memo())
+        startup.configure(settings=kopf.OperatorSettings(), memo=kopf.Memo())
 
 
 # --- Hub tokens: model.huggingFace.tokenSecret reaches the init container as HF_TOKEN ----------

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from inference_operator import handlers
+from inference_operator.handlers import adapters as adapter_handlers
 from model_server.adapters import digest
 from tests.http_stub import QuietHandler, serving
 from testsupport.cluster import Cluster, condition, inference_service, wait_for
@@ -90,7 +90,7 @@ def test_adapters_status_follows_the_replicas_sidecars(
     cluster: Cluster, operator, sidecars: tuple[Sidecars, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state, port = sidecars
-    monkeypatch.setattr(handlers, "ADAPTER_STATUS_SECONDS", 0.2)
+    monkeypatch.setattr(adapter_handlers, "ADAPTER_STATUS_SECONDS", 0.2)
     assert cluster.apply_cr(service(port, [SQL])).status_code in (200, 201)
     config_map = wait_for(lambda: cluster.get("v1/configmaps", NAMESPACE, NAME), timeout=30, message="ConfigMap")
     assert json.loads(config_map["data"]["adapters.json"]) == {"adapters": [SQL]}

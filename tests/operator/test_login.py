@@ -7,7 +7,8 @@ from __future__ import annotations
 import kopf
 import pytest
 
-from inference_operator import config, handlers
+from inference_operator import config
+from inference_operator.handlers import startup
 
 
 @pytest.mark.parametrize(
@@ -28,7 +29,7 @@ def test_login_in_a_pod_uses_the_service_address_and_keeps_the_account(monkeypat
     monkeypatch.setattr(kopf, "login_with_service_account", lambda **_: account)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    info = handlers.login(memo=kopf.Memo(config=config.load()))
+    info = startup.login(memo=kopf.Memo(config=config.load()))
     assert info is not None
     assert (info.server, info.token, info.ca_path) == ("https://10.96.0.1:443", "t0k", "/ca.crt")
 
@@ -37,4 +38,4 @@ def test_login_outside_a_pod_falls_back_to_the_kubeconfig(monkeypatch) -> None:
     from_kubeconfig = kopf.ConnectionInfo(server="https://127.0.0.1:6443")
     monkeypatch.setattr(kopf, "login_with_service_account", lambda **_: None)
     monkeypatch.setattr(kopf, "login_with_kubeconfig", lambda **_: from_kubeconfig)
-    assert handlers.login(memo=kopf.Memo(config=config.load())) is from_kubeconfig
+    assert startup.login(memo=kopf.Memo(config=config.load())) is from_kubeconfig

@@ -12,6 +12,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from inference_operator import handlers, lifetimes
+from inference_operator.handlers import service, shared
 from inference_operator.lifetimes import release_finalizers
 from testsupport.cluster import Cluster, captured_operator_logs, inference_service, wait_for
 
@@ -59,12 +60,12 @@ def test_a_service_with_daemons_is_deletable_with_the_operator_gone(cluster: Clu
 
 async def test_a_deleted_service_leaves_no_daemon_waiting_and_no_status_lock() -> None:
     memo = kopf.Memo()
-    ref = handlers._isvc_ref("ml", "gone")
-    handlers._status_lock(memo, ref)
-    other = handlers._status_lock(memo, handlers._isvc_ref("ml", "kept"))
+    ref = shared.isvc_ref("ml", "gone")
+    shared.status_lock(memo, ref)
+    other = shared.status_lock(memo, shared.isvc_ref("ml", "kept"))
     life = lifetimes.Lifetime(memo, "uid-gone")
     body = {"metadata": {"namespace": "ml", "name": "gone", "uid": "uid-gone"}}
-    await handlers.service_deleted(event={"type": "DELETED"}, body=body, memo=memo)
+    await service.service_deleted(event={"type": "DELETED"}, body=body, memo=memo)
     assert life.gone
     assert memo["status_locks"] == {("ml", "kept"): other}
 

@@ -11,7 +11,8 @@ import yaml
 
 import inference_operator
 from inference_operator import credentials, status_pods
-from inference_operator.handlers import KEPT_PROBLEMS, ROLLOUT_EVENTS
+from inference_operator.handlers.canary import ROLLOUT_EVENTS
+from inference_operator.handlers.shared import KEPT_PROBLEMS
 from inference_operator.reasons import Reason
 from inference_operator.status import Problem, set_condition
 
@@ -23,7 +24,7 @@ WRITERS = {
     "set_condition": (3, "reason"),
     "Problem": (0, "reason"),
     "CredentialsRefused": (0, "reason"),
-    "_normal_event": (1, "reason"),
+    "normal_event": (1, "reason"),
     "post_event": (0, "reason"),
     "event": (None, "reason"),  # kopf.event
     "warn": (None, "reason"),  # kopf.warn
@@ -77,7 +78,7 @@ def test_the_check_finds_literal_reasons() -> None:
         'set_condition(conditions, READY, False, "NotYet", "", now)\n'
         'st.Problem("InvalidSpec", str(exc))\n'
         'kopf.warn(body, reason="CanaryRolledBack", message=m)\n'
-        '_normal_event(body, "Ready" if ok else "NotReady", message)\n'
+        'normal_event(body, "Ready" if ok else "NotReady", message)\n'
         'kopf.warn(body, reason=Reason.API_ERROR, message="a message is free text")\n'
         'set_condition(conditions, "Ready", True, Reason.READY, "the type is no reason", now)\n'
         'kopf.warn(body, reason=condition["reason"], message=condition.get("message", ""))\n'

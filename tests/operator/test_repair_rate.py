@@ -8,7 +8,7 @@ import time
 import kopf
 import pytest
 
-from inference_operator import handlers
+from inference_operator.handlers import repair
 
 
 async def test_the_fourth_writing_repair_in_a_window_waits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -17,18 +17,18 @@ async def test_the_fourth_writing_repair_in_a_window_waits(monkeypatch: pytest.M
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    monkeypatch.setattr(handlers.asyncio, "sleep", sleep)
+    monkeypatch.setattr(repair.asyncio, "sleep", sleep)
     memo, key, logger = kopf.Memo(), ("ml", "resnet"), logging.getLogger("test")
-    for _ in range(handlers.REPAIR_BURST):
-        await handlers._await_repair_slot(memo, key, logger)
-        handlers._repair_times(memo, key).append(time.monotonic())
+    for _ in range(repair.REPAIR_BURST):
+        await repair._await_repair_slot(memo, key, logger)
+        repair._repair_times(memo, key).append(time.monotonic())
     assert waits == []
     # Looks that found nothing to write (stale events, an HPA scaling) take no slot: still free
     # for another InferenceService, and this one waits out the rest of its window.
-    await handlers._await_repair_slot(memo, ("ml", "other"), logger)
+    await repair._await_repair_slot(memo, ("ml", "other"), logger)
     assert waits == []
-    await handlers._await_repair_slot(memo, key, logger)
-    assert len(waits) == 1 and 0 < waits[0] <= handlers.REPAIR_WINDOW_SECONDS
+    await repair._await_repair_slot(memo, key, logger)
+    assert len(waits) == 1 and 0 < waits[0] <= repair.REPAIR_WINDOW_SECONDS
 
 
 async def test_slots_free_up_after_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,9 +37,9 @@ async def test_slots_free_up_after_the_window(monkeypatch: pytest.MonkeyPatch) -
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    monkeypatch.setattr(handlers.asyncio, "sleep", sleep)
+    monkeypatch.setattr(repair.asyncio, "sleep", sleep)
     memo, key, logger = kopf.Memo(), ("ml", "resnet"), logging.getLogger("test")
-    old = time.monotonic() - handlers.REPAIR_WINDOW_SECONDS - 1
-    handlers._repair_times(memo, key).extend([old] * handlers.REPAIR_BURST)
-    await handlers._await_repair_slot(memo, key, logger)
-    assert waits == [] and not handlers._repair_times(memo, key)
+    old = time.monotonic() - repair.REPAIR_WINDOW_SECONDS - 1
+    repair._repair_times(memo, key).extend([old] * repair.REPAIR_BURST)
+    await repair._await_repair_slot(memo, key, logger)
+    assert waits == [] and not repair._repair_times(memo, key)

@@ -25,12 +25,12 @@ from inference_operator.builders.activator import (
     build_activator_slice,
     check_names,
 )
+from inference_operator.handlers.scale_to_zero import NOTHING, activator_selector
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.kinds import ENDPOINT_SLICE, SERVICE
 from inference_operator.models import SpecError, parse_spec
 from inference_operator.reasons import Reason
 from inference_operator.reconcile import Action, reconcile
-from inference_operator.scale_to_zero_handlers import NOTHING, activator_selector
 from inference_operator.settings import ActivatorSettings, SettingsError
 from testsupport.cluster import Cluster
 from testsupport.crd import addon_errors

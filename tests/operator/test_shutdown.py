@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from inference_operator.handlers import PAUSE_WAITER_PREFIX, release_abandoned_watch_waiters
+from inference_operator.handlers.startup import PAUSE_WAITER_PREFIX, release_abandoned_watch_waiters
 
 
 async def test_cleanup_cancels_only_abandoned_watch_stream_waiters() -> None:

@@ -25,9 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kopf._core.engines import posting
 
-from inference_operator import credentials, handlers, scale_to_zero
+from inference_operator import credentials, scale_to_zero
 from inference_operator.builders import Owner, build_all
 from inference_operator.config import OperatorConfig
+from inference_operator.handlers import service as service_handlers
 from inference_operator.k8s import KubeApi
 from inference_operator.models import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, SpecError, parse_spec
 from tests.strategies import JUNK, from_schema, leaf_paths
@@ -137,7 +138,7 @@ def shared_cluster(tmp_path_factory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def direct_memo(shared_cluster: Cluster) -> Iterator[kopf.Memo]:
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=shared_cluster.url))
-    # What `handlers.configure` puts in the operator's memo.
+    # What `handlers.startup.configure` puts in the operator's memo.
     memo = kopf.Memo(
         api=KubeApi(client), config=OperatorConfig.from_environ(os.environ), scale_to_zero=scale_to_zero.Registry()
     )
@@ -169,7 +170,7 @@ def test_fuzz_handler_only_raises_permanent_errors(shared_cluster: Cluster, dire
     context = contextvars.copy_context()
     try:
         context.run(
-            handlers.reconcile_service,
+            service_handlers.reconcile_service,
             body=stored,
             meta=stored["metadata"],
             spec=stored["spec"],

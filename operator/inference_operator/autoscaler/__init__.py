@@ -1,5 +1,5 @@
 """The latency-SLO autoscaler: pure policy and PromQL, a Prometheus client, and a kopf daemon.
 
 `policy` and `promql` are pure and importable without kopf (the builders and the simulation
-use them); `handlers` is the I/O edge and is imported only by the operator's handler module.
+use them); `loop` is one step's I/O; the daemon that runs it is `handlers/autoscaler.py`.
 """

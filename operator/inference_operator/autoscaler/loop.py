@@ -1,6 +1,6 @@
 """One autoscaling step for one InferenceService: observe, decide, write, report.
 
-The kopf daemon (handlers.py) calls `Autoscaler.tick` every `intervalSeconds`. Everything the
+The kopf daemon (handlers/autoscaler.py) calls `Autoscaler.tick` every `intervalSeconds`. Everything the
 step needs to survive across ticks is either in the object (spec.replicas, status.autoscaler)
 or in `History`, which may be lost at any time (operator restart): `decide` then holds
 instead of scaling down.
@@ -23,9 +23,8 @@ from ..builders.activator import Wake
 from ..credentials import CredentialPolicy, CredentialsRefused, check_url
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
+from ..kinds import INFERENCE_SERVICE
 from ..models import (
-    API_VERSION,
-    KIND,
     AutoscalingSpec,
     Engine,
     InferenceServiceSpec,
@@ -155,7 +154,7 @@ class Autoscaler:
 
     @property
     def ref(self) -> Ref:
-        return Ref(API_VERSION, KIND, self.namespace, self.name)
+        return Ref.to(INFERENCE_SERVICE, self.namespace, self.name)
 
     async def aclose(self) -> None:
         await self._clients.aclose()

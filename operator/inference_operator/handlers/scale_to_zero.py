@@ -9,14 +9,14 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from .builders.activator import SERVICE_NAME_LABEL, WAKE_ANNOTATION, ActivatorEndpoints, Wake
-from .k8s import KubeApi
-from .kinds import ENDPOINT_SLICE
-from .models import GROUP, PLURAL, VERSION, SpecError, parse_spec
-from .reasons import Reason
-from .scale_to_zero import Registry, wake_replicas
-from .scale_to_zero import wake as scale_to_zero_wake
-from .settings import ActivatorSettings
+from ..builders.activator import SERVICE_NAME_LABEL, WAKE_ANNOTATION, ActivatorEndpoints, Wake
+from ..k8s import KubeApi
+from ..kinds import ENDPOINT_SLICE, INFERENCE_SERVICE
+from ..models import SpecError, parse_spec
+from ..reasons import Reason
+from ..scale_to_zero import Registry, wake_replicas
+from ..scale_to_zero import wake as scale_to_zero_wake
+from ..settings import ActivatorSettings
 
 # A label selector no object matches: without an activator, no EndpointSlice is watched at all.
 NOTHING = f"{SERVICE_NAME_LABEL},!{SERVICE_NAME_LABEL}"
@@ -56,7 +56,13 @@ async def activator_endpoints(body: kopf.Body, memo: kopf.Memo, logger: kopf.Log
     )
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL, id="wake", annotations={WAKE_ANNOTATION: kopf.PRESENT})
+@kopf.on.event(
+    INFERENCE_SERVICE.group,
+    INFERENCE_SERVICE.version,
+    INFERENCE_SERVICE.plural,
+    id="wake",
+    annotations={WAKE_ANNOTATION: kopf.PRESENT},
+)
 def wake_on_request(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """A request waits at zero (the activator wrote the annotation): one replica, now. An event
     handler, since kopf leaves annotations under its own prefix out of the changes it reports."""

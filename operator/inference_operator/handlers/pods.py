@@ -1,0 +1,71 @@
+"""A service's pods: what is wrong with them in its status within seconds, cleared once they
+are well."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from .. import metrics, status_pods
+from .. import status as st
+from ..builders.common import COMPONENT, MANAGER, OWNER_LABEL
+from ..jsontypes import JsonObject
+from ..k8s import KubeApi
+from ..kinds import POD
+from .shared import (
+    KEPT_PROBLEMS,
+    POD_ROLES,
+    announce_pods,
+    announce_readiness,
+    isvc_ref,
+    observe,
+    publish,
+    serves_at_zero,
+    workload_ref,
+)
+
+
+@kopf.on.event(
+    POD.group,
+    POD.version,
+    POD.plural,
+    labels={"app.kubernetes.io/managed-by": MANAGER, "app.kubernetes.io/component": COMPONENT},
+    id="service-pods",
+)
+@metrics.instrumented("pod_event")
+async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Say within seconds what is wrong with a service's pods (status_pods), and clear it once
+    they are well: a Deployment says only that replicas are unavailable, and ten minutes on."""
+    meta = body["metadata"]
+    name = (meta.get("labels") or {}).get(OWNER_LABEL)
+    if not name:
+        return
+    troubled = event["type"] != "DELETED" and status_pods.pod_problem_of(dict(body), POD_ROLES) is not None
+    api: KubeApi = memo.api
+    ref = isvc_ref(meta["namespace"], name)
+
+    def compute(fresh: JsonObject) -> JsonObject | None:
+        status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
+        degraded = st.find_condition(status.get("conditions"), st.DEGRADED) or {}
+        shown = degraded.get("status") == "True" and degraded.get("reason") in status_pods.REASONS
+        if not (troubled or shown) or fresh["metadata"].get("deletionTimestamp"):
+            return None  # nothing to say and nothing to clear: one read, no write
+        if status.get("observedGeneration") != generation:
+            return None  # a reconcile of this generation is under way and reads the pods itself
+        state, pods = observe(api, workload_ref(fresh), status.get("selector"))
+        problem = st.spec_problem(status, KEPT_PROBLEMS)
+        return st.compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
+
+    try:
+        previous, new_status = await asyncio.to_thread(publish, memo, ref, compute)
+        isvc = await asyncio.to_thread(api.get, ref) if new_status != previous else None
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        logger.warning("pod event not handled: %s", exc)
+        return
+    if isvc is not None:
+        announce_readiness(isvc, previous, new_status)
+        announce_pods(isvc, previous, new_status)

@@ -1,0 +1,181 @@
+"""Owned objects' events: an object deleted or edited by hand is put back (at most a few writes
+a minute per service), and the workload's rollout is mirrored in the service's status."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any
+
+import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from .. import credentials, metrics, ownership, policy, scale_to_zero
+from .. import status as st
+from ..builders.common import COMPONENT, MANAGER, SPEC_HASH_ANNOTATION
+from ..jsontypes import JsonObject
+from ..k8s import FIELD_MANAGER, KubeApi, Ref
+from ..kinds import INFERENCE_SERVICE, KINDS, WORKLOAD_KINDS
+from ..models import SpecError, parse_spec
+from ..reconcile import Action, ApplyRefused, ForeignObjectError, Result
+from .shared import (
+    KEPT_PROBLEMS,
+    announce_pods,
+    announce_readiness,
+    follow_activator,
+    isvc_ref,
+    normal_event,
+    observe,
+    publish,
+    reconcile_checked,
+    serves_at_zero,
+)
+
+# At most this many drift repairs of one InferenceService's objects per window; more wait,
+# so a fight with another controller costs a few writes a minute, not a write storm.
+REPAIR_BURST = 3
+REPAIR_WINDOW_SECONDS = 30.0
+
+
+def _controller_owner(body: kopf.Body) -> JsonObject | None:
+    refs: list[JsonObject] = body["metadata"].get("ownerReferences") or []
+    return next(
+        (
+            r
+            for r in refs
+            if r.get("kind") == INFERENCE_SERVICE.kind
+            and r.get("apiVersion") == INFERENCE_SERVICE.api_version
+            and r.get("controller")
+        ),
+        None,
+    )
+
+
+def _suspect(body: kopf.Body) -> str | None:
+    """Why an owned object may have drifted, judged from the object alone (no API call)."""
+    if SPEC_HASH_ANNOTATION not in (body["metadata"].get("annotations") or {}):
+        return "annotations edited"
+    managers = ownership.foreign_spec_managers(dict(body), FIELD_MANAGER)
+    return "fields changed by " + ", ".join(managers) if managers else None
+
+
+def _repair_times(memo: kopf.Memo, key: tuple[str, str]) -> collections.deque[float]:
+    """When this InferenceService's recent repairs wrote something (only those count)."""
+    repairs: collections.defaultdict[tuple[str, str], collections.deque[float]] = memo.setdefault(
+        "repairs", collections.defaultdict(collections.deque)
+    )
+    return repairs[key]
+
+
+async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: kopf.Logger) -> None:
+    """Allow REPAIR_BURST writing repairs per window per InferenceService; later ones wait. A
+    look that finds nothing to repair (a stale event, an HPA's scaling) costs no slot."""
+    times = _repair_times(memo, key)
+    now = time.monotonic()
+    while times and now - times[0] > REPAIR_WINDOW_SECONDS:
+        times.popleft()
+    if len(times) >= REPAIR_BURST:
+        wait = REPAIR_WINDOW_SECONDS - (now - times[0])
+        logger.warning("repairs of %s/%s rate-limited: next in %.0f s", *key, wait)
+        await asyncio.sleep(wait)
+
+
+def _repair(
+    memo: kopf.Memo, isvc: JsonObject, why: str, logger: kopf.Logger
+) -> tuple[Result | None, st.Problem | None]:
+    """Reconcile an InferenceService whose owned object was deleted or edited by hand.
+
+    Not when a credential its pods would carry is no longer allowed: then the problem says why.
+    """
+    meta = isvc["metadata"]
+    try:
+        # A repair renders the current spec: the platform's policy holds here too, or deleting
+        # an owned object would roll out what the reconcile handler refused.
+        _, result = reconcile_checked(
+            memo, meta["name"], meta["namespace"], meta["uid"], isvc["spec"], isvc.get("status")
+        )
+    except policy.PolicyViolation as exc:
+        logger.warning("not repaired (%s): %s", why, exc)
+        return None, st.Problem(exc.reason, str(exc))
+    except credentials.CredentialsRefused as exc:
+        logger.warning("not repaired (%s): %s", why, exc.message)
+        return None, st.Problem(exc.reason, exc.message)
+    except (SpecError, ForeignObjectError, ApplyRefused) as exc:
+        logger.info("not repaired (%s): %s", why, exc)  # the reconcile handler reports it
+        return None, None
+    for change in result.writes:
+        normal_event(isvc, Action.REPAIRED, f"{change.describe()}: {why}")
+    logger.info("repair after %s: %s", why, ", ".join(c.describe() for c in result.writes) or "nothing to do")
+    return result, None
+
+
+@metrics.instrumented("owned_event")
+async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Repair an owned object that was deleted or edited; mirror a Deployment's rollout."""
+    owner_ref = _controller_owner(body)
+    if owner_ref is None:
+        return
+    # The service's pods (stable or canary arm), not its endpoint picker's: only they make its status.
+    labels = body["metadata"].get("labels") or {}
+    is_deployment = body.get("kind") in WORKLOAD_KINDS and labels.get("app.kubernetes.io/component") == COMPONENT
+    why = f"{body.get('kind')} deleted" if event["type"] == "DELETED" else _suspect(body)
+    if why is None and not is_deployment:
+        return
+    api: KubeApi = memo.api
+    namespace = body["metadata"]["namespace"]
+    ref = isvc_ref(namespace, owner_ref["name"])
+    try:
+        isvc = await asyncio.to_thread(api.get, ref)
+        if isvc is None or isvc["metadata"].get("uid") != owner_ref.get("uid"):
+            return
+        if isvc["metadata"].get("deletionTimestamp"):
+            return
+        refused: st.Problem | None = None
+        if why is not None:
+            await _await_repair_slot(memo, (namespace, owner_ref["name"]), logger)
+            result, refused = await asyncio.to_thread(_repair, memo, isvc, why, logger)
+            if result is not None and result.writes:
+                _repair_times(memo, (namespace, owner_ref["name"])).append(time.monotonic())
+        if not is_deployment:
+            return
+        # The workload named after the service (a canary's event too: status is the stable's).
+        workload = Ref(body["apiVersion"], body["kind"], namespace, owner_ref["name"])
+
+        def mirrored(fresh: JsonObject) -> JsonObject | None:
+            status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
+            if refused is None and status.get("observedGeneration") != generation:
+                # A reconcile of this generation is under way: its status write reads the
+                # workload after this event (it waits for this write, or this for it).
+                return None
+            problem = refused or st.spec_problem(status, KEPT_PROBLEMS)
+            state, pods = observe(api, workload, status.get("selector"))
+            return st.compute_status(
+                status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh)
+            )
+
+        previous, new_status = await asyncio.to_thread(publish, memo, ref, mirrored)
+        registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
+        if serves_at_zero(isvc) or (registry is not None and registry.knows(namespace, owner_ref["name"])):
+            owner = memo.config.owner(owner_ref["name"], namespace, owner_ref["uid"], parse_spec(isvc["spec"]))
+            await asyncio.to_thread(follow_activator, memo, isvc, owner, new_status, logger)
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        logger.warning("owned %s event not handled: %s", body.get("kind"), exc)
+        return
+    except SpecError:
+        return  # the reconcile handler reports it
+    announce_readiness(isvc, previous, new_status)
+    announce_pods(isvc, previous, new_status)
+
+
+# One event handler per owned kind, selected by our managed-by label.
+for _kind in KINDS:
+    if _kind.owned and _kind.reconciled:
+        kopf.on.event(
+            group=_kind.group,
+            version=_kind.version,
+            plural=_kind.plural,
+            labels={"app.kubernetes.io/managed-by": MANAGER},
+            id=f"owned-{_kind.plural}",
+        )(owned_event)

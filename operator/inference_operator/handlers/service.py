@@ -1,0 +1,199 @@
+"""The service itself: reconcile on create, update and resume (and report why not); forget it
+once deleted."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import kopf
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from .. import credentials, lifetimes, metrics, policy, scale_to_zero, tracing
+from .. import status as st
+from ..builders import selector_string, service_url
+from ..jsontypes import JsonObject
+from ..k8s import Ref
+from ..kinds import INFERENCE_SERVICE, unavailable_message
+from ..models import SpecError
+from ..reasons import Reason
+from ..reconcile import ApplyRefused, ForeignObjectError, Result, api_message
+from ..rollout import Phase, RolloutState
+from .shared import (
+    announce_pods,
+    follow_activator,
+    forget_status_lock,
+    isvc_ref,
+    normal_event,
+    observe,
+    publish,
+    reconcile_checked,
+    rollout_problem,
+    serves_at_zero,
+)
+
+
+def _temporary(exc: ApiException | urllib3.exceptions.HTTPError, retry: int = 0) -> kopf.TemporaryError:
+    """Map a transient API failure to a retry, backing off exponentially (1 s … 5 min)."""
+    delay = min(2.0**retry, 300.0)
+    if not isinstance(exc, ApiException):
+        return kopf.TemporaryError(f"API unreachable: {exc}", delay=delay)
+    if exc.status == 429:
+        retry_after = (exc.headers or {}).get("Retry-After")
+        if retry_after and retry_after.isdigit():
+            delay = max(delay, float(retry_after))
+    elif exc.status in (401, 403):
+        delay = max(delay, 30.0)  # RBAC or credentials: a person has to act, do not hammer
+    return kopf.TemporaryError(f"API error {exc.status}: {exc.reason}", delay=delay)
+
+
+@kopf.on.resume(INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural)
+@kopf.on.create(INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural)
+@kopf.on.update(INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural)
+@metrics.instrumented("reconcile")
+def reconcile_service(
+    body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, logger: kopf.Logger, retry: int = 0, **_: Any
+) -> None:
+    try:
+        with tracing.reconcile_span(memo.get("tracing"), meta["namespace"], meta["name"], meta.get("generation")):
+            _reconcile_service(memo, body, meta, spec, logger)
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        if isinstance(exc, ApiException) and retry >= 1:  # a second failure in a row: say so
+            _report_api_error(memo, body, meta, exc, logger)
+        raise _temporary(exc, retry) from exc
+
+
+def _report_api_error(
+    memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, exc: ApiException, logger: kopf.Logger
+) -> None:
+    """Degraded=ApiError with the API server's message (and a Warning event), so a failure no
+    retry fixes is visible in `kubectl get/describe`; best effort, the retry goes on anyway."""
+    problem = st.api_error_problem(exc.status or 0, str(exc.reason), api_message(exc))
+    if problem is None:
+        return
+    generation = meta.get("generation")
+    ref = isvc_ref(meta["namespace"], meta["name"])
+
+    try:
+        publish(memo, ref, lambda fresh: st.with_api_error(fresh.get("status"), problem, generation))
+    except (ApiException, urllib3.exceptions.HTTPError) as write_error:
+        logger.warning("could not record %s in status: %s", problem.reason, write_error)
+    kopf.warn(body, reason=problem.reason, message=problem.message)
+
+
+def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: kopf.Logger) -> None:
+    name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
+    ref = isvc_ref(namespace, name)
+    problem: st.Problem | None = None
+    recheck: float | None = None
+    try:
+        owner, result = reconcile_checked(memo, name, namespace, meta["uid"], dict(spec), body.get("status"))
+    except policy.PolicyViolation as exc:
+        problem = st.Problem(exc.reason, str(exc))
+    except credentials.CredentialsRefused as exc:
+        # Cleared by labelling a Secret or configuring the operator, not only by a spec change.
+        problem, recheck = st.Problem(exc.reason, exc.message), float(credentials.RECHECK_SECONDS)
+    except SpecError as exc:
+        problem = st.Problem(Reason.INVALID_SPEC, str(exc))
+    except ForeignObjectError as exc:
+        problem = st.Problem(Reason.RESOURCE_CONFLICT, str(exc))
+    except ApplyRefused as exc:
+        problem = st.Problem(
+            Reason.APPLY_FAILED, f"the API server refused the desired objects, none was written: {exc}"
+        )
+    if problem is not None:
+        _give_up(memo, body, ref, generation, problem, logger, recheck)
+
+    for change in result.writes:
+        normal_event(body, change.action, change.describe())
+    tracing.record_writes(result.writes)
+    problem = result.problem
+    if result.unavailable:
+        problem = st.Problem(Reason.API_UNAVAILABLE, "; ".join(unavailable_message(k) for k in result.unavailable))
+    workload = Ref.of(result.deployment) if result.deployment is not None else None
+    selector = selector_string(owner)
+    extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector}
+    extra |= rollout_status(result)
+    _announce_rollout(body, RolloutState.from_status(body.get("status")), result.rollout)
+    shown = problem or rollout_problem(result.rollout)
+
+    def compute(fresh: JsonObject) -> JsonObject:
+        state, pods = observe(memo.api, workload, selector)
+        zero = serves_at_zero(fresh)
+        return st.compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
+
+    previous, new_status = publish(memo, ref, compute)
+    follow_activator(memo, body, owner, new_status, logger)
+    announce_pods(body, previous, new_status)
+    logger.info(
+        "reconciled generation %s: %d writes (%s), status keys changed: %s",
+        generation,
+        len(result.writes),
+        ", ".join(c.describe() for c in result.writes) or "none",
+        ", ".join(sorted(st.status_changes(previous, new_status))) or "none",
+    )
+    if problem is not None:
+        kopf.warn(body, reason=problem.reason, message=problem.message)
+        # Not permanent: the add-on may be installed, the Secret labelled, both outside the
+        # spec. Looked at again on a slow timer, not in a hot loop.
+        raise kopf.TemporaryError(problem.message, delay=credentials.RECHECK_SECONDS)
+
+
+def rollout_status(result: Result) -> JsonObject:
+    """`status.rollout` as reconcile left it; removed once the service no longer uses canaries."""
+    return {"rollout": result.rollout.to_status() if result.rollout is not None else None}
+
+
+def _give_up(
+    memo: kopf.Memo,
+    body: kopf.Body,
+    ref: Ref,
+    generation: int | None,
+    problem: st.Problem,
+    logger: kopf.Logger,
+    recheck: float | None = None,
+) -> NoReturn:
+    """Record a problem only a spec change can fix, then stop retrying until that change (or,
+    with `recheck`, look again after that many seconds)."""
+    try:
+        publish(
+            memo,
+            ref,
+            lambda fresh: (
+                st.compute_status(fresh.get("status"), st.NOT_CREATED, generation, problem)
+                | {"observedGeneration": generation}
+            ),
+        )
+    except ApiException as exc:
+        if exc.status not in (400, 422):
+            raise  # transient: retry the whole handler, which records it next time
+        logger.warning("could not record %s in status: %s", problem.reason, exc.reason)
+    kopf.warn(body, reason=problem.reason, message=problem.message)
+    if recheck is not None:
+        raise kopf.TemporaryError(problem.message, delay=recheck)
+    raise kopf.PermanentError(problem.message)
+
+
+def _announce_rollout(body: kopf.Body | JsonObject, before: RolloutState | None, after: RolloutState | None) -> None:
+    """An event and a count when a reconcile starts a canary of a new revision."""
+    if after is None or after.phase != Phase.PROGRESSING:
+        return
+    if before is not None and before.revision == after.revision and before.phase == Phase.PROGRESSING:
+        return
+    meta = body["metadata"]
+    metrics.ROLLOUTS.labels(meta["namespace"], meta["name"], "started").inc()
+    normal_event(body, Reason.CANARY_STARTED, after.message)
+
+
+@kopf.on.event(INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural, id="service-deleted")
+async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """End the daemons of a deleted InferenceService (no finalizer made kopf do it: lifetimes)
+    and forget its status lock (one per service ever seen would otherwise stay). Async: it sets
+    the daemons' asyncio.Event on their own loop."""
+    if event["type"] == "DELETED":
+        meta = body["metadata"]
+        lifetimes.object_deleted(memo, meta["uid"])
+        forget_status_lock(memo, meta["namespace"], meta["name"])
+        registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
+        if registry is not None:
+            registry.forget(meta["namespace"], meta["name"])

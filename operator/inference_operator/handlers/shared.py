@@ -1,0 +1,176 @@
+"""What the handlers share: the one way a service's status is written, the events that tell
+what changed, and the reconcile held to the platform's rules.
+
+State lives in the objects (spec-hash annotations, field ownership, status), never in this
+process, so any replica of the operator can pick up where another stopped. The only memory
+kept here is what serialises status writes (and, in repair.py, what rate-limits repairs);
+losing it is harmless.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import cast
+
+import kopf
+
+from .. import config, credentials, policy, scale_to_zero, status_pods
+from .. import status as st
+from ..builders.common import Owner
+from ..builders.deployment import CONTAINER as SERVER_CONTAINER
+from ..builders.storage import FETCH_CONTAINER
+from ..builders.vllm import CONTAINER as VLLM_CONTAINER
+from ..jsontypes import JsonObject
+from ..k8s import KubeApi, Ref
+from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, POD
+from ..models import parse_spec
+from ..reasons import Reason
+from ..reconcile import Action, Result, reconcile
+from ..rollout import Phase, RolloutState
+
+# Problems rollout news does not clear: only a spec change or the next re-check can (a canary
+# rolled back stays Degraded until the spec changes; the stable revision serves meanwhile).
+KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, Reason.API_ERROR, *credentials.REFUSALS, Reason.ROLLED_BACK)
+# The containers of a model pod whose failures status_pods tells apart.
+POD_ROLES = status_pods.Roles(fetch=FETCH_CONTAINER, servers=(SERVER_CONTAINER, VLLM_CONTAINER))
+_STATUS_LOCKS_GUARD = threading.Lock()
+
+
+def normal_event(body: kopf.Body | JsonObject, reason: Reason | Action, message: str) -> None:
+    """A Normal event; kopf.info would obey posting.level, which keeps log lines out."""
+    kopf.event(as_body(body), type="Normal", reason=str(reason), message=message)
+
+
+def as_body(obj: kopf.Body | JsonObject) -> kopf.Body:
+    """An object read through the API as kopf's events take it (kopf reads only its metadata)."""
+    return cast(kopf.Body, obj)
+
+
+def isvc_ref(namespace: str, name: str) -> Ref:
+    return Ref.to(INFERENCE_SERVICE, namespace, name)
+
+
+def publish(
+    memo: kopf.Memo, ref: Ref, compute: Callable[[JsonObject], JsonObject | None]
+) -> tuple[JsonObject | None, JsonObject]:
+    """Write only the status keys that changed, computed from the object as it is now.
+
+    Several writers race (the reconcile handler, owned-object events, the autoscaler): each
+    decides from a fresh read and writes guarded by its resourceVersion (KubeApi.update_status),
+    so none puts back a stale conditions list and two never send the same patch twice.
+    `compute` may return None: nothing to say now. Returns (the previous status, the new
+    status); an unchanged status costs no write.
+    """
+    api: KubeApi = memo.api
+    computed: JsonObject = {}
+
+    def changes(fresh: JsonObject) -> JsonObject | None:
+        new_status = compute(fresh)
+        computed["status"] = fresh.get("status") if new_status is None else new_status
+        return None if new_status is None else st.status_changes(fresh.get("status"), new_status)
+
+    with status_lock(memo, ref):
+        fresh, _ = api.update_status(ref, changes)
+    if fresh is None:
+        return None, {}
+    return fresh.get("status"), computed.get("status") or {}
+
+
+def follow_activator(
+    memo: kopf.Memo, isvc: kopf.Body | JsonObject, owner: Owner, status: JsonObject, logger: kopf.Logger
+) -> None:
+    """NAME-activator as the service's ready count now asks (scale_to_zero.py)."""
+    ready = status.get("readyReplicas")
+    registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
+    if registry is None or not registry.remember(owner, ready):  # None: not started by `configure`
+        return
+    change = scale_to_zero.sync_slice(memo.api, owner, ready, registry.activator)
+    if change is not None:
+        normal_event(isvc, change.action, change.describe())
+        logger.info("activator slice: %s (ready replicas %s)", change.describe(), ready)
+
+
+def serves_at_zero(isvc: JsonObject) -> bool:
+    """The service scales to zero: at zero it is Ready (status.compute_status)."""
+    scaling = (isvc.get("spec") or {}).get("autoscaling") or {}
+    return bool(scaling.get("scaleToZero")) and scaling.get("minReplicas") == 0
+
+
+def status_lock(memo: kopf.Memo, ref: Ref) -> threading.Lock:
+    """One InferenceService's status writes, one at a time (in this process; peering keeps
+    other replicas paused). With `observe` inside, whichever write comes last read the cluster
+    last: an event that arrives while another write is under way waits for it, then reads
+    again, so no write can put back news older than the last event."""
+    with _STATUS_LOCKS_GUARD:
+        locks: dict[tuple[str, str], threading.Lock] = memo.setdefault("status_locks", {})
+        return locks.setdefault((ref.namespace, ref.name), threading.Lock())
+
+
+def forget_status_lock(memo: kopf.Memo, namespace: str, name: str) -> None:
+    """A deleted service's status lock goes (one per service ever seen would otherwise stay)."""
+    with _STATUS_LOCKS_GUARD:  # a write still holding it keeps its own reference
+        (memo.get("status_locks") or {}).pop((namespace, name), None)
+
+
+def observe(api: KubeApi, workload: Ref | None, pod_selector: str | None) -> tuple[st.Rollout, st.Problem | None]:
+    """The service's workload and pods as they are now, read inside the status write (see
+    `status_lock`): never the copy an apply answered, which predates its controller's news."""
+    live = api.get(workload) if workload is not None else None
+    pods = api.list_objects(*POD.key, workload.namespace, pod_selector) if workload and pod_selector else []
+    return st.rollout(live), status_pods.pods_problem(pods, POD_ROLES)
+
+
+def workload_ref(isvc: JsonObject) -> Ref:
+    """The Deployment named after the service, or its LeaderWorkerSet when it spans nodes."""
+    meta = isvc["metadata"]
+    nodes = ((((isvc.get("spec") or {}).get("resources") or {}).get("gpu")) or {}).get("nodes") or 1
+    if int(nodes) > 1:
+        return Ref.to(LEADER_WORKER_SET, meta["namespace"], meta["name"])
+    return Ref.to(DEPLOYMENT, meta["namespace"], meta["name"])
+
+
+def announce_pods(isvc: kopf.Body | JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
+    """A Warning event when the pods' problem appears or changes (kubectl describe shows it)."""
+    condition = st.find_condition(new.get("conditions"), st.DEGRADED)
+    if condition is None or condition.get("status") != "True" or condition.get("reason") not in status_pods.REASONS:
+        return
+    before = st.find_condition((previous or {}).get("conditions"), st.DEGRADED) or {}
+    if (before.get("status"), before.get("reason"), before.get("message")) == (
+        "True",
+        condition.get("reason"),
+        condition.get("message"),
+    ):
+        return
+    kopf.warn(as_body(isvc), reason=condition["reason"], message=condition.get("message", ""))
+
+
+def announce_readiness(isvc: JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
+    """An event when the service becomes ready, a warning when a ready one stops being so."""
+    before, after = st.condition_status(previous, st.READY), st.condition_status(new, st.READY)
+    if before == after or (after != "True" and before != "True"):
+        return
+    condition = st.find_condition(new["conditions"], st.READY)
+    assert condition is not None
+    if after == "True":
+        normal_event(isvc, Reason.READY, condition["message"])
+    else:
+        kopf.warn(as_body(isvc), reason=condition["reason"], message=condition["message"])
+
+
+def reconcile_checked(
+    memo: kopf.Memo, name: str, namespace: str, uid: str, spec: JsonObject, status: JsonObject | None
+) -> tuple[Owner, Result]:
+    """Parse the spec, hold it to the platform's pod policy, then reconcile it (a canary
+    rollout where `status` left it)."""
+    operator_config: config.OperatorConfig = memo.config
+    owner = operator_config.owner(name, namespace, uid, parse_spec(spec))
+    policy.check(owner.spec, operator_config.pod_policy, owner.namespace)
+    state = RolloutState.from_status(status)
+    return owner, reconcile(memo.api, owner, operator_config.credentials, state)
+
+
+def rollout_problem(rollout: RolloutState | None) -> st.Problem | None:
+    if rollout is None or rollout.phase != Phase.ROLLED_BACK:
+        return None
+    return st.Problem(Reason.ROLLED_BACK, f"revision {rollout.revision}: {rollout.message}")
