@@ -73,6 +73,18 @@ def add_pod(cluster: Cluster, name: str, **status: object) -> None:
     assert cluster.request("PATCH", path, {"status": status}).is_success
 
 
+def reconciled(cluster: Cluster) -> dict:
+    """The service once the reconcile of its current generation wrote all it writes (it records
+    observedGeneration last): its ConfigMap and Deployment are then the ones that spec asks for."""
+
+    def done() -> dict | None:
+        isvc = cluster.get_cr(NAMESPACE, NAME) or {}
+        generation = (isvc.get("metadata") or {}).get("generation")
+        return isvc if generation and (isvc.get("status") or {}).get("observedGeneration") == generation else None
+
+    return wait_for(done, timeout=30, message="the current generation reconciled")
+
+
 def adapters_condition(cluster: Cluster) -> dict | None:
     return condition(cluster.get_cr(NAMESPACE, NAME), "AdaptersReady")
 
@@ -92,9 +104,12 @@ def test_adapters_status_follows_the_replicas_sidecars(
     state, port = sidecars
     monkeypatch.setattr(adapter_handlers, "ADAPTER_STATUS_SECONDS", 0.2)
     assert cluster.apply_cr(service(port, [SQL])).status_code in (200, 201)
-    config_map = wait_for(lambda: cluster.get("v1/configmaps", NAMESPACE, NAME), timeout=30, message="ConfigMap")
-    assert json.loads(config_map["data"]["adapters.json"]) == {"adapters": [SQL]}
-    deployment = wait_for(lambda: cluster.get("apps/v1/deployments", NAMESPACE, NAME), timeout=30, message="Deployment")
+    # Read once the reconcile has written both (the ConfigMap is applied before the Deployment).
+    reconciled(cluster)
+    config_map = cluster.get("v1/configmaps", NAMESPACE, NAME)
+    assert config_map is not None and json.loads(config_map["data"]["adapters.json"]) == {"adapters": [SQL]}
+    deployment = cluster.get("apps/v1/deployments", NAMESPACE, NAME)
+    assert deployment is not None
     template = deployment["spec"]["template"]
 
     # Two running replicas and one on the node's network (never asked: its IP is the node's).
@@ -120,15 +135,11 @@ def test_adapters_status_follows_the_replicas_sidecars(
 
     # A second adapter: the ConfigMap changes, the pods' template does not (no restart).
     assert cluster.patch_cr(NAMESPACE, NAME, {"spec": {"adapters": [SQL, CHAT]}}).is_success
-    wait_for(
-        lambda: (
-            json.loads(cluster.get("v1/configmaps", NAMESPACE, NAME)["data"]["adapters.json"])
-            == {"adapters": [SQL, CHAT]}
-        ),
-        timeout=30,
-        message="ConfigMap with both",
-    )
-    assert cluster.get("apps/v1/deployments", NAMESPACE, NAME)["spec"]["template"] == template
+    reconciled(cluster)  # of the new generation: every object it writes is written
+    config_map = cluster.get("v1/configmaps", NAMESPACE, NAME)
+    assert config_map is not None and json.loads(config_map["data"]["adapters.json"]) == {"adapters": [SQL, CHAT]}
+    deployment = cluster.get("apps/v1/deployments", NAMESPACE, NAME)
+    assert deployment is not None and deployment["spec"]["template"] == template
     # One replica cannot load it; a hostile reason is cut short, and the other keeps serving.
     failed = {"adapters": [entry("sql", SQL["uri"], "Ready"), entry("chat", CHAT["uri"], "Failed", "x" * 5000)]}
     state.answer = failed
