@@ -20,7 +20,8 @@ from .builders import build_all
 from .builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV
 from .builders.gpu import gpu_view
 from .jsontypes import JsonObject
-from .models import API_VERSION, KIND, GpuAllocation, ResourceNaming, SpecError, parse_spec
+from .kinds import INFERENCE_SERVICE
+from .models import GpuAllocation, ResourceNaming, SpecError, parse_spec
 from .settings import SUPPLEMENTAL_GROUPS_ENV, GpuDefaults, SettingsError, parse_groups
 
 if TYPE_CHECKING:
@@ -51,9 +52,10 @@ def render_documents(
         where = f"{source}: document {index}"
         if not isinstance(doc, dict):
             raise RenderError(f"{where}: expected a mapping, got {type(doc).__name__}")
-        if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+        if (doc.get("apiVersion"), doc.get("kind")) != INFERENCE_SERVICE.key:
+            expected = "/".join(INFERENCE_SERVICE.key)
             raise RenderError(
-                f"{where}: apiVersion/kind must be {API_VERSION}/{KIND}, got {doc.get('apiVersion')}/{doc.get('kind')}"
+                f"{where}: apiVersion/kind must be {expected}, got {doc.get('apiVersion')}/{doc.get('kind')}"
             )
         meta = doc.get("metadata")
         if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:

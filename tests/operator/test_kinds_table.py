@@ -76,3 +76,18 @@ def test_a_header_and_a_version_come_from_the_row() -> None:
     assert kinds.DEPLOYMENT.header() == {"apiVersion": "apps/v1", "kind": "Deployment"}
     assert (kinds.POD.group, kinds.POD.version) == ("", "v1")
     assert (kinds.SCALED_OBJECT.group, kinds.SCALED_OBJECT.version) == ("keda.sh", "v1alpha1")
+
+
+def test_the_custom_resource_is_addressed_through_its_row() -> None:
+    """The InferenceService's own apiVersion is defined in models/ (the CRD is generated from it)
+    and read elsewhere only through kinds.INFERENCE_SERVICE, like every other kind's."""
+    found = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] != "models" and path.relative_to(PACKAGE).as_posix() != "kinds.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").split(".")[-1] == "models"
+        and any(alias.name == "API_VERSION" for alias in node.names)
+    ]
+    assert found == [], "API_VERSION imported outside kinds.py (use kinds.INFERENCE_SERVICE):\n" + "\n".join(found)
