@@ -49,8 +49,11 @@ class Daemon:
 Work = Callable[[Daemon], AbstractAsyncContextManager[Tick]]
 
 
-def service_daemon(daemon_id: str, when: Callable[..., bool]) -> Callable[[Work], Callable[..., Awaitable[None]]]:
-    """Register `work` as a kopf daemon of every InferenceService that `when` selects.
+def service_daemon(
+    daemon_id: str, when: Callable[..., bool], registry: kopf.OperatorRegistry | None = None
+) -> Callable[[Work], Callable[..., Awaitable[None]]]:
+    """Register `work` as a kopf daemon of every InferenceService that `when` selects (in kopf's
+    default registry unless `registry` is given).
 
     kopf stops the daemon when its object stops matching `when`, and starts it again when it
     matches. A stop that arrives mid-tick is honoured when the tick ends (`cancellation_backoff`);
@@ -89,6 +92,7 @@ def service_daemon(daemon_id: str, when: Callable[..., bool]) -> Callable[[Work]
             cancellation_backoff=5,
             cancellation_timeout=10,
             backoff=SPEC_RETRY_SECONDS,
+            registry=registry,
         )(run)
         return run
 
