@@ -42,6 +42,7 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     _append(package / "ownership.py", "import subprocess")  # a pure module starting a process
     _append(package / "models" / "names.py", "from .. import status")  # the bottom layer importing upwards
     _append(package / "models" / "names.py", "from . import service")  # a part of the spec importing the whole
+    _append(package / "handlers" / "canary.py", "from . import adapters")  # one feature's handlers importing another's
     _append(tree / "server" / "model_server" / "batching.py", "import starlette")  # the core importing HTTP
     _append(tree / "server" / "model_server" / "tensors.py", "from . import dataplane")  # a layer importing upwards
     result = _lint(tree)
@@ -50,5 +51,6 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     assert "inference_operator.ownership is not allowed to import subprocess" in report
     assert "inference_operator.models is not allowed to import inference_operator.status" in report
     assert "inference_operator.models.names is not allowed to import inference_operator.models.service" in report
+    assert "inference_operator.handlers.canary is not allowed to import inference_operator.handlers.adapters" in report
     assert "model_server.batching is not allowed to import starlette" in report
     assert "model_server.tensors is not allowed to import model_server.dataplane" in report
