@@ -260,7 +260,7 @@ def test_read_desired_refuses_what_the_operator_never_writes(text: str) -> None:
 
 def test_the_sidecar_checks_the_list_with_the_crds_own_rules() -> None:
     """Names go into paths: the sidecar holds the ConfigMap to the CRD's rules, which are the
-    operator's (models.py); the two programs share no code, so this keeps them equal."""
+    operator's (models/model.py); the two programs share no code, so this keeps them equal."""
     from inference_operator.models import AdapterSpec, InferenceServiceSpec
 
     crd = AdapterSpec.model_json_schema()["properties"]
