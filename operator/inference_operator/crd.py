@@ -47,7 +47,7 @@ NAME = f"{PLURAL}.{GROUP}"
 FILE_NAME = f"{NAME}.yaml"
 # Where the generated CRD lives, relative to the repository root: the project's and the chart's.
 OUTPUTS = (pathlib.Path("crds") / FILE_NAME, pathlib.Path("charts/rocm-inference-operator/crds") / FILE_NAME)
-HEADER = "# Generated from operator/inference_operator/models.py by `python -m inference_operator.crd`; do not edit.\n"
+HEADER = "# Generated from operator/inference_operator/models/ by `python -m inference_operator.crd`; do not edit.\n"
 DESCRIPTION = "An InferenceService serves one model on AMD GPUs, autoscaled on latency."
 
 PRINTER_COLUMNS: list[dict[str, str | int]] = [

@@ -70,8 +70,8 @@ from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 log = logging.getLogger("model_server.adapters")
 
 GUARD_MODULE = "rocm_inference_guard"  # the name vLLM imports it under (--middleware)
-# The CRD's rules for spec.adapters (operator/inference_operator/models.py: AdapterSpec and
-# InferenceServiceSpec.adapters; the two programs share no code, tests/server/test_adapters_sidecar.py
+# The CRD's rules for spec.adapters (operator/inference_operator/models/: model.py's AdapterSpec and
+# service.py's InferenceServiceSpec.adapters; the two programs share no code, tests/server/test_adapters_sidecar.py
 # holds these to them). The ConfigMap is the operator's, but a name goes into paths: checked again.
 MAX_ADAPTERS = 64
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
