@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 
-from .autoscaler import promql
-from .autoscaler.clients import PrometheusClients
-from .autoscaler.prometheus import PrometheusClient, PrometheusError, Sample
 from .credentials import CredentialPolicy, check_url, url_allowed
 from .models import DEFAULT_PROMETHEUS_URL, CanarySpec, Engine, InferenceServiceSpec, Metric, PrometheusAuth
+from .prometheus import promql
+from .prometheus.client import PrometheusClient, PrometheusError, Sample
+from .prometheus.clients import PrometheusClients
 from .rollout import Check
 
 

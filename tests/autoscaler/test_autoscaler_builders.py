@@ -6,7 +6,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from inference_operator.autoscaler import promql
 from inference_operator.builders import OWNED_KINDS, Owner, build_all, build_deployment
 from inference_operator.builders.hpa import PROMQL_ANNOTATION, build_hpa, quantity
 from inference_operator.builders.keda import (
@@ -14,6 +13,7 @@ from inference_operator.builders.keda import (
     build_trigger_authentication,
 )
 from inference_operator.models import ENGINE_METRICS, Engine, Metric, parse_spec
+from inference_operator.prometheus import promql
 
 K8S_VERSION = "1.33"
 

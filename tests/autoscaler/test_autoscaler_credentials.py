@@ -17,12 +17,12 @@ import pytest
 
 from inference_operator import credentials as cr
 from inference_operator.analysis import AnalysisRefused, analysis_client, measure
-from inference_operator.autoscaler.clients import PrometheusClients
 from inference_operator.autoscaler.loop import SCALING_ACTIVE, Autoscaler
-from inference_operator.autoscaler.prometheus import PrometheusClient
 from inference_operator.builders import Owner
 from inference_operator.k8s import KubeApi
 from inference_operator.models import InferenceServiceSpec, SpecError, parse_spec
+from inference_operator.prometheus.client import PrometheusClient
+from inference_operator.prometheus.clients import PrometheusClients
 from inference_operator.reasons import Reason
 from inference_operator.reconcile import reconcile
 from testsupport.cluster import Cluster, condition, wait_for

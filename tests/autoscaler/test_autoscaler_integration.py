@@ -18,7 +18,7 @@ from typing import Self
 import pytest
 
 from inference_operator import credentials
-from inference_operator.autoscaler import promql
+from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import (
     Target,
     running_model_servers,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from inference_operator.autoscaler.prometheus import (
+from inference_operator.prometheus.client import (
     PrometheusClient,
     PrometheusError,
     Sample,

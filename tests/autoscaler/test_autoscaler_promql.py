@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from inference_operator.autoscaler import promql
 from inference_operator.models import ENGINE_METRICS, Engine, Metric
+from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import Prometheus, scraping_pods
 from tests.http_stub import Exporter
 from testsupport.cluster import wait_for

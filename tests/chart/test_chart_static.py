@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 import inference_operator
 from inference_operator import metrics
-from inference_operator.autoscaler import promql
+from inference_operator.prometheus import promql
 from model_server.activator_metrics import ActivatorMetrics
 from tests.chart import helm as h
 
@@ -63,7 +63,7 @@ def registry_series(registry: CollectorRegistry) -> set[str]:
 
 
 def vllm_series() -> set[str]:
-    """vLLM's series as the operator's own queries name them (autoscaler/promql.py)."""
+    """vLLM's series as the operator's own queries name them (prometheus/promql.py)."""
     series = {promql.VLLM_WAITING, promql.VLLM_RUNNING, promql.VLLM_KV_CACHE}
     for name in (promql.VLLM_TTFT, promql.VLLM_ITL, promql.VLLM_E2E):
         series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}

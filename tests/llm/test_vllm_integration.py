@@ -23,8 +23,8 @@ import time
 import httpx
 import pytest
 
-from inference_operator.autoscaler import promql
 from inference_operator.models import Metric
+from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import Target, running_prometheus
 from testsupport.cluster import Cluster, ReplicaRecorder, captured_operator_logs, wait_for
 from testsupport.load import CompletionLoad

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from inference_operator.autoscaler import promql
 from inference_operator.models import Engine, Metric
+from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import Prometheus, scraping_pods
 from tests.http_stub import Exporter
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from inference_operator.autoscaler import promql
 from inference_operator.models import Metric
+from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import (
     ModelServer,
     Prometheus,

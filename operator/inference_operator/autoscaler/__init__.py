@@ -1,5 +1,5 @@
-"""The latency-SLO autoscaler: pure policy and PromQL, a Prometheus client, and a kopf daemon.
+"""The latency-SLO autoscaler: its pure policy and one step's I/O (the loop).
 
-`policy` and `promql` are pure and importable without kopf (the builders and the simulation
-use them); `loop` is one step's I/O; the daemon that runs it is `handlers/autoscaler.py`.
+`policy` is pure and importable without kopf (the simulation uses it); `loop` observes through
+the `prometheus` package, decides and writes; the daemon that runs it is `handlers/autoscaler.py`.
 """

@@ -30,13 +30,13 @@ from ..models import (
     InferenceServiceSpec,
     Metric,
 )
+from ..prometheus import promql
+from ..prometheus.client import PrometheusClient, Sample
+from ..prometheus.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from ..reasons import Reason
 from ..rollout import Phase, RolloutState
 from ..status import find_condition, now_iso, set_condition, status_changes
-from . import promql
-from .clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from .policy import Decision, History, Idleness, Observation, Policy, decide, idle_decision
-from .prometheus import PrometheusClient, Sample
 
 # The condition telling whether the built-in loop can query its metric, like an HPA's.
 SCALING_ACTIVE = "ScalingActive"

@@ -10,10 +10,10 @@ replicas alone). Tolerance and the fast scale-up path have no HPA equivalent.
 
 from __future__ import annotations
 
-from ..autoscaler import promql
 from ..jsontypes import JsonObject
 from ..kinds import HORIZONTAL_POD_AUTOSCALER
 from ..models import AutoscalingSpec, Engine, Metric, ScalingRule
+from ..prometheus import promql
 from .common import Owner, object_meta, workload_ref
 
 PROMQL_ANNOTATION = "inference.rocm.dev/promql"

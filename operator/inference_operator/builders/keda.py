@@ -9,9 +9,9 @@ HPA then computes `ceil(current * value / threshold)`, the same formula as the b
 
 from __future__ import annotations
 
-from ..autoscaler import promql
 from ..jsontypes import JsonObject
 from ..kinds import SCALED_OBJECT, TRIGGER_AUTHENTICATION
+from ..prometheus import promql
 from .common import Owner, object_meta, workload_ref
 from .hpa import behavior
 

@@ -16,9 +16,9 @@ import kopf
 from .. import credentials, metrics, policy
 from .. import status as st
 from ..analysis import AnalysisRefused, analysis_client, measure
-from ..autoscaler.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from ..jsontypes import JsonObject
 from ..models import CanarySpec, InferenceServiceSpec, RolloutStrategy, SpecError
+from ..prometheus.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError
 from ..rollout import COMMAND_ANNOTATION, Check, Command, Phase, RolloutState, advance

@@ -1,8 +1,8 @@
 """A small async client for Prometheus' instant-query API (`/api/v1/query`).
 
-Only what the autoscaler needs: one scalar-ish answer per query, bounded time per attempt,
-a few retries for what retrying can fix (connection errors, timeouts, 5xx, 429), optional
-bearer token and private CA. A query Prometheus rejects (400/422) is not retried.
+Only what the autoscaler and the canary analysis need: one scalar-ish answer per query,
+bounded time per attempt, a few retries for what retrying can fix (connection errors,
+timeouts, 5xx, 429), optional bearer token and private CA. A query Prometheus rejects (400/422) is not retried.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ..credentials import check_secret
 from ..k8s import KubeApi, Ref
 from ..kinds import SECRET
 from ..models import PrometheusAuth, SecretKeyRef
-from .prometheus import PrometheusClient, PrometheusError
+from .client import PrometheusClient, PrometheusError
 
 SECRET_TTL_SECONDS = 300
 # What getting a client or querying with it raises, besides CredentialsRefused (a rule's verdict,
