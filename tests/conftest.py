@@ -10,13 +10,12 @@ from collections.abc import Iterator
 import pytest
 from kopf.testing import KopfRunner
 
-from inference_operator.credentials import ANY_URL, ENV_ALLOWED_URLS
-from inference_operator.policy import IMAGE_REGISTRIES_ENV
+from inference_operator.settings import ANY_URL, IMAGE_REGISTRIES_ENV, PROMETHEUS_ALLOWED_URLS_ENV
 from testsupport.cluster import Cluster, running_cluster
 
 # The tests' Prometheus servers listen on loopback ports, which the operator's default allow-list
 # (in-cluster Services) refuses; tests of the list itself set it or pass a policy explicitly.
-os.environ.setdefault(ENV_ALLOWED_URLS, ANY_URL)
+os.environ.setdefault(PROMETHEUS_ALLOWED_URLS_ENV, ANY_URL)
 # The platform's registries as the examples need them (their modelcars come from ghcr.io/example/);
 # tests of the policy set their own.
 os.environ.setdefault(IMAGE_REGISTRIES_ENV, "ghcr.io/rocm-inference/,ghcr.io/example/,docker.io/vllm/")

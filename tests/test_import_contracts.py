@@ -43,10 +43,9 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     _append(package / "models" / "names.py", "from .. import status")  # the bottom layer importing upwards
     _append(package / "models" / "names.py", "from . import service")  # a part of the spec importing the whole
     _append(package / "handlers" / "canary.py", "from . import adapters")  # one feature's handlers importing another's
-    _append(
-        package / "prometheus" / "promql.py", "from ..autoscaler import policy"
-    )  # the metrics layer importing a feature
+    _append(package / "prometheus" / "promql.py", "from ..autoscaler import policy")  # metrics importing a feature
     _append(package / "prometheus" / "client.py", "from . import promql")  # the query client importing the queries
+    _append(package / "k8s.py", "from .builders import common")  # the API client importing a builder
     _append(tree / "server" / "model_server" / "batching.py", "import starlette")  # the core importing HTTP
     _append(tree / "server" / "model_server" / "tensors.py", "from . import dataplane")  # a layer importing upwards
     result = _lint(tree)
@@ -57,8 +56,8 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     assert "inference_operator.models.names is not allowed to import inference_operator.models.service" in report
     assert "inference_operator.handlers.canary is not allowed to import inference_operator.handlers.adapters" in report
     assert "inference_operator.prometheus is not allowed to import inference_operator.autoscaler" in report
-    assert (
-        "inference_operator.prometheus.client is not allowed to import inference_operator.prometheus.promql" in report
-    )
+    prometheus = "inference_operator.prometheus"
+    assert f"{prometheus}.client is not allowed to import {prometheus}.promql" in report
+    assert "inference_operator.k8s is not allowed to import inference_operator.builders" in report
     assert "model_server.batching is not allowed to import starlette" in report
     assert "model_server.tensors is not allowed to import model_server.dataplane" in report

@@ -17,12 +17,18 @@ import yaml
 
 from . import config
 from .builders import build_all
-from .builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV
 from .builders.gpu import gpu_view
 from .jsontypes import JsonObject
 from .kinds import INFERENCE_SERVICE
 from .models import GpuAllocation, ResourceNaming, SpecError, parse_spec
-from .settings import SUPPLEMENTAL_GROUPS_ENV, GpuDefaults, SettingsError, parse_groups
+from .settings import (
+    MODEL_SERVER_IMAGE_ENV,
+    SUPPLEMENTAL_GROUPS_ENV,
+    VLLM_IMAGE_ENV,
+    GpuDefaults,
+    SettingsError,
+    parse_groups,
+)
 
 if TYPE_CHECKING:
     import kopf

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 
-from .credentials import CredentialPolicy, check_url, url_allowed
+from .credentials import check_url, url_allowed
 from .models import DEFAULT_PROMETHEUS_URL, CanarySpec, Engine, InferenceServiceSpec, Metric, PrometheusAuth
 from .prometheus import promql
 from .prometheus.client import PrometheusClient, PrometheusError, Sample
 from .prometheus.clients import PrometheusClients
 from .rollout import Check
+from .settings import CredentialPolicy
 
 
 class AnalysisRefused(Exception):

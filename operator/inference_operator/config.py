@@ -2,7 +2,7 @@
 
 Every operator-wide setting (default images, GPU defaults, model-fetch proxies, the credential
 and pod policies, HA peering, where the API server is) is a field of `OperatorConfig`. The
-chart sets them as environment variables (each module documents its own); `run` flags override
+chart sets them as environment variables (settings.py documents each, section by section); `run` flags override
 the images. `load()` is the only place in the operator that reads the process environment:
 a bad value stops the operator at start with a message naming the variable, and everything
 after start gets the config passed down (kopf's memo, then the `Owner` of each reconcile) and
@@ -16,12 +16,19 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .builders.common import Images, Owner
-from .credentials import CredentialPolicy
+from .builders.common import Owner
 from .models import InferenceServiceSpec
-from .peering import PeeringSettings
-from .policy import PodPolicy
-from .settings import ActivatorSettings, FetchSettings, GpuDefaults, NetworkPolicySettings, TracingSettings
+from .settings import (
+    ActivatorSettings,
+    CredentialPolicy,
+    FetchSettings,
+    GpuDefaults,
+    Images,
+    NetworkPolicySettings,
+    PeeringSettings,
+    PodPolicy,
+    TracingSettings,
+)
 
 KUBECONFIG_ENV = "KUBECONFIG"
 

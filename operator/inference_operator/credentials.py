@@ -30,22 +30,16 @@ set HF_TOKEN or HF_ENDPOINT (models.OPERATOR_ENV).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from .jsontypes import JsonObject
 from .models import AutoscalingMode, AutoscalingSpec, InferenceServiceSpec, SecretKeyRef
 from .reasons import Reason
+from .settings import ANY_URL, PUBLIC_HUB, CredentialPolicy
 
 SECRET_LABEL = "inference.rocm.dev/prometheus-credentials"
-ENV_ENABLED = "INFERENCE_OPERATOR_PROMETHEUS_AUTH"
-ENV_ALLOW_HTTP = "INFERENCE_OPERATOR_PROMETHEUS_ALLOW_HTTP"
-ENV_ALLOWED_URLS = "INFERENCE_OPERATOR_PROMETHEUS_ALLOWED_URLS"
 MODEL_SECRET_LABEL = "inference.rocm.dev/model-credentials"
-ENV_HUB_TOKENS = "INFERENCE_OPERATOR_HUB_TOKENS"
-ENV_HUB_ENDPOINTS = "INFERENCE_OPERATOR_HUB_TOKEN_ENDPOINTS"
-PUBLIC_HUB = "https://huggingface.co"
 
 
 class CredentialsRefused(Exception):
@@ -55,55 +49,6 @@ class CredentialsRefused(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-
-
-def _truthy(text: str | None, default: bool) -> bool:
-    if text is None or not text.strip():
-        return default
-    return text.strip().lower() in ("1", "true", "yes", "on")
-
-
-ANY_URL = "*"
-# The Prometheus Operator's and kube-prometheus-stack's in-cluster Services, namespace monitoring:
-# what the operator allows when nothing is configured (the chart's prometheus.allowedUrls too).
-DEFAULT_ALLOWED_URLS = tuple(
-    f"http://{service}.monitoring{suffix}:9090"
-    for service in ("prometheus-operated", "kube-prometheus-stack-prometheus")
-    for suffix in ("", ".svc", ".svc.cluster.local")
-)
-
-
-def _url_list(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ...]) -> tuple[str, ...]:
-    text = env.get(name)
-    text = default if text is None else text
-    urls = tuple(u.strip() for u in text.replace("\n", ",").split(",") if u.strip())
-    for url in urls:
-        if url == ANY_URL and "http" in schemes:
-            continue
-        parts = urlsplit(url)
-        if parts.scheme not in schemes or not parts.hostname or parts.username is not None:
-            raise ValueError(f"{name}: {url!r} is not an {'/'.join(schemes)} URL without user info")
-    return urls
-
-
-@dataclass(frozen=True)
-class CredentialPolicy:
-    enabled: bool = True
-    allow_http: bool = False
-    allowed_urls: tuple[str, ...] = DEFAULT_ALLOWED_URLS
-    hub_tokens: bool = True
-    hub_endpoints: tuple[str, ...] = (PUBLIC_HUB,)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> CredentialPolicy:
-        """Pure: the policy the variables in `env` describe; a malformed list raises ValueError."""
-        return cls(
-            enabled=_truthy(env.get(ENV_ENABLED), True),
-            allow_http=_truthy(env.get(ENV_ALLOW_HTTP), False),
-            allowed_urls=_url_list(env, ENV_ALLOWED_URLS, ",".join(DEFAULT_ALLOWED_URLS), ("http", "https")),
-            hub_tokens=_truthy(env.get(ENV_HUB_TOKENS), True),
-            hub_endpoints=_url_list(env, ENV_HUB_ENDPOINTS, PUBLIC_HUB, ("https",)),
-        )
 
 
 def _origin_and_path(url: str) -> tuple[str, str | None, int | None, str]:

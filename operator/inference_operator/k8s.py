@@ -16,11 +16,10 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from .builders.common import MANAGER
 from .jsontypes import JsonObject
 from .kinds import PLURALS, Kind
+from .settings import MANAGER
 
-FIELD_MANAGER = MANAGER
 # How long an add-on API found missing is believed missing before discovery is asked again.
 MISSING_API_RECHECK_SECONDS = 60.0
 
@@ -120,7 +119,7 @@ class KubeApi:
         exactly the fields we send (forcing conflicts: the operator is the authority on
         them); a field we stop sending is removed. `dry_run` validates the whole object with
         the API server's admission and schema and persists nothing."""
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        query = [("fieldManager", MANAGER), ("force", "true")]
         if dry_run:
             query.append(("dryRun", "All"))
         return self._call(

@@ -27,9 +27,9 @@ from .builders.common import SPEC_HASH_ANNOTATION
 from .builders.endpoint_picker import OBJECT_KINDS as PICKER_OBJECTS
 from .builders.endpoint_picker import PICKER_ONLY_KINDS, picker_name
 from .builders.http_route import weighted
-from .credentials import CredentialPolicy, CredentialsRefused, keda_refusal, model_refusal
+from .credentials import CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
-from .k8s import FIELD_MANAGER, KubeApi, Ref
+from .k8s import KubeApi, Ref
 from .kinds import (
     DEPLOYMENT,
     KINDS,
@@ -53,6 +53,7 @@ from .rollout import (
     unverified,
     with_revision,
 )
+from .settings import MANAGER, CredentialPolicy
 from .status import Problem
 
 # The credential rules with nothing configured (the operator passes its own).
@@ -154,7 +155,7 @@ def plan(desired: JsonObject, live: JsonObject | None, owner_uid: str) -> Step:
         raise ForeignObjectError(
             f"{desired['kind']} {desired['metadata']['name']} exists and is not owned by this InferenceService"
         )
-    found = drift(live, desired, owner_uid, FIELD_MANAGER)
+    found = drift(live, desired, owner_uid, MANAGER)
     live_hash = (live["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
     changed = live_hash != desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     if (found is not None or changed) and kind_of_object(desired).replaced_on_change:

@@ -1,31 +1,90 @@
-"""Operator-wide defaults for what a spec leaves unset, from the operator's environment (pure:
-`config.load()` passes the environment in, once, at start).
+"""Every operator-wide setting, one section each, each field documented once (pure: `config.load()`
+passes the environment in, once, at start; `config.OperatorConfig` holds one of each section).
 
-A cluster has one GPU stack: either the device plugin (with one resource naming strategy) or
-the DRA driver, and its hosts have one set of device-node groups. The chart states these once
-(values `gpu.*`, passed as the variables below); an InferenceService that sets the field itself
-wins.
+The chart sets them as environment variables (its values name the section); `run` flags override
+the images. A bad value raises `ValueError` (`SettingsError`, or a section's own message) naming
+its variable, so the operator stops at start rather than run with half a setting.
 
-    INFERENCE_OPERATOR_GPU_ALLOCATION           devicePlugin | dra            (default devicePlugin)
-    INFERENCE_OPERATOR_GPU_RESOURCE_NAMING      single | mixed                (default single)
-    INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS  comma-separated GIDs, or ""   (default 44,109)
-
-How model-fetch init containers reach model sources (chart values `modelFetch.*`). These are the
-platform's, never the InferenceService's: a proxy or a CA is what decides who sees a Hub token.
-
-    INFERENCE_OPERATOR_FETCH_HTTPS_PROXY / _HTTP_PROXY / _NO_PROXY   proxy settings (default none)
-    INFERENCE_OPERATOR_FETCH_CA_BUNDLE   PEM certificates trusted besides the public roots
+    identity           MANAGER: the field manager of every apply, the `managed-by` of every object
+    Images             the default image of each engine and of the endpoint picker
+    GpuDefaults        what a spec leaves unset about GPUs
+    FetchSettings      how model-fetch init containers reach model sources
+    NetworkPolicySettings   whether services get a NetworkPolicy, whom it lets in
+    TracingSettings    where the operator's reconcile spans go
+    ActivatorSettings  where the activator of services at zero runs
+    PeeringSettings    high availability: kopf peering's priority and lifetime
+    PodPolicy          what an InferenceService may ask of its pods (policy.py applies it)
+    CredentialPolicy   where a Prometheus or Hub credential may be sent (credentials.py applies it)
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit
 
-from .models import GpuAllocation, ResourceNaming
+from .models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, GpuAllocation, ResourceNaming
+
+if TYPE_CHECKING:  # `render` runs without kopf installed
+    import kopf
+
+
+class SettingsError(ValueError):
+    """An operator setting with a value the operator cannot use; the message names the variable."""
+
+
+# --- Identity -----------------------------------------------------------------------------------
+# The operator's name as the API server knows it: the field manager of its server-side applies
+# (ownership.py tells its fields from others' by it) and the managed-by label of what it creates.
+MANAGER = "rocm-inference-operator"
+
+
+# --- Images -------------------------------------------------------------------------------------
+# The operator's default images (the chart sets them from its values; `run --model-server-image`
+# and `--vllm-image` override them).
+MODEL_SERVER_IMAGE_ENV = "INFERENCE_OPERATOR_MODEL_SERVER_IMAGE"
+VLLM_IMAGE_ENV = "INFERENCE_OPERATOR_VLLM_IMAGE"
+ENDPOINT_PICKER_IMAGE_ENV = "INFERENCE_OPERATOR_ENDPOINT_PICKER_IMAGE"
+# llm-d's endpoint picker (the Gateway API Inference Extension's EPP with llm-d's plugins).
+DEFAULT_ENDPOINT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.8.0"
+
+
+@dataclass(frozen=True)
+class Images:
+    """Images used where the spec names none: one per engine. The model server's image also
+    runs the model-fetch init container (it carries the fetcher), whatever the engine."""
+
+    model_server: str = DEFAULT_IMAGE
+    vllm: str = DEFAULT_VLLM_IMAGE
+    # The endpoint picker of routing.inferencePool (the platform's, never the spec's).
+    endpoint_picker: str = DEFAULT_ENDPOINT_PICKER_IMAGE
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> Images:
+        return cls(
+            model_server=environ.get(MODEL_SERVER_IMAGE_ENV) or DEFAULT_IMAGE,
+            vllm=environ.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
+            endpoint_picker=environ.get(ENDPOINT_PICKER_IMAGE_ENV) or DEFAULT_ENDPOINT_PICKER_IMAGE,
+        )
+
+    @property
+    def all(self) -> tuple[str, str]:
+        return self.model_server, self.vllm
+
+
+# --- GPU defaults -------------------------------------------------------------------------------
+# A cluster has one GPU stack: either the device plugin (with one resource naming strategy) or
+# the DRA driver, and its hosts have one set of device-node groups. The chart states these once
+# (values `gpu.*`, passed as the variables below); an InferenceService that sets the field itself
+# wins.
+#
+#     INFERENCE_OPERATOR_GPU_ALLOCATION           devicePlugin | dra            (default devicePlugin)
+#     INFERENCE_OPERATOR_GPU_RESOURCE_NAMING      single | mixed                (default single)
+#     INFERENCE_OPERATOR_GPU_SUPPLEMENTAL_GROUPS  comma-separated GIDs, or ""   (default 44,109)
 
 ALLOCATION_ENV = "INFERENCE_OPERATOR_GPU_ALLOCATION"
 RESOURCE_NAMING_ENV = "INFERENCE_OPERATOR_GPU_RESOURCE_NAMING"
@@ -37,10 +96,6 @@ MAX_GID = 4294967295
 
 
 E = TypeVar("E", GpuAllocation, ResourceNaming)
-
-
-class SettingsError(ValueError):
-    """An operator setting with a value the operator cannot use; the message names the variable."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +139,13 @@ def parse_groups(raw: str, name: str) -> tuple[int, ...]:
     return groups
 
 
+# --- Model fetch --------------------------------------------------------------------------------
+# How model-fetch init containers reach model sources (chart values `modelFetch.*`). These are the
+# platform's, never the InferenceService's: a proxy or a CA is what decides who sees a Hub token.
+#
+#     INFERENCE_OPERATOR_FETCH_HTTPS_PROXY / _HTTP_PROXY / _NO_PROXY   proxy settings (default none)
+#     INFERENCE_OPERATOR_FETCH_CA_BUNDLE   PEM certificates trusted besides the public roots
+
 FETCH_HTTPS_PROXY_ENV = "INFERENCE_OPERATOR_FETCH_HTTPS_PROXY"
 FETCH_HTTP_PROXY_ENV = "INFERENCE_OPERATOR_FETCH_HTTP_PROXY"
 FETCH_NO_PROXY_ENV = "INFERENCE_OPERATOR_FETCH_NO_PROXY"
@@ -125,6 +187,7 @@ class FetchSettings:
         )
 
 
+# --- NetworkPolicy ------------------------------------------------------------------------------
 NETWORK_POLICY_ENV = "INFERENCE_OPERATOR_NETWORK_POLICY"
 OPERATOR_NAMESPACE_ENV = "INFERENCE_OPERATOR_NAMESPACE"
 PROMETHEUS_NAMESPACES_ENV = "INFERENCE_OPERATOR_PROMETHEUS_NAMESPACE_SELECTOR"
@@ -192,6 +255,7 @@ def parse_selector(text: str, name: str) -> dict[str, object]:
     return selector
 
 
+# --- Tracing ------------------------------------------------------------------------------------
 TRACES_ENDPOINT_ENV = "INFERENCE_OPERATOR_OTLP_TRACES_ENDPOINT"
 TRACE_SAMPLE_RATIO_ENV = "INFERENCE_OPERATOR_TRACE_SAMPLE_RATIO"
 _TRACES_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
@@ -227,6 +291,7 @@ class TracingSettings:
         return cls(endpoint=endpoint, sampling_ratio=ratio)
 
 
+# --- Activator ----------------------------------------------------------------------------------
 ACTIVATOR_SERVICE_ENV = "INFERENCE_OPERATOR_ACTIVATOR_SERVICE"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -255,3 +320,277 @@ class ActivatorSettings:
         if not (_DNS_LABEL.match(namespace) and _DNS_LABEL.match(service)):
             raise SettingsError(f"{ACTIVATOR_SERVICE_ENV}={text!r}: must be NAMESPACE/NAME of a Service")
         return cls(namespace, service)
+
+
+# --- Peering ------------------------------------------------------------------------------------
+# High availability: kopf peering settings from the environment.
+#
+# Replicas started with `inference-operator run --peering NAME` exchange keep-alives through a
+# (Cluster)KopfPeering object; only the one with the highest priority handles events, the others
+# pause. Replicas of one Deployment share their command line, and kopf pauses *every* replica
+# when two share the highest priority, so each replica needs a priority of its own:
+#
+# - `INFERENCE_OPERATOR_PEERING_PRIORITY`: an integer, or `random` for a random one in
+#   [1, 2**30) drawn at start (what the Helm chart sets). Overrides `--priority` when set.
+# - `INFERENCE_OPERATOR_PEERING_LIFETIME`: seconds a replica's keep-alive stays valid (kopf's
+#   default is 60). A replica that exits cleanly withdraws at once; one that is killed is
+#   replaced by a paused peer when this runs out, so it bounds the takeover time.
+
+PEERING_PRIORITY_ENV = "INFERENCE_OPERATOR_PEERING_PRIORITY"
+PEERING_LIFETIME_ENV = "INFERENCE_OPERATOR_PEERING_LIFETIME"
+MAX_PRIORITY = 2**30
+
+
+@dataclass(frozen=True)
+class PeeringSettings:
+    """Peering as the environment asks for it; None leaves kopf's value (or `--priority`)."""
+
+    priority: int | None = None
+    random_priority: bool = False
+    lifetime: int | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> PeeringSettings:
+        """Pure: the settings in `environ`; a bad value raises ValueError naming its variable."""
+        text = environ.get(PEERING_PRIORITY_ENV, "").strip()
+        priority = None
+        if text and text != "random":
+            try:
+                priority = int(text)
+            except ValueError:
+                raise ValueError(f"{PEERING_PRIORITY_ENV} must be an integer or 'random', got {text!r}") from None
+        lifetime = environ.get(PEERING_LIFETIME_ENV, "").strip()
+        seconds = int(lifetime) if lifetime.isdigit() else 0
+        if lifetime and seconds < 1:
+            raise ValueError(f"{PEERING_LIFETIME_ENV} must be a whole number of seconds >= 1, got {lifetime!r}")
+        return cls(priority=priority, random_priority=text == "random", lifetime=seconds or None)
+
+    def apply(self, settings: kopf.OperatorSettings) -> None:
+        """Set kopf's peering priority and lifetime; a random priority is drawn now."""
+        if self.random_priority:
+            settings.peering.priority = random.SystemRandom().randrange(1, MAX_PRIORITY)
+        elif self.priority is not None:
+            settings.peering.priority = self.priority
+        if self.lifetime is not None:
+            settings.peering.lifetime = self.lifetime
+
+
+# --- Pod policy ---------------------------------------------------------------------------------
+# What an InferenceService may ask of its pods, as the platform team allows it (chart `policy.*`).
+#
+# "May create InferenceServices" must not mean "may run pods as any ServiceAccount, at any
+# priority, from any image": the operator renders those pods with its own rights. So a spec that
+# names a ServiceAccount, a PriorityClass or an image outside the platform's lists, or asks for
+# the ServiceAccount token to be mounted when the platform does not allow it, is refused whole:
+# `Degraded=True`, reason `PolicyViolation`, naming the field and the value; nothing is rolled out
+# (a running Deployment keeps its previous spec) until the spec changes or the platform widens
+# the policy (an operator restart applies it to every InferenceService).
+#
+#     INFERENCE_OPERATOR_POLICY_SERVICE_ACCOUNTS   comma-separated names         (default: default)
+#     INFERENCE_OPERATOR_POLICY_PRIORITY_CLASSES   comma-separated names         (default: none)
+#     INFERENCE_OPERATOR_POLICY_IMAGE_REGISTRIES   comma-separated prefixes, *   (default: those of
+#                                                  the operator's own images)
+#     INFERENCE_OPERATOR_POLICY_ALLOW_TOKEN        true | false                  (default: false)
+#     INFERENCE_OPERATOR_POLICY_SUPPLEMENTAL_GROUPS  comma-separated GIDs and     (default: 1-999,
+#                                                  ranges (1-999), or *; empty    the system groups
+#                                                  allows none                    hosts put video
+#                                                                                 and render in)
+#     INFERENCE_OPERATOR_POLICY_GATEWAYS           comma-separated namespace/name (default: *)
+#                                                  of Gateways, namespace/*, or *
+#     INFERENCE_OPERATOR_POLICY_HOSTNAMES          comma-separated host names     (default: *)
+#                                                  and *.suffix patterns, or *
+#
+# Supplemental groups reach every container of the pod (the credential holders too): GID 0 is
+# never allowed, and by default only system groups (below 1000, where distributions put video and
+# render; user and project groups, which own shared files, start at 1000). An HTTPRoute's
+# parentRefs decide which Gateway (so which listeners and addresses) serves the author's routes,
+# and its hostnames which requests it takes: an exact name beats another tenant's wildcard. A
+# parentRef without a namespace is the InferenceService's.
+
+SERVICE_ACCOUNTS_ENV = "INFERENCE_OPERATOR_POLICY_SERVICE_ACCOUNTS"
+PRIORITY_CLASSES_ENV = "INFERENCE_OPERATOR_POLICY_PRIORITY_CLASSES"
+IMAGE_REGISTRIES_ENV = "INFERENCE_OPERATOR_POLICY_IMAGE_REGISTRIES"
+ALLOW_TOKEN_ENV = "INFERENCE_OPERATOR_POLICY_ALLOW_TOKEN"
+POLICY_SUPPLEMENTAL_GROUPS_ENV = "INFERENCE_OPERATOR_POLICY_SUPPLEMENTAL_GROUPS"
+GATEWAYS_ENV = "INFERENCE_OPERATOR_POLICY_GATEWAYS"
+HOSTNAMES_ENV = "INFERENCE_OPERATOR_POLICY_HOSTNAMES"
+DEFAULT_POLICY_GROUPS = "1-999"
+# namespace/name, namespace/*, or *; host names and *.suffix patterns, or * (as the chart's schema).
+_GATEWAY = r"\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?/(\*|[a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
+_HOSTNAME = r"\*|(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+ANY = "*"
+
+
+def normalized_image(image: str) -> str:
+    """`attacker/steal` and `ubuntu` are Docker Hub images: name the registry they come from."""
+    first, _, rest = image.partition("/")
+    if not rest or ("." not in first and ":" not in first and first != "localhost"):
+        return f"docker.io/{image if rest else 'library/' + image}"
+    return image
+
+
+def normalized_prefix(prefix: str) -> str:
+    """A registry prefix as image names start: `mirror.example` and `ghcr.io/org/` name hosts
+    (kept), `org/` a Docker Hub namespace (`docker.io/org/`); always ending in one `/`."""
+    path = prefix.rstrip("/")
+    first = path.split("/", 1)[0]
+    return f"{path}/" if "." in first or ":" in first or first == "localhost" else f"docker.io/{path}/"
+
+
+def repository_prefix(image: str) -> str:
+    """`ghcr.io/org/model-server:1.0` → `ghcr.io/org/`: where the operator's own images live."""
+    name = normalized_image(image).split("@", 1)[0]
+    return name.rsplit("/", 1)[0] + "/"
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    return tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+
+
+@dataclass(frozen=True)
+class PodPolicy:
+    """The platform's limits on what a spec may ask of its pods (`policy.violations` applies
+    them): one field per variable above, in their order."""
+
+    service_accounts: tuple[str, ...] = ("default",)
+    priority_classes: tuple[str, ...] = ()
+    image_registries: tuple[str, ...] = (ANY,)
+    allow_token: bool = False
+    # Inclusive GID ranges; ANY_GROUP allows every GID but 0.
+    supplemental_groups: tuple[tuple[int, int], ...] = ()
+    gateways: tuple[str, ...] = (ANY,)
+    hostnames: tuple[str, ...] = (ANY,)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], own_images: Iterable[str]) -> PodPolicy:
+        """The platform's policy; registries default to those of the operator's own images."""
+        registries = _names(environ.get(IMAGE_REGISTRIES_ENV)) or tuple(
+            dict.fromkeys(repository_prefix(i) for i in own_images)
+        )
+        token = environ.get(ALLOW_TOKEN_ENV, "").strip().lower()
+        if token not in ("", "true", "false"):
+            raise ValueError(f"{ALLOW_TOKEN_ENV}={token!r}: must be true or false")
+        return cls(
+            service_accounts=_names(environ.get(SERVICE_ACCOUNTS_ENV)) or ("default",),
+            priority_classes=_names(environ.get(PRIORITY_CLASSES_ENV)) or (),
+            image_registries=registries,
+            allow_token=token == "true",
+            supplemental_groups=_gid_ranges(environ.get(POLICY_SUPPLEMENTAL_GROUPS_ENV, DEFAULT_POLICY_GROUPS)),
+            gateways=_patterns(environ, GATEWAYS_ENV, _GATEWAY),
+            hostnames=_patterns(environ, HOSTNAMES_ENV, _HOSTNAME),
+        )
+
+    def image_allowed(self, image: str) -> bool:
+        if ANY in self.image_registries:
+            return True
+        name = normalized_image(image)
+        return any(name.startswith(normalized_prefix(prefix)) for prefix in self.image_registries)
+
+    def group_allowed(self, gid: int) -> bool:
+        return gid != 0 and any(low <= gid <= high for low, high in self.supplemental_groups)
+
+    def gateway_allowed(self, namespace: str, name: str) -> bool:
+        return any(p in (ANY, f"{namespace}/{name}", f"{namespace}/{ANY}") for p in self.gateways)
+
+    def hostname_allowed(self, hostname: str) -> bool:
+        """An exact name, or any name (a wildcard one too) under a `*.suffix` pattern."""
+        return any(p in (ANY, hostname) or (p.startswith("*.") and hostname.endswith(p[1:])) for p in self.hostnames)
+
+
+ANY_GROUP = (1, MAX_GID)
+
+
+def _gid_ranges(text: str) -> tuple[tuple[int, int], ...]:
+    """`44,109,1000-1999` → ((44, 44), (109, 109), (1000, 1999)); `*` → every GID but 0."""
+    ranges = []
+    for part in _names(text) or ():
+        if part == ANY:
+            ranges.append(ANY_GROUP)
+            continue
+        low, _, high = part.partition("-")
+        if not low.isdigit() or not (high or low).isdigit() or not 0 < int(low) <= int(high or low) <= MAX_GID:
+            raise ValueError(
+                f"{POLICY_SUPPLEMENTAL_GROUPS_ENV}={text!r}: GIDs (1-{MAX_GID}), ranges such as 1000-1999, or *"
+            )
+        ranges.append((int(low), int(high or low)))
+    return tuple(ranges)
+
+
+def _patterns(environ: Mapping[str, str], name: str, pattern: str) -> tuple[str, ...]:
+    values = _names(environ.get(name)) or (ANY,)
+    if bad := [v for v in values if not re.fullmatch(pattern, v)]:
+        raise ValueError(f"{name}: {', '.join(bad)} is not a valid entry")
+    return values
+
+
+# --- Credentials --------------------------------------------------------------------------------
+# Where the operator may send a Prometheus or Hub credential (credentials.py's module docstring
+# gives the rules these settings feed).
+#
+#     INFERENCE_OPERATOR_PROMETHEUS_AUTH           true | false: credentials at all (default true)
+#     INFERENCE_OPERATOR_PROMETHEUS_ALLOW_HTTP     true | false: plain http URLs (default false)
+#     INFERENCE_OPERATOR_PROMETHEUS_ALLOWED_URLS   comma-separated URL prefixes, or * (default
+#                                                  DEFAULT_ALLOWED_URLS; empty allows none)
+#     INFERENCE_OPERATOR_HUB_TOKENS                true | false: Hub tokens at all (default true)
+#     INFERENCE_OPERATOR_HUB_TOKEN_ENDPOINTS       https Hub endpoints (default the public Hub)
+
+PROMETHEUS_AUTH_ENV = "INFERENCE_OPERATOR_PROMETHEUS_AUTH"
+PROMETHEUS_ALLOW_HTTP_ENV = "INFERENCE_OPERATOR_PROMETHEUS_ALLOW_HTTP"
+PROMETHEUS_ALLOWED_URLS_ENV = "INFERENCE_OPERATOR_PROMETHEUS_ALLOWED_URLS"
+HUB_TOKENS_ENV = "INFERENCE_OPERATOR_HUB_TOKENS"
+HUB_ENDPOINTS_ENV = "INFERENCE_OPERATOR_HUB_TOKEN_ENDPOINTS"
+PUBLIC_HUB = "https://huggingface.co"
+
+
+def _truthy(text: str | None, default: bool) -> bool:
+    if text is None or not text.strip():
+        return default
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+ANY_URL = "*"
+# The Prometheus Operator's and kube-prometheus-stack's in-cluster Services, namespace monitoring:
+# what the operator allows when nothing is configured (the chart's prometheus.allowedUrls too).
+DEFAULT_ALLOWED_URLS = tuple(
+    f"http://{service}.monitoring{suffix}:9090"
+    for service in ("prometheus-operated", "kube-prometheus-stack-prometheus")
+    for suffix in ("", ".svc", ".svc.cluster.local")
+)
+
+
+def _url_list(env: Mapping[str, str], name: str, default: str, schemes: tuple[str, ...]) -> tuple[str, ...]:
+    text = env.get(name)
+    text = default if text is None else text
+    urls = tuple(u.strip() for u in text.replace("\n", ",").split(",") if u.strip())
+    for url in urls:
+        if url == ANY_URL and "http" in schemes:
+            continue
+        parts = urlsplit(url)
+        if parts.scheme not in schemes or not parts.hostname or parts.username is not None:
+            raise ValueError(f"{name}: {url!r} is not an {'/'.join(schemes)} URL without user info")
+    return urls
+
+
+@dataclass(frozen=True)
+class CredentialPolicy:
+    """Where a credential may go (`credentials.check_url` and the refusals apply it): one field
+    per variable above, in their order."""
+
+    enabled: bool = True
+    allow_http: bool = False
+    allowed_urls: tuple[str, ...] = DEFAULT_ALLOWED_URLS
+    hub_tokens: bool = True
+    hub_endpoints: tuple[str, ...] = (PUBLIC_HUB,)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> CredentialPolicy:
+        """Pure: the policy the variables in `env` describe; a malformed list raises ValueError."""
+        return cls(
+            enabled=_truthy(env.get(PROMETHEUS_AUTH_ENV), True),
+            allow_http=_truthy(env.get(PROMETHEUS_ALLOW_HTTP_ENV), False),
+            allowed_urls=_url_list(env, PROMETHEUS_ALLOWED_URLS_ENV, ",".join(DEFAULT_ALLOWED_URLS), ("http", "https")),
+            hub_tokens=_truthy(env.get(HUB_TOKENS_ENV), True),
+            hub_endpoints=_url_list(env, HUB_ENDPOINTS_ENV, PUBLIC_HUB, ("https",)),
+        )

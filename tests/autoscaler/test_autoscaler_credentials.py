@@ -16,6 +16,7 @@ import kubernetes
 import pytest
 
 from inference_operator import credentials as cr
+from inference_operator import settings
 from inference_operator.analysis import AnalysisRefused, analysis_client, measure
 from inference_operator.autoscaler.loop import SCALING_ACTIVE, Autoscaler
 from inference_operator.builders import Owner
@@ -30,7 +31,7 @@ from testsupport.cluster import Cluster, condition, wait_for
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NS, NAME = "ml", "mlp"
 # Any URL: these cases are about the other rules (the allow-list has its own).
-ANY = (cr.ANY_URL,)
+ANY = (settings.ANY_URL,)
 HTTPS = "https://prometheus.monitoring:9090"
 
 
@@ -86,7 +87,7 @@ class Recorder:
         return {r.headers.get("Authorization") for r in self.requests}
 
 
-async def one_tick(cluster: Cluster, body: dict, policy: cr.CredentialPolicy) -> Recorder:
+async def one_tick(cluster: Cluster, body: dict, policy: settings.CredentialPolicy) -> Recorder:
     recorder = Recorder()
     loop = Autoscaler(
         api_of(cluster),
@@ -116,33 +117,38 @@ def scaling_active(cluster: Cluster) -> dict:
         (
             "http://attacker.example:8080",
             False,
-            cr.CredentialPolicy(allowed_urls=ANY),
+            settings.CredentialPolicy(allowed_urls=ANY),
             Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP,
         ),
         (
             "http://attacker.example:8080",
             False,
-            cr.CredentialPolicy(allowed_urls=ANY, allow_http=True),
+            settings.CredentialPolicy(allowed_urls=ANY, allow_http=True),
             Reason.PROMETHEUS_SECRET_NOT_LABELLED,
         ),
-        (HTTPS, False, cr.CredentialPolicy(allowed_urls=ANY), Reason.PROMETHEUS_SECRET_NOT_LABELLED),
+        (HTTPS, False, settings.CredentialPolicy(allowed_urls=ANY), Reason.PROMETHEUS_SECRET_NOT_LABELLED),
         (
             "http://prometheus.monitoring:9090",
             True,
-            cr.CredentialPolicy(allowed_urls=ANY),
+            settings.CredentialPolicy(allowed_urls=ANY),
             Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP,
         ),
         (
             "https://attacker.example",
             True,
-            cr.CredentialPolicy(allowed_urls=(HTTPS,)),
+            settings.CredentialPolicy(allowed_urls=(HTTPS,)),
             Reason.PROMETHEUS_URL_NOT_ALLOWED,
         ),
-        (HTTPS, True, cr.CredentialPolicy(allowed_urls=ANY, enabled=False), Reason.PROMETHEUS_CREDENTIALS_DISABLED),
+        (
+            HTTPS,
+            True,
+            settings.CredentialPolicy(allowed_urls=ANY, enabled=False),
+            Reason.PROMETHEUS_CREDENTIALS_DISABLED,
+        ),
     ],
 )
 async def test_a_refused_credential_is_never_sent_and_the_reason_is_in_status(
-    cluster: Cluster, url: str, labelled: bool, policy: cr.CredentialPolicy, reason: str
+    cluster: Cluster, url: str, labelled: bool, policy: settings.CredentialPolicy, reason: str
 ) -> None:
     add_secret(cluster, "db-admin", b"hunter2", labelled)
     body = add_service(cluster, url)
@@ -159,7 +165,7 @@ async def test_a_refused_credential_is_never_sent_and_the_reason_is_in_status(
 async def test_an_opted_in_secret_goes_to_an_allowed_https_url(cluster: Cluster) -> None:
     add_secret(cluster, "db-admin", b"s3cret\n", labelled=True)
     body = add_service(cluster, HTTPS + "/prom")
-    recorder = await one_tick(cluster, body, cr.CredentialPolicy(allowed_urls=(HTTPS,)))
+    recorder = await one_tick(cluster, body, settings.CredentialPolicy(allowed_urls=(HTTPS,)))
     assert recorder.requests and recorder.tokens == {"Bearer s3cret"}
     assert str(recorder.requests[0].url).startswith(HTTPS + "/prom/api/v1/query")
     condition = scaling_active(cluster)
@@ -171,7 +177,7 @@ async def test_an_opted_in_secret_goes_to_an_allowed_https_url(cluster: Cluster)
 async def test_plain_http_is_allowed_only_when_the_operator_says_so(cluster: Cluster) -> None:
     add_secret(cluster, "db-admin", b"s3cret", labelled=True)
     body = add_service(cluster, "http://prometheus.monitoring:9090")
-    recorder = await one_tick(cluster, body, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
+    recorder = await one_tick(cluster, body, settings.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert recorder.tokens == {"Bearer s3cret"}
 
 
@@ -181,21 +187,21 @@ def test_keda_objects_are_left_out_while_the_credential_is_refused(cluster: Clus
     api = api_of(cluster)
     owner = Owner(name=NAME, namespace=NS, uid=body["metadata"]["uid"], spec=spec)
 
-    missing = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
+    missing = reconcile(api, owner, settings.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert missing.problem is not None and missing.problem.reason == Reason.PROMETHEUS_SECRET_NOT_FOUND
     add_secret(cluster, "db-admin", b"hunter2", labelled=False)
-    result = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
+    result = reconcile(api, owner, settings.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert result.problem is not None and result.problem.reason == Reason.PROMETHEUS_SECRET_NOT_LABELLED
     assert {c.kind for c in result.changes} == {"Deployment", "Service"}  # the service itself runs on
     assert cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME) is None
     assert cluster.get("keda.sh/v1alpha1/scaledobjects", NS, NAME) is None
 
     cluster.patch("v1/secrets", NS, "db-admin", {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}})
-    still = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY))
+    still = reconcile(api, owner, settings.CredentialPolicy(allowed_urls=ANY))
     assert (
         still.problem is not None and still.problem.reason == Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP
     )  # a token in clear
-    allowed = reconcile(api, owner, cr.CredentialPolicy(allowed_urls=ANY, allow_http=True))
+    allowed = reconcile(api, owner, settings.CredentialPolicy(allowed_urls=ANY, allow_http=True))
     assert allowed.problem is None
     auth = cluster.get("keda.sh/v1alpha1/triggerauthentications", NS, NAME)
     assert auth is not None and auth["spec"]["secretTargetRef"][0]["name"] == "db-admin"
@@ -222,17 +228,19 @@ def test_allow_list_matches_origin_and_path_boundary(url: str, allowed: bool) ->
 
 
 def test_policy_from_the_operator_environment() -> None:
-    assert cr.CredentialPolicy.from_env({}) == cr.CredentialPolicy(allowed_urls=cr.DEFAULT_ALLOWED_URLS)
-    policy = cr.CredentialPolicy.from_env(
+    assert settings.CredentialPolicy.from_env({}) == settings.CredentialPolicy(
+        allowed_urls=settings.DEFAULT_ALLOWED_URLS
+    )
+    policy = settings.CredentialPolicy.from_env(
         {
-            cr.ENV_ENABLED: "false",
-            cr.ENV_ALLOW_HTTP: "true",
-            cr.ENV_ALLOWED_URLS: "https://a:9090, https://b/x\nhttp://c",
+            settings.PROMETHEUS_AUTH_ENV: "false",
+            settings.PROMETHEUS_ALLOW_HTTP_ENV: "true",
+            settings.PROMETHEUS_ALLOWED_URLS_ENV: "https://a:9090, https://b/x\nhttp://c",
         }
     )
-    assert policy == cr.CredentialPolicy(False, True, ("https://a:9090", "https://b/x", "http://c"))
+    assert policy == settings.CredentialPolicy(False, True, ("https://a:9090", "https://b/x", "http://c"))
     with pytest.raises(ValueError, match="user info"):
-        cr.CredentialPolicy.from_env({cr.ENV_ALLOWED_URLS: "https://u:p@a"})
+        settings.CredentialPolicy.from_env({settings.PROMETHEUS_ALLOWED_URLS_ENV: "https://u:p@a"})
 
 
 def test_operator_reports_a_refused_keda_credential_and_looks_again(
@@ -268,7 +276,7 @@ def test_operator_reports_a_refused_keda_credential_and_looks_again(
 def test_a_malformed_allow_list_stops_the_operator_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
     from inference_operator.handlers import startup
 
-    monkeypatch.setenv(cr.ENV_ALLOWED_URLS, "https://user:pass@prometheus:9090")
+    monkeypatch.setenv(settings.PROMETHEUS_ALLOWED_URLS_ENV, "https://user:pass@prometheus:9090")
     with pytest.raises(ValueError, match="without user info"):
         startup.configure(settings=kopf.OperatorSettings(), memo=kopf.Memo())
 
@@ -297,39 +305,53 @@ def labelled(label: str | None) -> dict:
         (
             "https://attacker.example",
             labelled(cr.MODEL_SECRET_LABEL),
-            cr.CredentialPolicy(),
+            settings.CredentialPolicy(),
             Reason.HUB_ENDPOINT_NOT_ALLOWED,
         ),
         (
             "http://huggingface.co",
             labelled(cr.MODEL_SECRET_LABEL),
-            cr.CredentialPolicy(),
+            settings.CredentialPolicy(),
             Reason.HUB_ENDPOINT_NOT_ALLOWED,
         ),
-        (None, labelled(None), cr.CredentialPolicy(), Reason.MODEL_SECRET_NOT_LABELLED),
-        (None, labelled(cr.SECRET_LABEL), cr.CredentialPolicy(), Reason.MODEL_SECRET_NOT_LABELLED),  # Prometheus' label
-        (None, None, cr.CredentialPolicy(), Reason.MODEL_SECRET_NOT_FOUND),
-        (None, labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(hub_tokens=False), Reason.HUB_TOKENS_DISABLED),
-        (None, labelled(cr.MODEL_SECRET_LABEL), cr.CredentialPolicy(), None),
+        (None, labelled(None), settings.CredentialPolicy(), Reason.MODEL_SECRET_NOT_LABELLED),
+        (
+            None,
+            labelled(cr.SECRET_LABEL),
+            settings.CredentialPolicy(),
+            Reason.MODEL_SECRET_NOT_LABELLED,
+        ),  # Prometheus' label
+        (None, None, settings.CredentialPolicy(), Reason.MODEL_SECRET_NOT_FOUND),
+        (
+            None,
+            labelled(cr.MODEL_SECRET_LABEL),
+            settings.CredentialPolicy(hub_tokens=False),
+            Reason.HUB_TOKENS_DISABLED,
+        ),
+        (None, labelled(cr.MODEL_SECRET_LABEL), settings.CredentialPolicy(), None),
         (
             "https://hf-mirror.internal/hub",
             labelled(cr.MODEL_SECRET_LABEL),
-            cr.CredentialPolicy(hub_endpoints=(cr.PUBLIC_HUB, "https://hf-mirror.internal")),
+            settings.CredentialPolicy(hub_endpoints=(settings.PUBLIC_HUB, "https://hf-mirror.internal")),
             None,
         ),
     ],
 )
-def test_hub_token_rules(endpoint: str | None, secret: dict | None, policy: cr.CredentialPolicy, reason: str) -> None:
+def test_hub_token_rules(
+    endpoint: str | None, secret: dict | None, policy: settings.CredentialPolicy, reason: str
+) -> None:
     refusal = cr.model_refusal(parse_spec(hf_spec(endpoint)), policy, lambda name: secret)
     assert (refusal.reason if refusal else None) == reason
 
 
 def test_hub_endpoints_from_the_environment() -> None:
-    assert cr.CredentialPolicy.from_env({}).hub_endpoints == (cr.PUBLIC_HUB,)
-    policy = cr.CredentialPolicy.from_env({cr.ENV_HUB_ENDPOINTS: "https://huggingface.co,https://m.internal"})
-    assert policy.hub_endpoints == (cr.PUBLIC_HUB, "https://m.internal")
+    assert settings.CredentialPolicy.from_env({}).hub_endpoints == (settings.PUBLIC_HUB,)
+    policy = settings.CredentialPolicy.from_env(
+        {settings.HUB_ENDPOINTS_ENV: "https://huggingface.co,https://m.internal"}
+    )
+    assert policy.hub_endpoints == (settings.PUBLIC_HUB, "https://m.internal")
     with pytest.raises(ValueError, match="https URL"):
-        cr.CredentialPolicy.from_env({cr.ENV_HUB_ENDPOINTS: "http://m.internal"})
+        settings.CredentialPolicy.from_env({settings.HUB_ENDPOINTS_ENV: "http://m.internal"})
 
 
 def test_runtime_env_cannot_redirect_the_hub_token() -> None:
@@ -396,10 +418,12 @@ def test_a_ca_secret_must_opt_in_too() -> None:
     ).autoscaling
     assert scaling is not None
     with pytest.raises(cr.CredentialsRefused) as refused:
-        cr.check(scaling, cr.CredentialPolicy(allowed_urls=ANY), lambda name: {"metadata": {"name": name}})
+        cr.check(scaling, settings.CredentialPolicy(allowed_urls=ANY), lambda name: {"metadata": {"name": name}})
     assert refused.value.reason == Reason.PROMETHEUS_SECRET_NOT_LABELLED
     ok = cr.check(
-        scaling, cr.CredentialPolicy(allowed_urls=ANY), lambda name: {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}}
+        scaling,
+        settings.CredentialPolicy(allowed_urls=ANY),
+        lambda name: {"metadata": {"labels": {cr.SECRET_LABEL: "true"}}},
     )
     assert set(ok) == {"some-ca"}
 
@@ -448,10 +472,12 @@ def test_prometheus_url_may_carry_a_path_prefix() -> None:
 
 def test_an_empty_allow_list_allows_nothing_and_only_a_star_allows_anything() -> None:
     assert not cr.url_allowed("http://prometheus-operated.monitoring:9090", ())
-    assert cr.url_allowed("http://10.0.0.1:1234/x", (cr.ANY_URL,))
-    assert cr.CredentialPolicy.from_env({cr.ENV_ALLOWED_URLS: ""}).allowed_urls == ()
-    assert cr.CredentialPolicy.from_env({cr.ENV_ALLOWED_URLS: "*"}).allowed_urls == (cr.ANY_URL,)
-    default = cr.CredentialPolicy.from_env({})
+    assert cr.url_allowed("http://10.0.0.1:1234/x", (settings.ANY_URL,))
+    assert settings.CredentialPolicy.from_env({settings.PROMETHEUS_ALLOWED_URLS_ENV: ""}).allowed_urls == ()
+    assert settings.CredentialPolicy.from_env({settings.PROMETHEUS_ALLOWED_URLS_ENV: "*"}).allowed_urls == (
+        settings.ANY_URL,
+    )
+    default = settings.CredentialPolicy.from_env({})
     assert cr.url_allowed("http://prometheus-operated.monitoring.svc:9090", default.allowed_urls)
     assert not cr.url_allowed("http://169.254.169.254/latest/meta-data", default.allowed_urls)
 
@@ -460,7 +486,7 @@ def test_the_charts_default_allow_list_is_the_operators() -> None:
     import yaml
 
     values = yaml.safe_load((ROOT / "charts" / "rocm-inference-operator" / "values.yaml").read_text())
-    assert tuple(values["prometheus"]["allowedUrls"]) == cr.DEFAULT_ALLOWED_URLS
+    assert tuple(values["prometheus"]["allowedUrls"]) == settings.DEFAULT_ALLOWED_URLS
 
 
 # --------------------------------------------------------------------------- canary analysis
@@ -484,7 +510,7 @@ def canary_analysis_spec(autoscaler_url: str, analysis_url: str | None = None) -
     )
 
 
-async def analysed(cluster: Cluster, spec: InferenceServiceSpec, policy: cr.CredentialPolicy) -> Recorder:
+async def analysed(cluster: Cluster, spec: InferenceServiceSpec, policy: settings.CredentialPolicy) -> Recorder:
     """One canary check as the analysis daemon makes it; what reached Prometheus."""
     recorder = Recorder()
     clients = PrometheusClients(api_of(cluster), NS, factory=recorder.factory)
@@ -500,7 +526,7 @@ async def analysed(cluster: Cluster, spec: InferenceServiceSpec, policy: cr.Cred
 
 async def test_the_analysis_queries_the_autoscalers_prometheus_with_its_opted_in_credential(cluster: Cluster) -> None:
     add_secret(cluster, "db-admin", b"s3cret\n", labelled=True)
-    recorder = await analysed(cluster, canary_analysis_spec(HTTPS), cr.CredentialPolicy(allowed_urls=(HTTPS,)))
+    recorder = await analysed(cluster, canary_analysis_spec(HTTPS), settings.CredentialPolicy(allowed_urls=(HTTPS,)))
     assert len(recorder.requests) == 3 and recorder.tokens == {"Bearer s3cret"}
 
 
@@ -509,25 +535,30 @@ async def test_the_analysis_never_takes_the_autoscalers_credential_to_a_url_of_i
     not go there, even where the operator allows any URL."""
     add_secret(cluster, "db-admin", b"s3cret", labelled=True)
     spec = canary_analysis_spec(HTTPS, analysis_url="https://attacker.example")
-    recorder = await analysed(cluster, spec, cr.CredentialPolicy(allowed_urls=ANY))
+    recorder = await analysed(cluster, spec, settings.CredentialPolicy(allowed_urls=ANY))
     assert recorder.requests and recorder.tokens == {None}
 
 
 @pytest.mark.parametrize(
     ("url", "labelled", "policy", "reason"),
     [
-        (HTTPS, False, cr.CredentialPolicy(allowed_urls=ANY), Reason.PROMETHEUS_SECRET_NOT_LABELLED),
+        (HTTPS, False, settings.CredentialPolicy(allowed_urls=ANY), Reason.PROMETHEUS_SECRET_NOT_LABELLED),
         (
             "http://prometheus.monitoring:9090",
             True,
-            cr.CredentialPolicy(allowed_urls=ANY),
+            settings.CredentialPolicy(allowed_urls=ANY),
             Reason.PROMETHEUS_CREDENTIALS_OVER_HTTP,
         ),
-        (HTTPS, True, cr.CredentialPolicy(allowed_urls=ANY, enabled=False), Reason.PROMETHEUS_CREDENTIALS_DISABLED),
+        (
+            HTTPS,
+            True,
+            settings.CredentialPolicy(allowed_urls=ANY, enabled=False),
+            Reason.PROMETHEUS_CREDENTIALS_DISABLED,
+        ),
     ],
 )
 async def test_the_analysis_sends_nothing_when_the_credential_is_refused(
-    cluster: Cluster, url: str, labelled: bool, policy: cr.CredentialPolicy, reason: str
+    cluster: Cluster, url: str, labelled: bool, policy: settings.CredentialPolicy, reason: str
 ) -> None:
     add_secret(cluster, "db-admin", b"hunter2", labelled)
     with pytest.raises(cr.CredentialsRefused) as refused:
@@ -538,4 +569,4 @@ async def test_the_analysis_sends_nothing_when_the_credential_is_refused(
 async def test_the_analysis_refuses_a_url_off_the_allow_list(cluster: Cluster) -> None:
     spec = canary_analysis_spec(HTTPS, analysis_url="http://10.0.0.1:9090")
     with pytest.raises(AnalysisRefused):
-        await analysed(cluster, spec, cr.CredentialPolicy(allowed_urls=(HTTPS,)))
+        await analysed(cluster, spec, settings.CredentialPolicy(allowed_urls=(HTTPS,)))

@@ -17,7 +17,7 @@ from typing import Self
 
 import pytest
 
-from inference_operator import credentials
+from inference_operator import credentials, settings
 from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import (
     Target,
@@ -241,7 +241,7 @@ class FakePrometheus:
 def allow_http(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fake Prometheus speaks plain http on loopback: the operator, when it starts, must be
     told that is fine."""
-    monkeypatch.setenv(credentials.ENV_ALLOW_HTTP, "true")
+    monkeypatch.setenv(settings.PROMETHEUS_ALLOW_HTTP_ENV, "true")
 
 
 def test_autoscaler_reads_the_bearer_token_from_a_secret(cluster: Cluster, allow_http: None, operator) -> None:

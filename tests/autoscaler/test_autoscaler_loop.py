@@ -17,10 +17,10 @@ from inference_operator.autoscaler.loop import (
     Autoscaler,
     observation_from,
 )
-from inference_operator.credentials import ANY_URL, CredentialPolicy
 from inference_operator.k8s import KubeApi
 from inference_operator.models import parse_spec
 from inference_operator.prometheus.client import PrometheusClient, Sample
+from inference_operator.settings import ANY_URL, CredentialPolicy
 from inference_operator.status import status_changes
 from testsupport.cluster import Cluster
 

@@ -11,9 +11,9 @@ import httpx
 
 from inference_operator.autoscaler.loop import Autoscaler
 from inference_operator.autoscaler.policy import Idleness, idle_decision
-from inference_operator.credentials import ANY_URL, CredentialPolicy
 from inference_operator.models import parse_spec
 from inference_operator.prometheus.client import PrometheusClient
+from inference_operator.settings import ANY_URL, CredentialPolicy
 from testsupport.cluster import Cluster
 
 from .test_autoscaler_loop import Clock, create, make_api

@@ -15,7 +15,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from inference_operator import policy
+from inference_operator import policy, settings
 from inference_operator.config import OperatorConfig
 from inference_operator.models import parse_spec
 from inference_operator.validation import validate_custom_resource
@@ -181,7 +181,7 @@ def inference_service(spec: dict[str, Any], name: str = "m", namespace: str = "m
     }
 
 
-def installed(cluster: Cluster, values: dict | None) -> tuple[list[dict], policy.PodPolicy]:
+def installed(cluster: Cluster, values: dict | None) -> tuple[list[dict], settings.PodPolicy]:
     """The chart's objects, and the pod policy its operator reads from the environment it sets."""
     h.install(cluster, values)
     objects = h.installed_objects(cluster)
@@ -190,7 +190,7 @@ def installed(cluster: Cluster, values: dict | None) -> tuple[list[dict], policy
     return objects, OperatorConfig.from_environ(env).pod_policy
 
 
-def operator_messages(spec: dict[str, Any], pod_policy: policy.PodPolicy) -> tuple[str, ...]:
+def operator_messages(spec: dict[str, Any], pod_policy: settings.PodPolicy) -> tuple[str, ...]:
     return tuple(policy.violations(parse_spec(spec), pod_policy, "ml"))
 
 

@@ -16,10 +16,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from inference_operator.builders.common import Images
 from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
-from inference_operator.credentials import DEFAULT_ALLOWED_URLS
 from inference_operator.models import parse_spec
+from inference_operator.settings import DEFAULT_ALLOWED_URLS, Images
 from tests.chart import helm as h
 from testsupport.cluster import Cluster
 from testsupport.crd import schema_errors

@@ -5,7 +5,7 @@ from __future__ import annotations
 import kopf
 import pytest
 
-from inference_operator.peering import LIFETIME_ENV, MAX_PRIORITY, PRIORITY_ENV, PeeringSettings
+from inference_operator.settings import MAX_PRIORITY, PEERING_LIFETIME_ENV, PEERING_PRIORITY_ENV, PeeringSettings
 
 
 def apply_peering_env(settings: kopf.OperatorSettings, environ: dict[str, str]) -> None:
@@ -28,7 +28,7 @@ def test_random_priorities_differ_between_replicas() -> None:
     drawn = set()
     for _ in range(20):
         s = settings()
-        apply_peering_env(s, {PRIORITY_ENV: "random"})
+        apply_peering_env(s, {PEERING_PRIORITY_ENV: "random"})
         assert 1 <= s.peering.priority < MAX_PRIORITY
         drawn.add(s.peering.priority)
     assert len(drawn) == 20  # kopf pauses every replica when two share the top priority
@@ -36,11 +36,13 @@ def test_random_priorities_differ_between_replicas() -> None:
 
 def test_integer_priority_and_lifetime() -> None:
     s = settings()
-    apply_peering_env(s, {PRIORITY_ENV: " 100 ", LIFETIME_ENV: "15"})
+    apply_peering_env(s, {PEERING_PRIORITY_ENV: " 100 ", PEERING_LIFETIME_ENV: "15"})
     assert (s.peering.priority, s.peering.lifetime) == (100, 15)
 
 
-@pytest.mark.parametrize("env", [{PRIORITY_ENV: "high"}, {LIFETIME_ENV: "0"}, {LIFETIME_ENV: "1.5"}])
+@pytest.mark.parametrize(
+    "env", [{PEERING_PRIORITY_ENV: "high"}, {PEERING_LIFETIME_ENV: "0"}, {PEERING_LIFETIME_ENV: "1.5"}]
+)
 def test_invalid_values_are_refused(env: dict) -> None:
     with pytest.raises(ValueError, match="INFERENCE_OPERATOR_PEERING_"):
         apply_peering_env(settings(), env)

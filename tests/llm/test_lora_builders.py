@@ -11,9 +11,9 @@ import pytest
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.adapters import CONFIG_KEY, GUARD_MIDDLEWARE, SIDECAR
-from inference_operator.builders.common import Images
 from inference_operator.builders.vllm import FRONT
 from inference_operator.config import FetchSettings
+from inference_operator.settings import Images
 from inference_operator.validation import validate_custom_resource
 from tests.llm.test_vllm_builders import owner, vllm_spec
 

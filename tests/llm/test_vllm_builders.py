@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from inference_operator.builders import Owner, build_all, build_deployment, build_inference_pool, build_service
-from inference_operator.builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images, selector_labels
+from inference_operator.builders.common import selector_labels
 from inference_operator.builders.storage import MODEL_DIR, cache_key
 from inference_operator.builders.vllm import FRONT
 from inference_operator.models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, SpecError, parse_spec
+from inference_operator.settings import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
 from testsupport.crd import ROOT, addon_errors, apply_defaults, crd_schema
 
 K8S_VERSION = "1.33"

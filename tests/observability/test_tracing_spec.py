@@ -11,8 +11,8 @@ import kubernetes_validate
 import pytest
 
 from inference_operator.builders import Owner, build_deployment
-from inference_operator.builders.common import Images
 from inference_operator.models import parse_spec
+from inference_operator.settings import Images
 from inference_operator.validation import validate_custom_resource
 from testsupport.cluster import inference_service
 from testsupport.crd import apply_defaults, crd_schema

@@ -10,10 +10,10 @@ import pathlib
 import kopf
 import pytest
 
-from inference_operator import config, credentials, peering, policy, settings
+from inference_operator import config, settings
 from inference_operator.__main__ import main
-from inference_operator.builders.common import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
 from inference_operator.models import DEFAULT_IMAGE, GpuAllocation, parse_spec
+from inference_operator.settings import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
 
 PACKAGE = pathlib.Path(config.__file__).parent
 
@@ -23,9 +23,9 @@ def test_every_setting_comes_from_the_environment_it_is_given() -> None:
         VLLM_IMAGE_ENV: "mirror.example/vllm:1",
         settings.ALLOCATION_ENV: "dra",
         settings.FETCH_HTTPS_PROXY_ENV: "http://proxy.internal:3128",
-        credentials.ENV_ALLOWED_URLS: "https://prom.example",
-        policy.SERVICE_ACCOUNTS_ENV: "default,inference",
-        peering.LIFETIME_ENV: "15",
+        settings.PROMETHEUS_ALLOWED_URLS_ENV: "https://prom.example",
+        settings.SERVICE_ACCOUNTS_ENV: "default,inference",
+        settings.PEERING_LIFETIME_ENV: "15",
         "KUBERNETES_SERVICE_HOST": "10.96.0.1",
         "KUBERNETES_SERVICE_PORT": "443",
         "KUBECONFIG": "/etc/kube/config",
@@ -58,9 +58,9 @@ def test_nothing_configured_is_the_built_in_defaults() -> None:
         (settings.ALLOCATION_ENV, "nvidia"),
         (settings.SUPPLEMENTAL_GROUPS_ENV, "video"),
         (settings.FETCH_HTTPS_PROXY_ENV, "socks5://proxy"),
-        (credentials.ENV_ALLOWED_URLS, "https://user:pass@prometheus:9090"),
-        (policy.ALLOW_TOKEN_ENV, "maybe"),
-        (peering.PRIORITY_ENV, "high"),
+        (settings.PROMETHEUS_ALLOWED_URLS_ENV, "https://user:pass@prometheus:9090"),
+        (settings.ALLOW_TOKEN_ENV, "maybe"),
+        (settings.PEERING_PRIORITY_ENV, "high"),
     ],
 )
 def test_a_bad_value_stops_run_at_start_naming_the_variable(

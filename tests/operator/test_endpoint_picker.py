@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from inference_operator.builders import Owner, build_all, build_deployment, build_service
-from inference_operator.builders.common import ENDPOINT_PICKER_IMAGE_ENV, Images, selector_labels
+from inference_operator.builders.common import selector_labels
 from inference_operator.builders.endpoint_picker import (
     CLUSTER_ROLE,
     GRPC_PORT,
@@ -24,6 +24,7 @@ from inference_operator.config import OperatorConfig
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import SpecError, parse_spec
 from inference_operator.reconcile import Action, Change, prune_endpoint_picker, reconcile
+from inference_operator.settings import ENDPOINT_PICKER_IMAGE_ENV, Images
 from testsupport.cluster import Cluster
 from testsupport.crd import ROOT, addon_errors, apply_defaults, crd_schema, validate_custom_resource
 from testsupport.emulator import declare

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from inference_operator.builders import Owner, build_deployment
-from inference_operator.builders.common import Images
 from inference_operator.models import parse_spec
-from inference_operator.settings import FetchSettings, SettingsError
+from inference_operator.settings import FetchSettings, Images, SettingsError
 
 OPERATOR_IMAGE = "registry.example/platform/model-server:1.0"
 HOSTILE_ENV = {

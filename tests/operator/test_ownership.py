@@ -8,10 +8,10 @@ import json
 import pytest
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.k8s import FIELD_MANAGER
 from inference_operator.models import parse_spec
 from inference_operator.ownership import drift, foreign_spec_managers, merge, split
 from inference_operator.reconcile import Action, ForeignObjectError, plan, with_hash
+from inference_operator.settings import MANAGER
 
 UID = "0b7c6c1e-1111-4222-8333-944455556666"
 OWNER_REF = "k:" + json.dumps({"uid": UID}, separators=(",", ":"))
@@ -39,7 +39,7 @@ def live_with(desired: dict, *entries: dict) -> dict:
 
 
 OURS = entry(
-    FIELD_MANAGER,
+    MANAGER,
     {"f:spec": {"f:template": {"f:spec": {"f:containers": {SERVER: {".": {}, "f:image": {}}}}}}},
     operation="Apply",
 )
@@ -52,8 +52,8 @@ CONTROLLER_REVISION = entry(
 def test_an_object_only_we_applied_has_not_drifted() -> None:
     desired = desired_deployment()
     live = live_with(desired, OURS, CONTROLLER_STATUS, CONTROLLER_REVISION)
-    assert drift(live, desired, UID, FIELD_MANAGER) is None
-    assert foreign_spec_managers(live, FIELD_MANAGER) == []
+    assert drift(live, desired, UID, MANAGER) is None
+    assert foreign_spec_managers(live, MANAGER) == []
     assert plan(desired, live, UID).action == Action.UNCHANGED
 
 
@@ -80,10 +80,10 @@ def test_an_object_created_by_post_is_taken_over_whole() -> None:
         },
     )
     live = live_with(desired, legacy, CONTROLLER_STATUS, CONTROLLER_REVISION)
-    found = drift(live, desired, UID, FIELD_MANAGER)
+    found = drift(live, desired, UID, MANAGER)
     assert found is not None and found.managers == ("OpenAPI-Generator",)
     ours, *rest = found.managed_fields
-    assert (ours["manager"], ours["operation"]) == (FIELD_MANAGER, "Apply")
+    assert (ours["manager"], ours["operation"]) == (MANAGER, "Apply")
     spec = ours["fieldsV1"]["f:spec"]["f:template"]["f:spec"]
     # Fields the spec may later drop (GPU env, tolerations) are now ours, so an apply removes them.
     assert 'k:{"name":"ROCR_VISIBLE_DEVICES"}' in spec["f:containers"][SERVER]["f:env"]
@@ -106,12 +106,12 @@ def test_a_hand_edit_is_drift_and_is_named() -> None:
         {"f:spec": {"f:template": {"f:spec": {"f:containers": {SERVER: {"f:securityContext": {"f:privileged": {}}}}}}}},
     )
     live = live_with(desired, OURS, set_image, privileged)
-    assert foreign_spec_managers(live, FIELD_MANAGER) == ["kubectl-edit", "kubectl-set"]
-    found = drift(live, desired, UID, FIELD_MANAGER)
+    assert foreign_spec_managers(live, MANAGER) == ["kubectl-edit", "kubectl-set"]
+    found = drift(live, desired, UID, MANAGER)
     assert found is not None and found.describe() == "fields changed by kubectl-edit, kubectl-set"
     container = found.managed_fields[0]["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"][SERVER]
     assert "f:privileged" in container["f:securityContext"] and "f:image" in container
-    assert [e["manager"] for e in found.managed_fields] == [FIELD_MANAGER]
+    assert [e["manager"] for e in found.managed_fields] == [MANAGER]
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_replicas_scaled_by_others_are_drift_only_when_we_own_the_count(
     desired = desired_deployment(autoscaling=autoscaling) if autoscaling else desired_deployment()
     scaled = entry("kube-controller-manager", {"f:spec": {"f:replicas": {}}}, subresource="scale")
     live = live_with(desired, OURS, scaled)
-    assert (drift(live, desired, UID, FIELD_MANAGER) is not None) == drifted
+    assert (drift(live, desired, UID, MANAGER) is not None) == drifted
 
 
 def test_rollout_restart_and_foreign_labels_are_left_alone() -> None:
@@ -138,7 +138,7 @@ def test_rollout_restart_and_foreign_labels_are_left_alone() -> None:
     )
     team_label = entry("kubectl-label", {"f:metadata": {"f:labels": {"f:team": {}}}})
     live = live_with(desired, OURS, restart, team_label)
-    assert drift(live, desired, UID, FIELD_MANAGER) is None
+    assert drift(live, desired, UID, MANAGER) is None
 
 
 def test_a_changed_label_value_is_repaired_and_a_foreign_object_refused() -> None:

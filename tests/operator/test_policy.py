@@ -9,11 +9,12 @@ import time
 import pytest
 
 from inference_operator import policy as pol
+from inference_operator import settings
 from inference_operator.models import parse_spec
 from testsupport.cluster import DEPLOYMENTS, Cluster, condition, inference_service, wait_for
 
 OWN = ("ghcr.io/rocm-inference/model-server:0.1.0", "docker.io/vllm/vllm-openai-rocm:v0.32.0")
-DEFAULT = pol.PodPolicy.from_env({}, OWN)
+DEFAULT = settings.PodPolicy.from_env({}, OWN)
 
 
 def spec(runtime: dict | None = None, scheduling: dict | None = None, uri: str = "pvc://models/m"):
@@ -57,12 +58,12 @@ def test_the_default_policy_allows_the_ordinary_spec() -> None:
 
 
 def test_the_platform_widens_the_policy() -> None:
-    wide = pol.PodPolicy.from_env(
+    wide = settings.PodPolicy.from_env(
         {
-            pol.SERVICE_ACCOUNTS_ENV: "default, model-reader",
-            pol.PRIORITY_CLASSES_ENV: "inference-high",
-            pol.IMAGE_REGISTRIES_ENV: "registry.corp/ml/",
-            pol.ALLOW_TOKEN_ENV: "true",
+            settings.SERVICE_ACCOUNTS_ENV: "default, model-reader",
+            settings.PRIORITY_CLASSES_ENV: "inference-high",
+            settings.IMAGE_REGISTRIES_ENV: "registry.corp/ml/",
+            settings.ALLOW_TOKEN_ENV: "true",
         },
         OWN,
     )
@@ -77,28 +78,28 @@ def test_the_platform_widens_the_policy() -> None:
     assert pol.violations(allowed, wide) == []
     assert pol.violations(spec(runtime={"image": "registry.corp/mlx/server:1"}), wide)  # a prefix on a / only
     assert pol.violations(spec(scheduling={"priorityClassName": "system-node-critical"}), wide)
-    anything = pol.PodPolicy.from_env({pol.IMAGE_REGISTRIES_ENV: "*"}, OWN)
+    anything = settings.PodPolicy.from_env({settings.IMAGE_REGISTRIES_ENV: "*"}, OWN)
     assert pol.violations(spec(runtime={"image": "attacker/steal"}), anything) == []
-    with pytest.raises(ValueError, match=pol.ALLOW_TOKEN_ENV):
-        pol.PodPolicy.from_env({pol.ALLOW_TOKEN_ENV: "yes please"}, OWN)
+    with pytest.raises(ValueError, match=settings.ALLOW_TOKEN_ENV):
+        settings.PodPolicy.from_env({settings.ALLOW_TOKEN_ENV: "yes please"}, OWN)
 
 
 def test_images_name_their_registry() -> None:
-    assert pol.normalized_image("ubuntu") == "docker.io/library/ubuntu"
-    assert pol.normalized_image("attacker/steal") == "docker.io/attacker/steal"
-    assert pol.normalized_image("localhost/x:dev") == "localhost/x:dev"
-    assert pol.normalized_image("registry:5000/x") == "registry:5000/x"
-    assert pol.repository_prefix("ghcr.io/rocm-inference/model-server:0.1.0") == "ghcr.io/rocm-inference/"
+    assert settings.normalized_image("ubuntu") == "docker.io/library/ubuntu"
+    assert settings.normalized_image("attacker/steal") == "docker.io/attacker/steal"
+    assert settings.normalized_image("localhost/x:dev") == "localhost/x:dev"
+    assert settings.normalized_image("registry:5000/x") == "registry:5000/x"
+    assert settings.repository_prefix("ghcr.io/rocm-inference/model-server:0.1.0") == "ghcr.io/rocm-inference/"
 
 
 def test_a_registry_named_by_its_host_alone_allows_its_images() -> None:
     """`mirror.example/` was read as the Docker Hub image docker.io/library/mirror.example/."""
     own = ["registry.example.com/vllm-rocm:1"]  # the operator's image directly under a host
-    mirrors = pol.PodPolicy.from_env({pol.IMAGE_REGISTRIES_ENV: "mirror.example/,localhost:5000,team/"}, own)
+    mirrors = settings.PodPolicy.from_env({settings.IMAGE_REGISTRIES_ENV: "mirror.example/,localhost:5000,team/"}, own)
     allowed = ["mirror.example/x:1", "localhost:5000/a/b:2", "docker.io/team/x", "team/x"]
     refused = ["mirror.example.evil/x:1", "localhost:50000/a", "docker.io/library/mirror.example", "teams/x"]
     assert [mirrors.image_allowed(i) for i in allowed + refused] == [True] * 4 + [False] * 4
-    default = pol.PodPolicy.from_env({}, own)
+    default = settings.PodPolicy.from_env({}, own)
     assert default.image_allowed("registry.example.com/other:2")
     assert not default.image_allowed("registry.example.com.evil/x")
 
@@ -106,7 +107,7 @@ def test_a_registry_named_by_its_host_alone_allows_its_images() -> None:
 @pytest.fixture
 def default_policy(monkeypatch):
     """The operator as the chart installs it by default (the test session widens the registries)."""
-    monkeypatch.delenv(pol.IMAGE_REGISTRIES_ENV, raising=False)  # read when the operator starts
+    monkeypatch.delenv(settings.IMAGE_REGISTRIES_ENV, raising=False)  # read when the operator starts
 
 
 def test_the_operator_reports_a_violation_and_rolls_nothing_out(cluster: Cluster, default_policy, operator) -> None:
@@ -165,13 +166,13 @@ def test_supplemental_groups_are_those_the_platform_allows() -> None:
     assert pol.violations(gpu_spec([44, 1000]), DEFAULT) == [
         "resources.gpu.supplementalGroups 1000 is not allowed (allowed: 1-999; never 0)"
     ]
-    exact = pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: "44,109"}, OWN)
+    exact = settings.PodPolicy.from_env({settings.POLICY_SUPPLEMENTAL_GROUPS_ENV: "44,109"}, OWN)
     assert pol.violations(gpu_spec([44, 5]), exact) == [
         "resources.gpu.supplementalGroups 5 is not allowed (allowed: 44, 109; never 0)"
     ]
-    none = pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: ""}, OWN)
+    none = settings.PodPolicy.from_env({settings.POLICY_SUPPLEMENTAL_GROUPS_ENV: ""}, OWN)
     assert pol.violations(gpu_spec([]), none) == [] and pol.violations(gpu_spec([44]), none)
-    ranges = pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: "44, 1000-1999"}, OWN)
+    ranges = settings.PodPolicy.from_env({settings.POLICY_SUPPLEMENTAL_GROUPS_ENV: "44, 1000-1999"}, OWN)
     assert [ranges.group_allowed(g) for g in (44, 109, 999, 1000, 1999, 2000)] == [
         True,
         False,
@@ -180,11 +181,11 @@ def test_supplemental_groups_are_those_the_platform_allows() -> None:
         True,
         False,
     ]
-    anything = pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: "*"}, OWN)
+    anything = settings.PodPolicy.from_env({settings.POLICY_SUPPLEMENTAL_GROUPS_ENV: "*"}, OWN)
     assert anything.group_allowed(4294967295) and not anything.group_allowed(0)
     for bad in ("0", "0-10", "20-10", "video", "1-4294967296"):
-        with pytest.raises(ValueError, match=pol.SUPPLEMENTAL_GROUPS_ENV):
-            pol.PodPolicy.from_env({pol.SUPPLEMENTAL_GROUPS_ENV: bad}, OWN)
+        with pytest.raises(ValueError, match=settings.POLICY_SUPPLEMENTAL_GROUPS_ENV):
+            settings.PodPolicy.from_env({settings.POLICY_SUPPLEMENTAL_GROUPS_ENV: bad}, OWN)
 
 
 def route_spec(parents: list[dict], hostnames: list[str] | None = None):
@@ -197,8 +198,11 @@ def route_spec(parents: list[dict], hostnames: list[str] | None = None):
 def test_routes_only_to_the_platforms_gateways_and_host_names() -> None:
     """Any Gateway admitting the namespace took the author's route, for any host name."""
     assert pol.violations(route_spec([{"name": "gw", "namespace": "x"}]), DEFAULT) == []  # the default: any
-    platform = pol.PodPolicy.from_env(
-        {pol.GATEWAYS_ENV: "gateways/inference, team-a/*", pol.HOSTNAMES_ENV: "*.team-a.example.com,llm.example.com"},
+    platform = settings.PodPolicy.from_env(
+        {
+            settings.GATEWAYS_ENV: "gateways/inference, team-a/*",
+            settings.HOSTNAMES_ENV: "*.team-a.example.com,llm.example.com",
+        },
         OWN,
     )
     ok = route_spec([{"name": "inference", "namespace": "gateways"}, {"name": "any", "namespace": "team-a"}])
@@ -217,18 +221,18 @@ def test_routes_only_to_the_platforms_gateways_and_host_names() -> None:
     (found,) = pol.violations(route_spec([{"name": "inference"}], ["llm.example.com"]), platform, "ml")
     assert found.startswith("routing.httpRoute.parentRefs 'ml/inference' is not an allowed Gateway")
     for name, bad in (
-        (pol.GATEWAYS_ENV, "inference"),
-        (pol.HOSTNAMES_ENV, "Evil.example.com"),
-        (pol.HOSTNAMES_ENV, "a.*"),
+        (settings.GATEWAYS_ENV, "inference"),
+        (settings.HOSTNAMES_ENV, "Evil.example.com"),
+        (settings.HOSTNAMES_ENV, "a.*"),
     ):
         with pytest.raises(ValueError, match=name):
-            pol.PodPolicy.from_env({name: bad}, OWN)
+            settings.PodPolicy.from_env({name: bad}, OWN)
 
 
 @pytest.fixture
 def route_policy(monkeypatch):
-    monkeypatch.setenv(pol.GATEWAYS_ENV, "gateways/inference")
-    monkeypatch.setenv(pol.HOSTNAMES_ENV, "*.ml.example.com")
+    monkeypatch.setenv(settings.GATEWAYS_ENV, "gateways/inference")
+    monkeypatch.setenv(settings.HOSTNAMES_ENV, "*.ml.example.com")
 
 
 def test_the_operator_refuses_a_route_outside_the_policy(cluster: Cluster, route_policy, operator) -> None:

@@ -11,10 +11,10 @@ import pytest
 
 from inference_operator import reconcile as rc
 from inference_operator.builders import Owner, build_all
-from inference_operator.credentials import CredentialPolicy
 from inference_operator.k8s import Ref
 from inference_operator.kinds import APPLY_ORDER, BY_KEY, KINDS, in_apply_order
 from inference_operator.models import parse_spec
+from inference_operator.settings import CredentialPolicy
 
 KEDA_SPEC = {
     "model": {"uri": "pvc://models/resnet"},

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import metrics
 from ..builders.activator import Wake
-from ..credentials import CredentialPolicy, CredentialsRefused, check_url
+from ..credentials import CredentialsRefused, check_url
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
 from ..kinds import INFERENCE_SERVICE
@@ -35,6 +35,7 @@ from ..prometheus.client import PrometheusClient, Sample
 from ..prometheus.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from ..reasons import Reason
 from ..rollout import Phase, RolloutState
+from ..settings import CredentialPolicy
 from ..status import find_condition, now_iso, set_condition, status_changes
 from .policy import Decision, History, Idleness, Observation, Policy, decide, idle_decision
 

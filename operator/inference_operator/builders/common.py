@@ -2,48 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET
-from ..models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, Engine, InferenceServiceSpec, check_name
-from ..settings import FetchSettings, GpuDefaults, NetworkPolicySettings
+from ..models import Engine, InferenceServiceSpec, check_name
+from ..settings import MANAGER, FetchSettings, GpuDefaults, Images, NetworkPolicySettings
 
-MANAGER = "rocm-inference-operator"
 COMPONENT = "predictor"
 SPEC_HASH_ANNOTATION = "inference.rocm.dev/spec-hash"
 OWNER_LABEL = "inference.rocm.dev/inference-service"
-# The operator's default images (the chart sets them from its values; `run --model-server-image`
-# and `--vllm-image` override them).
-MODEL_SERVER_IMAGE_ENV = "INFERENCE_OPERATOR_MODEL_SERVER_IMAGE"
-VLLM_IMAGE_ENV = "INFERENCE_OPERATOR_VLLM_IMAGE"
-ENDPOINT_PICKER_IMAGE_ENV = "INFERENCE_OPERATOR_ENDPOINT_PICKER_IMAGE"
-# llm-d's endpoint picker (the Gateway API Inference Extension's EPP with llm-d's plugins).
-DEFAULT_ENDPOINT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.8.0"
-
-
-@dataclass(frozen=True)
-class Images:
-    """Images used where the spec names none: one per engine. The model server's image also
-    runs the model-fetch init container (it carries the fetcher), whatever the engine."""
-
-    model_server: str = DEFAULT_IMAGE
-    vllm: str = DEFAULT_VLLM_IMAGE
-    # The endpoint picker of routing.inferencePool (the platform's, never the spec's).
-    endpoint_picker: str = DEFAULT_ENDPOINT_PICKER_IMAGE
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> Images:
-        return cls(
-            model_server=environ.get(MODEL_SERVER_IMAGE_ENV) or DEFAULT_IMAGE,
-            vllm=environ.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
-            endpoint_picker=environ.get(ENDPOINT_PICKER_IMAGE_ENV) or DEFAULT_ENDPOINT_PICKER_IMAGE,
-        )
-
-    @property
-    def all(self) -> tuple[str, str]:
-        return self.model_server, self.vllm
 
 
 @dataclass(frozen=True)

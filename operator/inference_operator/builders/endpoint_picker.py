@@ -40,7 +40,8 @@ import json
 from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT, ENDPOINT_PICKER_CONFIG, INFERENCE_POOL, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from ..models import NAME_MAX_LENGTH, ScorerWeights, SpecError
-from .common import MANAGER, OWNER_LABEL, Owner, object_meta
+from ..settings import MANAGER
+from .common import OWNER_LABEL, Owner, object_meta
 
 # The ClusterRole the chart ships for every picker (files/rbac/endpoint-picker.yaml); the
 # operator may bind it (and nothing else) by this name.

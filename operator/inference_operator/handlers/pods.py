@@ -12,10 +12,11 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import metrics, status_pods
 from .. import status as st
-from ..builders.common import COMPONENT, MANAGER, OWNER_LABEL
+from ..builders.common import COMPONENT, OWNER_LABEL
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi
 from ..kinds import POD
+from ..settings import MANAGER
 from .shared import (
     KEPT_PROBLEMS,
     POD_ROLES,

@@ -14,12 +14,13 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import credentials, metrics, ownership, policy, scale_to_zero
 from .. import status as st
-from ..builders.common import COMPONENT, MANAGER, SPEC_HASH_ANNOTATION
+from ..builders.common import COMPONENT, SPEC_HASH_ANNOTATION
 from ..jsontypes import JsonObject
-from ..k8s import FIELD_MANAGER, KubeApi, Ref
+from ..k8s import KubeApi, Ref
 from ..kinds import INFERENCE_SERVICE, KINDS, WORKLOAD_KINDS
 from ..models import SpecError, parse_spec
 from ..reconcile import Action, ApplyRefused, ForeignObjectError, Result
+from ..settings import MANAGER
 from .shared import (
     KEPT_PROBLEMS,
     announce_pods,
@@ -57,7 +58,7 @@ def _suspect(body: kopf.Body) -> str | None:
     """Why an owned object may have drifted, judged from the object alone (no API call)."""
     if SPEC_HASH_ANNOTATION not in (body["metadata"].get("annotations") or {}):
         return "annotations edited"
-    managers = ownership.foreign_spec_managers(dict(body), FIELD_MANAGER)
+    managers = ownership.foreign_spec_managers(dict(body), MANAGER)
     return "fields changed by " + ", ".join(managers) if managers else None
 
 

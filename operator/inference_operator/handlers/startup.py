@@ -32,7 +32,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if getattr(memo, "config", None) is None:
         memo.config = config.load()
     operator_config: config.OperatorConfig = memo.config
-    # HA: a priority of this replica's own and the keep-alive lifetime (see peering.py).
+    # HA: a priority of this replica's own and the keep-alive lifetime (settings.PeeringSettings).
     operator_config.peering.apply(settings)
     if getattr(memo, "api", None) is None:
         memo.api = KubeApi(load_api_client(operator_config.kubeconfig))
