@@ -17,8 +17,9 @@ upstream they waited for, and new ones that kube-proxy still sends here are prox
 
 SIGTERM: /readyz turns 503, the listener stays open `drain_listen_seconds` (the operator and
 kube-proxy take this pod out of the slices meanwhile), then closes; the process exits once no
-request is held or in flight, each having been served or having reached its wait. A rolling
-update of the activator loses no held request.
+request is held or in flight, each having been served or having reached its wait, and the
+metrics port has answered `final_scrape_seconds` more. A rolling update of the activator loses
+no held request, nor the record of how its wait ended.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 import httpx
 import uvicorn
 from starlette.types import Receive, Scope, Send
+from uvicorn.server import ServerState
 
 from . import metrics_port, signals
 from .activator_kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
@@ -111,6 +113,7 @@ class ActivatorConfig:
     max_held_bytes_total: int = 0  # 0: from the memory limit
     ready_path: str = "/health/ready"
     drain_listen_seconds: float = 10.0
+    final_scrape_seconds: float = 0.0
     linger_seconds: float = 60.0
     memory_limit_bytes: int = 0  # 0: the cgroup limit
     max_body_bytes: int = 0  # 0: from the memory limit
@@ -591,26 +594,41 @@ async def _written(body: Body, next_may_go: asyncio.Event | None) -> AsyncIterat
 class ActivatorServer(uvicorn.Server):
     """uvicorn with the activator's SIGTERM: unready at once, the listener open for
     `drain_listen_seconds`, then closed; uvicorn then waits for every request in progress
-    (held ones end by their wait). The metrics port is a second listener of the same server."""
+    (held ones end by their wait). The metrics port is a second listener that outlives that
+    wait by `final_scrape_seconds`: the requests a draining activator still holds end after
+    its listener closes, and a scrape must see how (a rollout in the middle of a cold start
+    otherwise leaves no trace of its waits)."""
 
     def __init__(self, config: uvicorn.Config, activator: Activator, metrics: uvicorn.Config | None) -> None:
         super().__init__(config)
         self.activator = activator
         self.metrics = metrics
         self._delay: threading.Timer | None = None
+        self._metrics_listener: asyncio.Server | None = None
+        # Its own connections: uvicorn's shutdown closes and waits for the main listener's only.
+        self._metrics_state = ServerState()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        metrics = await self._listen_for_metrics() if self.metrics is not None else None
+        if self.metrics is not None:
+            self._metrics_listener = await metrics_port.listen(self.metrics, self._metrics_state)
         await super().startup(sockets)
-        if metrics is not None:
-            self.servers.append(metrics)
         early = signals.take_received()
         if early is not None and not self.should_exit:
             self.handle_exit(early, None)
 
-    async def _listen_for_metrics(self) -> asyncio.Server:
-        assert self.metrics is not None
-        return await metrics_port.listen(self.metrics, self.server_state)
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        listener, self._metrics_listener = self._metrics_listener, None
+        if listener is None:
+            return
+        linger = self.activator.config.final_scrape_seconds
+        if linger > 0 and not self.force_exit:
+            log.info("every request answered; metrics answer %.1fs more, for the last scrape", linger)
+            await asyncio.sleep(linger)
+        listener.close()
+        for connection in list(self._metrics_state.connections):
+            connection.shutdown()
+        await listener.wait_closed()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.activator.draining = True
@@ -644,6 +662,8 @@ HELP = {
     "max_held_bytes_total": "bytes of bodies held for all services at once; 0: 3/8 of the memory limit",
     "ready_path": "the replicas' readiness path when a slice names none (or one that is not a plain path)",
     "drain_listen_seconds": "after SIGTERM, how long the listener stays open (unready) before it closes",
+    "final_scrape_seconds": "after SIGTERM, how long the metrics port answers once every request has ended "
+    "(a scrape interval: the scrape that sees how the last held requests ended)",
     "linger_seconds": "after a slice is removed, how long its hosts are still proxied straight to the replicas",
     "memory_limit_bytes": "0: the cgroup's; bodies being read take up to 1/4 of it",
     "max_body_bytes": "the largest request body (413 above); 0: from the memory limit, at most 64 MiB",

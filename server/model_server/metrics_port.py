@@ -38,8 +38,9 @@ class MetricsExposition:
 
 
 async def listen(config: uvicorn.Config, server_state: Any) -> asyncio.Server:
-    """The metrics listener: its connections are the main server's own (the same state, so the
-    same shutdown and Date header), each under the limits `config` gives its protocol."""
+    """The metrics listener: its connections kept in `server_state` (the main server's own, for
+    the same shutdown and Date header, or one of their own, to outlive it), each under the limits
+    `config` gives its protocol."""
     config.load()
 
     def connection(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:

@@ -225,6 +225,14 @@ def test_monitoring_install(chart_cluster: Cluster) -> None:
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["interval"] == "10s"
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    # The activator's pods, terminating ones included (a PodMonitor's), on their metrics port.
+    (activator,) = [d for d in h.by_kind(objects, "Deployment") if h.is_activator(d)]
+    (activator_monitor,) = [m for m in h.by_kind(objects, "PodMonitor") if h.is_activator(m)]
+    template = activator["spec"]["template"]
+    assert activator_monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    (endpoint,) = activator_monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in template["spec"]["containers"][0]["ports"]}
+    assert endpoint["honorLabels"] is True
 
     rule = h.one(objects, "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
@@ -235,6 +243,9 @@ def test_monitoring_install(chart_cluster: Cluster) -> None:
     # the Service) in the release namespace.
     assert f'job="{service["metadata"]["name"]}"' in alerts["InferenceOperatorDown"]["expr"]
     assert f'namespace="{h.RELEASE_NAMESPACE}"' in alerts["InferenceOperatorDown"]["expr"]
+    # The activator-down alert, the job a PodMonitor creates: its namespace/name.
+    job = f"{h.RELEASE_NAMESPACE}/{activator_monitor['metadata']['name']}"
+    assert f'up{{job="{job}", namespace="{h.RELEASE_NAMESPACE}"}}' in alerts["InferenceActivatorDown"]["expr"]
     assert "{{ $labels.model }}" in alerts["InferenceLatencySLOBreach"]["annotations"]["summary"]
 
     dashboard = h.one(objects, "ConfigMap")

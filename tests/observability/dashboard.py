@@ -79,7 +79,8 @@ def filled(expr: str, namespace: str, model: str) -> str:
 
 def without_data(prometheus_url: str, engine: str, namespace: str, model: str) -> dict[str, str]:
     """The queries of `engine`'s panels (and the variables) that return no series with a number
-    from this Prometheus, by panel and refId; the panels the tier cannot fill are skipped."""
+    from this Prometheus, by panel and refId, with what they returned; the panels the tier cannot
+    fill are skipped."""
     empty = {}
     for query in queries():
         if engine not in query.engines or query.panel in NO_SERIES_ON_THE_TIER:
@@ -88,7 +89,7 @@ def without_data(prometheus_url: str, engine: str, namespace: str, model: str) -
         answer = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": expr}, timeout=5).json()
         assert answer["status"] == "success", (query, answer)
         if not any(not math.isnan(float(series["value"][1])) for series in answer["data"]["result"]):
-            empty[f"{query.panel} ({query.ref})"] = expr
+            empty[f"{query.panel} ({query.ref})"] = f"{expr} -> {answer['data']['result']}"
     return empty
 
 

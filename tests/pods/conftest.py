@@ -195,9 +195,11 @@ def scrape_targets(node: NodeCluster, namespaces: list[str]) -> list[dict]:
 
 @dataclass(frozen=True)
 class ServiceJob:
-    """A ServiceMonitor's scrape job as the Prometheus Operator writes it: named after the
-    Service, over the Service's ready endpoints on `port`, each target labelled with the
-    Service's namespace and pod; `honor_labels` as the ServiceMonitor's endpoint says."""
+    """A ServiceMonitor's or PodMonitor's scrape job as the Prometheus Operator writes it: named
+    after the Service (a PodMonitor's: "namespace/name"), each target labelled with its namespace
+    and pod; `honor_labels` as the monitor's endpoint says. A Service's endpoints are its ready
+    pods, and a terminating pod leaves them at once; a PodMonitor's targets are its running pods,
+    ready or not, terminating ones included (`running_pods`)."""
 
     job: str
     namespace: str
@@ -205,16 +207,52 @@ class ServiceJob:
     port: int
     path: str = "/metrics"
     honor_labels: bool = False
+    running_pods: bool = False
+
+
+def monitor_job(rendered: list[dict[str, Any]], monitor: str, namespace: str = OPERATOR_NAMESPACE) -> ServiceJob:
+    """The scrape job the rendered ServiceMonitor or PodMonitor `monitor` makes: of the Service it
+    selects (the Service's port that the endpoint names, as the container port of the pods behind
+    it), or of the pods it selects (their container port that the endpoint names)."""
+    monitors = [m for m in rendered if m["kind"] in ("ServiceMonitor", "PodMonitor")]
+    (found,) = [m for m in monitors if m["metadata"]["name"] == monitor]
+    wanted = found["spec"]["selector"]["matchLabels"].items()
+    if found["kind"] == "PodMonitor":
+        (endpoint,) = found["spec"]["podMetricsEndpoints"]
+        job, selector, port_name = f"{namespace}/{monitor}", dict(wanted), endpoint["port"]
+    else:
+        (endpoint,) = found["spec"]["endpoints"]
+        (service,) = [s for s in rendered if s["kind"] == "Service" and wanted <= s["metadata"]["labels"].items()]
+        (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+        job, selector, port_name = service["metadata"]["name"], service["spec"]["selector"], port["targetPort"]
+    (deployment,) = [
+        d
+        for d in rendered
+        if d["kind"] == "Deployment" and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    (container_port,) = [p["containerPort"] for p in container["ports"] if p["name"] == port_name]
+    return ServiceJob(
+        job=job,
+        namespace=namespace,
+        selector=selector,
+        port=container_port,
+        path=endpoint["path"],
+        honor_labels=endpoint.get("honorLabels", False),
+        running_pods=found["kind"] == "PodMonitor",
+    )
 
 
 def service_targets(node: NodeCluster, service: ServiceJob) -> list[dict]:
-    """The ready pods behind `service`, as HTTP service-discovery target groups."""
+    """The pods `service` scrapes, as HTTP service-discovery target groups."""
     selector = ",".join(f"{k}={v}" for k, v in service.selector.items())
     return [
         {"targets": [f"{p['status']['podIP']}:{service.port}"], "labels": {"namespace": service.namespace,
                                                                            "pod": p["metadata"]["name"]}}
         for p in pods(node, service.namespace, selector)
-        if ready(p) and p["status"].get("podIP")
+        if p["status"].get("podIP")
+        and (p["status"].get("phase") == "Running" if service.running_pods else ready(p))
+        and (service.running_pods or not p["metadata"].get("deletionTimestamp"))
     ]  # fmt: skip
 
 
@@ -319,6 +357,7 @@ def chart_values(ca_bundle: str, **overrides: Any) -> dict:
         "activator": {
             "replicas": 1,
             "drainListenSeconds": 3,  # one node: its endpoints move within a second
+            "finalScrapeSeconds": 2,  # the tier's Prometheus scrapes every second
             "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
         },
         **overrides,

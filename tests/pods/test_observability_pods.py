@@ -35,6 +35,7 @@ from tests.pods.conftest import (
     file_server,
     helm_install,
     kubectl_json,
+    monitor_job,
     namespace,
     pod_prometheus,
     pods,
@@ -140,25 +141,8 @@ def rendered() -> list[dict[str, Any]]:
 
 
 def operator_job(rendered: list[dict[str, Any]]) -> ServiceJob:
-    """The scrape job the rendered ServiceMonitor makes of the Service it selects."""
-    monitor = chart.one(rendered, "ServiceMonitor")
-    (endpoint,) = monitor["spec"]["endpoints"]
-    (service,) = [
-        s
-        for s in chart.by_kind(rendered, "Service")
-        if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
-    ]
-    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
-    container = operator_deployment(rendered)["spec"]["template"]["spec"]["containers"][0]
-    (container_port,) = [p["containerPort"] for p in container["ports"] if p["name"] == port["targetPort"]]
-    return ServiceJob(
-        job=service["metadata"]["name"],
-        namespace=OPERATOR_NAMESPACE,
-        selector=service["spec"]["selector"],
-        port=container_port,
-        path=endpoint["path"],
-        honor_labels=endpoint.get("honorLabels", False),
-    )
+    """The scrape job the operator's rendered ServiceMonitor makes of its metrics Service."""
+    return monitor_job(rendered, operator_deployment(rendered)["metadata"]["name"])
 
 
 def operator_deployment(rendered: list[dict[str, Any]]) -> dict[str, Any]:
@@ -373,6 +357,7 @@ def test_every_dashboard_query_returns_data(
             wait_for(every_query_has_data, timeout=60, interval=1, message="data for every dashboard query")
         finally:
             assert not empty, empty
+        dashboard.save_snapshot("model-server", prometheus.url, "model-server", NS, NAME)  # for README's picture
     finally:
         load.stop()
     assert set(dashboard.NO_SERIES_ON_THE_TIER) <= checked

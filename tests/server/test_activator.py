@@ -574,7 +574,7 @@ def test_on_sigterm_held_requests_are_answered_before_the_process_exits(
     fake, url = api
     port, metrics_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    command = activator_command(url, port, metrics_port, "--drain-listen-seconds=3")
+    command = activator_command(url, port, metrics_port, "--drain-listen-seconds=3", "--final-scrape-seconds=3")
     with running(
         command, env=env, log=tmp_path / "activator.log", ready_url=f"http://127.0.0.1:{port}/readyz", stop_timeout=60
     ) as process:
@@ -586,11 +586,19 @@ def test_on_sigterm_held_requests_are_answered_before_the_process_exits(
         wait_for(lambda: httpx.get(f"{this.url}/readyz", timeout=5).status_code == 503, timeout=5, message="unready")
         wait_for(lambda: _refused(this.url), timeout=20, message="the listener to close")
         assert process.poll() is None and not pending.done()
+        # The listener is closed, the metrics port is not: a scrape still sees the held request.
+        assert held(this, "team-e", "rolled") == 1
         replicas.ready.add("team-e.rolled")
         response = pending.result(timeout=30)
+        answered = time.monotonic()
         assert response.status_code == 200
         assert json.loads(response.json()["body"]) == {"prompt": "held across a rollout"}
+        # Every request has ended: the scrape after it still learns how its wait did.
+        labels = {"namespace": "team-e", "service": "rolled", "outcome": "served"}
+        assert this.metric("activator_wait_seconds_count", **labels) == 1
+        assert held(this, "team-e", "rolled") == 0
         assert process.wait(30) == 0
+        assert time.monotonic() - answered >= 2.5  # not before its final scrape window
 
 
 def _refused(url: str) -> bool:
