@@ -117,17 +117,21 @@ def draw(dashboard: dict[str, Any], panels: Panels, no_data: dict[str, str] | No
 
 
 def _timeseries(axes: Axes, targets: list[dict[str, Any]], unit: str) -> None:
-    lines = 0
+    lines, seen = 0, []
     for target in targets:
         for series in target["series"]:
             points = [(t, float(v)) for t, v in series["values"] if not math.isnan(float(v))]
             if not points:
                 continue
             times = [t for t, _ in points]
+            seen += times
             label = legend(target["legend"], series["labels"]) if lines < MAX_LEGEND else None
-            axes.plot(times, [v for _, v in points], color=COLOURS[lines % len(COLOURS)], linewidth=1.2, label=label)
+            colour, marker = COLOURS[lines % len(COLOURS)], "o" if len(points) == 1 else None
+            axes.plot(times, [v for _, v in points], color=colour, linewidth=1.2, marker=marker, label=label)
             lines += 1
     axes.grid(color="#2c3235", linewidth=0.5)
+    if seen and max(seen) - min(seen) < 1:  # one instant: a minute either side, as Grafana would show it
+        axes.set_xlim(min(seen) - 60, max(seen) + 60)
     shown = axes.get_xlim()
     ticks = [t for t in axes.get_xticks() if shown[0] <= t <= shown[1]]
     axes.set_xticks(ticks, [datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%H:%M:%S") for t in ticks])

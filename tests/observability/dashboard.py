@@ -9,6 +9,7 @@ import math
 import os
 import pathlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -91,6 +92,31 @@ def without_data(prometheus_url: str, engine: str, namespace: str, model: str) -
         if not any(not math.isnan(float(series["value"][1])) for series in answer["data"]["result"]):
             empty[f"{query.panel} ({query.ref})"] = f"{expr} -> {answer['data']['result']}"
     return empty
+
+
+def wait_for_data(
+    prometheus_url: str,
+    engine: str,
+    namespace: str,
+    model: str,
+    timeout: float,
+    interval: float = 1.0,
+    before_each: Callable[[], object] = lambda: None,
+) -> None:
+    """Until every query of `engine`'s panels returns data (`before_each` sends traffic first, if
+    it must); else fails with the queries still empty and what they returned."""
+    empty: dict[str, str] = {}
+
+    def every_query_has_data() -> bool:
+        before_each()
+        empty.clear()
+        empty.update(without_data(prometheus_url, engine, namespace, model))
+        return not empty
+
+    deadline = time.monotonic() + timeout
+    while not every_query_has_data():
+        assert time.monotonic() < deadline, f"panels still without data after {timeout:g}s: {empty}"
+        time.sleep(interval)
 
 
 # Where the tier's modules leave their snapshots for testsupport/dashboard_picture.py, when set.

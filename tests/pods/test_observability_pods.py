@@ -346,17 +346,7 @@ def test_every_dashboard_query_returns_data(
         for spin in (SLOW_SPIN, -1):
             httpx.post(service, json=request(spin), timeout=30)
         checked = {q.panel for q in dashboard.queries() if "model-server" in q.engines}
-        empty: dict[str, str] = {}
-
-        def every_query_has_data() -> bool:
-            empty.clear()
-            empty.update(dashboard.without_data(prometheus.url, "model-server", NS, NAME))
-            return not empty
-
-        try:
-            wait_for(every_query_has_data, timeout=60, interval=1, message="data for every dashboard query")
-        finally:
-            assert not empty, empty
+        dashboard.wait_for_data(prometheus.url, "model-server", NS, NAME, timeout=60)
         dashboard.save_snapshot("model-server", prometheus.url, "model-server", NS, NAME)  # for README's picture
     finally:
         load.stop()
