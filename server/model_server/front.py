@@ -16,7 +16,10 @@ adapters sidecar manages adapters over loopback, straight to vLLM. vLLM is told 
 remote client behind this proxy.
 
 It runs in the model server's image as a native sidecar: it starts before vLLM and stops after
-it, so a stream vLLM is still finishing at SIGTERM is carried to its end.
+it, so a stream vLLM is still finishing at SIGTERM is carried to its end. A sidecar hears of the
+pod's deletion only once vLLM has exited, so vLLM's preStop hook tells it first (DRAIN_PATH, from
+the pod's loopback): each connection then closes after the answer it carries, and a client that
+keeps its connection alive reconnects, to a replica that stays, before vLLM stops taking requests.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ import argparse
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 import httpx
 import uvicorn
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from . import signals
 from .bodies import ReadBudget
@@ -56,6 +60,8 @@ LIVE_PATH = "/health/live"
 READY_PATH = "/health/ready"
 #: vLLM's own health path: the readiness of the front is vLLM's.
 ENGINE_HEALTH_PATH = "/health"
+#: Asked by vLLM's preStop hook over the pod's loopback: the pod is going away.
+DRAIN_PATH = "/front/drain"
 #: Answered at the connection cap too (the kubelet probes the front and, through it, vLLM).
 PROBE_PATHS = frozenset({LIVE_PATH, READY_PATH, ENGINE_HEALTH_PATH})
 #: Of the front's memory limit, what bodies being read may hold at once.
@@ -109,6 +115,24 @@ def is_refused_path(path: str) -> bool:
     return True  # encoded deeper than any client needs: refused rather than guessed at
 
 
+def is_pod_local(scope: Scope) -> bool:
+    """The peer is a process of this pod: a Service, another pod or the node never connect from loopback."""
+    client = scope.get("client") or ("", 0)
+    return client[0] in ("127.0.0.1", "::1")
+
+
+def closing(send: Send) -> Send:
+    """`send` with `connection: close` on the answer's head: the client's next request opens a
+    connection of its own."""
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+        await send(message)
+
+    return wrapped
+
+
 class Front:
     """The ASGI app: probes, refusals, and every other request relayed to vLLM."""
 
@@ -120,6 +144,9 @@ class Front:
         self._ready_at = -READY_CACHE_S
         self._ready = False
         self._checking: asyncio.Future[None] | None = None
+        self.draining = False
+        # Set by serve(): every open connection closes after the answer it carries.
+        self.finish_connections: Callable[[], None] = lambda: None
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -139,7 +166,11 @@ class Front:
         if scope["type"] != "http":
             return  # websockets are not served here: vLLM's API is plain HTTP
         path = scope["path"]
-        if path == LIVE_PATH:
+        if self.draining:
+            send = closing(send)
+        if path == DRAIN_PATH:
+            await self.drain(scope, send)
+        elif path == LIVE_PATH:
             await answer(send, 200, b'{"status":"live"}')
         elif path == READY_PATH:
             ready = await self.engine_ready()
@@ -153,6 +184,19 @@ class Front:
             await answer(send, 403, error_body(403, "adapters are managed by the operator (spec.adapters), not here"))
         else:
             await self.relay(scope, receive, send)
+
+    async def drain(self, scope: Scope, send: Send) -> None:
+        """The pod is being deleted (vLLM's preStop, before vLLM gets SIGTERM): open connections
+        close after their answers, idle ones now, new ones after one answer; vLLM still serves."""
+        if not is_pod_local(scope):
+            await answer(send, 403, error_body(403, "only the pod itself may drain its front"))
+            return
+        if not self.draining:  # (once draining, every `send` here already closes its connection)
+            log.info("draining: connections close after their answers")
+            self.draining = True
+            send = closing(send)
+        self.finish_connections()
+        await answer(send, 200, b'{"draining":true}')
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -241,14 +285,22 @@ def config_from_args(args: argparse.Namespace) -> FrontConfig:
     return FrontConfig(**values)
 
 
+def finish_connections(server: uvicorn.Server) -> None:
+    """What uvicorn does to its connections at shutdown, with the listener left open: an idle one
+    closes, a busy one after its answer."""
+    for connection in list(server.server_state.connections):
+        connection.shutdown()
+
+
 def serve(config: FrontConfig) -> int:
     """Run until SIGTERM; 0 after the requests in flight are answered."""
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     largest, budget = config.body_limits()
     log.info("front on :%d for %s (bodies up to %d bytes, %d at once)", config.port, config.upstream, largest, budget)
+    front = Front(config)
     server = uvicorn.Server(
         uvicorn.Config(
-            Front(config),
+            front,
             host=config.host,
             port=config.port,
             log_level=config.log_level,
@@ -260,6 +312,7 @@ def serve(config: FrontConfig) -> int:
             http=LimitedHttpProtocol.with_limits(config.connection_limits()),
         )
     )
+    front.finish_connections = lambda: finish_connections(server)
     signals.remember_stop_signals()
     server.run()
     return 0 if server.started else 1

@@ -15,7 +15,7 @@ import yaml
 from inference_operator.builders import Owner, build_all, build_deployment, build_inference_pool, build_service
 from inference_operator.builders.common import selector_labels
 from inference_operator.builders.storage import MODEL_DIR, cache_key
-from inference_operator.builders.vllm import FRONT
+from inference_operator.builders.vllm import FRONT, pre_stop_command
 from inference_operator.models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, SpecError, parse_spec
 from inference_operator.settings import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
 from testsupport.crd import ROOT, addon_errors, apply_defaults, crd_schema
@@ -83,6 +83,7 @@ def test_vllm_command_line_is_operator_flags_then_engine_args_each_one_token() -
         "--tensor-parallel-size=4",
         "--host=127.0.0.1",  # behind the front, the pod's way in
         "--port=8001",
+        "--shutdown-timeout=50",  # what it streams at SIGTERM ends whole (DRAIN_SECONDS)
         "--max-model-len=8192",
         "--max-num-seqs=64",
         "--enable-prefix-caching",
@@ -153,7 +154,9 @@ def test_probes_and_scraping_reach_vllm_through_the_front_on_the_api_port() -> N
     assert container["ports"] == []  # vLLM listens on loopback: the kubelet reaches it through the front
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": 8080}
-    assert container["lifecycle"]["preStop"]["sleep"]["seconds"] > 0  # answers while endpoints drop it
+    # The front drains its kept-alive connections, then vLLM answers on while endpoints drop it.
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == pre_stop_command(8080)
+    assert '"127.0.0.1", 8080' in pre_stop_command(8080)[-1] and "time.sleep(5)" in pre_stop_command(8080)[-1]
     front = front_of(deployment)
     assert front["restartPolicy"] == "Always"  # starts before vLLM, stops after it
     assert front["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]

@@ -17,7 +17,7 @@ import yaml
 from inference_operator.builders import Owner
 from inference_operator.builders.common import engine_port
 from inference_operator.builders.storage import MODEL_DIR
-from inference_operator.builders.vllm import vllm_args
+from inference_operator.builders.vllm import DRAIN_SECONDS, vllm_args
 from inference_operator.models import SpecError, parse_spec
 from tests.llm.conftest import vllm_python
 from testsupport.crd import ROOT
@@ -69,6 +69,8 @@ def test_vllm_reads_the_operators_command_line_and_the_refused_args_would_overri
     assert parsed["max_model_len"] == 32768
     # On the pod's loopback, behind the front (which holds runtime.port).
     assert (parsed["host"], parsed["port"]) == ("127.0.0.1", engine_port(owner.spec))
+    # At SIGTERM it finishes what it generates (its default, 0, aborts it).
+    assert parsed["shutdown_timeout"] == DRAIN_SECONDS > 0
     # The example's engine arguments reach the engine.
     assert parsed["max_num_seqs"] == 256
     assert parsed["gpu_memory_utilization"] == pytest.approx(0.92)

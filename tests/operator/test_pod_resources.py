@@ -17,7 +17,12 @@ from inference_operator.builders.deployment import (
     build_deployment,
 )
 from inference_operator.builders.storage import FETCH_CPU, FETCH_MEMORY, quantity_value
-from inference_operator.builders.vllm import FRONT_CPU_MIN, VLLM_TERMINATION_GRACE_SECONDS
+from inference_operator.builders.vllm import (
+    DRAIN_SECONDS,
+    FRONT_CPU_MIN,
+    PRE_STOP_SECONDS,
+    VLLM_TERMINATION_GRACE_SECONDS,
+)
 from inference_operator.models import parse_spec
 from tests.operator.test_render_cli import EXAMPLES, render
 
@@ -131,7 +136,15 @@ def test_the_grace_period_is_the_servers_shutdown_and_little_more() -> None:
     assert TERMINATION_GRACE_SECONDS <= 30  # Kubernetes' default; it was 60
 
 
-def test_vllm_keeps_a_generous_grace_period_for_its_streams() -> None:
+def test_vllm_keeps_a_generous_grace_period_for_its_streams_and_drains_them_within_it() -> None:
+    """vLLM aborts what it generates at SIGTERM unless --shutdown-timeout says how long it may finish
+    (the tier's rolling update cut 4 of 121 streams without it): after the preStop sleep, within the
+    grace period."""
     spec = {"model": {"uri": "hf://org/model"}, "runtime": {"engine": "vllm"}, "resources": {"gpu": {"count": 1}}}
     pod_spec = build_deployment(owner(**spec))["spec"]["template"]["spec"]
     assert pod_spec["terminationGracePeriodSeconds"] == VLLM_TERMINATION_GRACE_SECONDS >= 60
+    (vllm,) = pod_spec["containers"]
+    drain = [int(a.removeprefix("--shutdown-timeout=")) for a in vllm["args"] if a.startswith("--shutdown-timeout=")]
+    assert drain == [DRAIN_SECONDS] and DRAIN_SECONDS >= 30
+    assert f"time.sleep({PRE_STOP_SECONDS})" in vllm["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert PRE_STOP_SECONDS + DRAIN_SECONDS < VLLM_TERMINATION_GRACE_SECONDS

@@ -11,6 +11,7 @@ one cluster and one InferenceService, in namespaces that enforce Pod Security `r
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import datetime
 import hashlib
 import http.server
@@ -18,8 +19,10 @@ import json
 import pathlib
 import re
 import secrets
+import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +31,7 @@ import httpx
 import pytest
 
 from inference_operator.builders.common import engine_port
+from inference_operator.builders.vllm import PRE_STOP_SECONDS
 from inference_operator.models import parse_spec
 from tests.llm.conftest import tiny_llama  # noqa: F401  (a fixture)
 from tests.llm.tiny_lora import adapter_files
@@ -51,6 +55,7 @@ from tests.pods.conftest import (
 from tests.pods.conftest import ready as pod_ready
 from testsupport import images
 from testsupport.cluster import condition, wait_for
+from testsupport.load import CompletionLoad
 from testsupport.nodecluster import NODE_IP, NODE_NAME, NodeCluster
 
 # The first test also waits for the tier: its images (the vLLM image is 2.7 GB to import) and cluster.
@@ -141,6 +146,9 @@ def hub_repos(model_dir: pathlib.Path) -> dict[str, dict[str, bytes]]:
     model = {p.name: p.read_bytes() for p in sorted(model_dir.iterdir()) if p.is_file()}
     tokenizer = json.loads(model["tokenizer_config.json"])
     model["tokenizer_config.json"] = json.dumps({**tokenizer, "chat_template": CHAT_TEMPLATE}).encode()
+    # Room for completions long enough to outlast a pod's preStop sleep (the rolling update's streams).
+    config = json.loads(model["config.json"])
+    model["config.json"] = json.dumps({**config, "max_position_embeddings": MAX_MODEL_LEN}).encode()
     return {"org/tiny-llama": model, "org/sql-lora": adapter_files(seed=1)}
 
 
@@ -159,7 +167,13 @@ def hub(node: NodeCluster, tiny_llama: pathlib.Path) -> Iterator[Hub]:  # noqa: 
 
 
 @pytest.fixture(scope="module")
-def release(node: NodeCluster, hub: Hub, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def prometheus(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodPrometheus]:
+    with pod_prometheus(node, tmp_path_factory.mktemp("prom"), [NS]) as prom:
+        yield prom
+
+
+@pytest.fixture(scope="module")
+def release(node: NodeCluster, hub: Hub, prometheus: PodPrometheus, tmp_path_factory: pytest.TempPathFactory) -> dict:
     apply(node, namespace(OPERATOR_NAMESPACE), namespace(NS))
     values = chart_values(
         hub.ca.read_text(),
@@ -167,39 +181,74 @@ def release(node: NodeCluster, hub: Hub, tmp_path_factory: pytest.TempPathFactor
         replicaCount=1,
         # The stand-in Hub is the platform's mirror: a token may be sent there.
         huggingFace={"tokenEndpoints": [hub.url]},
+        # The autoscaler reads the tier's Prometheus, which scrapes the vLLM pods.
+        prometheus={"allowedUrls": [prometheus.url]},
     )
     return helm_install(node, RELEASE, values, tmp_path_factory.mktemp("helm"))
 
 
-def inference_service(hub: Hub, adapters: list[dict[str, str]]) -> dict:
+# The node's 2 CPUs hold two vLLM pods only without the adapters sidecar: the service starts
+# without LoRA at LIGHT_CPU, so that it can scale to two replicas (2 x (750m + the front's 200m),
+# with the operator's and the activator's 50m each). Its rolling update to runtime.lora then puts a
+# LORA_CPU pod (with the sidecar's 250m and the front's 200m) beside the light one.
+LIGHT_CPU = "750m"
+LORA_CPU = "500m"
+# vLLM's batch on a GPU is bounded by its KV cache; the tiny model's is not, so a small batch
+# stands in for it: beyond four sequences requests wait, and the time to first token grows with load.
+MAX_NUM_SEQS = 4
+TTFT_TARGET_MS = 400
+MAX_MODEL_LEN = 2048
+STEADY_MS = 1e6  # a target no load reaches: the replica count holds
+
+
+def inference_service(
+    hub: Hub, prometheus: PodPrometheus, adapters: list[dict[str, str]] | None, target_ms: float = STEADY_MS
+) -> dict:
+    """The service; without LoRA when `adapters` is None (LIGHT_CPU), with it otherwise (LORA_CPU)."""
+    runtime: dict[str, Any] = {
+        "engine": "vllm",
+        "imagePullPolicy": "Never",
+        "maxModelLen": MAX_MODEL_LEN,
+        # Eager: the tier's CPU image has no C++ compiler for torch.compile (with LoRA vLLM runs eager anyway).
+        "args": [f"--max-num-seqs={MAX_NUM_SEQS}", "--enforce-eager"],
+        "env": [
+            # What a CPU node needs instead of a GPU's memory: the KV cache in host RAM (GiB).
+            {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+            # S3 for s3:// adapters: the bridge, where nothing answers S3.
+            {"name": "AWS_ENDPOINT_URL", "value": f"https://{NODE_IP}:9"},
+            {"name": "AWS_REGION", "value": "us-east-1"},
+        ],
+    }
+    spec: dict[str, Any] = {
+        "model": {
+            "uri": "hf://org/tiny-llama",
+            "huggingFace": {"endpoint": hub.url, "tokenSecret": "hf"},
+            # The model, and vLLM's compile cache, on a claim the replicas share.
+            "cachePvc": CACHE_CLAIM,
+        },
+        "runtime": runtime,
+        "resources": {"gpu": {"count": 0}, "cpu": LIGHT_CPU if adapters is None else LORA_CPU, "memory": "4Gi"},
+        "autoscaling": {
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "metric": "ttftP95Ms",
+            "target": target_ms,
+            "prometheusUrl": prometheus.url,
+            "intervalSeconds": 1,
+            "windowSeconds": 10,
+            "scaleDownStabilizationSeconds": 3,
+            "scaleUp": {"pods": 1, "percent": 1, "periodSeconds": 3},
+            "scaleDown": {"pods": 4, "percent": 100, "periodSeconds": 1},
+        },
+    }
+    if adapters is not None:
+        runtime["lora"] = {"maxLoras": 2, "maxLoraRank": 8}
+        spec["adapters"] = adapters
     return {
         "apiVersion": "inference.rocm.dev/v1alpha1",
         "kind": "InferenceService",
         "metadata": {"name": NAME, "namespace": NS},
-        "spec": {
-            "model": {
-                "uri": "hf://org/tiny-llama",
-                "huggingFace": {"endpoint": hub.url, "tokenSecret": "hf"},
-                # The model, and vLLM's compile cache, on a claim the replicas share.
-                "cachePvc": CACHE_CLAIM,
-            },
-            "runtime": {
-                "engine": "vllm",
-                "imagePullPolicy": "Never",
-                "maxModelLen": 256,
-                "lora": {"maxLoras": 2, "maxLoraRank": 8},
-                "env": [
-                    # What a CPU node needs instead of a GPU's memory: the KV cache in host RAM (GiB).
-                    {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
-                    # S3 for s3:// adapters: the bridge, where nothing answers S3.
-                    {"name": "AWS_ENDPOINT_URL", "value": f"https://{NODE_IP}:9"},
-                    {"name": "AWS_REGION", "value": "us-east-1"},
-                ],
-            },
-            # With the adapters sidecar (250m) and the front (200m), within the node's 2 CPUs.
-            "resources": {"gpu": {"count": 0}, "cpu": "1300m", "memory": "4Gi"},
-            "adapters": adapters,
-        },
+        "spec": spec,
     }
 
 
@@ -221,9 +270,10 @@ def vllm_pod(node: NodeCluster) -> str:
     return str(pod["metadata"]["name"])
 
 
-def vllm_start_to_ready(node: NodeCluster) -> float:
-    """Seconds from the vLLM container's start to its pod's Ready, as the kubelet recorded them."""
-    pod = kubectl_json(node, "get", "pod", vllm_pod(node), "-n", NS)
+def vllm_start_to_ready(node: NodeCluster, name: str | None = None) -> float:
+    """Seconds from the vLLM container's start to its pod's Ready (the only pod's, or `name`'s), as
+    the kubelet recorded them."""
+    pod = kubectl_json(node, "get", "pod", name or vllm_pod(node), "-n", NS)
     (vllm,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "vllm"]
     ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
     started = datetime.datetime.fromisoformat(vllm["state"]["running"]["startedAt"])
@@ -307,7 +357,7 @@ def cache_volume(node: NodeCluster, release: dict, tmp_path_factory: pytest.Temp
 
 
 def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
-    node: NodeCluster, release: dict, hub: Hub, cache_volume: pathlib.Path
+    node: NodeCluster, release: dict, hub: Hub, prometheus: PodPrometheus, cache_volume: pathlib.Path
 ) -> None:
     secret = {
         "apiVersion": "v1",
@@ -317,10 +367,10 @@ def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
     }
     apply(node, secret)
     applied = time.monotonic()
-    apply(node, inference_service(hub, [SQL]))
+    apply(node, inference_service(hub, prometheus, None, TTFT_TARGET_MS))
     wait_ready_pods(node, NS, SELECTOR, 1, timeout=420)
     FIGURES["vLLM InferenceService applied to Ready pod (s)"] = time.monotonic() - applied
-    FIGURES["vLLM start to Ready, first replica (s)"] = vllm_start_to_ready(node)
+    FIGURES[f"vLLM start to Ready, first replica, cold, {LIGHT_CPU} (s)"] = vllm_start_to_ready(node)
     FIGURES["images imported into the node's containerd, vLLM's included (s)"] = node.import_seconds
     wait_for(lambda: (condition(ris(node), "Ready") or {}).get("status") == "True", timeout=60, message="Ready")
     address = service_address(node)
@@ -331,10 +381,12 @@ def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
     assert ("/api/models/org/tiny-llama/revision/main", f"Bearer {TOKEN}") in hub.requests
 
 
-def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod(node: NodeCluster, hub: Hub) -> None:
+def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod(
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+) -> None:
     address = service_address(node)
     pod = kubectl_json(node, "get", "pod", vllm_pod(node), "-n", NS)
-    engine = f"{pod['status']['podIP']}:{engine_port(parse_spec(inference_service(hub, [])['spec']))}"
+    engine = f"{pod['status']['podIP']}:{engine_port(parse_spec(inference_service(hub, prometheus, None)['spec']))}"
     answers = {
         (chat, stream): complete(address, NAME, chat, stream) for chat in (False, True) for stream in (False, True)
     }
@@ -379,6 +431,212 @@ def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod
     ], output
 
 
+def new_ready_pod(node: NodeCluster, old: set[str]) -> dict | None:
+    return next((p for p in pods(node, NS, SELECTOR) if p["metadata"]["name"] not in old and pod_ready(p)), None)
+
+
+def test_time_to_first_token_under_load_scales_to_a_second_replica_from_the_claim_and_back(
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus, cache_volume: pathlib.Path
+) -> None:
+    """The built-in autoscaler on vLLM's TTFT p95 from the tier's Prometheus: two replicas under
+    load, one when it stops. The second starts from the claim, which holds the model and vLLM's
+    cache directory (VLLM_CACHE_ROOT, under the service's own directory) in files the pod's fsGroup
+    owns: it downloads nothing. (The tier's CPU image has no C++ compiler, so vLLM runs eager there
+    and writes no compiled graphs; bench/vllm_start.py measures the compile cache's warm start as
+    processes.)"""
+    cache = cache_volume / "vllm-cache" / NAME
+    assert (cache / "modelinfos").is_dir(), "vLLM wrote nothing to its cache directory on the claim"
+    files = [path for path in cache_volume.rglob("*") if path.is_file()]
+    assert files and all(path.stat().st_gid == 1000 for path in files)  # the pod's fsGroup
+    wait_for(lambda: prometheus.value(f'sum(up{{namespace="{NS}"}})') == 1, timeout=30, message="vLLM scraped")
+    first, downloads = vllm_pod(node), len(hub.requests)
+    url = f"http://{service_address(node)}/v1/completions"
+    load = CompletionLoad(url, NAME, concurrency=4 * MAX_NUM_SEQS, max_seconds=300, max_tokens=32).start()
+    try:
+        wait_for(
+            lambda: ris(node)["spec"].get("replicas") == 2 == ris(node)["status"]["autoscaler"]["desiredReplicas"],
+            timeout=90,
+            interval=0.5,
+            message="scale-up to two replicas",
+        )
+        scaled = time.monotonic()
+        FIGURES["vLLM load start to scale-up on TTFT (s)"] = time.time() - load.started_at
+        status = ris(node)["status"]["autoscaler"]
+        assert status["metric"] == "ttftP95Ms" and status["currentValue"] > TTFT_TARGET_MS, status
+        second = wait_for(lambda: new_ready_pod(node, {first}), timeout=300, interval=0.25, message="a second replica")
+        FIGURES["vLLM scale-up to second replica Ready (s)"] = time.monotonic() - scaled
+        name = second["metadata"]["name"]
+        FIGURES[f"vLLM start to Ready, second replica, warm from the claim, {LIGHT_CPU} (s)"] = vllm_start_to_ready(
+            node, name
+        )
+        # It serves: a completion sent to its own address.
+        (front,) = [c for c in second["spec"]["initContainers"] if c["name"] == "front"]
+        port = front["ports"][0]["containerPort"]
+        body = {"model": NAME, "prompt": PROMPT, "max_tokens": 4}
+        answer = httpx.post(f"http://{second['status']['podIP']}:{port}/v1/completions", json=body, timeout=60)
+        assert answer.status_code == 200, answer.text
+    finally:
+        load.stop()
+    assert load.sent > 20 and load.failed == 0, (load.sent, load.failures)
+    # The second replica's model came from the claim: nothing was downloaded.
+    assert not [path for path, _ in hub.requests[downloads:] if "/resolve/" in path], hub.requests[downloads:]
+    stopped = time.monotonic()
+    wait_for(lambda: ris(node)["spec"].get("replicas") == 1, timeout=90, interval=0.5, message="scale-down")
+    FIGURES["vLLM load stopped to scale-down to one replica (s)"] = time.monotonic() - stopped
+
+
+@dataclass
+class Stream:
+    started: float
+    ended: float = 0.0
+    outcome: str = ""  # "ok", "failed: <why>" (no answer, or not 200) or "cut: <what>" (200, then short)
+
+
+def stream_once(client: httpx.Client, url: str, max_tokens: int) -> Stream:
+    """One streamed completion of `max_tokens`, checked whole: every token, the length finish, [DONE]."""
+    body = {
+        "model": NAME,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    stream = Stream(started=time.time())
+    tokens, finish, done, usage = 0, None, False, None
+    try:
+        with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                stream.outcome = f"failed: {response.status_code} {response.read()[:200]!r}"
+            for line in response.iter_lines() if not stream.outcome else ():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    event = json.loads(line.removeprefix("data: "))
+                    tokens += sum(1 for choice in event.get("choices") or [] if choice.get("text"))
+                    finish = next(
+                        (c["finish_reason"] for c in event.get("choices") or [] if c.get("finish_reason")), finish
+                    )
+                    usage = event.get("usage") or usage
+    except httpx.HTTPError as exc:
+        stream.outcome = f"{'cut' if tokens else 'failed'}: {type(exc).__name__} after {tokens} tokens"
+    counted = (usage or {}).get("completion_tokens")
+    if not stream.outcome:
+        whole = done and finish == "length" and counted == max_tokens
+        stream.outcome = "ok" if whole else f"cut: {tokens} tokens, usage {counted}, finish {finish}, [DONE] {done}"
+    stream.ended = time.time()
+    return stream
+
+
+class StreamLoad:
+    """`concurrency` clients, each streaming completions of `max_tokens` over the Service back to
+    back (keeping its connection alive, as OpenAI's clients do), their starts spread over one
+    stream's length `seconds_each`, so that a stream is always about to begin and others well under way."""
+
+    def __init__(self, url: str, concurrency: int, max_tokens: int, seconds_each: float) -> None:
+        self.url, self.max_tokens, self.seconds_each = url, max_tokens, seconds_each
+        self.streams: list[Stream] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(i / concurrency,)) for i in range(concurrency)]
+
+    def _client(self, phase: float) -> None:
+        if self._stop.wait(phase * self.seconds_each):
+            return
+        with httpx.Client(timeout=120) as client:
+            while not self._stop.is_set():
+                self.streams.append(stream_once(client, self.url, self.max_tokens))
+
+    def start(self) -> StreamLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def finish(self) -> None:
+        """No new stream; those in flight go on."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        """No new stream; those in flight finish."""
+        self.finish()
+        for thread in self._threads:
+            thread.join(150)
+
+    def outcomes(self, prefix: str) -> list[str]:
+        return [s.outcome for s in self.streams if s.outcome.startswith(prefix)]
+
+
+def stream_rate(address: str, concurrency: int) -> float:
+    """Tokens a second of one stream among `concurrency` at once, measured on 64-token streams."""
+
+    def one(_: int) -> Stream:
+        with httpx.Client(timeout=120) as client:
+            return stream_once(client, f"http://{address}/v1/completions", 64)
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        streams = list(pool.map(one, range(concurrency)))
+    assert all(s.outcome == "ok" for s in streams), [s.outcome for s in streams]
+    return 64 / max(s.ended - s.started for s in streams)
+
+
+def test_a_rolling_update_with_streams_in_flight_cuts_no_stream_and_fails_no_request(
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+) -> None:
+    """A spec change (runtime.lora and an adapter, which the next tests use) rolls the Deployment
+    while streamed completions run: the old pod's streams end whole (the preStop keeps it serving
+    while endpoints drop it, vLLM drains what it streams within the grace period) and every
+    request is answered. The new pod starts from the claim."""
+    address = service_address(node)
+    # The scale-down before may still be stopping its replica: the old pod is the one that stays.
+    wait_for(lambda: len(pods(node, NS, SELECTOR)) == 1, timeout=120, message="the scaled-down replica gone")
+    old = {p["metadata"]["name"] for p in pods(node, NS, SELECTOR)}
+    downloads = len(hub.requests)
+    rate = stream_rate(address, MAX_NUM_SEQS)
+    # Each stream outlasts the preStop sleep after its pod is deleted, so some are in flight at SIGTERM.
+    seconds_each = 2 * PRE_STOP_SECONDS
+    max_tokens = min(int(rate * seconds_each), MAX_MODEL_LEN - 64)
+    load = StreamLoad(f"http://{address}/v1/completions", MAX_NUM_SEQS, max_tokens, seconds_each).start()
+    deleted: dict[str, float] = {}
+
+    def rolled() -> bool:
+        current = pods(node, NS, SELECTOR)
+        for pod in current:
+            meta = pod["metadata"]
+            if meta["name"] in old and meta.get("deletionTimestamp") and meta["name"] not in deleted:
+                stamp = datetime.datetime.fromisoformat(meta["deletionTimestamp"]).timestamp()
+                deleted[meta["name"]] = stamp - meta["deletionGracePeriodSeconds"]
+        if deleted and time.time() > max(deleted.values()) + PRE_STOP_SECONDS + 1:
+            load.finish()  # the clients that left the old pod have reconnected: enough
+        return not {p["metadata"]["name"] for p in current} & old and all(pod_ready(p) for p in current)
+
+    try:
+        applied = time.monotonic()
+        apply(node, inference_service(hub, prometheus, [SQL]))
+        wait_for(rolled, timeout=420, interval=0.25, message="the new pod Ready and the old ones gone")
+        FIGURES["vLLM spec change to the rolled-out pod Ready and the old one gone, streaming (s)"] = (
+            time.monotonic() - applied
+        )
+    finally:
+        load.stop()
+    (new,) = pods(node, NS, SELECTOR)
+    ready_at = datetime.datetime.fromisoformat(
+        next(c for c in new["status"]["conditions"] if c["type"] == "Ready")["lastTransitionTime"]
+    ).timestamp()
+    FIGURES["vLLM rolling update: streams sent"] = len(load.streams)
+    FIGURES["vLLM rolling update: streams failed"] = len(load.outcomes("failed"))
+    FIGURES["vLLM rolling update: streams cut"] = len(load.outcomes("cut"))
+    assert load.outcomes("ok") and len(load.outcomes("ok")) == len(load.streams), Counter(
+        s.outcome for s in load.streams
+    )
+    # Streams the old pod was sending when its vLLM got SIGTERM (begun before the new pod was Ready,
+    # so on the old one; still going after the deletion and the preStop sleep) ended whole.
+    last = max(deleted.values())
+    in_flight = [s for s in load.streams if s.started < ready_at and s.ended > last + PRE_STOP_SECONDS]
+    FIGURES["vLLM rolling update: streams in flight at the old pod's SIGTERM"] = len(in_flight)
+    assert in_flight, (ready_at, deleted, [(s.started, s.ended) for s in load.streams])
+    assert not [path for path, _ in hub.requests[downloads:] if "/resolve/" in path and "tiny-llama" in path]
+    FIGURES[f"vLLM start to Ready, rolled-out pod, warm from the claim, {LORA_CPU} (s)"] = vllm_start_to_ready(node)
+
+
 def adapter_state(node: NodeCluster, name: str) -> str | None:
     entry = next((a for a in (ris(node).get("status") or {}).get("adapters") or [] if a["name"] == name), None)
     return entry["state"] if entry else None
@@ -397,30 +655,19 @@ def test_the_adapter_is_served_and_answers_differently_and_status_follows(node: 
     assert ("/api/models/org/sql-lora/revision/main", f"Bearer {TOKEN}") in hub.requests
 
 
-@pytest.fixture(scope="module")
-def prometheus(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodPrometheus]:
-    with pod_prometheus(node, tmp_path_factory.mktemp("prom"), [NS]) as prom:
-        yield prom
-
-
 def test_the_dashboards_llm_panels_return_data(node: NodeCluster, prometheus: PodPrometheus) -> None:
     """The chart dashboard's vLLM queries (tests/observability/dashboard.py), as Grafana sends them
     for this namespace and model, on vLLM's own series after requests to the model and the
     adapter: a metric vLLM renamed leaves a panel empty here."""
     wait_for(lambda: prometheus.value(f'sum(up{{namespace="{NS}"}})') == 1, timeout=30, message="vLLM scraped")
-    address, empty = service_address(node), {}
+    address = service_address(node)
 
-    def every_query_has_data() -> bool:
+    def requests() -> None:
         for model in (NAME, "sql", NAME):
             complete(address, model)
-        empty.clear()
-        empty.update(dashboard.without_data(prometheus.url, "vllm", NS, NAME))
-        return not empty
 
-    try:
-        wait_for(every_query_has_data, timeout=60, interval=0.5, message="data for every LLM panel")
-    finally:
-        assert not empty, empty
+    dashboard.wait_for_data(prometheus.url, "vllm", NS, NAME, timeout=60, interval=0.5, before_each=requests)
+    dashboard.save_snapshot("vllm", prometheus.url, "vllm", NS, NAME)  # for README's picture
 
 
 def sidecar_restarts(node: NodeCluster) -> int:
@@ -500,14 +747,14 @@ print("\\n".join(found))
 """
 
 
-def test_the_hub_token_never_reaches_the_vllm_container(node: NodeCluster, hub: Hub) -> None:
+def test_the_hub_token_never_reaches_the_vllm_container(node: NodeCluster, hub: Hub, prometheus: PodPrometheus) -> None:
     """Issue 25 H1: code the author runs in the vLLM container (their model's, or runtime.env's)
     plants an AWS config with a credential_process in every directory it can write, then an
     s3:// adapter makes the sidecar, which holds HF_TOKEN, resolve S3 credentials."""
     steal = base64.b64encode(STEAL.encode()).decode()
     planted = in_vllm(node, PLANT.format(steal=steal)).split()
     assert "/tmp/.aws" in planted, planted  # the vLLM container's HOME is writable
-    apply(node, inference_service(hub, [SQL, {"name": "stolen", "uri": "s3://bucket/adapter"}]))
+    apply(node, inference_service(hub, prometheus, [SQL, {"name": "stolen", "uri": "s3://bucket/adapter"}]))
     # The sidecar has tried the s3:// adapter (and resolved its credentials) once it reports it,
     # or once it has exited over it.
     wait_for(
@@ -528,9 +775,11 @@ def test_the_hub_token_never_reaches_the_vllm_container(node: NodeCluster, hub: 
     wait_for(lambda: adapter_state(node, "sql") == "Ready", timeout=30, message="sql still Ready")
 
 
-def test_a_removed_adapter_is_unloaded_and_a_request_for_it_is_a_404(node: NodeCluster, hub: Hub) -> None:
+def test_a_removed_adapter_is_unloaded_and_a_request_for_it_is_a_404(
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+) -> None:
     address = service_address(node)
-    apply(node, inference_service(hub, []))
+    apply(node, inference_service(hub, prometheus, []))
     started = time.monotonic()
     wait_for(
         lambda: {m["id"] for m in httpx.get(f"http://{address}/v1/models", timeout=10).json()["data"]} == {NAME},
@@ -543,28 +792,3 @@ def test_a_removed_adapter_is_unloaded_and_a_request_for_it_is_a_404(node: NodeC
     assert response.status_code == 404, response.text
     wait_for(lambda: adapter_state(node, "sql") is None, timeout=60, message="sql gone from status.adapters")
     assert complete(address, NAME)  # the base model serves on
-
-
-def test_a_replacement_replica_starts_from_the_claim(node: NodeCluster, hub: Hub, cache_volume: pathlib.Path) -> None:
-    """The claim holds the model and vLLM's cache directory (VLLM_CACHE_ROOT, under the service's
-    own directory), in files the pod's fsGroup owns: a replacement replica downloads nothing.
-    (The tier's CPU image has no C++ compiler, so vLLM runs eager there and writes no compiled
-    graphs; bench/vllm_start.py measures the compile cache's warm start as processes.)"""
-    cache = cache_volume / "vllm-cache" / NAME
-    assert (cache / "modelinfos").is_dir(), "vLLM wrote nothing to its cache directory on the claim"
-    files = [path for path in cache_volume.rglob("*") if path.is_file()]
-    assert files and all(path.stat().st_gid == 1000 for path in files)  # the pod's fsGroup
-    downloads = len(hub.requests)
-    old = vllm_pod(node)
-    deleted = time.monotonic()
-    node.kubectl("delete", "pod", old, "-n", NS, "--wait=false")
-    wait_for(
-        lambda: [p for p in pods(node, NS, SELECTOR) if p["metadata"]["name"] != old and pod_ready(p)] or None,
-        timeout=420,
-        message="the replacement replica Ready",
-    )
-    FIGURES["vLLM replica deleted to its replacement Ready, model on the claim (s)"] = time.monotonic() - deleted
-    FIGURES["vLLM start to Ready, second replica (s)"] = vllm_start_to_ready(node)
-    # The model files came from the claim: the Hub was asked which revision main is, for no file.
-    assert not [path for path, _ in hub.requests[downloads:] if "/resolve/" in path], hub.requests[downloads:]
-    assert complete(service_address(node), NAME)

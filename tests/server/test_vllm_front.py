@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -22,7 +24,8 @@ import httpx
 import pytest
 import uvicorn
 
-from model_server.front import is_refused_path
+from inference_operator.builders.vllm import PRE_STOP_SCRIPT, PRE_STOP_SECONDS, pre_stop_command
+from model_server.front import is_pod_local, is_refused_path
 from model_server.proxy import error_body, request_headers, response_headers
 from testsupport.cluster import wait_for
 from testsupport.processes import free_port, running
@@ -314,3 +317,44 @@ def test_many_health_checks_ask_the_engine_once_a_second(front: str, upstream: U
     assert set(asyncio.run(burst())) == {200}
     elapsed = time.monotonic() - started
     assert upstream.seen.count("/health") - before <= elapsed + 2  # once a second, and one more at most
+
+
+def test_only_the_pods_own_processes_may_drain_the_front() -> None:
+    assert is_pod_local({"client": ("127.0.0.1", 40000)}) and is_pod_local({"client": ("::1", 40000)})
+    assert not is_pod_local({"client": ("10.244.0.7", 40000)}) and not is_pod_local({"client": None})
+
+
+def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """vLLM's preStop hook as the operator renders it (without its sleep) drains the front: an
+    idle kept-alive connection closes at once, a stream in flight ends whole and then its
+    connection closes, a new connection is answered and told to close. Clients that keep their
+    connections alive thus reconnect, to replicas that stay, while vLLM still answers: before,
+    they went on sending to the deleted pod, whose vLLM refused them at SIGTERM (500s on the tier)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    ready = f"http://127.0.0.1:{port}/health/ready"
+    with running(front_command(upstream.port, port), env=env, log=tmp_path / "front.log", ready_url=ready):
+        upstream.gate.clear()
+        streaming = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        streaming.request("GET", "/v1/stream")
+        stream = streaming.getresponse()
+        assert stream.status == 200 and stream.readline() == b"data: first\n"
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        idle.request("POST", "/v1/echo", body=b"{}")
+        assert idle.getresponse().read() and idle.sock is not None  # kept alive
+
+        command = [sys.executable, "-c", PRE_STOP_SCRIPT.format(port=port, seconds=0)]
+        assert pre_stop_command(port)[1:] == ["-c", PRE_STOP_SCRIPT.format(port=port, seconds=PRE_STOP_SECONDS)]
+        subprocess.run(command, check=True, timeout=30)
+
+        idle.sock.settimeout(5)
+        assert idle.sock.recv(1) == b"", "the idle connection is still open"
+        upstream.gate.set()
+        assert stream.read().endswith(b"data: [DONE]\n\n")  # whole
+        assert streaming.sock is not None
+        streaming.sock.settimeout(5)
+        assert streaming.sock.recv(1) == b"", "the stream's connection stayed open after its answer"
+        fresh = httpx.post(f"http://127.0.0.1:{port}/v1/echo", content=b"{}", timeout=10)
+        assert fresh.status_code == 200 and fresh.headers["connection"] == "close"

@@ -40,6 +40,22 @@ PROBE_PERIOD_SECONDS = 10
 # vLLM keeps answering this long after the pod is deleted, while endpoints drop it (it closes its
 # listener at SIGTERM, and the front can only answer 503 for a request that comes after).
 PRE_STOP_SECONDS = 5
+# The preStop hook: first the front is told (front.DRAIN_PATH, over the pod's loopback, never
+# through a proxy), so that clients on kept-alive connections move to other replicas while vLLM
+# still answers; then the sleep. A front that does not answer delays nothing.
+PRE_STOP_SCRIPT = """import http.client, time
+try:
+    drain = http.client.HTTPConnection("127.0.0.1", {port}, timeout=2)
+    drain.request("GET", "/front/drain")
+    drain.getresponse().read()
+except OSError:
+    pass
+time.sleep({seconds})
+"""
+# How long vLLM may finish what it is generating after SIGTERM (--shutdown-timeout): its default, 0,
+# aborts every request in flight, cutting the streams a rolling update's old pod is sending. The
+# rest of the grace period after the preStop sleep, less a margin for the process to exit.
+DRAIN_SECONDS = VLLM_TERMINATION_GRACE_SECONDS - PRE_STOP_SECONDS - 5
 
 FRONT = "front"
 FRONT_MEMORY = "512Mi"
@@ -63,6 +79,7 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
         f"--tensor-parallel-size={tensor_parallel_size(owner)}",
         "--host=127.0.0.1",
         f"--port={engine_port(owner.spec)}",
+        f"--shutdown-timeout={DRAIN_SECONDS}",
     ]
     if runtime.max_model_len is not None:
         args.append(f"--max-model-len={runtime.max_model_len}")
@@ -149,8 +166,13 @@ def vllm_container(
         ),
         "livenessProbe": _probe(runtime.port, 10, 3),
         "readinessProbe": _probe(runtime.port, 5, 2),
-        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
+        "lifecycle": {"preStop": {"exec": {"command": pre_stop_command(runtime.port)}}},
     }
+
+
+def pre_stop_command(front_port: int) -> list[str]:
+    """vLLM's preStop: the front drains its connections, then PRE_STOP_SECONDS of sleep."""
+    return ["python3", "-c", PRE_STOP_SCRIPT.format(port=front_port, seconds=PRE_STOP_SECONDS)]
 
 
 def front_cpu(serving_cpu: str) -> str:
