@@ -594,8 +594,9 @@ def test_on_sigterm_held_requests_are_answered_before_the_process_exits(
         assert response.status_code == 200
         assert json.loads(response.json()["body"]) == {"prompt": "held across a rollout"}
         # Every request has ended: the scrape after it still learns how its wait did.
+        # (The exposition is made at most every 0.2 s: the next one has it.)
         labels = {"namespace": "team-e", "service": "rolled", "outcome": "served"}
-        assert this.metric("activator_wait_seconds_count", **labels) == 1
+        wait_for(lambda: this.metric("activator_wait_seconds_count", **labels) == 1, timeout=2, interval=0.1)
         assert held(this, "team-e", "rolled") == 0
         assert process.wait(30) == 0
         assert time.monotonic() - answered >= 2.5  # not before its final scrape window
