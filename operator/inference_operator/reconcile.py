@@ -107,7 +107,7 @@ class ApplyRefused(Exception):
 
 
 @dataclass(frozen=True)
-class Step:
+class WritePlan:
     """What to do with one desired object given its live state."""
 
     desired: JsonObject
@@ -147,10 +147,10 @@ def keep_foreign_replicas(desired: JsonObject, live: JsonObject | None) -> JsonO
     return {**desired, "spec": {**desired["spec"], "replicas": replicas}}
 
 
-def plan(desired: JsonObject, live: JsonObject | None, owner_uid: str) -> Step:
+def plan_write(desired: JsonObject, live: JsonObject | None, owner_uid: str) -> WritePlan:
     """Pure: whether `live` needs a write to become `desired` (which carries its hash)."""
     if live is None:
-        return Step(desired, None, Action.CREATED)
+        return WritePlan(desired, None, Action.CREATED)
     if not owned_by(live, owner_uid):
         raise ForeignObjectError(
             f"{desired['kind']} {desired['metadata']['name']} exists and is not owned by this InferenceService"
@@ -160,17 +160,17 @@ def plan(desired: JsonObject, live: JsonObject | None, owner_uid: str) -> Step:
     changed = live_hash != desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     if (found is not None or changed) and kind_of_object(desired).replaced_on_change:
         # An immutable spec (a ResourceClaimTemplate): the pods that use it roll by its hash.
-        return Step(desired, live, Action.REPLACED)
+        return WritePlan(desired, live, Action.REPLACED)
     if found is not None:
-        return Step(desired, live, Action.REPAIRED, found)
+        return WritePlan(desired, live, Action.REPAIRED, found)
     if changed:
-        return Step(desired, live, Action.UPDATED)
+        return WritePlan(desired, live, Action.UPDATED)
     if metadata_differs(live, desired):
-        return Step(desired, live, Action.REPAIRED)
-    return Step(desired, live, Action.UNCHANGED)
+        return WritePlan(desired, live, Action.REPAIRED)
+    return WritePlan(desired, live, Action.UNCHANGED)
 
 
-def _take_over(api: KubeApi, step: Step) -> Step:
+def _take_over(api: KubeApi, step: WritePlan) -> WritePlan:
     """Move foreign managers' fields into the operator's own (client-go's csaupgrade)."""
     if step.drift is None or step.live is None:
         return step
@@ -178,7 +178,7 @@ def _take_over(api: KubeApi, step: Step) -> Step:
     return dataclasses.replace(step, live=live)
 
 
-def _dry_run_body(step: Step) -> JsonObject:
+def _dry_run_body(step: WritePlan) -> JsonObject:
     """What the dry run applies. A replaced object becomes a create, so it is judged as one: the
     same object under a name nothing has (over the live one, its immutable spec is refused)."""
     if step.action == Action.REPLACED:
@@ -219,7 +219,7 @@ def reconcile(
     # Foreign fields become ours first (ownership only: no spec changes), so the dry run judges
     # the object as the apply will leave it: without a hand-added `privileged: true`, say, that
     # would otherwise still be merged in and make our own fields invalid beside it.
-    steps = [_take_over(api, plan(obj, api.get(Ref.of(obj)), owner.uid)) for obj in wanted]
+    steps = [_take_over(api, plan_write(obj, api.get(Ref.of(obj)), owner.uid)) for obj in wanted]
     dry_run(api, steps)
     result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
     result.rollout = state
@@ -345,7 +345,7 @@ def unserved_kinds(api: KubeApi, objects: list[JsonObject]) -> list[Kind]:
     return [kind for kind in kinds if not _served(api, kind)]
 
 
-def dry_run(api: KubeApi, steps: list[Step]) -> None:
+def dry_run(api: KubeApi, steps: list[WritePlan]) -> None:
     """Apply every pending step with `dryRun=All`; the first refusal stops all writes."""
     for step in steps:
         if step.action == Action.UNCHANGED:
@@ -358,7 +358,7 @@ def dry_run(api: KubeApi, steps: list[Step]) -> None:
             raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
 
 
-def apply_step(api: KubeApi, step: Step, result: Result, owner_name: str) -> Change:
+def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -> Change:
     """Carry out one step (a replaced object is deleted first); record the live (stable)
     Deployment."""
     live = step.live

@@ -225,7 +225,7 @@ class Check:
 
 
 @dataclass(frozen=True)
-class Step:
+class Progress:
     """The state after one analysis tick, the check's verdict, and an event to post (if any)."""
 
     state: RolloutState
@@ -257,10 +257,10 @@ def judge(check: Check | None, canary: CanarySpec) -> tuple[str, str]:
     return "pass", f"latency {latency:.1f} ms, error ratio {errors:.3f} over {check.requests:.0f} requests"
 
 
-def advance(state: RolloutState, canary: CanarySpec, check: Check | None, now: float, command: str | None) -> Step:
+def advance(state: RolloutState, canary: CanarySpec, check: Check | None, now: float, command: str | None) -> Progress:
     """Pure: the rollout after one analysis of a progressing canary (or a command by hand)."""
     if state.phase != Phase.PROGRESSING:
-        return Step(state, "idle")
+        return Progress(state, "idle")
     if command == Command.ABORT:
         return _rolled_back(state, "aborted by hand (annotation inference.rocm.dev/rollout: abort)", "aborted")
     if command == Command.PROMOTE:
@@ -274,29 +274,29 @@ def advance(state: RolloutState, canary: CanarySpec, check: Check | None, now: f
                 f"{failures} failed checks, limit {canary.analysis.failure_limit}"
             )
             return _rolled_back(replace(state, failures=failures), message, verdict)
-        return Step(replace(state, failures=failures, message=f"check failed ({failures}): {why}"), verdict)
+        return Progress(replace(state, failures=failures, message=f"check failed ({failures}): {why}"), verdict)
     if verdict == "inconclusive" or now - state.step_started < canary.step_seconds:
-        return Step(replace(state, message=f"step {state.step + 1} at {state.weight}%: {why}"), verdict)
+        return Progress(replace(state, message=f"step {state.step + 1} at {state.weight}%: {why}"), verdict)
     nxt = state.step + 1
     if nxt >= len(canary.steps):
         return _promoted(state, f"promoted after {len(canary.steps)} steps: {why}", verdict)
     weight = canary.steps[nxt]
     message = f"step {nxt + 1} of {len(canary.steps)}: {weight}% of the traffic ({why})"
-    return Step(
+    return Progress(
         replace(state, step=nxt, weight=weight, step_started=now, message=message),
         verdict,
         (Reason.CANARY_STEP, message),
     )
 
 
-def _promoted(state: RolloutState, message: str, verdict: str) -> Step:
-    return Step(
+def _promoted(state: RolloutState, message: str, verdict: str) -> Progress:
+    return Progress(
         replace(state, phase=Phase.PROMOTED, weight=100, message=message), verdict, (Reason.CANARY_PROMOTED, message)
     )
 
 
-def _rolled_back(state: RolloutState, message: str, verdict: str) -> Step:
-    return Step(
+def _rolled_back(state: RolloutState, message: str, verdict: str) -> Progress:
+    return Progress(
         replace(state, phase=Phase.ROLLED_BACK, weight=0, message=message),
         verdict,
         (Reason.CANARY_ROLLED_BACK, message),

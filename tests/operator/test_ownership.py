@@ -10,7 +10,7 @@ import pytest
 from inference_operator.builders import Owner, build_all
 from inference_operator.models import parse_spec
 from inference_operator.ownership import drift, foreign_spec_managers, merge, split
-from inference_operator.reconcile import Action, ForeignObjectError, plan, with_hash
+from inference_operator.reconcile import Action, ForeignObjectError, plan_write, with_hash
 from inference_operator.settings import MANAGER
 
 UID = "0b7c6c1e-1111-4222-8333-944455556666"
@@ -54,7 +54,7 @@ def test_an_object_only_we_applied_has_not_drifted() -> None:
     live = live_with(desired, OURS, CONTROLLER_STATUS, CONTROLLER_REVISION)
     assert drift(live, desired, UID, MANAGER) is None
     assert foreign_spec_managers(live, MANAGER) == []
-    assert plan(desired, live, UID).action == Action.UNCHANGED
+    assert plan_write(desired, live, UID).action == Action.UNCHANGED
 
 
 def test_an_object_created_by_post_is_taken_over_whole() -> None:
@@ -93,7 +93,7 @@ def test_an_object_created_by_post_is_taken_over_whole() -> None:
     assert CONTROLLER_STATUS in rest and CONTROLLER_REVISION in rest
     leftover = next(e for e in rest if e["manager"] == "OpenAPI-Generator")
     assert "f:spec" not in leftover["fieldsV1"]
-    assert plan(desired, live, UID).action == Action.REPAIRED
+    assert plan_write(desired, live, UID).action == Action.REPAIRED
 
 
 def test_a_hand_edit_is_drift_and_is_named() -> None:
@@ -145,10 +145,10 @@ def test_a_changed_label_value_is_repaired_and_a_foreign_object_refused() -> Non
     desired = desired_deployment()
     live = live_with(desired, OURS)
     live["metadata"]["labels"]["app.kubernetes.io/instance"] = "other"
-    assert plan(desired, live, UID).action == Action.REPAIRED
+    assert plan_write(desired, live, UID).action == Action.REPAIRED
     live["metadata"]["ownerReferences"] = []
     with pytest.raises(ForeignObjectError):
-        plan(desired, live, UID)
+        plan_write(desired, live, UID)
 
 
 def test_split_and_merge_are_inverse() -> None:

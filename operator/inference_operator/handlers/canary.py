@@ -21,8 +21,7 @@ from ..models import CanarySpec, InferenceServiceSpec, RolloutStrategy, SpecErro
 from ..prometheus.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError
-from ..rollout import COMMAND_ANNOTATION, Check, Command, Phase, RolloutState, advance
-from ..rollout import Step as RolloutStep
+from ..rollout import COMMAND_ANNOTATION, Check, Command, Phase, Progress, RolloutState, advance
 from .daemons import Daemon, Tick, service_daemon
 from .shared import as_body, isvc_ref, normal_event, publish, reconcile_checked, rollout_problem
 
@@ -96,7 +95,7 @@ async def _canary_check(
 
 
 def _apply_rollout_step(
-    memo: kopf.Memo, isvc: JsonObject, step: RolloutStep, check: Check | None, logger: kopf.Logger
+    memo: kopf.Memo, isvc: JsonObject, step: Progress, check: Check | None, logger: kopf.Logger
 ) -> None:
     """Record the new rollout state, with the check behind it, then reconcile to it (the canary's
     replicas, the promotion or the rollback). Status first: the canary's deletion makes the
