@@ -186,8 +186,9 @@ class Front:
             await self.relay(scope, receive, send)
 
     async def drain(self, scope: Scope, send: Send) -> None:
-        """The pod is being deleted (vLLM's preStop, before vLLM gets SIGTERM): open connections
-        close after their answers, idle ones now, new ones after one answer; vLLM still serves."""
+        """The pod is being deleted (vLLM's preStop, before vLLM gets SIGTERM): every connection
+        closes after its next answer, new ones after one; vLLM still serves. With `idle=close`
+        (the hook's second call, shortly before vLLM stops), the connections idle now close too."""
         if not is_pod_local(scope):
             await answer(send, 403, error_body(403, "only the pod itself may drain its front"))
             return
@@ -195,7 +196,9 @@ class Front:
             log.info("draining: connections close after their answers")
             self.draining = True
             send = closing(send)
-        self.finish_connections()
+        if b"idle=close" in scope.get("query_string", b"").split(b"&"):
+            log.info("draining: idle connections closed")
+            self.finish_connections()
         await answer(send, 200, b'{"draining":true}')
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

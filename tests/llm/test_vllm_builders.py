@@ -156,7 +156,8 @@ def test_probes_and_scraping_reach_vllm_through_the_front_on_the_api_port() -> N
         assert container[probe]["httpGet"] == {"path": "/health", "port": 8080}
     # The front drains its kept-alive connections, then vLLM answers on while endpoints drop it.
     assert container["lifecycle"]["preStop"]["exec"]["command"] == pre_stop_command(8080)
-    assert '"127.0.0.1", 8080' in pre_stop_command(8080)[-1] and "time.sleep(5)" in pre_stop_command(8080)[-1]
+    script = pre_stop_command(8080)[-1]
+    assert '"127.0.0.1", 8080' in script and "time.sleep(4.0)" in script and "time.sleep(1.0)" in script
     front = front_of(deployment)
     assert front["restartPolicy"] == "Always"  # starts before vLLM, stops after it
     assert front["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]

@@ -22,6 +22,7 @@ from inference_operator.builders.vllm import (
     FRONT_CPU_MIN,
     PRE_STOP_SECONDS,
     VLLM_TERMINATION_GRACE_SECONDS,
+    pre_stop_script,
 )
 from inference_operator.models import parse_spec
 from tests.operator.test_render_cli import EXAMPLES, render
@@ -146,5 +147,5 @@ def test_vllm_keeps_a_generous_grace_period_for_its_streams_and_drains_them_with
     (vllm,) = pod_spec["containers"]
     drain = [int(a.removeprefix("--shutdown-timeout=")) for a in vllm["args"] if a.startswith("--shutdown-timeout=")]
     assert drain == [DRAIN_SECONDS] and DRAIN_SECONDS >= 30
-    assert f"time.sleep({PRE_STOP_SECONDS})" in vllm["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert vllm["lifecycle"]["preStop"]["exec"]["command"][-1] == pre_stop_script(8080, PRE_STOP_SECONDS)
     assert PRE_STOP_SECONDS + DRAIN_SECONDS < VLLM_TERMINATION_GRACE_SECONDS

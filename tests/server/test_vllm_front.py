@@ -24,7 +24,7 @@ import httpx
 import pytest
 import uvicorn
 
-from inference_operator.builders.vllm import PRE_STOP_SCRIPT, PRE_STOP_SECONDS, pre_stop_command
+from inference_operator.builders.vllm import PRE_STOP_SECONDS, pre_stop_command, pre_stop_script
 from model_server.front import is_pod_local, is_refused_path
 from model_server.proxy import error_body, request_headers, response_headers
 from testsupport.cluster import wait_for
@@ -327,11 +327,13 @@ def test_only_the_pods_own_processes_may_drain_the_front() -> None:
 def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer(
     upstream: Upstream, tmp_path: Path
 ) -> None:
-    """vLLM's preStop hook as the operator renders it (without its sleep) drains the front: an
-    idle kept-alive connection closes at once, a stream in flight ends whole and then its
-    connection closes, a new connection is answered and told to close. Clients that keep their
-    connections alive thus reconnect, to replicas that stay, while vLLM still answers: before,
-    they went on sending to the deleted pod, whose vLLM refused them at SIGTERM (500s on the tier)."""
+    """vLLM's preStop hook as the operator renders it (over 3 s) drains the front in two steps.
+    First every answer closes its connection: a kept-alive client's next request is answered and
+    told to close, a new connection too, and a connection idle meanwhile stays open (closing it
+    then raced clients sending on it: 2 of 36 streams failed on the tier). A second before the
+    hook ends, the connections still idle close; a stream in flight ends whole, then its
+    connection closes. Clients that keep their connections alive thus reconnect, to replicas that
+    stay, while vLLM still answers."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     ready = f"http://127.0.0.1:{port}/health/ready"
@@ -341,14 +343,26 @@ def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer
         streaming.request("GET", "/v1/stream")
         stream = streaming.getresponse()
         assert stream.status == 200 and stream.readline() == b"data: first\n"
-        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        idle.request("POST", "/v1/echo", body=b"{}")
-        assert idle.getresponse().read() and idle.sock is not None  # kept alive
+        idle, busy = (http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(2))
+        for connection in (idle, busy):
+            connection.request("POST", "/v1/echo", body=b"{}")
+            assert connection.getresponse().read() and connection.sock is not None  # kept alive
 
-        command = [sys.executable, "-c", PRE_STOP_SCRIPT.format(port=port, seconds=0)]
-        assert pre_stop_command(port)[1:] == ["-c", PRE_STOP_SCRIPT.format(port=port, seconds=PRE_STOP_SECONDS)]
-        subprocess.run(command, check=True, timeout=30)
-
+        assert pre_stop_command(port)[1:] == ["-c", pre_stop_script(port, PRE_STOP_SECONDS)]
+        hook = subprocess.Popen([sys.executable, "-c", pre_stop_script(port, 3)])
+        try:
+            fresh = lambda: httpx.post(f"http://127.0.0.1:{port}/v1/echo", content=b"{}", timeout=10)  # noqa: E731
+            wait_for(lambda: fresh().headers.get("connection") == "close", timeout=5, interval=0.05)
+            busy.request("POST", "/v1/echo", body=b"{}")
+            answered = busy.getresponse()
+            assert answered.status == 200 and answered.getheader("connection") == "close"
+            assert idle.sock is not None
+            idle.sock.settimeout(0.2)
+            with pytest.raises(TimeoutError):  # still open
+                idle.sock.recv(1)
+            assert hook.wait(10) == 0
+        finally:
+            hook.kill()
         idle.sock.settimeout(5)
         assert idle.sock.recv(1) == b"", "the idle connection is still open"
         upstream.gate.set()
@@ -356,5 +370,3 @@ def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer
         assert streaming.sock is not None
         streaming.sock.settimeout(5)
         assert streaming.sock.recv(1) == b"", "the stream's connection stayed open after its answer"
-        fresh = httpx.post(f"http://127.0.0.1:{port}/v1/echo", content=b"{}", timeout=10)
-        assert fresh.status_code == 200 and fresh.headers["connection"] == "close"
