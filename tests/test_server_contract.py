@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, reject, settings
 
 from inference_operator.builders import Owner
-from inference_operator.builders.deployment import (
+from inference_operator.builders.model_server import (
     DRAIN_TIMEOUT_SECONDS,
     MODEL_DIR,
     SHUTDOWN_DELAY_SECONDS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from .credentials import check_url, url_allowed
-from .models import DEFAULT_PROMETHEUS_URL, CanarySpec, Engine, InferenceServiceSpec, Metric, PrometheusAuth
+from .models import DEFAULT_PROMETHEUS_URL, ENGINES, CanarySpec, InferenceServiceSpec, Metric, PrometheusAuth
 from .prometheus import promql
 from .prometheus.client import PrometheusClient, PrometheusError, Sample
 from .prometheus.clients import PrometheusClients
@@ -33,7 +33,7 @@ def prometheus_url(spec: InferenceServiceSpec, canary: CanarySpec) -> str:
 def analysis_metric(spec: InferenceServiceSpec, canary: CanarySpec) -> Metric:
     if canary.analysis.metric is not None:
         return canary.analysis.metric
-    return Metric.TTFT_P95_MS if spec.runtime.engine == Engine.VLLM else Metric.LATENCY_P95_MS
+    return ENGINES[spec.runtime.engine].canary_metrics[0]
 
 
 def check_allowed(url: str, policy: CredentialPolicy) -> None:
@@ -72,9 +72,8 @@ async def measure(
         client, promql.canary_latency_ms(analysis_metric(spec, canary), namespace, model, name, window)
     )
     requests = await _query(client, promql.canary_requests(engine, namespace, model, name, window))
-    errors = None
-    if engine == Engine.MODEL_SERVER:
-        errors = await _query(client, promql.canary_error_ratio(namespace, model, name, window))
+    error_query = promql.canary_error_ratio(engine, namespace, model, name, window)
+    errors = await _query(client, error_query) if error_query else None
     timestamps = [s.timestamp for s in (latency, requests, errors) if s is not None]
     age = time.time() - min(timestamps) if timestamps else float("inf")
     return Check(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
-from .models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, GpuAllocation, ResourceNaming
+from .models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, Engine, GpuAllocation, ResourceNaming
 
 if TYPE_CHECKING:  # `render` runs without kopf installed
     import kopf
@@ -70,6 +70,10 @@ class Images:
             vllm=environ.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
             endpoint_picker=environ.get(ENDPOINT_PICKER_IMAGE_ENV) or DEFAULT_ENDPOINT_PICKER_IMAGE,
         )
+
+    def serving(self, engine: Engine) -> str:
+        """The image an engine's serving container runs where the spec names none."""
+        return {Engine.MODEL_SERVER: self.model_server, Engine.VLLM: self.vllm}[engine]
 
     @property
     def all(self) -> tuple[str, str]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from inference_operator.models import ENGINE_METRICS, Engine, Metric
+from inference_operator.models import ENGINES, Engine, Metric
 from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import Prometheus, scraping_pods
 from tests.http_stub import Exporter
@@ -30,7 +30,7 @@ def test_autoscaler_selector_quotes_label_values() -> None:
 def test_autoscaler_every_metric_has_a_query_selecting_the_service(metric: Metric) -> None:
     query = promql.metric_query(metric, "ml", "resnet", 60)
     # vLLM labels its series with model_name (its served model name).
-    label = "model_name" if metric in ENGINE_METRICS[Engine.VLLM] else "model"
+    label = "model_name" if metric in ENGINES[Engine.VLLM].metrics else "model"
     assert f'{{namespace="ml",{label}="resnet"}}' in query
     assert "[60s]" in query
 

@@ -8,7 +8,7 @@ import pytest
 from inference_operator.builders import Owner, build_all, build_deployment, build_service
 from inference_operator.builders.common import selector_string
 from inference_operator.builders.compile_cache import MIGRAPHX, MIOPEN
-from inference_operator.builders.deployment import server_args
+from inference_operator.builders.model_server import server_args
 from inference_operator.models import OPERATOR_ENV, OPERATOR_FLAGS, SpecError, parse_spec
 
 UID = "7f1c3f9e-0000-4000-8000-000000000001"

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from inference_operator.builders import Owner
-from inference_operator.builders.deployment import (
+from inference_operator.builders.deployment import build_deployment
+from inference_operator.builders.model_server import (
     DRAIN_TIMEOUT_SECONDS,
     SHUTDOWN_DELAY_SECONDS,
     TERMINATION_GRACE_SECONDS,
-    build_deployment,
 )
 from inference_operator.builders.storage import FETCH_CPU, FETCH_MEMORY, quantity_value
 from inference_operator.builders.vllm import (

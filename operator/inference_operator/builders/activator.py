@@ -22,7 +22,7 @@ from datetime import datetime
 
 from ..jsontypes import JsonObject
 from ..kinds import ENDPOINT_SLICE, SERVICE
-from ..models import NAME_MAX_LENGTH, Engine, ScaleToZeroSpec, SpecError
+from ..models import NAME_MAX_LENGTH, ScaleToZeroSpec, SpecError
 from .common import Owner, object_meta, serving_labels
 from .service import HTTP_PORT
 
@@ -106,9 +106,9 @@ def build_private_service(owner: Owner) -> JsonObject:
     }
 
 
-def route_settings(scale_to_zero: ScaleToZeroSpec, engine: Engine) -> JsonObject:
-    """What the activator may be told about waiting for this service (it clamps each value)."""
-    del engine  # both engines' pods answer READY_PATH
+def route_settings(scale_to_zero: ScaleToZeroSpec) -> JsonObject:
+    """What the activator may be told about waiting for this service (it clamps each value).
+    Every engine's pods answer READY_PATH (vLLM's through its front)."""
     return {
         "maxWaitSeconds": scale_to_zero.max_wait_seconds,
         "maxHeld": scale_to_zero.max_held_requests,
@@ -124,7 +124,7 @@ def build_activator_slice(owner: Owner, activator: ActivatorEndpoints) -> JsonOb
     meta = object_meta(
         owner,
         slice_name(owner.name),
-        {ROUTE_ANNOTATION: json.dumps(route_settings(scaling.scale_to_zero, owner.spec.runtime.engine))},
+        {ROUTE_ANNOTATION: json.dumps(route_settings(scaling.scale_to_zero))},
     )
     meta["labels"] = {**meta["labels"], SERVICE_NAME_LABEL: owner.name, MANAGED_BY_LABEL: MANAGED_BY}
     return {

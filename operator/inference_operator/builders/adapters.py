@@ -24,7 +24,7 @@ import json
 
 from ..jsontypes import JsonObject
 from ..kinds import CONFIG_MAP
-from ..models import Engine, InferenceServiceSpec, LoraSpec
+from ..models import ENGINES, InferenceServiceSpec, LoraSpec
 from .common import Owner, engine_port, object_meta
 from .storage import TOOL_CONFIG_ENV, adapter_fetch_env, tool_config_env
 
@@ -48,7 +48,7 @@ STATUS_PATH = "/adapters"
 def lora_enabled(spec: InferenceServiceSpec) -> bool:
     """LoRA is on for a vLLM service with adapters or runtime.lora: turning it on rolls the pods
     once; adapters added after that do not."""
-    return spec.runtime.engine == Engine.VLLM and (bool(spec.adapters) or spec.runtime.lora is not None)
+    return ENGINES[spec.runtime.engine].lora and (bool(spec.adapters) or spec.runtime.lora is not None)
 
 
 def sidecar_port(spec: InferenceServiceSpec) -> int:

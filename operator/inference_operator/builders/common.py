@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET
-from ..models import Engine, InferenceServiceSpec, check_name
+from ..models import InferenceServiceSpec, check_name
 from ..settings import MANAGER, FetchSettings, GpuDefaults, Images, NetworkPolicySettings
 
 COMPONENT = "predictor"
@@ -48,7 +48,7 @@ class Owner:
         runtime = self.spec.runtime
         if runtime.image:
             return runtime.image
-        return self.images.vllm if runtime.engine == Engine.VLLM else self.images.model_server
+        return self.images.serving(runtime.engine)
 
     @property
     def fetcher_image(self) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..jsontypes import JsonObject
 from ..kinds import HORIZONTAL_POD_AUTOSCALER
-from ..models import AutoscalingSpec, Engine, Metric, ScalingRule
+from ..models import AutoscalingSpec, Metric, ScalingRule
 from ..prometheus import promql
 from .common import Owner, object_meta, workload_ref
 
@@ -68,7 +68,7 @@ def metric_spec(owner: Owner) -> JsonObject:
     scaling = owner.spec.autoscaling
     assert scaling is not None
     target = quantity(scaling.target)
-    label = promql.VLLM_MODEL_LABEL if owner.spec.runtime.engine == Engine.VLLM else "model"
+    label = promql.SERIES[owner.spec.runtime.engine].model_label
     model = {"matchLabels": {label: owner.model_name}}
     if scaling.metric in EXTERNAL_METRICS:
         return {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..jsontypes import JsonObject
 from ..kinds import SERVICE
-from ..models import Engine
+from ..models import ENGINES
 from .common import Owner, object_meta, serving_labels
 
 HTTP_PORT = 80
@@ -17,7 +17,7 @@ HTTP_PORT = 80
 
 def build_service(owner: Owner) -> JsonObject:
     runtime = owner.spec.runtime
-    metrics_target = "http" if runtime.engine == Engine.VLLM else "metrics"
+    metrics_target = "http" if ENGINES[runtime.engine].metrics_on_api_port else "metrics"
     return {
         **SERVICE.header(),
         "metadata": object_meta(owner),

@@ -18,7 +18,7 @@ import kopf
 from .. import config, credentials, policy, scale_to_zero, status_pods
 from .. import status as st
 from ..builders.common import Owner
-from ..builders.deployment import CONTAINER as SERVER_CONTAINER
+from ..builders.model_server import CONTAINER as SERVER_CONTAINER
 from ..builders.storage import FETCH_CONTAINER
 from ..builders.vllm import CONTAINER as VLLM_CONTAINER
 from ..jsontypes import JsonObject

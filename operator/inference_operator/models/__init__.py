@@ -10,7 +10,8 @@ contracts in pyproject.toml hold them to it):
 
     names        the resource's identity; names, labels and quantities as the API server takes them
     base         SpecModel, the base of every spec model, and `cel(...)`, the rules it declares
-    engines      modelServer and vllm: what each exports, the flags and variables the operator sets
+    engines      the engine table (what modelServer and vllm export and support), the flags and
+                 variables the operator sets
     model        where the model and its LoRA adapters come from (spec.model, spec.adapters)
     runtime      the serving container (spec.runtime)
     resources    GPUs, CPU, memory, scheduling (spec.resources, spec.scheduling)
@@ -54,13 +55,16 @@ from .base import (
     cel_rules as cel_rules,
 )
 from .engines import (
+    DEFAULT_ENGINE as DEFAULT_ENGINE,
+)
+from .engines import (
     DEFAULT_IMAGE as DEFAULT_IMAGE,
 )
 from .engines import (
     DEFAULT_VLLM_IMAGE as DEFAULT_VLLM_IMAGE,
 )
 from .engines import (
-    ENGINE_METRICS as ENGINE_METRICS,
+    ENGINES as ENGINES,
 )
 from .engines import (
     OPERATOR_ENV as OPERATOR_ENV,
@@ -88,6 +92,9 @@ from .engines import (
 )
 from .engines import (
     Engine as Engine,
+)
+from .engines import (
+    EngineTraits as EngineTraits,
 )
 from .engines import (
     Metric as Metric,
@@ -220,9 +227,6 @@ from .resources import (
 )
 from .resources import (
     SchedulingSpec as SchedulingSpec,
-)
-from .rollout import (
-    CANARY_METRICS as CANARY_METRICS,
 )
 from .rollout import (
     CanaryAnalysis as CanaryAnalysis,

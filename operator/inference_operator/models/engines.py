@@ -1,10 +1,16 @@
-"""What serves the model (the bundled model server or vLLM), what each engine exports, and the
-flags and variables the operator sets on its command line (which runtime.args and runtime.env may
-therefore not set).
+"""What serves the model (the bundled model server or vLLM): the engine table (what each engine
+exports and supports), and the flags and variables the operator sets on its command line (which
+runtime.args and runtime.env may therefore not set).
+
+An engine is one entry here (`ENGINES`), one in the PromQL layer (`prometheus.promql.SERIES`: the
+names of its series) and one among the builders (`builders.engines.PODS`: its containers);
+tests/operator/test_engine_table.py holds every engine to all three.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 from .base import flag_prefixes
@@ -13,7 +19,7 @@ DEFAULT_IMAGE = "ghcr.io/rocm-inference/model-server:0.1.0"
 # vLLM's ROCm build of its OpenAI-compatible server; the operator's --vllm-image overrides it.
 DEFAULT_VLLM_IMAGE = "docker.io/vllm/vllm-openai-rocm:v0.32.0"
 
-# Flags of `model_server serve` the operator sets itself (builders/deployment.server_args) or that
+# Flags of `model_server serve` the operator sets itself (builders/model_server.server_args) or that
 # must keep their default for probes and the Service (--host): runtime.args may not set them,
 # nor any prefix of them (argparse accepts an unambiguous prefix: `--po 1` is `--port 1`).
 OPERATOR_FLAGS = (
@@ -96,21 +102,76 @@ class Metric(StrEnum):
     KV_CACHE_USAGE = "kvCacheUsage"
 
 
-# Which metrics each engine exports; a metric of the other engine would never have data.
-ENGINE_METRICS: dict[Engine, frozenset[Metric]] = {
-    Engine.MODEL_SERVER: frozenset(
-        {Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS, Metric.QUEUE_DEPTH, Metric.RPS, Metric.GPU_UTILIZATION}
+@dataclass(frozen=True)
+class EngineTraits:
+    """What the spec may ask of one engine; the CRD's rules and the builders read it here."""
+
+    # The scaling metrics it exports: a metric of another engine would never have data.
+    metrics: frozenset[Metric]
+    # The latencies a canary can be judged on (a quantile in ms); the first is the default.
+    canary_metrics: tuple[Metric, ...]
+    # It answers /metrics on its API port (no separate metrics port in the pod).
+    metrics_on_api_port: bool = False
+    # runtime.grpcPort: it serves the Open Inference Protocol over gRPC.
+    grpc: bool = False
+    # runtime.lora and spec.adapters: LoRA adapters loaded at run time.
+    lora: bool = False
+    # runtime.maxModelLen: a context length to cap.
+    max_model_len: bool = False
+    # resources.gpu.nodes > 1: one replica spread over several nodes.
+    multi_node: bool = False
+
+
+ENGINES: dict[Engine, EngineTraits] = {
+    Engine.MODEL_SERVER: EngineTraits(
+        metrics=frozenset(
+            {Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS, Metric.QUEUE_DEPTH, Metric.RPS, Metric.GPU_UTILIZATION}
+        ),
+        canary_metrics=(Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS),
+        grpc=True,
     ),
-    Engine.VLLM: frozenset(
-        {
-            Metric.TTFT_P95_MS,
-            Metric.ITL_P95_MS,
-            Metric.E2E_LATENCY_P95_MS,
-            Metric.REQUESTS_WAITING,
-            Metric.KV_CACHE_USAGE,
-        }
+    Engine.VLLM: EngineTraits(
+        metrics=frozenset(
+            {
+                Metric.TTFT_P95_MS,
+                Metric.ITL_P95_MS,
+                Metric.E2E_LATENCY_P95_MS,
+                Metric.REQUESTS_WAITING,
+                Metric.KV_CACHE_USAGE,
+            }
+        ),
+        canary_metrics=(Metric.TTFT_P95_MS, Metric.ITL_P95_MS, Metric.E2E_LATENCY_P95_MS),
+        metrics_on_api_port=True,
+        lora=True,
+        max_model_len=True,
+        multi_node=True,
     ),
 }
+DEFAULT_ENGINE = Engine.MODEL_SERVER
+
+
+def engines_where(trait: Callable[[EngineTraits], bool]) -> tuple[Engine, ...]:
+    return tuple(engine for engine, traits in ENGINES.items() if trait(traits))
+
+
+def engine_names(engines: tuple[Engine, ...]) -> str:
+    """`vllm`, or `modelServer or vllm`: the engines in a rule's message."""
+    return " or ".join(engines)
+
+
+def cel_engine_in(engines: tuple[Engine, ...], runtime: str = "self") -> str:
+    """CEL: the `engine` of the object at `runtime` (a RuntimeSpec, or a spec's `self.runtime`)
+    is one of `engines`, an unset engine (or runtime) being the default one."""
+    if DEFAULT_ENGINE in engines:
+        others = tuple(engine for engine in ENGINES if engine not in engines)
+        return f"!({cel_engine_in(others, runtime)})" if others else "true"
+    if not engines:
+        return "false"
+    guards = ([f"has({runtime})"] if runtime != "self" else []) + [f"has({runtime}.engine)"]
+    values = ", ".join(f"'{engine.value}'" for engine in engines)
+    test = f"{runtime}.engine == {values}" if len(engines) == 1 else f"{runtime}.engine in [{values}]"
+    return " && ".join([*guards, test])
+
 
 # vLLM flags the operator sets from the spec (or that would move the server off its port, or
 # read more flags from a file): runtime.args may not set them, nor an abbreviation of them

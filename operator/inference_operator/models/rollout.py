@@ -9,19 +9,12 @@ from pydantic import ConfigDict, Field
 
 from .autoscaling import DEFAULT_PROMETHEUS_URL
 from .base import SpecModel, cel
-from .engines import Engine, Metric
+from .engines import Metric
 
 
 class RolloutStrategy(StrEnum):
     ROLLING = "rolling"
     CANARY = "canary"
-
-
-# The latency metrics a canary can be judged on, per engine (a quantile in ms).
-CANARY_METRICS: dict[Engine, tuple[Metric, ...]] = {
-    Engine.MODEL_SERVER: (Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS),
-    Engine.VLLM: (Metric.TTFT_P95_MS, Metric.ITL_P95_MS, Metric.E2E_LATENCY_P95_MS),
-}
 
 
 class CanaryAnalysis(SpecModel):

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field
 
 from .base import SpecModel, cel, cel_list, cel_rules, cel_string, prefixes_pattern
 from .engines import (
+    DEFAULT_ENGINE,
     OPERATOR_ENV,
     OPERATOR_FLAGS,
     VLLM_ARG_PATTERN,
@@ -16,6 +17,9 @@ from .engines import (
     VLLM_RESERVED_ARG_PATTERN,
     VLLM_RESERVED_FLAGS,
     Engine,
+    cel_engine_in,
+    engine_names,
+    engines_where,
 )
 from .names import IMAGE_PATTERN
 
@@ -53,7 +57,10 @@ def _default_providers() -> list[ExecutionProvider]:
     return [ExecutionProvider.MIGRAPHX, ExecutionProvider.CPU]
 
 
-_IS_VLLM = "has(self.engine) && self.engine == 'vllm'"
+_LORA = engines_where(lambda traits: traits.lora)
+_GRPC = engines_where(lambda traits: traits.grpc)
+_MAX_MODEL_LEN = engines_where(lambda traits: traits.max_model_len)
+_IS_VLLM = cel_engine_in((Engine.VLLM,))
 
 # The LoRA ranks vLLM accepts (--max-lora-rank).
 LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
@@ -98,10 +105,15 @@ class RuntimeSpec(SpecModel):
                 "!has(self.port) || !has(self.metricsPort) || self.port != self.metricsPort",
                 "runtime.port and runtime.metricsPort must differ",
             ),
-            cel(f"!has(self.lora) || ({_IS_VLLM})", "runtime.lora applies to engine vllm only", ".lora"),
             cel(
-                f"!has(self.grpcPort) || !({_IS_VLLM})",
-                "runtime.grpcPort applies to engine modelServer only: vLLM serves no gRPC inference protocol",
+                f"!has(self.lora) || ({cel_engine_in(_LORA)})",
+                f"runtime.lora applies to engine {engine_names(_LORA)} only",
+                ".lora",
+            ),
+            cel(
+                f"!has(self.grpcPort) || ({cel_engine_in(_GRPC)})",
+                f"runtime.grpcPort applies to engine {engine_names(_GRPC)} only: "
+                "vLLM serves no gRPC inference protocol",
                 ".grpcPort",
             ),
             cel(
@@ -111,8 +123,8 @@ class RuntimeSpec(SpecModel):
                 ".grpcPort",
             ),
             cel(
-                f"!has(self.maxModelLen) || ({_IS_VLLM})",
-                "runtime.maxModelLen applies to engine vllm only",
+                f"!has(self.maxModelLen) || ({cel_engine_in(_MAX_MODEL_LEN)})",
+                f"runtime.maxModelLen applies to engine {engine_names(_MAX_MODEL_LEN)} only",
                 ".maxModelLen",
             ),
             cel(
@@ -126,7 +138,7 @@ class RuntimeSpec(SpecModel):
     )
 
     engine: Engine = Field(
-        Engine.MODEL_SERVER,
+        DEFAULT_ENGINE,
         description="modelServer runs the bundled server (ONNX/TorchScript, batching); vllm runs vLLM's "
         "OpenAI-compatible server for LLMs (tensor parallel over resources.gpu.count).",
     )

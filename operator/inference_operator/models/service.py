@@ -3,30 +3,61 @@ the one way a raw spec is read (`parse_spec`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+
 from pydantic import ConfigDict, Field, field_validator
 
 from ..jsontypes import JsonObject
 from .autoscaling import AutoscalingSpec
 from .base import SpecModel, cel, cel_rules, cel_string
-from .engines import ENGINE_METRICS, VLLM_MULTI_NODE_ARG_PATTERN, VLLM_MULTI_NODE_FLAGS, Engine
+from .engines import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    VLLM_MULTI_NODE_ARG_PATTERN,
+    VLLM_MULTI_NODE_FLAGS,
+    Engine,
+    EngineTraits,
+    Metric,
+    cel_engine_in,
+    engine_names,
+    engines_where,
+)
 from .model import AdapterSpec, ModelSpec
 from .names import SpecError
 from .resources import ResourcesSpec, SchedulingSpec
-from .rollout import CANARY_METRICS, RolloutSpec
+from .rollout import RolloutSpec
 from .routing import RoutingSpec
 from .runtime import RuntimeSpec
 
-_VLLM_METRICS = ", ".join(f"'{m.value}'" for m in sorted(ENGINE_METRICS[Engine.VLLM]))
+
+def _in_order(metrics: Collection[Metric]) -> list[Metric]:
+    return [metric for metric in Metric if metric in metrics]
 
 
-def _canary_metrics(engine: Engine) -> str:
-    return ", ".join(f"'{m.value}'" for m in CANARY_METRICS[engine])
+def _per_engine(field: str, allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
+    """CEL: `field` is among what the spec's engine allows (`e1 ? field in [..] : ... default's`)."""
+    rule = f"{field} in [{', '.join(repr(m.value) for m in _in_order(allowed(ENGINES[DEFAULT_ENGINE])))}]"
+    for engine in reversed([e for e in ENGINES if e != DEFAULT_ENGINE]):
+        listed = ", ".join(repr(m.value) for m in _in_order(allowed(ENGINES[engine])))
+        rule = f"({cel_engine_in((engine,), 'self.runtime')}) ? {field} in [{listed}] : {rule}"
+    return rule
+
+
+def _per_engine_message(allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
+    """`a, b or c for modelServer; d or e for vllm`."""
+
+    def listed(engine: Engine) -> str:
+        names = [m.value for m in _in_order(allowed(ENGINES[engine]))]
+        return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+    return "; ".join(f"{listed(engine)} for {engine.value}" for engine in ENGINES)
 
 
 _MULTI_NODE = (
     "has(self.resources) && has(self.resources.gpu) && has(self.resources.gpu.nodes) && self.resources.gpu.nodes > 1"
 )
-_IS_VLLM_SPEC = "has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm'"
+_MULTI_NODE_ENGINES = engines_where(lambda traits: traits.multi_node)
+_ADAPTER_ENGINES = engines_where(lambda traits: traits.lora)
 
 
 class InferenceServiceSpec(SpecModel):
@@ -44,21 +75,17 @@ class InferenceServiceSpec(SpecModel):
             ),
             cel(
                 "!has(self.autoscaling) || !has(self.autoscaling.metric)"
-                " || ((has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm')"
-                f" == (self.autoscaling.metric in [{_VLLM_METRICS}]))",
-                "autoscaling.metric must be one the engine exports: ttftP95Ms, itlP95Ms, e2eLatencyP95Ms, "
-                "requestsWaiting or kvCacheUsage for vllm; latencyP95Ms, latencyP99Ms, queueDepth, rps or "
-                "gpuUtilization for modelServer",
+                f" || ({_per_engine('self.autoscaling.metric', lambda traits: traits.metrics)})",
+                "autoscaling.metric must be one the engine exports: "
+                + _per_engine_message(lambda traits: traits.metrics),
                 ".autoscaling.metric",
             ),
             cel(
                 "!has(self.rollout) || !has(self.rollout.canary) || !has(self.rollout.canary.analysis)"
                 " || !has(self.rollout.canary.analysis.metric)"
-                " || ((has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm')"
-                f" ? self.rollout.canary.analysis.metric in [{_canary_metrics(Engine.VLLM)}]"
-                f" : self.rollout.canary.analysis.metric in [{_canary_metrics(Engine.MODEL_SERVER)}])",
-                "rollout.canary.analysis.metric must be a latency the engine exports: latencyP95Ms or latencyP99Ms "
-                "for modelServer; ttftP95Ms, itlP95Ms or e2eLatencyP95Ms for vllm",
+                f" || ({_per_engine('self.rollout.canary.analysis.metric', lambda traits: traits.canary_metrics)})",
+                "rollout.canary.analysis.metric must be a latency the engine exports: "
+                + _per_engine_message(lambda traits: traits.canary_metrics),
                 ".rollout.canary.analysis.metric",
             ),
             cel(
@@ -69,8 +96,8 @@ class InferenceServiceSpec(SpecModel):
                 ".model.huggingFace",
             ),
             cel(
-                f"{_MULTI_NODE} ? ({_IS_VLLM_SPEC}) : true",
-                "resources.gpu.nodes above 1 needs runtime.engine vllm",
+                f"{_MULTI_NODE} ? ({cel_engine_in(_MULTI_NODE_ENGINES, 'self.runtime')}) : true",
+                f"resources.gpu.nodes above 1 needs runtime.engine {engine_names(_MULTI_NODE_ENGINES)}",
                 ".resources.gpu.nodes",
             ),
             cel(
@@ -90,8 +117,8 @@ class InferenceServiceSpec(SpecModel):
             ),
             cel(
                 "!has(self.adapters) || size(self.adapters) == 0"
-                " || (has(self.runtime) && has(self.runtime.engine) && self.runtime.engine == 'vllm')",
-                "spec.adapters needs runtime.engine vllm",
+                f" || ({cel_engine_in(_ADAPTER_ENGINES, 'self.runtime')})",
+                f"spec.adapters needs runtime.engine {engine_names(_ADAPTER_ENGINES)}",
                 ".adapters",
             ),
             cel(

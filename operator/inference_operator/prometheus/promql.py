@@ -9,15 +9,15 @@ scrape targets (`instance`), since HPA's formula wants a per-replica value.
 
 from __future__ import annotations
 
-from ..models import Engine, Metric
+from dataclasses import dataclass
+
+from ..models import DEFAULT_ENGINE, ENGINES, Engine, Metric
 
 LATENCY_HISTOGRAM = "model_server_request_duration_seconds"
 REQUESTS_TOTAL = "model_server_requests_total"
 QUEUE_DEPTH = "model_server_queue_depth"
 INFLIGHT = "model_server_inflight_requests"
 GPU_UTILIZATION = "model_server_gpu_utilization_percent"
-
-QUANTILES = {Metric.LATENCY_P95_MS: 0.95, Metric.LATENCY_P99_MS: 0.99}
 
 # vLLM's metrics (as exported by vLLM 0.32's OpenAI server, V1 engine).
 VLLM_TTFT = "vllm:time_to_first_token_seconds"
@@ -27,12 +27,59 @@ VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_KV_CACHE = "vllm:kv_cache_usage_perc"
 VLLM_MODEL_LABEL = "model_name"
-# The vLLM latency metrics: histogram and quantile.
-VLLM_HISTOGRAMS = {
+
+
+@dataclass(frozen=True)
+class EngineSeries:
+    """The series of one engine that the engine-independent queries below read."""
+
+    # The label its series name the served model by.
+    model_label: str
+    # The histogram of its request latency in seconds (vLLM: end to end), for status.
+    request_latency: str
+    # A counter of the requests it answered (a histogram's `_count`, or a counter).
+    answered: str
+    # Gauges that add up to the requests it holds now.
+    holding: tuple[str, ...]
+    # Series exported from the first scrape on, first the one always there: whether, and how
+    # recently, the service is scraped at all.
+    scraped: tuple[str, ...]
+    # Its answers counted by status `code`, for a canary's error ratio; None: it counts none
+    # (vLLM), and its canaries are judged on latency alone.
+    answers_by_code: str | None = None
+
+
+SERIES: dict[Engine, EngineSeries] = {
+    Engine.MODEL_SERVER: EngineSeries(
+        model_label="model",
+        request_latency=LATENCY_HISTOGRAM,
+        answered=REQUESTS_TOTAL,
+        holding=(INFLIGHT,),
+        scraped=(QUEUE_DEPTH, REQUESTS_TOTAL),
+        answers_by_code=REQUESTS_TOTAL,
+    ),
+    Engine.VLLM: EngineSeries(
+        model_label=VLLM_MODEL_LABEL,
+        request_latency=VLLM_E2E,
+        answered=f"{VLLM_E2E}_count",
+        holding=(VLLM_RUNNING, VLLM_WAITING),
+        scraped=(VLLM_WAITING, VLLM_RUNNING),
+    ),
+}
+
+# Each latency metric: the histogram it is a quantile of, and the quantile.
+LATENCIES: dict[Metric, tuple[str, float]] = {
+    Metric.LATENCY_P95_MS: (LATENCY_HISTOGRAM, 0.95),
+    Metric.LATENCY_P99_MS: (LATENCY_HISTOGRAM, 0.99),
     Metric.TTFT_P95_MS: (VLLM_TTFT, 0.95),
     Metric.ITL_P95_MS: (VLLM_ITL, 0.95),
     Metric.E2E_LATENCY_P95_MS: (VLLM_E2E, 0.95),
 }
+
+
+def exporter(metric: Metric) -> Engine:
+    """The engine whose series a metric is read from."""
+    return next(engine for engine, traits in ENGINES.items() if metric in traits.metrics)
 
 
 def _quote(value: str) -> str:
@@ -41,10 +88,6 @@ def _quote(value: str) -> str:
 
 def selector(namespace: str, model: str, model_label: str = "model") -> str:
     return "{namespace=" + _quote(namespace) + "," + model_label + "=" + _quote(model) + "}"
-
-
-def vllm_selector(namespace: str, model: str) -> str:
-    return selector(namespace, model, VLLM_MODEL_LABEL)
 
 
 def latency_ms(quantile: float, namespace: str, model: str, window_seconds: int) -> str:
@@ -97,32 +140,26 @@ def gpu_utilization(namespace: str, model: str, window_seconds: int) -> str:
     )
 
 
-def vllm_latency_ms(histogram: str, quantile: float, namespace: str, model: str, window_seconds: int) -> str:
-    """A quantile of one of vLLM's latency histograms in ms; 0 while the pods are scraped but
-    idle (the same NaN guard as latency_ms, on vLLM's always-present waiting gauge)."""
-    return _quantile_ms(histogram, quantile, vllm_selector(namespace, model), VLLM_WAITING, window_seconds)
-
-
 def requests_waiting(namespace: str, model: str, window_seconds: int) -> str:
     """Requests queued in vLLM's scheduler per pod (not yet running), averaged over the window."""
-    return _per_pod_mean(VLLM_WAITING, vllm_selector(namespace, model), window_seconds)
+    return _per_pod_mean(VLLM_WAITING, selector(namespace, model, VLLM_MODEL_LABEL), window_seconds)
 
 
 def kv_cache_usage(namespace: str, model: str, window_seconds: int) -> str:
     """KV-cache use in percent (vLLM exports a 0..1 fraction), averaged over pods and window."""
-    return "100 * " + _per_pod_mean(VLLM_KV_CACHE, vllm_selector(namespace, model), window_seconds)
+    return "100 * " + _per_pod_mean(VLLM_KV_CACHE, selector(namespace, model, VLLM_MODEL_LABEL), window_seconds)
 
 
 def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int) -> str:
-    if metric in VLLM_HISTOGRAMS:
-        histogram, quantile = VLLM_HISTOGRAMS[metric]
-        return vllm_latency_ms(histogram, quantile, namespace, model, window_seconds)
+    if metric in LATENCIES:
+        histogram, quantile = LATENCIES[metric]
+        series = SERIES[exporter(metric)]
+        sel = selector(namespace, model, series.model_label)
+        return _quantile_ms(histogram, quantile, sel, series.scraped[0], window_seconds)
     if metric == Metric.REQUESTS_WAITING:
         return requests_waiting(namespace, model, window_seconds)
     if metric == Metric.KV_CACHE_USAGE:
         return kv_cache_usage(namespace, model, window_seconds)
-    if metric in QUANTILES:
-        return latency_ms(QUANTILES[metric], namespace, model, window_seconds)
     if metric == Metric.QUEUE_DEPTH:
         return queue_depth(namespace, model, window_seconds)
     if metric == Metric.RPS:
@@ -134,22 +171,20 @@ def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int
 
 def request_latency_ms(engine: Engine, namespace: str, model: str, window_seconds: int) -> str:
     """p95 request latency (vLLM: end to end), shown in status next to the scaling metric."""
-    if engine == Engine.VLLM:
-        return vllm_latency_ms(VLLM_E2E, 0.95, namespace, model, window_seconds)
-    return latency_ms(0.95, namespace, model, window_seconds)
+    series = SERIES[engine]
+    sel = selector(namespace, model, series.model_label)
+    return _quantile_ms(series.request_latency, 0.95, sel, series.scraped[0], window_seconds)
 
 
-def data_age_seconds(namespace: str, model: str, engine: Engine = Engine.MODEL_SERVER) -> str:
+def data_age_seconds(namespace: str, model: str, engine: Engine = DEFAULT_ENGINE) -> str:
     """Seconds since the newest scraped sample of the service's always-present series.
 
     timestamp() of a plain selector returns the sample's own time; scrapes that fail mark
     series stale, so a dead service answers an empty vector rather than an old age.
     """
-    if engine == Engine.VLLM:
-        sel = vllm_selector(namespace, model)
-        return f"time() - max(timestamp({VLLM_WAITING}{sel}) or timestamp({VLLM_RUNNING}{sel}))"
-    sel = selector(namespace, model)
-    return f"time() - max(timestamp({QUEUE_DEPTH}{sel}) or timestamp({REQUESTS_TOTAL}{sel}))"
+    series = SERIES[engine]
+    sel = selector(namespace, model, series.model_label)
+    return "time() - max(" + " or ".join(f"timestamp({name}{sel})" for name in series.scraped) + ")"
 
 
 # --- canary analysis: the candidate's pods alone -------------------------------------------------
@@ -168,31 +203,29 @@ def _canary_selector(namespace: str, model: str, name: str, model_label: str, ex
 
 def canary_latency_ms(metric: Metric, namespace: str, model: str, name: str, window_seconds: int) -> str:
     """The canary's latency quantile in ms (no answer while it has served nothing)."""
-    if metric in VLLM_HISTOGRAMS:
-        histogram, quantile = VLLM_HISTOGRAMS[metric]
-        sel = _canary_selector(namespace, model, name, VLLM_MODEL_LABEL)
-    else:
-        histogram, quantile = LATENCY_HISTOGRAM, QUANTILES[metric]
-        sel = _canary_selector(namespace, model, name, "model")
+    histogram, quantile = LATENCIES[metric]
+    sel = _canary_selector(namespace, model, name, SERIES[exporter(metric)].model_label)
     return f"histogram_quantile({quantile}, sum by (le) (rate({histogram}_bucket{sel}[{window_seconds}s]))) * 1000"
 
 
 def canary_requests(engine: Engine, namespace: str, model: str, name: str, window_seconds: int) -> str:
     """Requests the canary answered in the window (vLLM: requests it finished)."""
-    if engine == Engine.VLLM:
-        sel = _canary_selector(namespace, model, name, VLLM_MODEL_LABEL)
-        return f"sum(increase({VLLM_E2E}_count{sel}[{window_seconds}s]))"
-    return f"sum(increase({REQUESTS_TOTAL}{_canary_selector(namespace, model, name, 'model')}[{window_seconds}s]))"
+    series = SERIES[engine]
+    sel = _canary_selector(namespace, model, name, series.model_label)
+    return f"sum(increase({series.answered}{sel}[{window_seconds}s]))"
 
 
-def canary_error_ratio(namespace: str, model: str, name: str, window_seconds: int) -> str:
-    """The share of the canary's answers that were 5xx (the model server's own count; vLLM
-    exports none, so its canaries are judged on latency alone). 0 when none was."""
-    errors = _canary_selector(namespace, model, name, "model", ',code=~"5.."')
-    every = _canary_selector(namespace, model, name, "model")
+def canary_error_ratio(engine: Engine, namespace: str, model: str, name: str, window_seconds: int) -> str | None:
+    """The share of the canary's answers that were 5xx, 0 when none was; None for an engine that
+    counts no answers by code."""
+    series = SERIES[engine]
+    if series.answers_by_code is None:
+        return None
+    errors = _canary_selector(namespace, model, name, series.model_label, ',code=~"5.."')
+    every = _canary_selector(namespace, model, name, series.model_label)
     return (
-        f"(sum(rate({REQUESTS_TOTAL}{errors}[{window_seconds}s])) or vector(0))"
-        f" / sum(rate({REQUESTS_TOTAL}{every}[{window_seconds}s]))"
+        f"(sum(rate({series.answers_by_code}{errors}[{window_seconds}s])) or vector(0))"
+        f" / sum(rate({series.answers_by_code}{every}[{window_seconds}s]))"
     )
 
 
@@ -200,9 +233,7 @@ def recent_requests(engine: Engine, namespace: str, model: str, window_seconds: 
     """Requests the service answered in the window plus those it is answering now (the idle
     rule of scaleToZero). A counter no request has created yet counts 0; the gauges must be
     scraped, so a service Prometheus does not see is never called idle."""
-    if engine == Engine.VLLM:
-        sel = vllm_selector(namespace, model)
-        answered = f"(sum(increase({VLLM_E2E}_count{sel}[{window_seconds}s])) or vector(0))"
-        return f"{answered} + sum({VLLM_RUNNING}{sel}) + sum({VLLM_WAITING}{sel})"
-    sel = selector(namespace, model)
-    return f"(sum(increase({REQUESTS_TOTAL}{sel}[{window_seconds}s])) or vector(0)) + sum({INFLIGHT}{sel})"
+    series = SERIES[engine]
+    sel = selector(namespace, model, series.model_label)
+    answered = f"(sum(increase({series.answered}{sel}[{window_seconds}s])) or vector(0))"
+    return " + ".join([answered, *(f"sum({gauge}{sel})" for gauge in series.holding)])
