@@ -64,8 +64,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import storage, vllm_guard
+from . import vllm_guard
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
+from .storage.errors import ExitCode, FetchError
+from .storage.fetching import fetch
+from .storage.limits import Limits, parse_size
+from .storage.trust import trust_ca_bundle
 
 log = logging.getLogger("model_server.adapters")
 
@@ -232,7 +236,7 @@ def describe(exc: BaseException) -> str:
     error code: an S3 endpoint is the author's to choose (runtime.env), and may be an internal
     service whose answer they must not read in status. botocore's ClientError quotes the
     answer's <Message>; only its <Code> (a word) and HTTP status are kept."""
-    cause = exc.__cause__ if isinstance(exc, storage.FetchError) and exc.__cause__ is not None else exc
+    cause = exc.__cause__ if isinstance(exc, FetchError) and exc.__cause__ is not None else exc
     response = getattr(cause, "response", None)
     error = response.get("Error") if isinstance(response, dict) else None
     if isinstance(error, dict):
@@ -240,7 +244,7 @@ def describe(exc: BaseException) -> str:
         status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")  # type: ignore[union-attr]
         operation = _CODE.sub("", str(getattr(cause, "operation_name", "") or ""))[:64] or "a request"
         return f"{type(cause).__name__}: S3 answered {code} (HTTP {status}) to {operation}"
-    if isinstance(exc, storage.FetchError):
+    if isinstance(exc, FetchError):
         return f"fetching: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
@@ -285,7 +289,7 @@ class Engine:
 class Sidecar:
     """Keeps vLLM's adapters equal to the desired list; the state of each, for /adapters."""
 
-    def __init__(self, desired_file: Path, root: Path, engine: Engine, limits: storage.Limits) -> None:
+    def __init__(self, desired_file: Path, root: Path, engine: Engine, limits: Limits) -> None:
         self.desired_file = desired_file
         self.root = root
         self.engine = engine
@@ -385,11 +389,9 @@ class Sidecar:
         partial.mkdir(parents=True)
         limits = dataclasses.replace(self.limits, started=time.monotonic(), written=0)
         try:
-            storage.fetch(uri, partial, limits)
+            fetch(uri, partial, limits)
             if not (partial / "adapter_config.json").exists():
-                raise storage.FetchError(
-                    f"{uri}: no adapter_config.json (not a PEFT LoRA adapter)", storage.ExitCode.NOT_A_MODEL
-                )
+                raise FetchError(f"{uri}: no adapter_config.json (not a PEFT LoRA adapter)", ExitCode.NOT_A_MODEL)
             partial.rename(target)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
@@ -493,7 +495,7 @@ async def run(args: argparse.Namespace) -> None:
     """Serve the status, and keep vLLM's adapters equal to the list until SIGTERM, which uvicorn
     catches: a step under way is abandoned (its fetch thread dies with the process), so the
     container stops at once instead of at the end of its grace period."""
-    limits = storage.Limits(max_bytes=args.max_bytes, deadline_seconds=args.deadline)
+    limits = Limits(max_bytes=args.max_bytes, deadline_seconds=args.deadline)
     sidecar = Sidecar(Path(args.desired), Path(args.dir), Engine(args.engine), limits)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     server = status_server(sidecar, args.host, args.port)
@@ -534,7 +536,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8081)
     p.add_argument("--plugins", help="copy vLLM's adapter guard middleware here first")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between two looks")
-    p.add_argument("--max-bytes", type=storage.parse_size, default=storage.parse_size("20Gi"))
+    p.add_argument("--max-bytes", type=parse_size, default=parse_size("20Gi"))
     p.add_argument("--deadline", type=float, default=1800.0, help="seconds one adapter's fetch may take")
     return p
 
@@ -546,8 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        storage.trust_ca_bundle(os.environ)  # the platform's CA, as for the model's fetch
-    except storage.FetchError as exc:
+        trust_ca_bundle(os.environ)  # the platform's CA, as for the model's fetch
+    except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.plugins:

@@ -17,8 +17,10 @@ import httpx
 import pytest
 
 from model_server import adapters as sidecar_module
-from model_server import storage, vllm_guard
+from model_server import vllm_guard
 from model_server.adapters import Engine, Load, Sidecar, Unload, adapter_dir, plan, read_desired
+from model_server.storage.errors import FetchError
+from model_server.storage.limits import Limits
 from tests.http_stub import QuietHandler, serving
 from testsupport.processes import free_port, running, stop, wait_http
 
@@ -85,22 +87,22 @@ BOTO_ERRORS: dict[str, Exception] = {
 
 @pytest.fixture
 def fetched(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """storage.fetch, writing an adapter's files (or failing for hf://org/missing); the URIs asked."""
+    """The fetcher's `fetch`, writing an adapter's files (or failing for hf://org/missing); the URIs asked."""
     asked: list[str] = []
 
-    def fetch(uri: str, dest: pathlib.Path, limits: storage.Limits | None = None) -> list[pathlib.Path]:
+    def fetch(uri: str, dest: pathlib.Path, limits: Limits | None = None) -> list[pathlib.Path]:
         asked.append(uri)
         if uri in BOTO_ERRORS:
             raise BOTO_ERRORS[uri]
         if uri.endswith("/missing"):
-            raise storage.FetchError(f"{uri}: RepositoryNotFoundError: 404")
+            raise FetchError(f"{uri}: RepositoryNotFoundError: 404")
         if uri.endswith("/html"):
             (dest / "index.html").write_text("<html>")
             return [dest / "index.html"]
         (dest / "adapter_config.json").write_text(json.dumps({"uri": uri}))
         return [dest / "adapter_config.json"]
 
-    monkeypatch.setattr(storage, "fetch", fetch)
+    monkeypatch.setattr(sidecar_module, "fetch", fetch)
     return asked
 
 
@@ -111,7 +113,7 @@ class Pod:
         self.dir = root / "adapters"
         self.dir.mkdir()
         engine = Engine("http://vllm", transport=httpx.MockTransport(self.vllm))
-        self.sidecar = Sidecar(self.desired, self.dir, engine, storage.Limits())
+        self.sidecar = Sidecar(self.desired, self.dir, engine, Limits())
 
     def want(self, **adapters: str) -> None:
         self.desired.write_text(json.dumps({"adapters": [{"name": n, "uri": u} for n, u in adapters.items()]}))

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from model_server.storage import ExitCode, FetchError
+from model_server.storage.errors import ExitCode, FetchError
 
 
 @contextlib.contextmanager

@@ -17,8 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from model_server import storage
-from model_server.storage import ExitCode, Limits, exclusive, fetch_s3
+from model_server.storage import cache
+from model_server.storage.cache import exclusive
+from model_server.storage.errors import ExitCode
+from model_server.storage.limits import Limits
+from model_server.storage.s3 import fetch_s3
 from tests.storage.fetch_failures import fetch_fails
 from tests.storage.test_model_fetch import StandInS3
 
@@ -163,7 +166,7 @@ def test_a_filesystem_without_locks_still_fetches(
     def flock(fd: int, operation: int) -> None:
         raise failure
 
-    monkeypatch.setattr(storage.fcntl, "flock", flock)
+    monkeypatch.setattr(cache.fcntl, "flock", flock)
     fetch_s3("s3://bucket/m", tmp_path, StandInS3(dict(OBJECTS)))
     assert served(tmp_path) == {"1/model.onnx": WEIGHTS, "config.json": OBJECTS["m/config.json"]}
     assert "no file locks here (ENOLCK)" in caplog.text

@@ -21,16 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from model_server import storage
-from model_server.storage import (
-    ExitCode,
-    FetchError,
-    Limits,
-    check_redirect,
-    fetch_http,
-    fetch_s3,
-    parse_size,
-)
+from model_server.storage import cli
+from model_server.storage.errors import ExitCode, FetchError
+from model_server.storage.limits import Limits, parse_size
+from model_server.storage.s3 import fetch_s3
+from model_server.storage.web import check_redirect, fetch_http
 from tests.http_stub import QuietHandler, serving
 from tests.storage.fetch_failures import fetch_fails
 
@@ -377,12 +372,12 @@ def test_the_exit_code_is_the_one_the_error_carries(
     """One error type for every failure: its code is the process's exit status and its words
     the termination message, whatever the kind."""
 
-    def failing(uri: str, dest: pathlib.Path, limits: storage.Limits) -> list[pathlib.Path]:
-        raise storage.FetchError(f"{uri}: it went wrong", code)
+    def failing(uri: str, dest: pathlib.Path, limits: Limits) -> list[pathlib.Path]:
+        raise FetchError(f"{uri}: it went wrong", code)
 
-    monkeypatch.setattr(storage, "fetch", failing)
-    monkeypatch.setenv(storage.ENV_TERMINATION_LOG, str(tmp_path / "termination-log"))
-    assert storage.main(["https://models.example/model.onnx", str(tmp_path / "dest")]) == code
+    monkeypatch.setattr(cli, "fetch", failing)
+    monkeypatch.setenv(cli.ENV_TERMINATION_LOG, str(tmp_path / "termination-log"))
+    assert cli.main(["https://models.example/model.onnx", str(tmp_path / "dest")]) == code
     assert (tmp_path / "termination-log").read_text() == (
         f"fetch failed (exit {int(code)}, {code.name.lower()}): https://models.example/model.onnx: it went wrong\n"
     )

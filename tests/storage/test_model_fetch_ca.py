@@ -6,7 +6,8 @@ from __future__ import annotations
 import ssl
 import subprocess
 
-from model_server import storage
+from model_server.storage import trust
+from model_server.storage.errors import ExitCode
 from tests.storage.fetch_failures import fetch_fails
 
 
@@ -20,20 +21,18 @@ def _ca(tmp_path) -> str:
 
 
 def test_the_fetcher_trusts_the_bundle_besides_the_public_roots(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(storage.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(trust.tempfile, "tempdir", str(tmp_path))
     pem = _ca(tmp_path)
     environ = {"MODEL_FETCH_CA_BUNDLE": pem}
-    path = storage.trust_ca_bundle(environ)
+    path = trust.trust_ca_bundle(environ)
     assert path is not None and path.parent == tmp_path
-    assert {environ[v] for v in storage.CA_FILE_VARIABLES} == {str(path)}
+    assert {environ[v] for v in trust.CA_FILE_VARIABLES} == {str(path)}
     context = ssl.create_default_context(cafile=str(path))
     subjects = {dict(x[0] for x in cert["subject"]).get("commonName") for cert in context.get_ca_certs()}
     assert "platform-ca" in subjects and len(subjects) > 50  # the platform's CA and the public roots
-    assert storage.trust_ca_bundle({}) is None
+    assert trust.trust_ca_bundle({}) is None
 
 
 def test_the_fetcher_refuses_a_bundle_that_is_not_pem() -> None:
-    with fetch_fails(storage.ExitCode.USAGE, match="MODEL_FETCH_CA_BUNDLE"):
-        storage.trust_ca_bundle(
-            {"MODEL_FETCH_CA_BUNDLE": "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----"}
-        )
+    with fetch_fails(ExitCode.USAGE, match="MODEL_FETCH_CA_BUNDLE"):
+        trust.trust_ca_bundle({"MODEL_FETCH_CA_BUNDLE": "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----"})
