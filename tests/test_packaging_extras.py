@@ -18,7 +18,8 @@ def run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_model_server_needs_no_operator_libraries() -> None:
-    result = run("import model_server.app, model_server.__main__, model_server.storage.cli; print('ok')")
+    programs = "model_server.storage.cli, model_server.adapters.process"  # the fetcher, the adapters sidecar
+    result = run(f"import model_server.app, model_server.__main__, {programs}; print('ok')")
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
 
 

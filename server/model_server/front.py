@@ -12,7 +12,7 @@ goes away closes the upstream request, and vLLM stops generating for nobody.
 
 Adapter management (vLLM's /v1/load_lora_adapter and kin) is refused here whoever asks: the
 adapters sidecar manages adapters over loopback, straight to vLLM. vLLM is told the real client
-(X-Forwarded-For, replaced, never passed on), so its own guard (vllm_guard.py) still sees a
+(X-Forwarded-For, replaced, never passed on), so its own guard (adapters/guard.py) still sees a
 remote client behind this proxy.
 
 It runs in the model server's image as a native sidecar: it starts before vLLM and stops after
@@ -37,6 +37,7 @@ import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
 from . import signals
+from .adapters.guard import is_management
 from .bodies import ReadBudget
 from .errors import Busy, PayloadTooLarge
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
@@ -52,7 +53,6 @@ from .proxy import (
     target,
 )
 from .settings import ServerSettings, detect_memory_limit
-from .vllm_guard import is_management
 
 log = logging.getLogger("model_server.front")
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from inference_operator.handlers import adapters as adapter_handlers
-from model_server.adapters import digest
+from model_server.adapters.desired import digest
 from tests.http_stub import QuietHandler, serving
 from testsupport.cluster import Cluster, condition, inference_service, wait_for
 

@@ -23,7 +23,7 @@ from inference_operator.adapter_status import (
 )
 from inference_operator.builders.common import Owner
 from inference_operator.models import parse_spec
-from model_server.adapters import digest  # the sidecar's own: the operator must match it
+from model_server.adapters.desired import digest  # the sidecar's own: the operator must match it
 from tests.http_stub import QuietHandler, serving
 
 SPEC = parse_spec(

@@ -16,9 +16,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from model_server import adapters as sidecar_module
-from model_server import vllm_guard
-from model_server.adapters import Engine, Load, Sidecar, Unload, adapter_dir, plan, read_desired
+from model_server.adapters import desired as desired_module
+from model_server.adapters import guard as vllm_guard
+from model_server.adapters import process as process_module
+from model_server.adapters import sidecar as sidecar_module
+from model_server.adapters.desired import Load, Unload, adapter_dir, plan, read_desired
+from model_server.adapters.sidecar import Engine, Sidecar
 from model_server.storage.errors import FetchError
 from model_server.storage.limits import Limits
 from tests.http_stub import QuietHandler, serving
@@ -177,7 +180,7 @@ def test_a_failed_fetch_is_reported_settles_readiness_and_is_retried_later(
     assert pod.sidecar.ready()  # settled: a bad adapter must not keep the replica out of its Service
     pod.step()
     assert fetched.count("hf://org/missing") == 1  # not again before the retry delay
-    monkeypatch.setattr(sidecar_module, "RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(desired_module, "RETRY_SECONDS", 0.0)
     pod.step()
     assert fetched.count("hf://org/missing") == 2
 
@@ -266,11 +269,11 @@ def test_the_sidecar_checks_the_list_with_the_crds_own_rules() -> None:
     from inference_operator.models import AdapterSpec, InferenceServiceSpec
 
     crd = AdapterSpec.model_json_schema()["properties"]
-    assert sidecar_module.NAME_PATTERN.pattern == crd["name"]["pattern"]
-    assert sidecar_module.NAME_MAX_LENGTH == crd["name"]["maxLength"]
-    assert sidecar_module.URI_PATTERN.pattern == crd["uri"]["pattern"]
-    assert sidecar_module.URI_MAX_LENGTH == crd["uri"]["maxLength"]
-    assert sidecar_module.MAX_ADAPTERS == InferenceServiceSpec.model_json_schema()["properties"]["adapters"]["maxItems"]
+    assert desired_module.NAME_PATTERN.pattern == crd["name"]["pattern"]
+    assert desired_module.NAME_MAX_LENGTH == crd["name"]["maxLength"]
+    assert desired_module.URI_PATTERN.pattern == crd["uri"]["pattern"]
+    assert desired_module.URI_MAX_LENGTH == crd["uri"]["maxLength"]
+    assert desired_module.MAX_ADAPTERS == InferenceServiceSpec.model_json_schema()["properties"]["adapters"]["maxItems"]
 
 
 HOSTILE_NAMES = ["..", "*", "s*", "../../etc", "a/b", "", ".hidden", "x" * 64, "sql?", "[a]"]
@@ -329,7 +332,7 @@ def test_the_sidecar_answers_the_probes_and_the_operator(pod: Pod) -> None:
     pod.want(sql="hf://org/sql")
 
     async def exchange() -> dict[str, tuple[int, object]]:
-        transport = httpx.ASGITransport(app=sidecar_module.status_app(pod.sidecar))
+        transport = httpx.ASGITransport(app=process_module.status_app(pod.sidecar))
         answers = {}
         async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as client:
             for label in ("before", "after"):
@@ -350,7 +353,7 @@ def test_the_sidecar_answers_the_probes_and_the_operator(pod: Pod) -> None:
     assert answers["after /ready"] == (200, {"ready": True})
     status = answers["after /adapters"][1]
     assert isinstance(status, dict) and status["adapters"] == [
-        {"name": "sql", "digest": sidecar_module.digest("hf://org/sql"), "state": "Ready"}
+        {"name": "sql", "digest": desired_module.digest("hf://org/sql"), "state": "Ready"}
     ]
     assert answers["/nothing"][0] == 404 and answers["/health/live"][0] == 200
     assert answers["post"][0] == 405  # read-only: the list comes from the ConfigMap alone
@@ -429,7 +432,7 @@ def test_removing_a_large_adapter_leaves_the_probes_answered(pod: Pod, monkeypat
         step = asyncio.create_task(pod.sidecar.step())
         while not removing.is_set() and not step.done():
             await asyncio.sleep(0.01)
-        transport = httpx.ASGITransport(app=sidecar_module.status_app(pod.sidecar))
+        transport = httpx.ASGITransport(app=process_module.status_app(pod.sidecar))
         async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as client:
             assert (await client.get("/health/live")).status_code == 200
         answered_while_removing = not finished.is_set()
@@ -585,7 +588,7 @@ def test_the_guard_closes_a_websocket_to_a_management_path() -> None:
 
 def test_the_installed_guard_imports_with_the_standard_library_alone(tmp_path: pathlib.Path) -> None:
     """It runs in vLLM's image, which has no model_server package."""
-    target = sidecar_module.install_guard(tmp_path / "plugins")
+    target = process_module.install_guard(tmp_path / "plugins")
     check = "import rocm_inference_guard as g; print(g.LocalAdminOnly.__name__)"
     result = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target.parent)!r}); {check}"],
