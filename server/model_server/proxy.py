@@ -1,5 +1,5 @@
 """What the model server's reverse proxies share: the vLLM front (front.py) and the
-scale-to-zero activator (activator.py) each take a request's body whole under one memory budget,
+scale-to-zero activator (activator/) each take a request's body whole under one memory budget,
 pass it on with the same header rules, and relay the answer as it comes.
 
 The header rules: a connection's own headers (hop-by-hop, and those its `Connection` header

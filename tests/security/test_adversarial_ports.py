@@ -165,7 +165,7 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
         "vllm_front",
         lambda s: adversary.Target("vLLM front", "127.0.0.1", s.ports["front"], "/health", s.pid, "/v1/completions"),
     ),
-    # Where a service's requests go while it is at zero (model_server/activator.py).
+    # Where a service's requests go while it is at zero (model_server/activator/).
     "activator": (
         "activator",
         lambda s: adversary.Target(

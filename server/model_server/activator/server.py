@@ -1,9 +1,9 @@
 """The activator: where a service's requests go while it has no ready replica (scale to zero).
 
 As Knative's activator, it is in the request path only at zero. The operator then points the
-service's own Service at this Deployment through an EndpointSlice (activator_routes.py says
-what a slice may route), and removes that slice once a replica is ready. Each request that
-arrives here is read whole under the vLLM front's bounds (proxy.py), then held: it wakes the
+service's own Service at this Deployment through an EndpointSlice (routes.py says what a slice
+may route), and removes that slice once a replica is ready. Each request that arrives here is
+read whole under the vLLM front's bounds (proxy.py), then held: it wakes the
 service (a merge patch of the InferenceService's wake annotation, at most one per service every
 2 s), and one poller per service asks the replicas' readiness path through the `S-private`
 Service (kube-proxy sends that only to Ready pods) every 0.25 s. On the first 200 the held
@@ -44,10 +44,15 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from . import metrics_port, signals
-from .activator_kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
-from .activator_metrics import ActivatorMetrics
-from .activator_routes import (
+from .. import metrics_port, signals
+from ..bodies import ReadBudget
+from ..errors import Busy, PayloadTooLarge
+from ..http_protocol import ConnectionLimits, LimitedHttpProtocol
+from ..proxy import Body, BodyReader, ClientGone, answer, error_body, request_headers, stream, target
+from ..settings import ServerSettings, detect_memory_limit
+from .kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
+from .metrics import ActivatorMetrics
+from .routes import (
     SLICE_SELECTOR,
     WAKE_ANNOTATION,
     HoldPolicy,
@@ -60,11 +65,6 @@ from .activator_routes import (
     route_for,
     slice_service,
 )
-from .bodies import ReadBudget
-from .errors import Busy, PayloadTooLarge
-from .http_protocol import ConnectionLimits, LimitedHttpProtocol
-from .proxy import Body, BodyReader, ClientGone, answer, error_body, request_headers, stream, target
-from .settings import ServerSettings, detect_memory_limit
 
 log = logging.getLogger("model_server.activator")
 

@@ -11,7 +11,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .activator_routes import ServiceKey
+from .routes import ServiceKey
 
 #: How a held request ended.
 OUTCOMES = ("served", "timeout", "refused", "gone")
