@@ -133,7 +133,7 @@ def _unobserved(workload: JsonObject) -> bool:
     return generation is not None and (observed is None or observed < generation)
 
 
-def rollout(deployment: JsonObject | None) -> Rollout:
+def deployment_rollout(deployment: JsonObject | None) -> Rollout:
     """The rollout state of a Deployment, with kubectl's rules (kubectl/pkg/polymorphichelpers).
 
     Done means: the controller has observed the latest spec, every desired replica runs the

@@ -133,5 +133,5 @@ def lws(generation: int = 2, observed: int = 2, desired: int = 2, **status: obje
     ],
 )
 def test_the_rollout_is_read_by_groups(obj: dict, done: bool, message: str) -> None:
-    state = st.rollout(obj)
+    state = st.deployment_rollout(obj)
     assert state.done == done and message in state.message, state

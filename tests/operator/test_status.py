@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from inference_operator import status as st
-from inference_operator.status import NOT_CREATED, Problem, rollout, set_condition, status_changes
+from inference_operator.status import NOT_CREATED, Problem, deployment_rollout, set_condition, status_changes
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 
 def compute_status(previous, deployment, generation, problem=None, now=None):
-    return st.compute_status(previous, rollout(deployment), generation, problem, now=now)
+    return st.compute_status(previous, deployment_rollout(deployment), generation, problem, now=now)
 
 
 def deployment(desired=2, ready=0, updated=0, replicas=None, generation=1, observed=1, conditions=(), available=None):
@@ -70,12 +70,21 @@ def test_pending_pods_are_progressing_as_kubectl_says() -> None:
 
 
 def test_rollout_follows_kubectl_order() -> None:
-    assert rollout(deployment(updated=1, replicas=2, ready=2)).message == "1 out of 2 new replicas have been updated"
-    assert rollout(deployment(updated=2, replicas=3, ready=2)).message == "1 old replicas are pending termination"
-    assert rollout(deployment(updated=2, ready=2, available=1)).message == "1 of 2 updated replicas are available"
-    assert rollout(deployment(updated=2, ready=2)).done
-    assert not rollout(deployment(updated=2, ready=2, generation=2, observed=1)).done
-    assert rollout(None) is NOT_CREATED
+    assert (
+        deployment_rollout(deployment(updated=1, replicas=2, ready=2)).message
+        == "1 out of 2 new replicas have been updated"
+    )
+    assert (
+        deployment_rollout(deployment(updated=2, replicas=3, ready=2)).message
+        == "1 old replicas are pending termination"
+    )
+    assert (
+        deployment_rollout(deployment(updated=2, ready=2, available=1)).message
+        == "1 of 2 updated replicas are available"
+    )
+    assert deployment_rollout(deployment(updated=2, ready=2)).done
+    assert not deployment_rollout(deployment(updated=2, ready=2, generation=2, observed=1)).done
+    assert deployment_rollout(None) is NOT_CREATED
 
 
 def test_stale_deployment_generation_is_progressing() -> None:

@@ -12,9 +12,9 @@ import httpx
 import kopf
 
 from .. import adapter_status, adapter_watch
-from .. import status as st
 from ..jsontypes import JsonObject
 from ..models import InferenceServiceSpec
+from ..status import now_iso, set_condition
 from .daemons import Daemon, Tick, service_daemon
 from .shared import publish
 
@@ -49,13 +49,13 @@ async def _report_adapters(daemon: Daemon, spec: InferenceServiceSpec, http: htt
         def compute(fresh: JsonObject) -> JsonObject:
             status = fresh.get("status") or {}
             generation = fresh["metadata"].get("generation")
-            conditions = st.set_condition(
+            conditions = set_condition(
                 status.get("conditions") or [],
                 adapter_status.CONDITION,
                 ready,
                 reason,
                 message,
-                st.now_iso(),
+                now_iso(),
                 generation,
             )
             return {"adapters": entries, "conditions": conditions}

@@ -14,7 +14,6 @@ from typing import Any
 import kopf
 
 from .. import credentials, metrics, policy
-from .. import status as st
 from ..analysis import AnalysisRefused, analysis_client, measure
 from ..jsontypes import JsonObject
 from ..models import CanarySpec, InferenceServiceSpec, RolloutStrategy, SpecError
@@ -22,6 +21,7 @@ from ..prometheus.clients import CLIENT_ERRORS, PrometheusClients, client_proble
 from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError
 from ..rollout import COMMAND_ANNOTATION, Check, Command, Phase, Progress, RolloutState, advance
+from ..status import compute_status, deployment_rollout, now_iso
 from .daemons import Daemon, Tick, service_daemon
 from .shared import as_body, isvc_ref, normal_event, publish, reconcile_checked, rollout_problem
 
@@ -117,11 +117,11 @@ def _apply_rollout_step(
     for change in result.writes:
         normal_event(isvc, change.action, change.describe())
     if (problem := rollout_problem(step.state)) is not None:
-        deployment_state = st.rollout(result.deployment)
+        deployment_state = deployment_rollout(result.deployment)
         publish(
             memo,
             ref,
-            lambda fresh: st.compute_status(
+            lambda fresh: compute_status(
                 fresh.get("status"), deployment_state, fresh["metadata"].get("generation"), problem
             ),
         )
@@ -135,7 +135,7 @@ def _apply_rollout_step(
 
 
 def _check_status(check: Check | None, verdict: str) -> JsonObject:
-    found: JsonObject = {"time": st.now_iso(), "verdict": verdict}
+    found: JsonObject = {"time": now_iso(), "verdict": verdict}
     if check is not None:
         for key, value in (
             ("latencyMs", check.latency_ms),

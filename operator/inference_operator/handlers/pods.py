@@ -11,12 +11,12 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .. import metrics, status_pods
-from .. import status as st
 from ..builders.common import COMPONENT, OWNER_LABEL
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi
 from ..kinds import POD
 from ..settings import MANAGER
+from ..status import DEGRADED, compute_status, find_condition, spec_problem
 from .shared import (
     KEPT_PROBLEMS,
     POD_ROLES,
@@ -51,15 +51,15 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logg
 
     def compute(fresh: JsonObject) -> JsonObject | None:
         status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
-        degraded = st.find_condition(status.get("conditions"), st.DEGRADED) or {}
+        degraded = find_condition(status.get("conditions"), DEGRADED) or {}
         shown = degraded.get("status") == "True" and degraded.get("reason") in status_pods.REASONS
         if not (troubled or shown) or fresh["metadata"].get("deletionTimestamp"):
             return None  # nothing to say and nothing to clear: one read, no write
         if status.get("observedGeneration") != generation:
             return None  # a reconcile of this generation is under way and reads the pods itself
         state, pods = observe(api, workload_ref(fresh), status.get("selector"))
-        problem = st.spec_problem(status, KEPT_PROBLEMS)
-        return st.compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
+        problem = spec_problem(status, KEPT_PROBLEMS)
+        return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
 
     try:
         previous, new_status = await asyncio.to_thread(publish, memo, ref, compute)

@@ -13,7 +13,6 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .. import credentials, metrics, ownership, policy, scale_to_zero
-from .. import status as st
 from ..builders.common import COMPONENT, SPEC_HASH_ANNOTATION
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
@@ -21,6 +20,7 @@ from ..kinds import INFERENCE_SERVICE, KINDS, WORKLOAD_KINDS
 from ..models import SpecError, parse_spec
 from ..reconcile import Action, ApplyRefused, ForeignObjectError, Result
 from ..settings import MANAGER
+from ..status import Problem, compute_status, spec_problem
 from .shared import (
     KEPT_PROBLEMS,
     announce_pods,
@@ -83,9 +83,7 @@ async def _await_repair_slot(memo: kopf.Memo, key: tuple[str, str], logger: kopf
         await asyncio.sleep(wait)
 
 
-def _repair(
-    memo: kopf.Memo, isvc: JsonObject, why: str, logger: kopf.Logger
-) -> tuple[Result | None, st.Problem | None]:
+def _repair(memo: kopf.Memo, isvc: JsonObject, why: str, logger: kopf.Logger) -> tuple[Result | None, Problem | None]:
     """Reconcile an InferenceService whose owned object was deleted or edited by hand.
 
     Not when a credential its pods would carry is no longer allowed: then the problem says why.
@@ -99,10 +97,10 @@ def _repair(
         )
     except policy.PolicyViolation as exc:
         logger.warning("not repaired (%s): %s", why, exc)
-        return None, st.Problem(exc.reason, str(exc))
+        return None, Problem(exc.reason, str(exc))
     except credentials.CredentialsRefused as exc:
         logger.warning("not repaired (%s): %s", why, exc.message)
-        return None, st.Problem(exc.reason, exc.message)
+        return None, Problem(exc.reason, exc.message)
     except (SpecError, ForeignObjectError, ApplyRefused) as exc:
         logger.info("not repaired (%s): %s", why, exc)  # the reconcile handler reports it
         return None, None
@@ -133,7 +131,7 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             return
         if isvc["metadata"].get("deletionTimestamp"):
             return
-        refused: st.Problem | None = None
+        refused: Problem | None = None
         if why is not None:
             await _await_repair_slot(memo, (namespace, owner_ref["name"]), logger)
             result, refused = await asyncio.to_thread(_repair, memo, isvc, why, logger)
@@ -150,11 +148,9 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
                 # A reconcile of this generation is under way: its status write reads the
                 # workload after this event (it waits for this write, or this for it).
                 return None
-            problem = refused or st.spec_problem(status, KEPT_PROBLEMS)
+            problem = refused or spec_problem(status, KEPT_PROBLEMS)
             state, pods = observe(api, workload, status.get("selector"))
-            return st.compute_status(
-                status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh)
-            )
+            return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
 
         previous, new_status = await asyncio.to_thread(publish, memo, ref, mirrored)
         registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")

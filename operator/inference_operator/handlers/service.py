@@ -10,7 +10,6 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .. import credentials, lifetimes, metrics, policy, scale_to_zero, tracing
-from .. import status as st
 from ..builders import selector_string, service_url
 from ..jsontypes import JsonObject
 from ..k8s import Ref
@@ -19,6 +18,7 @@ from ..models import SpecError
 from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError, Result, api_message
 from ..rollout import Phase, RolloutState
+from ..status import NOT_CREATED, Problem, api_error_problem, compute_status, status_changes, with_api_error
 from .shared import (
     announce_pods,
     follow_activator,
@@ -68,14 +68,14 @@ def _report_api_error(
 ) -> None:
     """Degraded=ApiError with the API server's message (and a Warning event), so a failure no
     retry fixes is visible in `kubectl get/describe`; best effort, the retry goes on anyway."""
-    problem = st.api_error_problem(exc.status or 0, str(exc.reason), api_message(exc))
+    problem = api_error_problem(exc.status or 0, str(exc.reason), api_message(exc))
     if problem is None:
         return
     generation = meta.get("generation")
     ref = isvc_ref(meta["namespace"], meta["name"])
 
     try:
-        publish(memo, ref, lambda fresh: st.with_api_error(fresh.get("status"), problem, generation))
+        publish(memo, ref, lambda fresh: with_api_error(fresh.get("status"), problem, generation))
     except (ApiException, urllib3.exceptions.HTTPError) as write_error:
         logger.warning("could not record %s in status: %s", problem.reason, write_error)
     kopf.warn(body, reason=problem.reason, message=problem.message)
@@ -84,23 +84,21 @@ def _report_api_error(
 def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: kopf.Logger) -> None:
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     ref = isvc_ref(namespace, name)
-    problem: st.Problem | None = None
+    problem: Problem | None = None
     recheck: float | None = None
     try:
         owner, result = reconcile_checked(memo, name, namespace, meta["uid"], dict(spec), body.get("status"))
     except policy.PolicyViolation as exc:
-        problem = st.Problem(exc.reason, str(exc))
+        problem = Problem(exc.reason, str(exc))
     except credentials.CredentialsRefused as exc:
         # Cleared by labelling a Secret or configuring the operator, not only by a spec change.
-        problem, recheck = st.Problem(exc.reason, exc.message), float(credentials.RECHECK_SECONDS)
+        problem, recheck = Problem(exc.reason, exc.message), float(credentials.RECHECK_SECONDS)
     except SpecError as exc:
-        problem = st.Problem(Reason.INVALID_SPEC, str(exc))
+        problem = Problem(Reason.INVALID_SPEC, str(exc))
     except ForeignObjectError as exc:
-        problem = st.Problem(Reason.RESOURCE_CONFLICT, str(exc))
+        problem = Problem(Reason.RESOURCE_CONFLICT, str(exc))
     except ApplyRefused as exc:
-        problem = st.Problem(
-            Reason.APPLY_FAILED, f"the API server refused the desired objects, none was written: {exc}"
-        )
+        problem = Problem(Reason.APPLY_FAILED, f"the API server refused the desired objects, none was written: {exc}")
     if problem is not None:
         _give_up(memo, body, ref, generation, problem, logger, recheck)
 
@@ -109,7 +107,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
     tracing.record_writes(result.writes)
     problem = result.problem
     if result.unavailable:
-        problem = st.Problem(Reason.API_UNAVAILABLE, "; ".join(unavailable_message(k) for k in result.unavailable))
+        problem = Problem(Reason.API_UNAVAILABLE, "; ".join(unavailable_message(k) for k in result.unavailable))
     workload = Ref.of(result.deployment) if result.deployment is not None else None
     selector = selector_string(owner)
     extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector}
@@ -120,7 +118,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
     def compute(fresh: JsonObject) -> JsonObject:
         state, pods = observe(memo.api, workload, selector)
         zero = serves_at_zero(fresh)
-        return st.compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
+        return compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
 
     previous, new_status = publish(memo, ref, compute)
     follow_activator(memo, body, owner, new_status, logger)
@@ -130,7 +128,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
         generation,
         len(result.writes),
         ", ".join(c.describe() for c in result.writes) or "none",
-        ", ".join(sorted(st.status_changes(previous, new_status))) or "none",
+        ", ".join(sorted(status_changes(previous, new_status))) or "none",
     )
     if problem is not None:
         kopf.warn(body, reason=problem.reason, message=problem.message)
@@ -149,7 +147,7 @@ def _give_up(
     body: kopf.Body,
     ref: Ref,
     generation: int | None,
-    problem: st.Problem,
+    problem: Problem,
     logger: kopf.Logger,
     recheck: float | None = None,
 ) -> NoReturn:
@@ -160,7 +158,7 @@ def _give_up(
             memo,
             ref,
             lambda fresh: (
-                st.compute_status(fresh.get("status"), st.NOT_CREATED, generation, problem)
+                compute_status(fresh.get("status"), NOT_CREATED, generation, problem)
                 | {"observedGeneration": generation}
             ),
         )

@@ -16,7 +16,6 @@ from typing import cast
 import kopf
 
 from .. import config, credentials, policy, scale_to_zero, status_pods
-from .. import status as st
 from ..builders.common import Owner
 from ..builders.model_server import CONTAINER as SERVER_CONTAINER
 from ..builders.storage import FETCH_CONTAINER
@@ -28,10 +27,21 @@ from ..models import parse_spec
 from ..reasons import Reason
 from ..reconcile import Action, Result, reconcile
 from ..rollout import Phase, RolloutState
+from ..status import (
+    DEGRADED,
+    READY,
+    SPEC_PROBLEMS,
+    Problem,
+    Rollout,
+    condition_status,
+    deployment_rollout,
+    find_condition,
+    status_changes,
+)
 
 # Problems rollout news does not clear: only a spec change or the next re-check can (a canary
 # rolled back stays Degraded until the spec changes; the stable revision serves meanwhile).
-KEPT_PROBLEMS = (*st.SPEC_PROBLEMS, Reason.API_ERROR, *credentials.REFUSALS, Reason.ROLLED_BACK)
+KEPT_PROBLEMS = (*SPEC_PROBLEMS, Reason.API_ERROR, *credentials.REFUSALS, Reason.ROLLED_BACK)
 # The containers of a model pod whose failures status_pods tells apart.
 POD_ROLES = status_pods.Roles(fetch=FETCH_CONTAINER, servers=(SERVER_CONTAINER, VLLM_CONTAINER))
 _STATUS_LOCKS_GUARD = threading.Lock()
@@ -68,7 +78,7 @@ def publish(
     def changes(fresh: JsonObject) -> JsonObject | None:
         new_status = compute(fresh)
         computed["status"] = fresh.get("status") if new_status is None else new_status
-        return None if new_status is None else st.status_changes(fresh.get("status"), new_status)
+        return None if new_status is None else status_changes(fresh.get("status"), new_status)
 
     with status_lock(memo, ref):
         fresh, _ = api.update_status(ref, changes)
@@ -113,12 +123,12 @@ def forget_status_lock(memo: kopf.Memo, namespace: str, name: str) -> None:
         (memo.get("status_locks") or {}).pop((namespace, name), None)
 
 
-def observe(api: KubeApi, workload: Ref | None, pod_selector: str | None) -> tuple[st.Rollout, st.Problem | None]:
+def observe(api: KubeApi, workload: Ref | None, pod_selector: str | None) -> tuple[Rollout, Problem | None]:
     """The service's workload and pods as they are now, read inside the status write (see
     `status_lock`): never the copy an apply answered, which predates its controller's news."""
     live = api.get(workload) if workload is not None else None
     pods = api.list_objects(*POD.key, workload.namespace, pod_selector) if workload and pod_selector else []
-    return st.rollout(live), status_pods.pods_problem(pods, POD_ROLES)
+    return deployment_rollout(live), status_pods.pods_problem(pods, POD_ROLES)
 
 
 def workload_ref(isvc: JsonObject) -> Ref:
@@ -132,10 +142,10 @@ def workload_ref(isvc: JsonObject) -> Ref:
 
 def announce_pods(isvc: kopf.Body | JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
     """A Warning event when the pods' problem appears or changes (kubectl describe shows it)."""
-    condition = st.find_condition(new.get("conditions"), st.DEGRADED)
+    condition = find_condition(new.get("conditions"), DEGRADED)
     if condition is None or condition.get("status") != "True" or condition.get("reason") not in status_pods.REASONS:
         return
-    before = st.find_condition((previous or {}).get("conditions"), st.DEGRADED) or {}
+    before = find_condition((previous or {}).get("conditions"), DEGRADED) or {}
     if (before.get("status"), before.get("reason"), before.get("message")) == (
         "True",
         condition.get("reason"),
@@ -147,10 +157,10 @@ def announce_pods(isvc: kopf.Body | JsonObject, previous: JsonObject | None, new
 
 def announce_readiness(isvc: JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
     """An event when the service becomes ready, a warning when a ready one stops being so."""
-    before, after = st.condition_status(previous, st.READY), st.condition_status(new, st.READY)
+    before, after = condition_status(previous, READY), condition_status(new, READY)
     if before == after or (after != "True" and before != "True"):
         return
-    condition = st.find_condition(new["conditions"], st.READY)
+    condition = find_condition(new["conditions"], READY)
     assert condition is not None
     if after == "True":
         normal_event(isvc, Reason.READY, condition["message"])
@@ -170,7 +180,7 @@ def reconcile_checked(
     return owner, reconcile(memo.api, owner, operator_config.credentials, state)
 
 
-def rollout_problem(rollout: RolloutState | None) -> st.Problem | None:
+def rollout_problem(rollout: RolloutState | None) -> Problem | None:
     if rollout is None or rollout.phase != Phase.ROLLED_BACK:
         return None
-    return st.Problem(Reason.ROLLED_BACK, f"revision {rollout.revision}: {rollout.message}")
+    return Problem(Reason.ROLLED_BACK, f"revision {rollout.revision}: {rollout.message}")
