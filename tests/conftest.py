@@ -11,6 +11,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from inference_operator.settings import ANY_URL, IMAGE_REGISTRIES_ENV, PROMETHEUS_ALLOWED_URLS_ENV
+from testsupport import nodecluster
 from testsupport.cluster import Cluster, running_cluster
 
 # The tests' Prometheus servers listen on loopback ports, which the operator's default allow-list
@@ -19,6 +20,21 @@ os.environ.setdefault(PROMETHEUS_ALLOWED_URLS_ENV, ANY_URL)
 # The platform's registries as the examples need them (their modelcars come from ghcr.io/example/);
 # tests of the policy set their own.
 os.environ.setdefault(IMAGE_REGISTRIES_ENV, "ghcr.io/rocm-inference/,ghcr.io/example/,docker.io/vllm/")
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked `proven_on_pods(module)` skips when that real-pods module runs in the same
+    session: the same behaviour proven on real pods, without a second minute-long engine start
+    on a 2-core machine. Wherever the tier cannot run, or is left out, the twin runs."""
+    twins = [item for item in items if item.get_closest_marker("proven_on_pods")]
+    if not twins or nodecluster.missing() is not None:
+        return
+    running = {str(item.path.relative_to(item.config.rootpath)) for item in items}
+    for item in twins:
+        (module,) = item.get_closest_marker("proven_on_pods").args  # type: ignore[union-attr]
+        if module in running:
+            item.add_marker(pytest.mark.skip(reason=f"proven on real pods in this run: {module}"))
 
 
 @pytest.fixture

@@ -29,91 +29,28 @@ def _openssl(*args: str, cwd: pathlib.Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
+def _sign(pki: pathlib.Path, name: str, subject: str, extfile: str | None = None) -> None:
+    """`name`.key and `name`.crt: a new key, and its certificate signed by the tier's CA."""
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=pki)  # fmt: skip
+    extensions = ["-extfile", extfile] if extfile else []
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", *extensions, "-out", f"{name}.crt", cwd=pki)  # fmt: skip
+
+
 def write_pki(work: pathlib.Path) -> pathlib.Path:
     """A CA, and the API server's serving certificate for every name pods and the host use."""
     pki = work / "pki"
     pki.mkdir(exist_ok=True)
     service_ip = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=rio-tier-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        cwd=pki,
-    )
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=rio-tier-ca",
+             "-keyout", "ca.key", "-out", "ca.crt", cwd=pki)  # fmt: skip
     names = ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"]
     san = ",".join([f"DNS:{n}" for n in names] + [f"IP:{ip}" for ip in ("127.0.0.1", NODE_IP, service_ip)])
     (pki / "san.cnf").write_text(f"subjectAltName={san}\n")
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=kube-apiserver",
-        "-keyout",
-        "apiserver.key",
-        "-out",
-        "apiserver.csr",
-        cwd=pki,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "apiserver.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.cnf",
-        "-out",
-        "apiserver.crt",
-        cwd=pki,
-    )
+    _sign(pki, "apiserver", "/CN=kube-apiserver", extfile="san.cnf")
     # The API server's client certificate for the kubelet's API (logs, exec), in system:masters.
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/O=system:masters/CN=kube-apiserver-kubelet-client",
-        "-keyout",
-        "kubelet-client.key",
-        "-out",
-        "kubelet-client.csr",
-        cwd=pki,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "kubelet-client.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-out",
-        "kubelet-client.crt",
-        cwd=pki,
-    )
+    _sign(pki, "kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client")
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
     return pki
 

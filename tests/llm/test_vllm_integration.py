@@ -9,8 +9,10 @@ wait and the p95 time to first token climbs past the target: the built-in autosc
 scale up while the breach lasts and back down once the load is gone.
 
 One vLLM process only (it takes a core or two): scaling up does not relieve it, so the loop
-goes up to maxReplicas and stays there while the load lasts. The same run checks vLLM's own
-traces as runtime.tracing wires them (one vLLM start for both: each takes a minute or more).
+goes up to maxReplicas and stays there while the load lasts. Where the real-pods tier runs, it
+proves the same on pods (tests/pods/test_vllm_pods.py, TTFT scaling to a second replica and
+back), and this twin skips: each vLLM start takes a core for half a minute or more. A second
+test checks vLLM's own traces and metrics as runtime.tracing and the Deployment wire them.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 
 
-def service(prometheus_url: str, traces_url: str) -> dict:
-    return {
+def service(prometheus_url: str | None = None, traces_url: str | None = None) -> dict:
+    """The InferenceService; autoscaled on TTFT with `prometheus_url`, traced with `traces_url`."""
+    resource = {
         "apiVersion": "inference.rocm.dev/v1alpha1",
         "kind": "InferenceService",
         "metadata": {"name": NAME, "namespace": NAMESPACE},
@@ -55,8 +58,6 @@ def service(prometheus_url: str, traces_url: str) -> dict:
             "model": {"uri": "pvc://models/tiny-llama", "name": MODEL},
             "runtime": {
                 "engine": "vllm",
-                # vLLM's own traces, sampled only where the caller sampled its trace.
-                "tracing": {"endpoint": traces_url, "samplingRatio": 0.0},
                 "maxModelLen": 256,
                 # Engine arguments: at most two sequences at once, so a burst has to queue.
                 "args": [f"--max-num-seqs={MAX_NUM_SEQS}", "--seed=0"],
@@ -67,7 +68,6 @@ def service(prometheus_url: str, traces_url: str) -> dict:
                 "maxReplicas": 3,
                 "metric": "ttftP95Ms",
                 "target": TARGET_TTFT_MS,
-                "prometheusUrl": prometheus_url,
                 "intervalSeconds": 1,
                 "windowSeconds": 10,
                 "scaleDownStabilizationSeconds": 8,
@@ -76,6 +76,14 @@ def service(prometheus_url: str, traces_url: str) -> dict:
             },
         },
     }
+    if prometheus_url is None:
+        del resource["spec"]["autoscaling"]
+    else:
+        resource["spec"]["autoscaling"]["prometheusUrl"] = prometheus_url
+    if traces_url is not None:
+        # vLLM's own traces, sampled only where the caller sampled its trace.
+        resource["spec"]["runtime"]["tracing"] = {"endpoint": traces_url, "samplingRatio": 0.0}
+    return resource
 
 
 def _recommendation(line: str) -> int:
@@ -90,34 +98,30 @@ def _breach_reported(status: dict) -> dict | None:
     return status if value is not None and value > TARGET_TTFT_MS else None
 
 
+def rendered_container(cluster: Cluster, resource: dict) -> dict:
+    """The vLLM container of the Deployment the operator renders for `resource`."""
+    assert cluster.apply_cr(resource).status_code in (200, 201)
+    deployment = wait_for(lambda: cluster.get(DEPLOYMENTS, NAMESPACE, NAME), timeout=30, message="the vLLM Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert container["command"][-1] == "vllm.entrypoints.openai.api_server"
+    assert f"--served-model-name={MODEL}" in args and "--tensor-parallel-size=1" in args
+    assert args[-2:] == [f"--max-num-seqs={MAX_NUM_SEQS}", "--seed=0"]
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
+    return container
+
+
 # vLLM's start alone takes one to three minutes on a busy 2-core machine.
 @pytest.mark.timeout(900)
-def test_vllm_deployment_serves_and_scales_on_ttft(
-    tmp_path, tiny_llama, cluster: Cluster, operator, record_property
+def test_vllm_serves_the_rendered_command_line_and_continues_a_sampled_trace(
+    tmp_path, tiny_llama, cluster: Cluster, operator
 ) -> None:
-    test_started = time.monotonic()
     port = free_port()
-    vllm_target = Target(f"127.0.0.1:{port}", {"namespace": NAMESPACE, "pod": f"{NAME}-0"})
-    with (
-        running_prometheus(tmp_path, [vllm_target]) as prom,
-        captured_operator_logs() as logs,
-        otlp_receiver() as traces,
-    ):
-        assert cluster.apply_cr(service(prom.url, traces.url)).status_code in (200, 201)
-        deployment = wait_for(
-            lambda: cluster.get(DEPLOYMENTS, NAMESPACE, NAME), timeout=30, message="the vLLM Deployment"
-        )
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        args = container["args"]
-        assert container["command"][-1] == "vllm.entrypoints.openai.api_server"
-        assert f"--served-model-name={MODEL}" in args and "--tensor-parallel-size=1" in args
-        assert args[-2:] == [f"--max-num-seqs={MAX_NUM_SEQS}", "--seed=0"]
-        assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
-
+    with otlp_receiver() as traces:
+        container = rendered_container(cluster, service(traces_url=traces.url))
         workdir = tmp_path / "pod"
         workdir.mkdir()
-        with running_vllm(container, tiny_llama, MOUNT, port, workdir) as vllm:
-            startup_seconds = vllm.startup_seconds  # type: ignore[attr-defined]
+        with running_vllm(container, tiny_llama, MOUNT, port, workdir):
             base = f"http://127.0.0.1:{port}"
             # The OpenAI API under the served model name.
             models = httpx.get(f"{base}/v1/models", timeout=10).json()
@@ -129,7 +133,7 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
             ).json()
             assert completion["usage"]["completion_tokens"] == 8
             # Traced as the operator wired it: a caller's sampled traceparent is continued (the
-            # completion above, and the load below, had none: at ratio 0 they start no trace).
+            # completion above had none: at ratio 0 it starts no trace).
             traced = httpx.post(
                 f"{base}/v1/completions",
                 json={"model": MODEL, "prompt": "the operator", "max_tokens": 4, "ignore_eos": True},
@@ -138,7 +142,32 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
             )
             assert traced.status_code == 200
             traces.wait_for(lambda got: any(s.name == "llm_request" for s in got), timeout=60)
+            metrics_text = httpx.get(f"{base}/metrics", timeout=10).text
 
+    (request_span,) = traces.named("llm_request")
+    assert (request_span.trace_id, request_span.parent_id) == (TRACE_ID, PARENT_SPAN_ID)
+    assert request_span.attributes["gen_ai.usage.completion_tokens"] == 4
+    # vLLM exported the metrics the autoscaler reads, under the served model name.
+    for name in (promql.VLLM_TTFT, promql.VLLM_ITL, promql.VLLM_E2E, promql.VLLM_WAITING, promql.VLLM_KV_CACHE):
+        assert name in metrics_text and f'model_name="{MODEL}"' in metrics_text, name
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
+def test_vllm_deployment_scales_on_ttft(tmp_path, tiny_llama, cluster: Cluster, operator, record_property) -> None:
+    test_started = time.monotonic()
+    port = free_port()
+    vllm_target = Target(f"127.0.0.1:{port}", {"namespace": NAMESPACE, "pod": f"{NAME}-0"})
+    with (
+        running_prometheus(tmp_path, [vllm_target]) as prom,
+        captured_operator_logs() as logs,
+    ):
+        container = rendered_container(cluster, service(prometheus_url=prom.url))
+        workdir = tmp_path / "pod"
+        workdir.mkdir()
+        with running_vllm(container, tiny_llama, MOUNT, port, workdir) as vllm:
+            startup_seconds = vllm.startup_seconds  # type: ignore[attr-defined]
+            base = f"http://127.0.0.1:{port}"
             wait_for(lambda: prom.targets_up() == 1, timeout=30, interval=0.2, message="vLLM scraped")
             # Idle: the loop reads TTFT p95 from vLLM's histogram and keeps one replica.
             idle = wait_for(
@@ -189,14 +218,7 @@ def test_vllm_deployment_serves_and_scales_on_ttft(
             writes = recorder.writes()
             query = promql.metric_query(Metric.TTFT_P95_MS, NAMESPACE, MODEL, 10)
             series = prom.query_range(query, load.started_at - 2, writes[0][0] + 1, step=0.25)
-            metrics_text = httpx.get(f"{base}/metrics", timeout=10).text
 
-    (request_span,) = traces.named("llm_request")
-    assert (request_span.trace_id, request_span.parent_id) == (TRACE_ID, PARENT_SPAN_ID)
-    assert request_span.attributes["gen_ai.usage.completion_tokens"] == 4
-    # vLLM exported the metrics the autoscaler reads, under the served model name.
-    for name in (promql.VLLM_TTFT, promql.VLLM_ITL, promql.VLLM_E2E, promql.VLLM_WAITING, promql.VLLM_KV_CACHE):
-        assert name in metrics_text and f'model_name="{MODEL}"' in metrics_text, name
     assert load.sent > 20 and load.failed == 0, (load.sent, load.failed)
     # requestsWaiting answers on vLLM's real series (how many wait in vLLM's scheduler rather
     # than in its HTTP front end varies with the machine's load, so only the answer is checked).

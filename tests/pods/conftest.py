@@ -251,8 +251,9 @@ def service_targets(node: NodeCluster, service: ServiceJob) -> list[dict]:
                                                                            "pod": p["metadata"]["name"]}}
         for p in pods(node, service.namespace, selector)
         if p["status"].get("podIP")
+        # A ServiceMonitor's targets are its Service's ready endpoints (never a terminating pod);
+        # a PodMonitor's, the running pods, terminating ones included.
         and (p["status"].get("phase") == "Running" if service.running_pods else ready(p))
-        and (service.running_pods or not p["metadata"].get("deletionTimestamp"))
     ]  # fmt: skip
 
 

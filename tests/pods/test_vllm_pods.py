@@ -149,7 +149,7 @@ def hub_repos(model_dir: pathlib.Path) -> dict[str, dict[str, bytes]]:
     # Room for completions long enough to outlast a pod's preStop sleep (the rolling update's streams).
     config = json.loads(model["config.json"])
     model["config.json"] = json.dumps({**config, "max_position_embeddings": MAX_MODEL_LEN}).encode()
-    return {"org/tiny-llama": model, "org/sql-lora": adapter_files(seed=1)}
+    return {"org/tiny-llama": model, "org/sql-lora": adapter_files(seed=1), "org/chat-lora": adapter_files(seed=2)}
 
 
 @pytest.fixture(scope="module")
@@ -253,6 +253,7 @@ def inference_service(
 
 
 SQL = {"name": "sql", "uri": "hf://org/sql-lora"}
+CHAT = {"name": "chat", "uri": "hf://org/chat-lora"}
 CACHE_CLAIM = "llm-cache"
 
 
@@ -773,6 +774,25 @@ def test_the_hub_token_never_reaches_the_vllm_container(node: NodeCluster, hub: 
     assert "/tmp/canary" in in_vllm(node, search).split("\n"), "the search misses a readable file"
     in_vllm(node, "import os; os.remove('/tmp/canary')")
     wait_for(lambda: adapter_state(node, "sql") == "Ready", timeout=30, message="sql still Ready")
+
+
+def test_an_added_adapter_is_loaded_into_the_running_replica(
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+) -> None:
+    """A new entry in spec.adapters reaches the replica through its ConfigMap: loaded into the
+    running vLLM, no pod rolled or restarted."""
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(node, NS, SELECTOR) if pod_ready(p)}
+    address = service_address(node)
+    apply(node, inference_service(hub, prometheus, [SQL, CHAT]))
+    started = time.monotonic()
+    wait_for(lambda: adapter_state(node, "chat") == "Ready", timeout=180, message="status.adapters chat Ready")
+    FIGURES["vLLM adapter added to the spec to Ready (s)"] = time.monotonic() - started
+    models = httpx.get(f"http://{address}/v1/models", timeout=10).json()["data"]
+    assert {m["id"] for m in models} == {NAME, "sql", "chat"}
+    assert complete(address, "chat") != complete(address, "sql")
+    after = [p for p in pods(node, NS, SELECTOR) if pod_ready(p)]
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in after} == before
+    assert all(c["restartCount"] == 0 for p in after for c in p["status"]["containerStatuses"])
 
 
 def test_a_removed_adapter_is_unloaded_and_a_request_for_it_is_a_404(
