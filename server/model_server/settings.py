@@ -67,7 +67,9 @@ class ServerSettings(BaseSettings):
         default_factory=lambda: list(DEFAULT_PROVIDERS),
         description="comma-separated ONNX Runtime execution providers, in preference order",
     )
-    intra_op_threads: int = Field(default=0, ge=0, description="0 = runtime default")
+    intra_op_threads: int = Field(
+        default=0, ge=0, description="0 = the CPUs the pod may use (cgroup limit, affinity), shared by the instances"
+    )
     inter_op_threads: int = Field(default=0, ge=0, description="0 = runtime default")
     io_binding: Literal["auto", "on", "off"] = "auto"
     profiling: bool = False

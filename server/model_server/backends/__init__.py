@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..cpu_budget import threads_per_instance
 from ..errors import ModelLoadError
 from ..settings import ServerSettings
 from .base import Backend
@@ -39,13 +40,14 @@ def detect_format(path: Path, requested: str) -> str:
 def create_backend(path: Path, settings: ServerSettings, *, version: str = "1", device_index: int = 0) -> Backend:
     """A not-yet-loaded backend for one model file on one device, configured from settings."""
     fmt = detect_format(path, settings.format)
+    threads = threads_per_instance(settings.intra_op_threads, settings.instances)
     if fmt == "onnx":
         from .onnx import OnnxBackend
 
         return OnnxBackend(
             path,
             providers=settings.providers,
-            intra_op_threads=settings.intra_op_threads,
+            intra_op_threads=threads,
             inter_op_threads=settings.inter_op_threads,
             profiling=settings.profiling,
             profile_prefix=settings.profile_dir / f"{settings.name}-v{version}-d{device_index}",
@@ -59,7 +61,7 @@ def create_backend(path: Path, settings: ServerSettings, *, version: str = "1", 
         kind="export" if fmt == "export" else "torchscript",
         device=settings.device,
         device_index=device_index,
-        threads=settings.intra_op_threads,
+        threads=threads,
     )
 
 
