@@ -98,8 +98,9 @@ class Receiver:
 
 
 @contextlib.contextmanager
-def otlp_receiver(mode: str = "ok") -> Iterator[Receiver]:
-    """A receiver on a free loopback port; its URL is the traces endpoint (`.../v1/traces`)."""
+def otlp_receiver(mode: str = "ok", host: str = "127.0.0.1") -> Iterator[Receiver]:
+    """A receiver on a free port of `host` (loopback, or the real-pods tier's bridge address, where
+    its pods reach it); its URL is the traces endpoint (`.../v1/traces`)."""
     release = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
@@ -124,9 +125,9 @@ def otlp_receiver(mode: str = "ok") -> Iterator[Receiver]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer((host, 0), Handler)
     server.daemon_threads = True
-    receiver = Receiver(f"http://127.0.0.1:{server.server_address[1]}/v1/traces")
+    receiver = Receiver(f"http://{host}:{server.server_address[1]}/v1/traces")
     if mode == "refuse":
         server.server_close()  # the port answers nothing: connections are refused
         yield receiver

@@ -371,6 +371,9 @@ def test_a_slow_canary_is_rolled_back_under_load_and_fails_no_request(
 ) -> None:
     done, load = canary_rollout(node, files, prometheus, SLOW)
     assert done["phase"] == "RolledBack" and "latency" in done["message"], done
+    assert done["stage"] == "rolled back" and done["weight"] == 0 and "rolled back at step 1" in done["message"]
+    check = done["lastCheck"]
+    assert check["verdict"] == "fail" and check["latencyMs"] > CANARY["analysis"]["maxLatencyMs"], check
     answered = prometheus.value(
         f'sum(max_over_time(model_server_requests_total{{namespace="{NS}",pod=~"{NAME}-canary-.*"}}[5m]))'
     )
@@ -386,6 +389,8 @@ def test_a_healthy_canary_is_promoted_under_load_and_fails_no_request(
 ) -> None:
     done, load = canary_rollout(node, files, prometheus, "1")
     assert done["phase"] == "Promoted", done
+    assert done["stage"] == "promoted" and done["weight"] == 100 and "promoted after 1 steps" in done["message"], done
+    assert done["lastCheck"]["verdict"] == "pass", done
     assert load.sent > 20 and load.failed == 0, (load.sent, load.failures)
     (pod,) = wait_ready_pods(node, NS, SELECTOR, 1, timeout=60)  # the stable Deployment, rolled to it
     assert "/mlp/1/model.onnx" in json.dumps(pod["spec"]["initContainers"])

@@ -57,6 +57,7 @@ from testsupport import images
 from testsupport.cluster import condition, wait_for
 from testsupport.load import CompletionLoad
 from testsupport.nodecluster import NODE_IP, NODE_NAME, NodeCluster
+from testsupport.otlp import Receiver, otlp_receiver
 
 # The first test also waits for the tier: its images (the vLLM image is 2.7 GB to import) and cluster.
 pytestmark = [pytest.mark.pods, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -167,6 +168,13 @@ def hub(node: NodeCluster, tiny_llama: pathlib.Path) -> Iterator[Hub]:  # noqa: 
 
 
 @pytest.fixture(scope="module")
+def traces(node: NodeCluster) -> Iterator[Receiver]:
+    """Where the service's vLLM sends its traces: a receiver on the tier's bridge address."""
+    with otlp_receiver(host=NODE_IP) as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
 def prometheus(node: NodeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PodPrometheus]:
     with pod_prometheus(node, tmp_path_factory.mktemp("prom"), [NS]) as prom:
         yield prom
@@ -202,9 +210,14 @@ STEADY_MS = 1e6  # a target no load reaches: the replica count holds
 
 
 def inference_service(
-    hub: Hub, prometheus: PodPrometheus, adapters: list[dict[str, str]] | None, target_ms: float = STEADY_MS
+    hub: Hub,
+    prometheus: PodPrometheus,
+    adapters: list[dict[str, str]] | None,
+    target_ms: float = STEADY_MS,
+    traces: Receiver | None = None,
 ) -> dict:
-    """The service; without LoRA when `adapters` is None (LIGHT_CPU), with it otherwise (LORA_CPU)."""
+    """The service; without LoRA when `adapters` is None (LIGHT_CPU), with it otherwise (LORA_CPU);
+    vLLM's traces sent to `traces` (sampled only where a caller sampled its trace)."""
     runtime: dict[str, Any] = {
         "engine": "vllm",
         "imagePullPolicy": "Never",
@@ -241,6 +254,8 @@ def inference_service(
             "scaleDown": {"pods": 4, "percent": 100, "periodSeconds": 1},
         },
     }
+    if traces is not None:
+        runtime["tracing"] = {"endpoint": traces.url, "samplingRatio": 0.0}
     if adapters is not None:
         runtime["lora"] = {"maxLoras": 2, "maxLoraRank": 8}
         spec["adapters"] = adapters
@@ -358,7 +373,12 @@ def cache_volume(node: NodeCluster, release: dict, tmp_path_factory: pytest.Temp
 
 
 def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
-    node: NodeCluster, release: dict, hub: Hub, prometheus: PodPrometheus, cache_volume: pathlib.Path
+    node: NodeCluster,
+    release: dict,
+    hub: Hub,
+    prometheus: PodPrometheus,
+    traces: Receiver,
+    cache_volume: pathlib.Path,
 ) -> None:
     secret = {
         "apiVersion": "v1",
@@ -368,7 +388,7 @@ def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
     }
     apply(node, secret)
     applied = time.monotonic()
-    apply(node, inference_service(hub, prometheus, None, TTFT_TARGET_MS))
+    apply(node, inference_service(hub, prometheus, None, TTFT_TARGET_MS, traces=traces))
     wait_ready_pods(node, NS, SELECTOR, 1, timeout=420)
     FIGURES["vLLM InferenceService applied to Ready pod (s)"] = time.monotonic() - applied
     FIGURES[f"vLLM start to Ready, first replica, cold, {LIGHT_CPU} (s)"] = vllm_start_to_ready(node)
@@ -430,6 +450,26 @@ def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod
         # vLLM's own port listens on the pod's loopback: only the front reaches it.
         "engine ConnectionRefusedError",
     ], output
+
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN_ID = "00f067aa0ba902b7"
+
+
+def test_vllm_continues_a_sampled_callers_trace_and_exports_it_where_the_spec_says(
+    node: NodeCluster, traces: Receiver
+) -> None:
+    """runtime.tracing on a real pod: through the Service and the front, vLLM continues a caller's
+    sampled trace and exports its span to the spec's endpoint; the unsampled requests before this
+    one (every other in this module) start none, at samplingRatio 0."""
+    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 4, "ignore_eos": True}
+    headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"}
+    answer = httpx.post(f"http://{service_address(node)}/v1/completions", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 200, answer.text
+    traces.wait_for(lambda got: any(s.name == "llm_request" for s in got), timeout=60)
+    (span,) = traces.named("llm_request")
+    assert (span.trace_id, span.parent_id) == (TRACE_ID, PARENT_SPAN_ID)
+    assert span.attributes["gen_ai.usage.completion_tokens"] == 4
 
 
 def new_ready_pod(node: NodeCluster, old: set[str]) -> dict | None:
@@ -580,7 +620,7 @@ def stream_rate(address: str, concurrency: int) -> float:
 
 
 def test_a_rolling_update_with_streams_in_flight_cuts_no_stream_and_fails_no_request(
-    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus, traces: Receiver
 ) -> None:
     """A spec change (runtime.lora and an adapter, which the next tests use) rolls the Deployment
     while streamed completions run: the old pod's streams end whole (the preStop keeps it serving
@@ -611,7 +651,7 @@ def test_a_rolling_update_with_streams_in_flight_cuts_no_stream_and_fails_no_req
 
     try:
         applied = time.monotonic()
-        apply(node, inference_service(hub, prometheus, [SQL]))
+        apply(node, inference_service(hub, prometheus, [SQL], traces=traces))
         wait_for(rolled, timeout=420, interval=0.25, message="the new pod Ready and the old ones gone")
         FIGURES["vLLM spec change to the rolled-out pod Ready and the old one gone, streaming (s)"] = (
             time.monotonic() - applied
@@ -748,14 +788,18 @@ print("\\n".join(found))
 """
 
 
-def test_the_hub_token_never_reaches_the_vllm_container(node: NodeCluster, hub: Hub, prometheus: PodPrometheus) -> None:
+def test_the_hub_token_never_reaches_the_vllm_container(
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus, traces: Receiver
+) -> None:
     """Issue 25 H1: code the author runs in the vLLM container (their model's, or runtime.env's)
     plants an AWS config with a credential_process in every directory it can write, then an
     s3:// adapter makes the sidecar, which holds HF_TOKEN, resolve S3 credentials."""
     steal = base64.b64encode(STEAL.encode()).decode()
     planted = in_vllm(node, PLANT.format(steal=steal)).split()
     assert "/tmp/.aws" in planted, planted  # the vLLM container's HOME is writable
-    apply(node, inference_service(hub, prometheus, [SQL, {"name": "stolen", "uri": "s3://bucket/adapter"}]))
+    apply(
+        node, inference_service(hub, prometheus, [SQL, {"name": "stolen", "uri": "s3://bucket/adapter"}], traces=traces)
+    )
     # The sidecar has tried the s3:// adapter (and resolved its credentials) once it reports it,
     # or once it has exited over it.
     wait_for(
@@ -777,13 +821,13 @@ def test_the_hub_token_never_reaches_the_vllm_container(node: NodeCluster, hub: 
 
 
 def test_an_added_adapter_is_loaded_into_the_running_replica(
-    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus, traces: Receiver
 ) -> None:
     """A new entry in spec.adapters reaches the replica through its ConfigMap: loaded into the
     running vLLM, no pod rolled or restarted."""
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(node, NS, SELECTOR) if pod_ready(p)}
     address = service_address(node)
-    apply(node, inference_service(hub, prometheus, [SQL, CHAT]))
+    apply(node, inference_service(hub, prometheus, [SQL, CHAT], traces=traces))
     started = time.monotonic()
     wait_for(lambda: adapter_state(node, "chat") == "Ready", timeout=180, message="status.adapters chat Ready")
     FIGURES["vLLM adapter added to the spec to Ready (s)"] = time.monotonic() - started
@@ -796,10 +840,10 @@ def test_an_added_adapter_is_loaded_into_the_running_replica(
 
 
 def test_a_removed_adapter_is_unloaded_and_a_request_for_it_is_a_404(
-    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus, traces: Receiver
 ) -> None:
     address = service_address(node)
-    apply(node, inference_service(hub, prometheus, []))
+    apply(node, inference_service(hub, prometheus, [], traces=traces))
     started = time.monotonic()
     wait_for(
         lambda: {m["id"] for m in httpx.get(f"http://{address}/v1/models", timeout=10).json()["data"]} == {NAME},

@@ -5,6 +5,9 @@ model-server process is the stable Deployment's pod and, once the operator creat
 another is the canary's pod, each scraped under the pod name Prometheus would give it. A steady
 client keeps both busy the whole time. A candidate that is slower than `maxLatencyMs` is rolled
 back by the operator on its own; a healthy one is promoted step by step to the stable Deployment.
+Where the real-pods tier runs, it proves both on pods under load (tests/pods/test_real_pods.py),
+and these twins skip; the stages of a rollout are also followed step by step against a real API
+server (tests/realapi) and as pure decisions (tests/operator/test_rollout_policy.py).
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ def start_canary(cluster: Cluster, prometheus_url: str) -> None:
     assert model_version(cluster, NAME) == "1" and model_version(cluster, f"{NAME}-canary") == "2"
 
 
+@pytest.mark.proven_on_pods("tests/pods/test_real_pods.py")
 def test_a_slow_canary_is_rolled_back_by_itself(tmp_path: Path, cluster: Cluster, operator, record_property) -> None:
     slow = tiny_mlp(tmp_path / "slow.onnx", depth=16)  # ~10 ms a row, and two clients queue on it
     with (
@@ -173,6 +177,7 @@ def test_a_slow_canary_is_rolled_back_by_itself(tmp_path: Path, cluster: Cluster
     )
 
 
+@pytest.mark.proven_on_pods("tests/pods/test_real_pods.py")
 def test_a_healthy_canary_is_promoted_step_by_step(tmp_path: Path, cluster: Cluster, operator) -> None:
     candidate = tiny_mlp(tmp_path / "candidate.onnx", width=64, depth=1)
     stages: set[str] = set()
