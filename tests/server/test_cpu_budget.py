@@ -79,20 +79,20 @@ def test_this_process_budget_is_within_its_affinity() -> None:
     assert 1 <= cpu_budget.available_cpus() <= len(os.sched_getaffinity(0))
 
 
+def session_threads(model: Path, intra_op_threads: int) -> int:
+    """The intra-op threads of the ONNX session the server would load `model` into."""
+    backend = create_backend(model, make_settings(model, intra_op_threads=intra_op_threads))
+    backend.load()
+    try:
+        return int(backend._session.get_session_options().intra_op_num_threads)  # type: ignore[attr-defined]
+    finally:
+        backend.close()
+
+
 def test_an_onnx_session_gets_the_budget_as_its_intra_op_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = mlp_model(tmp_path / "model.onnx", [4, 8, 2])
     monkeypatch.setattr(cpu_budget, "available_cpus", lambda: 3)
-    backend = create_backend(model, make_settings(model, intra_op_threads=0))
-    backend.load()
-    try:
-        assert backend._session.get_session_options().intra_op_num_threads == 3  # type: ignore[attr-defined]
-    finally:
-        backend.close()
-    asked = create_backend(model, make_settings(model, intra_op_threads=2))
-    asked.load()
-    try:
-        assert asked._session.get_session_options().intra_op_num_threads == 2  # type: ignore[attr-defined]
-    finally:
-        asked.close()
+    assert session_threads(model, 0) == 3
+    assert session_threads(model, 2) == 2  # --intra-op-threads wins
