@@ -130,10 +130,14 @@ def store_containerd(store: pathlib.Path, scratch: pathlib.Path, record: Callabl
     record(process.pid, str(config))  # its command line names it: no other process matches
 
     def ctr(*args: str, stdin: IO[bytes] | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
+        done = subprocess.run(
             ["ctr", "--address", str(socket), "-n", NAMESPACE, *args],
-            stdin=stdin, capture_output=True, check=check, timeout=900,
+            stdin=stdin, capture_output=True, check=False, timeout=900,
         )  # fmt: skip
+        if check and done.returncode:
+            log = (scratch / "containerd.log").read_text(errors="replace")[-2000:]
+            raise AssertionError(f"ctr {' '.join(args)}: exit {done.returncode}: {done.stderr.decode()}\n{log}")
+        return done
 
     try:
         deadline = time.monotonic() + 30

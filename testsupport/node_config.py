@@ -2,7 +2,7 @@
 certificates, kubeconfigs, and the configuration of containerd, the CNI bridge, the kubelet and
 kube-proxy, all under the cluster's work directory. The network's addresses are here too: pods on
 the bridge `rio0` (10.244.0.0/24, the node and the API server at 10.244.0.1), Services in
-10.96.0.0/24, no default route for pods.
+10.96.0.0/20, no default route for pods.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from testsupport.processes import free_port
 BRIDGE = "rio0"
 POD_CIDR = "10.244.0.0/24"
 NODE_IP = "10.244.0.1"
-SERVICE_CIDR = "10.96.0.0/24"
+# Wide enough that the API server rarely gives a new Service the ClusterIP of one deleted a moment
+# ago: until kube-proxy catches up, that address still leads to the old Service's pods (with a /24,
+# a tier run saw a new Service's first request answered by a deleted one's terminating pod).
+SERVICE_CIDR = "10.96.0.0/20"
 NODE_NAME = "rio-node"
 CGROUP_ROOT = "rio-tier"
 PAUSE_IMAGE = "localhost/pause:rio"
