@@ -182,7 +182,13 @@ def sync(
             _write_index(store, index)
             ctr("images", "rm", "--sync", name, check=False)  # gone already: as wanted
         for name in to_import:
-            index.pop(name, None)
+            if index.pop(name, None) is not None:
+                # A rebuilt image: its old version goes first, its garbage collected before the
+                # import. Replaced by the import instead, the old version's snapshots would be
+                # collected while the new one unpacks onto the layers they share ("parent
+                # snapshot ... does not exist").
+                _write_index(store, index)
+                ctr("images", "rm", "--sync", name, check=False)
             _write_index(store, index)
             _import(ctr, name)
             index[name] = podman[name]
