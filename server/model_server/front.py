@@ -145,8 +145,8 @@ class Front:
         self._ready = False
         self._checking: asyncio.Future[None] | None = None
         self.draining = False
-        # Set by serve(): every open connection closes after the answer it carries.
-        self.finish_connections: Callable[[], None] = lambda: None
+        # Set by serve(): idle connections close now, busy ones after their answers.
+        self.close_idle_connections: Callable[[], None] = lambda: None
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -198,7 +198,7 @@ class Front:
             send = closing(send)
         if b"idle=close" in scope.get("query_string", b"").split(b"&"):
             log.info("draining: idle connections closed")
-            self.finish_connections()
+            self.close_idle_connections()
         await answer(send, 200, b'{"draining":true}')
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -288,11 +288,15 @@ def config_from_args(args: argparse.Namespace) -> FrontConfig:
     return FrontConfig(**values)
 
 
-def finish_connections(server: uvicorn.Server) -> None:
+def close_idle_connections(server: uvicorn.Server) -> None:
     """What uvicorn does to its connections at shutdown, with the listener left open: an idle one
-    closes, a busy one after its answer."""
+    closes, a busy one after its answer. One awaiting its request stays: closed with the request
+    unread in its socket, the client's connection is reset (a stream failed so on the tier, its
+    new connection led here while endpoints caught up); while draining, it is answered once and
+    closed like any other."""
     for connection in list(server.server_state.connections):
-        connection.shutdown()
+        if not (isinstance(connection, LimitedHttpProtocol) and connection.awaiting_request):
+            connection.shutdown()
 
 
 def serve(config: FrontConfig) -> int:
@@ -315,7 +319,7 @@ def serve(config: FrontConfig) -> int:
             http=LimitedHttpProtocol.with_limits(config.connection_limits()),
         )
     )
-    front.finish_connections = lambda: finish_connections(server)
+    front.close_idle_connections = lambda: close_idle_connections(server)
     signals.remember_stop_signals()
     server.run()
     return 0 if server.started else 1

@@ -222,6 +222,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._probes_only = admission == "probes only"
         self._arm(self.limits.header_timeout_s, "headers")
 
+    @property
+    def awaiting_request(self) -> bool:
+        """New, or its next request's head begun: closing it now may leave that request in its
+        socket, unread, and reset the client's connection. Idle (kept alive, nothing of a next
+        request read) and busy connections are not."""
+        return self.table.states.get(self) == "waiting"
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.table.remove(self)
         self._disarm()

@@ -331,9 +331,10 @@ def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer
     First every answer closes its connection: a kept-alive client's next request is answered and
     told to close, a new connection too, and a connection idle meanwhile stays open (closing it
     then raced clients sending on it: 2 of 36 streams failed on the tier). A second before the
-    hook ends, the connections still idle close; a stream in flight ends whole, then its
-    connection closes. Clients that keep their connections alive thus reconnect, to replicas that
-    stay, while vLLM still answers."""
+    hook ends, the connections kept alive between requests close, but not one whose first
+    request may be unread in its socket (closing it reset the client's request); a stream in
+    flight ends whole, then its connection closes. Clients that keep their connections alive
+    thus reconnect, to replicas that stay, while vLLM still answers."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     ready = f"http://127.0.0.1:{port}/health/ready"
@@ -360,11 +361,17 @@ def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer
             idle.sock.settimeout(0.2)
             with pytest.raises(TimeoutError):  # still open
                 idle.sock.recv(1)
+            # A client connected, its request not yet read (as when endpoints still lead here).
+            opened = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            opened.connect()
             assert hook.wait(10) == 0
         finally:
             hook.kill()
         idle.sock.settimeout(5)
         assert idle.sock.recv(1) == b"", "the idle connection is still open"
+        opened.request("POST", "/v1/echo", body=b"{}")  # after the idle ones were closed
+        first = opened.getresponse()
+        assert first.status == 200 and first.getheader("connection") == "close" and first.read()
         upstream.gate.set()
         assert stream.read().endswith(b"data: [DONE]\n\n")  # whole
         assert streaming.sock is not None
