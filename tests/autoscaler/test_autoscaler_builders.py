@@ -172,7 +172,9 @@ def test_autoscaler_hpa_carries_bounds_behavior_and_the_promql() -> None:
     assert spec["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 0
     assert {"type": "Pods", "value": 2, "periodSeconds": 30} in spec["behavior"]["scaleUp"]["policies"]
     assert {"type": "Percent", "value": 50, "periodSeconds": 30} in spec["behavior"]["scaleUp"]["policies"]
-    assert hpa["metadata"]["annotations"][PROMQL_ANNOTATION] == promql.latency_ms(0.95, "ml", "resnet-50", 120)
+    assert hpa["metadata"]["annotations"][PROMQL_ANNOTATION] == promql.metric_query(
+        Metric.LATENCY_P95_MS, "ml", "resnet-50", 120
+    )
     assert hpa["metadata"]["ownerReferences"][0]["uid"] == "1234"
 
 

@@ -18,6 +18,7 @@ from typing import Self
 import pytest
 
 from inference_operator import credentials, settings
+from inference_operator.models import Metric
 from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import (
     Target,
@@ -130,7 +131,7 @@ def test_autoscaler_scales_on_real_prometheus_latency(tmp_path, cluster: Cluster
             writes = recorder.writes()
 
             # When did Prometheus first see the breach? Evaluate the loop's own query over time.
-            query = promql.latency_ms(0.95, NAMESPACE, NAME, window)
+            query = promql.metric_query(Metric.LATENCY_P95_MS, NAMESPACE, NAME, window)
             series = prom.query_range(query, load.started_at - 2, writes[0][0] + 1, step=0.25)
 
     assert load.sent > 100 and load.failed == 0, (load.sent, load.failed)
@@ -297,7 +298,9 @@ def test_autoscaler_modes_switch_between_loop_hpa_and_keda(cluster: Cluster, ope
         cluster.patch_cr(NAMESPACE, NAME, {"spec": {"autoscaling": {"mode": "keda"}}})
         scaled = wait_for(lambda: cluster.get(SCALED_OBJECTS, NAMESPACE, NAME), timeout=30, message="ScaledObject")
         wait_for(lambda: cluster.get(HPAS, NAMESPACE, NAME) is None, timeout=30, message="HPA deleted")
-        assert scaled["spec"]["triggers"][0]["metadata"]["query"] == promql.latency_ms(0.95, NAMESPACE, NAME, 60)
+        assert scaled["spec"]["triggers"][0]["metadata"]["query"] == promql.metric_query(
+            Metric.LATENCY_P95_MS, NAMESPACE, NAME, 60
+        )
         assert logs.count(DECISION) == quiet
 
         cluster.patch_cr(NAMESPACE, NAME, {"spec": {"autoscaling": {"mode": "builtin"}}})

@@ -90,20 +90,19 @@ def selector(namespace: str, model: str, model_label: str = "model") -> str:
     return "{namespace=" + _quote(namespace) + "," + model_label + "=" + _quote(model) + "}"
 
 
-def latency_ms(quantile: float, namespace: str, model: str, window_seconds: int) -> str:
-    """The latency quantile in ms; 0 when the service is up but served nothing in the window.
-
-    histogram_quantile() of all-zero rates is NaN (and the histogram does not exist before the
-    first request), which would read as "no data" and hold an idle service at its peak size;
-    `>= 0` drops the NaN and the `or` branch answers 0 as long as the pods are scraped at all.
-    No series (nothing scraped) still gives an empty result.
-    """
-    return _quantile_ms(LATENCY_HISTOGRAM, quantile, selector(namespace, model), QUEUE_DEPTH, window_seconds)
+def _engine_selector(engine: Engine, namespace: str, model: str) -> str:
+    """The service's series of `engine`, by that engine's model label."""
+    return selector(namespace, model, SERIES[engine].model_label)
 
 
 def _quantile_ms(histogram: str, quantile: float, sel: str, present: str, window_seconds: int) -> str:
-    """A quantile of `histogram` in ms, or 0 wherever the always-present gauge `present` is
-    scraped (see latency_ms for why)."""
+    """A quantile of `histogram` in ms; 0 when the service is up but served nothing in the window.
+
+    histogram_quantile() of all-zero rates is NaN (and the histogram does not exist before the
+    first request), which would read as "no data" and hold an idle service at its peak size;
+    `>= 0` drops the NaN and the `or` branch answers 0 as long as the always-present gauge
+    `present` is scraped at all. No series (nothing scraped) still gives an empty result.
+    """
     return (
         f"(histogram_quantile({quantile}, sum by (le) (rate({histogram}_bucket{sel}[{window_seconds}s])))"
         f" * 1000 >= 0) or (sum({present}{sel}) * 0)"
@@ -153,9 +152,9 @@ def kv_cache_usage(namespace: str, model: str, window_seconds: int) -> str:
 def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int) -> str:
     if metric in LATENCIES:
         histogram, quantile = LATENCIES[metric]
-        series = SERIES[exporter(metric)]
-        sel = selector(namespace, model, series.model_label)
-        return _quantile_ms(histogram, quantile, sel, series.scraped[0], window_seconds)
+        engine = exporter(metric)
+        sel = _engine_selector(engine, namespace, model)
+        return _quantile_ms(histogram, quantile, sel, SERIES[engine].scraped[0], window_seconds)
     if metric == Metric.REQUESTS_WAITING:
         return requests_waiting(namespace, model, window_seconds)
     if metric == Metric.KV_CACHE_USAGE:
@@ -171,8 +170,7 @@ def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int
 
 def request_latency_ms(engine: Engine, namespace: str, model: str, window_seconds: int) -> str:
     """p95 request latency (vLLM: end to end), shown in status next to the scaling metric."""
-    series = SERIES[engine]
-    sel = selector(namespace, model, series.model_label)
+    series, sel = SERIES[engine], _engine_selector(engine, namespace, model)
     return _quantile_ms(series.request_latency, 0.95, sel, series.scraped[0], window_seconds)
 
 
@@ -182,8 +180,7 @@ def data_age_seconds(namespace: str, model: str, engine: Engine = DEFAULT_ENGINE
     timestamp() of a plain selector returns the sample's own time; scrapes that fail mark
     series stale, so a dead service answers an empty vector rather than an old age.
     """
-    series = SERIES[engine]
-    sel = selector(namespace, model, series.model_label)
+    series, sel = SERIES[engine], _engine_selector(engine, namespace, model)
     return "time() - max(" + " or ".join(f"timestamp({name}{sel})" for name in series.scraped) + ")"
 
 
@@ -233,7 +230,6 @@ def recent_requests(engine: Engine, namespace: str, model: str, window_seconds: 
     """Requests the service answered in the window plus those it is answering now (the idle
     rule of scaleToZero). A counter no request has created yet counts 0; the gauges must be
     scraped, so a service Prometheus does not see is never called idle."""
-    series = SERIES[engine]
-    sel = selector(namespace, model, series.model_label)
+    series, sel = SERIES[engine], _engine_selector(engine, namespace, model)
     answered = f"(sum(increase({series.answered}{sel}[{window_seconds}s])) or vector(0))"
     return " + ".join([answered, *(f"sum({gauge}{sel})" for gauge in series.holding)])
