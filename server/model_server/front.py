@@ -49,6 +49,7 @@ from .proxy import (
     error_body,
     handed_over,
     request_headers,
+    server_config,
     stream,
     target,
 )
@@ -305,20 +306,7 @@ def serve(config: FrontConfig) -> int:
     largest, budget = config.body_limits()
     log.info("front on :%d for %s (bodies up to %d bytes, %d at once)", config.port, config.upstream, largest, budget)
     front = Front(config)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            front,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            access_log=False,
-            lifespan="on",
-            proxy_headers=False,  # the client is the peer: nobody in front of this proxy is trusted
-            timeout_keep_alive=config.keep_alive_timeout_s,
-            timeout_graceful_shutdown=int(config.drain_timeout_s),
-            http=LimitedHttpProtocol.with_limits(config.connection_limits()),
-        )
-    )
+    server = uvicorn.Server(server_config(front, config, int(config.drain_timeout_s)))
     front.close_idle_connections = lambda: close_idle_connections(server)
     signals.remember_stop_signals()
     server.run()

@@ -16,12 +16,15 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
-from starlette.types import Message, Receive, Scope, Send
+import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .bodies import ReadBudget, read_body
 from .errors import PayloadTooLarge
+from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 
 log = logging.getLogger("model_server.proxy")
 
@@ -216,3 +219,34 @@ async def stream(response: httpx.Response, receive: Receive, send: Send) -> bool
         log.warning("the upstream's answer broke off: %s", relay.exception())
         return False
     return relay.done() and not relay.cancelled()
+
+
+class ListenerConfig(Protocol):
+    """What a proxy's listener is configured from (the front's and the activator's configs)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def log_level(self) -> str: ...
+    @property
+    def keep_alive_timeout_s(self) -> int: ...
+    def connection_limits(self) -> ConnectionLimits: ...
+
+
+def server_config(app: ASGIApp, config: ListenerConfig, graceful_seconds: int) -> uvicorn.Config:
+    """uvicorn for a proxy's port: the bounded protocol, no access log, and the connection's
+    peer as the client (nobody in front of a proxy is trusted to say who the client is)."""
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        access_log=False,
+        lifespan="on",
+        proxy_headers=False,
+        timeout_keep_alive=config.keep_alive_timeout_s,
+        timeout_graceful_shutdown=graceful_seconds,
+        http=LimitedHttpProtocol.with_limits(config.connection_limits()),
+    )

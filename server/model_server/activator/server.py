@@ -48,7 +48,17 @@ from .. import metrics_port, signals
 from ..bodies import ReadBudget
 from ..errors import Busy, PayloadTooLarge
 from ..http_protocol import ConnectionLimits, LimitedHttpProtocol
-from ..proxy import Body, BodyReader, ClientGone, answer, error_body, request_headers, stream, target
+from ..proxy import (
+    Body,
+    BodyReader,
+    ClientGone,
+    answer,
+    error_body,
+    request_headers,
+    server_config,
+    stream,
+    target,
+)
 from ..settings import ServerSettings, detect_memory_limit
 from .kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
 from .metrics import ActivatorMetrics
@@ -715,19 +725,8 @@ def serve(config: ActivatorConfig) -> int:
             http=LimitedHttpProtocol.with_limits(ConnectionLimits.of(config, frozenset({"/metrics"}))),
         )
     server = ActivatorServer(
-        uvicorn.Config(
-            activator,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            access_log=False,
-            lifespan="on",
-            proxy_headers=False,  # the client is the peer: nobody in front of this proxy is trusted
-            timeout_keep_alive=config.keep_alive_timeout_s,
-            # Every held request ends by its wait; a stream still relayed then is cut off.
-            timeout_graceful_shutdown=int(config.max_wait_seconds) + 20,
-            http=LimitedHttpProtocol.with_limits(config.connection_limits()),
-        ),
+        # Every held request ends by its wait; a stream still relayed then is cut off.
+        server_config(activator, config, int(config.max_wait_seconds) + 20),
         activator,
         metrics,
     )
