@@ -210,6 +210,20 @@ def wait_for(
         time.sleep(interval)
 
 
+def wait_quiet(read: Callable[[], Any], quiet: float = 0.5, timeout: float = 20, message: str = "quiet") -> Any:
+    """Poll `read()` until its value has stayed the same for `quiet` seconds; return it (what
+    a test that says "nothing more happens" waits for, rather than a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(min(0.05, quiet))
+        if (now := read()) != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 @contextlib.contextmanager
 def running_cluster(tmp_path: pathlib.Path) -> Iterator[Cluster]:
     """Serve a ClusterEmulator on 127.0.0.1 from a thread of its own, with a kubeconfig for it."""

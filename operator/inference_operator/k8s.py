@@ -174,21 +174,34 @@ class KubeApi:
         return self._call("PATCH", ref.path("status"), body=body, content_type="application/merge-patch+json")
 
     def update_status(
-        self, ref: Ref, changes: Callable[[JsonObject], JsonObject | None], attempts: int = 5
+        self,
+        ref: Ref,
+        changes: Callable[[JsonObject], JsonObject | None],
+        attempts: int = 5,
+        known: JsonObject | None = None,
     ) -> tuple[JsonObject | None, JsonObject | None]:
         """Read the object, let `changes(obj)` say which status keys to set, write them guarded by
         the resourceVersion read; on a conflict, read and decide again.
 
         Status has several writers (reconcile, owned-object events, the autoscaler) and lists such
         as `conditions` are replaced whole by a merge patch: without the guard one writer could
-        put back a list another had just changed. Returns (the object read last, the keys
-        written), or (None, None) when the object is gone.
+        put back a list another had just changed. `known`, the object as the caller last saw it
+        (a watch event's), is decided on first instead of a read: the guard refuses it if it is
+        stale, and "nothing to change" is only believed of a fresh read. Returns (the object read
+        last, the keys written), or (None, None) when the object is gone.
         """
         for _ in range(attempts):
-            obj = self.get(ref)
+            copy, known = known, None
+            obj = self.get(ref) if copy is None else copy
             if obj is None:
                 return None, None
             patch = changes(obj)
+            if not patch and copy is not None:
+                obj = self.get(ref)  # nothing to change, maybe only in a copy that is out of date
+                if obj is None:
+                    return None, None
+                if _version(obj) != _version(copy):
+                    patch = changes(obj)
             if not patch:
                 return obj, {}
             try:
@@ -204,3 +217,7 @@ class KubeApi:
 
     def patch(self, ref: Ref, patch: JsonObject, subresource: str | None = None) -> JsonObject:
         return self._call("PATCH", ref.path(subresource), body=patch, content_type="application/merge-patch+json")
+
+
+def _version(obj: JsonObject) -> str | None:
+    return (obj.get("metadata") or {}).get("resourceVersion")

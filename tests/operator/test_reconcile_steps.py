@@ -38,8 +38,10 @@ class RecordingApi:
         self.objects = objects or {}
         self.applied: list[tuple[str, bool]] = []
         self.deleted: list[str] = []
+        self.read: list[tuple[str, str]] = []
 
     def get(self, ref: Ref) -> dict | None:
+        self.read.append((ref.kind, ref.name))
         return copy.deepcopy(self.objects.get((ref.kind, ref.name)))
 
     def serves(self, api_version: str, plural: str) -> bool:
@@ -101,3 +103,35 @@ def test_the_live_replica_count_is_kept_only_for_kinds_that_say_so() -> None:
     service = next(o for o in build_all(owner()) if o["kind"] == "Service")
     assert not BY_KEY["v1", "Service"].keeps_live_replicas
     assert rc.keep_foreign_replicas(service, live) is service
+
+
+@pytest.mark.parametrize(
+    ("generation", "status", "first"),
+    [
+        (1, None, True),
+        (1, {"conditions": []}, True),  # another writer's status, no reconcile finished
+        (1, {"observedGeneration": 1}, False),
+        (2, None, False),  # the spec changed since it was created: the first spec's objects may be left
+        (None, None, False),
+    ],
+)
+def test_only_a_first_generation_no_reconcile_finished_is_a_first_reconcile(
+    generation: int | None, status: dict | None, first: bool
+) -> None:
+    assert rc.never_reconciled(generation, status) is first
+
+
+PLAIN = {"model": {"uri": "pvc://models/resnet"}, "replicas": 2}
+
+
+def test_a_first_reconcile_reads_only_what_it_applies_and_prunes_nothing() -> None:
+    api = RecordingApi()
+    result = rc.reconcile(api, owner(PLAIN), first=True)
+    applied = [(o["kind"], o["metadata"]["name"]) for o in build_all(owner(PLAIN))]
+    assert sorted(api.read) == sorted(applied)
+    assert {c.kind for c in result.writes} == {kind for kind, _ in applied}
+    # Any later reconcile looks for what the service no longer wants, and deletes it.
+    stale = {"metadata": {"name": "resnet", "ownerReferences": [{"uid": "u-1"}]}}
+    api = RecordingApi({("HorizontalPodAutoscaler", "resnet"): stale})
+    rc.reconcile(api, owner(PLAIN))
+    assert len(api.read) > len(applied) and api.deleted == ["HorizontalPodAutoscaler"]

@@ -23,7 +23,7 @@ from ..reconcile import ApplyRefused, ForeignObjectError
 from ..rollout import COMMAND_ANNOTATION, Check, Command, Phase, Progress, RolloutState, advance
 from ..status import compute_status, deployment_rollout, now_iso
 from .daemons import Daemon, Tick, service_daemon
-from .shared import as_body, isvc_ref, normal_event, publish, reconcile_checked, rollout_problem
+from .shared import announce_writes, as_body, isvc_ref, normal_event, publish, reconcile_checked, rollout_problem
 
 ROLLOUT_EVENTS = {
     Reason.CANARY_STEP: "stepped",
@@ -107,15 +107,14 @@ def _apply_rollout_step(
     publish(memo, ref, lambda fresh: rollout)
     status = {**(isvc.get("status") or {}), **rollout}
     try:
-        _, result = reconcile_checked(memo, meta["name"], meta["namespace"], meta["uid"], isvc["spec"], status)
+        _, result = reconcile_checked(memo, {**isvc, "status": status})
     except (SpecError, ForeignObjectError, ApplyRefused, policy.PolicyViolation, credentials.CredentialsRefused) as exc:
         logger.warning("canary step not applied: %s", exc)  # the reconcile handler reports it
         return
     if result.rollout is not None:  # as reconcile left it (a promotion records the new stable manifest)
         settled = {"rollout": {**result.rollout.to_status(), "lastCheck": last_check}}
         publish(memo, ref, lambda fresh: settled)
-    for change in result.writes:
-        normal_event(isvc, change.action, change.describe())
+    announce_writes(isvc, result.writes)
     if (problem := rollout_problem(step.state)) is not None:
         deployment_state = deployment_rollout(result.deployment)
         publish(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 import kopf
 import urllib3
@@ -88,13 +88,10 @@ def _repair(memo: kopf.Memo, isvc: JsonObject, why: str, logger: kopf.Logger) ->
 
     Not when a credential its pods would carry is no longer allowed: then the problem says why.
     """
-    meta = isvc["metadata"]
     try:
         # A repair renders the current spec: the platform's policy holds here too, or deleting
         # an owned object would roll out what the reconcile handler refused.
-        _, result = reconcile_checked(
-            memo, meta["name"], meta["namespace"], meta["uid"], isvc["spec"], isvc.get("status")
-        )
+        _, result = reconcile_checked(memo, isvc)
     except policy.PolicyViolation as exc:
         logger.warning("not repaired (%s): %s", why, exc)
         return None, Problem(exc.reason, str(exc))
@@ -108,6 +105,13 @@ def _repair(memo: kopf.Memo, isvc: JsonObject, why: str, logger: kopf.Logger) ->
         normal_event(isvc, Action.REPAIRED, f"{change.describe()}: {why}")
     logger.info("repair after %s: %s", why, ", ".join(c.describe() for c in result.writes) or "nothing to do")
     return result, None
+
+
+def _is_live_owner(isvc: JsonObject | None, owner_ref: JsonObject) -> TypeGuard[JsonObject]:
+    """The InferenceService the owner reference names (not one deleted and made again under
+    its name), and not being deleted."""
+    meta = (isvc or {}).get("metadata") or {}
+    return bool(meta) and meta.get("uid") == owner_ref.get("uid") and not meta.get("deletionTimestamp")
 
 
 @metrics.instrumented("owned_event")
@@ -126,13 +130,12 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
     namespace = body["metadata"]["namespace"]
     ref = isvc_ref(namespace, owner_ref["name"])
     try:
-        isvc = await asyncio.to_thread(api.get, ref)
-        if isvc is None or isvc["metadata"].get("uid") != owner_ref.get("uid"):
-            return
-        if isvc["metadata"].get("deletionTimestamp"):
-            return
+        isvc: JsonObject | None = None
         refused: Problem | None = None
         if why is not None:
+            isvc = await asyncio.to_thread(api.get, ref)
+            if not _is_live_owner(isvc, owner_ref):
+                return
             await _await_repair_slot(memo, (namespace, owner_ref["name"]), logger)
             result, refused = await asyncio.to_thread(_repair, memo, isvc, why, logger)
             if result is not None and result.writes:
@@ -141,8 +144,12 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             return
         # The workload named after the service (a canary's event too: status is the stable's).
         workload = Ref(body["apiVersion"], body["kind"], namespace, owner_ref["name"])
+        seen: list[JsonObject] = []  # the service as the status write read it, if still the owner
 
         def mirrored(fresh: JsonObject) -> JsonObject | None:
+            if not _is_live_owner(fresh, owner_ref):
+                return None
+            seen[:] = [fresh]
             status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
             if refused is None and status.get("observedGeneration") != generation:
                 # A reconcile of this generation is under way: its status write reads the
@@ -152,7 +159,11 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             state, pods = observe(api, workload, status.get("selector"))
             return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
 
-        previous, new_status = await asyncio.to_thread(publish, memo, ref, mirrored)
+        # The repair's read is still current (a repair writes no status); a mirror reads it here.
+        previous, new_status = await asyncio.to_thread(publish, memo, ref, mirrored, isvc)
+        if not seen:
+            return
+        isvc = seen[0]
         registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
         if serves_at_zero(isvc) or (registry is not None and registry.knows(namespace, owner_ref["name"])):
             owner = memo.config.owner(owner_ref["name"], namespace, owner_ref["uid"], parse_spec(isvc["spec"]))

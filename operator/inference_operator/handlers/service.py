@@ -19,8 +19,10 @@ from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError, Result, api_message
 from ..rollout import Phase, RolloutState
 from ..status import NOT_CREATED, Problem, api_error_problem, compute_status, status_changes, with_api_error
+from .bookkeeping import ProcessDiffBaseStorage
 from .shared import (
     announce_pods,
+    announce_writes,
     follow_activator,
     forget_status_lock,
     isvc_ref,
@@ -52,11 +54,11 @@ def _temporary(exc: ApiException | urllib3.exceptions.HTTPError, retry: int = 0)
 @kopf.on.update(INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural)
 @metrics.instrumented("reconcile")
 def reconcile_service(
-    body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, logger: kopf.Logger, retry: int = 0, **_: Any
+    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, retry: int = 0, **_: Any
 ) -> None:
     try:
         with tracing.reconcile_span(memo.get("tracing"), meta["namespace"], meta["name"], meta.get("generation")):
-            _reconcile_service(memo, body, meta, spec, logger)
+            _reconcile_service(memo, body, meta, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         if isinstance(exc, ApiException) and retry >= 1:  # a second failure in a row: say so
             _report_api_error(memo, body, meta, exc, logger)
@@ -81,13 +83,13 @@ def _report_api_error(
     kopf.warn(body, reason=problem.reason, message=problem.message)
 
 
-def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: kopf.Spec, logger: kopf.Logger) -> None:
+def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger: kopf.Logger) -> None:
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     ref = isvc_ref(namespace, name)
     problem: Problem | None = None
     recheck: float | None = None
     try:
-        owner, result = reconcile_checked(memo, name, namespace, meta["uid"], dict(spec), body.get("status"))
+        owner, result = reconcile_checked(memo, body)
     except policy.PolicyViolation as exc:
         problem = Problem(exc.reason, str(exc))
     except credentials.CredentialsRefused as exc:
@@ -102,8 +104,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
     if problem is not None:
         _give_up(memo, body, ref, generation, problem, logger, recheck)
 
-    for change in result.writes:
-        normal_event(body, change.action, change.describe())
+    announce_writes(body, result.writes)
     tracing.record_writes(result.writes)
     problem = result.problem
     if result.unavailable:
@@ -120,7 +121,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, spec: 
         zero = serves_at_zero(fresh)
         return compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
 
-    previous, new_status = publish(memo, ref, compute)
+    previous, new_status = publish(memo, ref, compute, known=body)
     follow_activator(memo, body, owner, new_status, logger)
     announce_pods(body, previous, new_status)
     logger.info(
@@ -186,11 +187,14 @@ def _announce_rollout(body: kopf.Body | JsonObject, before: RolloutState | None,
 @kopf.on.event(INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural, id="service-deleted")
 async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """End the daemons of a deleted InferenceService (no finalizer made kopf do it: lifetimes)
-    and forget its status lock (one per service ever seen would otherwise stay). Async: it sets
-    the daemons' asyncio.Event on their own loop."""
+    and forget its status lock and kopf's diff base (one per service ever seen would otherwise
+    stay). Async: it sets the daemons' asyncio.Event on their own loop."""
     if event["type"] == "DELETED":
         meta = body["metadata"]
         lifetimes.object_deleted(memo, meta["uid"])
+        diffbase: ProcessDiffBaseStorage | None = memo.get("diffbase")
+        if diffbase is not None:
+            diffbase.forget(meta["uid"])
         forget_status_lock(memo, meta["namespace"], meta["name"])
         registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
         if registry is not None:

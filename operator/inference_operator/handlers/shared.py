@@ -3,8 +3,8 @@ what changed, and the reconcile held to the platform's rules.
 
 State lives in the objects (spec-hash annotations, field ownership, status), never in this
 process, so any replica of the operator can pick up where another stopped. The only memory
-kept here is what serialises status writes (and, in repair.py, what rate-limits repairs);
-losing it is harmless.
+kept here is what serialises status writes (and, in repair.py, what rate-limits repairs, in
+bookkeeping.py, the spec kopf last handled); losing it is harmless.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..k8s import KubeApi, Ref
 from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, POD
 from ..models import parse_spec
 from ..reasons import Reason
-from ..reconcile import Action, Result, reconcile
+from ..reconcile import Action, Change, Result, never_reconciled, reconcile
 from ..rollout import Phase, RolloutState
 from ..status import (
     DEGRADED,
@@ -52,6 +52,16 @@ def normal_event(body: kopf.Body | JsonObject, reason: Reason | Action, message:
     kopf.event(as_body(body), type="Normal", reason=str(reason), message=message)
 
 
+def announce_writes(body: kopf.Body | JsonObject, writes: list[Change]) -> None:
+    """One Normal event per kind of change a reconcile made, naming every object it touched
+    ("Deployment m created, Service m created"): a new service costs one event, not one per object."""
+    by_action: dict[Action, list[str]] = {}
+    for change in writes:
+        by_action.setdefault(change.action, []).append(change.describe())
+    for action, described in by_action.items():
+        normal_event(body, action, ", ".join(described))
+
+
 def as_body(obj: kopf.Body | JsonObject) -> kopf.Body:
     """An object read through the API as kopf's events take it (kopf reads only its metadata)."""
     return cast(kopf.Body, obj)
@@ -62,15 +72,19 @@ def isvc_ref(namespace: str, name: str) -> Ref:
 
 
 def publish(
-    memo: kopf.Memo, ref: Ref, compute: Callable[[JsonObject], JsonObject | None]
+    memo: kopf.Memo,
+    ref: Ref,
+    compute: Callable[[JsonObject], JsonObject | None],
+    known: kopf.Body | JsonObject | None = None,
 ) -> tuple[JsonObject | None, JsonObject]:
     """Write only the status keys that changed, computed from the object as it is now.
 
     Several writers race (the reconcile handler, owned-object events, the autoscaler): each
     decides from a fresh read and writes guarded by its resourceVersion (KubeApi.update_status),
     so none puts back a stale conditions list and two never send the same patch twice.
-    `compute` may return None: nothing to say now. Returns (the previous status, the new
-    status); an unchanged status costs no write.
+    `known`, the object as a watch event brought it, saves that read when it is current (a new
+    service's first status). `compute` may return None: nothing to say now. Returns (the
+    previous status, the new status); an unchanged status costs no write.
     """
     api: KubeApi = memo.api
     computed: JsonObject = {}
@@ -81,7 +95,7 @@ def publish(
         return None if new_status is None else status_changes(fresh.get("status"), new_status)
 
     with status_lock(memo, ref):
-        fresh, _ = api.update_status(ref, changes)
+        fresh, _ = api.update_status(ref, changes, known=None if known is None else dict(known))
     if fresh is None:
         return None, {}
     return fresh.get("status"), computed.get("status") or {}
@@ -168,16 +182,16 @@ def announce_readiness(isvc: JsonObject, previous: JsonObject | None, new: JsonO
         kopf.warn(as_body(isvc), reason=condition["reason"], message=condition["message"])
 
 
-def reconcile_checked(
-    memo: kopf.Memo, name: str, namespace: str, uid: str, spec: JsonObject, status: JsonObject | None
-) -> tuple[Owner, Result]:
+def reconcile_checked(memo: kopf.Memo, isvc: kopf.Body | JsonObject) -> tuple[Owner, Result]:
     """Parse the spec, hold it to the platform's pod policy, then reconcile it (a canary
-    rollout where `status` left it)."""
+    rollout where its status left it)."""
+    meta, status = isvc["metadata"], isvc.get("status")
     operator_config: config.OperatorConfig = memo.config
-    owner = operator_config.owner(name, namespace, uid, parse_spec(spec))
+    owner = operator_config.owner(meta["name"], meta["namespace"], meta["uid"], parse_spec(dict(isvc["spec"])))
     policy.check(owner.spec, operator_config.pod_policy, owner.namespace)
     state = RolloutState.from_status(status)
-    return owner, reconcile(memo.api, owner, operator_config.credentials, state)
+    first = never_reconciled(meta.get("generation"), status)
+    return owner, reconcile(memo.api, owner, operator_config.credentials, state, first=first)
 
 
 def rollout_problem(rollout: RolloutState | None) -> Problem | None:

@@ -13,16 +13,18 @@ import kopf
 from .. import config, scale_to_zero, tracing
 from ..k8s import KubeApi, load_api_client
 from ..kinds import INFERENCE_SERVICE
+from .bookkeeping import ProcessDiffBaseStorage, UnmarkedProgressStorage
 from .scale_to_zero import watch_activator_only
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    # Keep kopf's bookkeeping in annotations: status is ours, and the schema prunes unknowns.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=INFERENCE_SERVICE.group)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=INFERENCE_SERVICE.group, key="last-handled-configuration"
-    )
+    # kopf's progress of a retried handler in annotations (status is ours, and the schema prunes
+    # unknowns); the spec it last handled in this process, not on every object (bookkeeping.py).
+    settings.persistence.progress_storage = UnmarkedProgressStorage(prefix=INFERENCE_SERVICE.group)
+    if "diffbase" not in memo:
+        memo.diffbase = ProcessDiffBaseStorage(prefix=INFERENCE_SERVICE.group)
+    settings.persistence.diffbase_storage = memo.diffbase
     # Events are posted deliberately (one per change), not for every log line.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
