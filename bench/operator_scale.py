@@ -73,6 +73,14 @@ def inference_service(i: int, replicas: int = 1) -> dict:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a live process (0 once it is gone)."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return 0.0
+
+
 class Operator:
     """One operator process, with its CPU time and peak RSS read from /proc."""
 
@@ -95,9 +103,8 @@ class Operator:
 
     def sample(self) -> None:
         """CPU time (user+system) and peak RSS so far; kept after the process is gone."""
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = pathlib.Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            self.cpu_seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        self.cpu_seconds = cpu_seconds(self.process.pid) or self.cpu_seconds
+        with contextlib.suppress(OSError):
             for line in pathlib.Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
                     self.peak_rss_mb = int(line.split()[1]) / 1024
@@ -140,6 +147,10 @@ class Api(Protocol):
         """Requests so far, as `resource[/subresource]:verb` (empty where not recorded)."""
         ...
 
+    def server_cpu_seconds(self) -> float | None:
+        """CPU time of the API server's processes so far (None: it runs in this process)."""
+        ...
+
     def watching(self) -> bool:
         """Whether the operator watches InferenceServices yet."""
         ...
@@ -177,6 +188,9 @@ class EmulatedApi:
     @property
     def kubeconfig(self) -> pathlib.Path:
         return self.cluster.kubeconfig
+
+    def server_cpu_seconds(self) -> float | None:
+        return None
 
     def _live(self, resource: kmock.resource, name: str) -> dict | None:
         try:
@@ -310,6 +324,9 @@ class RealApi:
         self.audit.read()
         return Counter(self.audit.by_kind)
 
+    def server_cpu_seconds(self) -> float | None:
+        return sum(cpu_seconds(pid) for pid in self.server.pids.values())
+
     def watching(self) -> bool:
         self.audit.read()
         return "inferenceservices" in self.audit.watched
@@ -414,6 +431,7 @@ class Result:
     writes_per_cr: float
     operator_cpu_s: float
     operator_cpu_ms_per_cr: float
+    apiserver_cpu_ms_per_cr: float | None  # kube-apiserver and etcd, from the first create to converged
     operator_peak_rss_mb: float
     idle_shutdown_s: float
     resync_writes: int
@@ -442,6 +460,7 @@ def run(api_name: str, n: int, timeout: float, concurrency: int | None = None) -
         requests_before = api.requests()
         writes_before, by_kind_before = api.writes(), api.requests_by_kind()
         started: dict[str, float] = {}
+        server_cpu_before = api.server_cpu_seconds()
         begin = time.monotonic()
 
         def create(i: int) -> None:
@@ -453,6 +472,8 @@ def run(api_name: str, n: int, timeout: float, concurrency: int | None = None) -
         all_created = time.monotonic() - begin
         latencies = wait_all(api, started, timeout)
         all_converged = time.monotonic() - begin
+        server_cpu_after = api.server_cpu_seconds()
+        server_cpu = None if server_cpu_after is None else server_cpu_after - (server_cpu_before or 0.0)
         settle(api)
         operator.sample()
         writes = api.writes() - writes_before
@@ -500,6 +521,7 @@ def run(api_name: str, n: int, timeout: float, concurrency: int | None = None) -
         writes_per_cr=round(sum(writes.values()) / n, 2),
         operator_cpu_s=round(cpu, 2),
         operator_cpu_ms_per_cr=round(cpu * 1000 / n, 1),
+        apiserver_cpu_ms_per_cr=None if server_cpu is None else round(server_cpu * 1000 / n, 1),
         operator_peak_rss_mb=round(rss, 1),
         idle_shutdown_s=round(idle_shutdown, 2),
         resync_writes=resync_writes,
@@ -524,6 +546,7 @@ def table(results: list[Result]) -> str:
         ("writes/CR", "writes_per_cr"),
         ("operator CPU s", "operator_cpu_s"),
         ("CPU ms/CR", "operator_cpu_ms_per_cr"),
+        ("API server CPU ms/CR", "apiserver_cpu_ms_per_cr"),
         ("peak RSS MB", "operator_peak_rss_mb"),
         ("resync writes", "resync_writes"),
         ("SIGTERM idle s", "idle_shutdown_s"),

@@ -127,6 +127,8 @@ class ApiServer:
     work: pathlib.Path
     admin_token: str
     operator_token: str
+    # The processes by name ("etcd", "kube-apiserver"): what a benchmark reads their CPU time from.
+    pids: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def audit_log(self) -> pathlib.Path:
@@ -266,6 +268,7 @@ def running_apiserver(work: pathlib.Path, directory: pathlib.Path, audit_reads: 
         for args, log in ((etcd, "etcd.log"), (apiserver, "apiserver.log")):
             out = stack.enter_context((work / log).open("wb"))
             process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            server.pids[pathlib.Path(args[0]).name] = process.pid
             stack.callback(stop, process)
         with server.client() as client:
             deadline = time.monotonic() + 120
