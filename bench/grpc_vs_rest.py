@@ -22,19 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 import httpx
 import numpy as np
 import orjson
+from grpc_load import grpc_load, infer_request
 from our_server import our_server_command
 from peer_bench import cpu_seconds
 
-from model_server import grpc_predict_v2_pb2 as pb
 from testsupport.onnx_models import mlp_model
 from testsupport.processes import free_port, running
 
 SMALL = [256, 256, 128, 16]
-METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def bodies(inputs: int) -> tuple[bytes, bytes]:
@@ -42,9 +40,7 @@ def bodies(inputs: int) -> tuple[bytes, bytes]:
     rest = orjson.dumps(
         {"inputs": [{"name": "x", "shape": [1, inputs], "datatype": "FP32", "data": row.ravel().tolist()}]}
     )
-    request = pb.ModelInferRequest(model_name="small", raw_input_contents=[row.tobytes()])
-    request.inputs.add(name="x", datatype="FP32", shape=[1, inputs])
-    return rest, request.SerializeToString()
+    return rest, infer_request("small", row.ravel())
 
 
 async def rest_load(port: int, body: bytes, clients: int, seconds: float) -> int:
@@ -63,35 +59,28 @@ async def rest_load(port: int, body: bytes, clients: int, seconds: float) -> int
         return sum(await asyncio.gather(*(one() for _ in range(clients))))
 
 
-async def grpc_load(port: int, body: bytes, clients: int, seconds: float) -> int:
-    deadline = time.monotonic() + seconds
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary(METHOD)
-
-        async def one() -> int:
-            done = 0
-            while time.monotonic() < deadline:
-                await call(body)
-                done += 1
-            return done
-
-        return sum(await asyncio.gather(*(one() for _ in range(clients))))
+def load(port: int, body: bytes, clients: int, seconds: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    out.put(asyncio.run(rest_load(port, body, clients, seconds)) / seconds)
 
 
-def load(kind: str, port: int, body: bytes, clients: int, seconds: float, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    run = rest_load if kind == "rest" else grpc_load
-    out.put(asyncio.run(run(port, body, clients, seconds)) / seconds)
+def rest_rate(port: int, body: bytes, clients: int, seconds: float) -> float:
+    out: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
+    process = mp.get_context("spawn").Process(target=load, args=(port, body, clients, seconds, out))
+    process.start()
+    rate: float = out.get(timeout=seconds + 120)
+    process.join()
+    return rate
 
 
 def measure(kind: str, port: int, body: bytes, clients: int, seconds: float, server: int) -> tuple[float, float]:
     """req/s, and the server's CPU milliseconds per request."""
-    out: mp.Queue = mp.get_context("spawn").Queue()  # type: ignore[type-arg]
-    process = mp.get_context("spawn").Process(target=load, args=(kind, port, body, clients, seconds, out))
-    process.start()
     before = cpu_seconds(server)
-    rate: float = out.get(timeout=seconds + 120)
+    if kind == "rest":
+        rate = rest_rate(port, body, clients, seconds)
+    else:
+        stats = grpc_load(port, body, clients, seconds)
+        rate = stats["requests"] / stats["duration_s"]
     used = cpu_seconds(server) - before
-    process.join()
     return rate, 1000 * used / max(1.0, rate * seconds)
 
 
