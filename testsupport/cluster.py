@@ -16,9 +16,11 @@ from typing import Any, Self
 
 import httpx
 import kmock
+import kubernetes
 import yaml
 
 from inference_operator.jsontypes import JsonObject
+from inference_operator.k8s import KubeApi, Ref
 from testsupport.emulator import CR_RESOURCE, ClusterEmulator
 
 DEPLOYMENTS = "apps/v1/deployments"
@@ -294,3 +296,21 @@ def captured_operator_logs() -> Iterator[LogCapture]:
         yield capture
     finally:
         logger.removeHandler(capture)
+
+
+class CountingApi(KubeApi):
+    """The operator's API client to a `Cluster`, counting its reads (GETs and LISTs): what a test
+    of "this costs no read" asserts on."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        client = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
+        super().__init__(client, timeout=10)
+        self.reads = 0
+
+    def get(self, ref: Ref) -> JsonObject | None:
+        self.reads += 1
+        return super().get(ref)
+
+    def list_objects(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[JsonObject]:
+        self.reads += 1
+        return super().list_objects(api_version, kind, namespace, label_selector)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 
 import kopf
-import kubernetes
 import pytest
 
 from inference_operator.builders.common import COMPONENT, OWNER_LABEL, SPEC_HASH_ANNOTATION
@@ -18,11 +17,11 @@ from inference_operator.handlers.bookkeeping import (
     SeenWorkloads,
     UnmarkedProgressStorage,
 )
-from inference_operator.k8s import KubeApi, Ref
+from inference_operator.k8s import Ref
 from inference_operator.kinds import INFERENCE_SERVICE
 from inference_operator.reconcile import Action, Change
 from inference_operator.settings import MANAGER
-from testsupport.cluster import Cluster
+from testsupport.cluster import Cluster, CountingApi
 
 PREFIX = "inference.rocm.dev"
 ISVC_TYPE = {"apiVersion": f"{PREFIX}/v1alpha1", "kind": "InferenceService"}
@@ -153,20 +152,6 @@ def test_a_workload_version_once_seen_is_no_news_until_it_changes_or_is_forgotte
     assert seen.is_news({"kind": "Deployment", "metadata": {"name": "m", "namespace": "ml"}})
     seen.forget("ml", "m")
     assert seen.is_news(deployment("5")) and len(seen) == 0
-
-
-class CountingApi(KubeApi):
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)), timeout=10)
-        self.reads = 0
-
-    def get(self, ref: Ref) -> dict | None:
-        self.reads += 1
-        return super().get(ref)
-
-    def list_objects(self, *args, **kwargs) -> list:
-        self.reads += 1
-        return super().list_objects(*args, **kwargs)
 
 
 async def test_a_workload_event_at_a_version_already_seen_costs_no_read(cluster: Cluster) -> None:

@@ -4,24 +4,13 @@ which keeps resourceVersions and refuses a stale guard with 409 as the API serve
 
 from __future__ import annotations
 
-import kubernetes
 import pytest
 
-from inference_operator.k8s import KubeApi, Ref
+from inference_operator.k8s import Ref
 from inference_operator.kinds import INFERENCE_SERVICE
-from testsupport.cluster import Cluster
+from testsupport.cluster import Cluster, CountingApi
 
 REF = Ref.to(INFERENCE_SERVICE, "ml", "m")
-
-
-class CountingApi(KubeApi):
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)), timeout=10)
-        self.reads = 0
-
-    def get(self, ref: Ref) -> dict | None:
-        self.reads += 1
-        return super().get(ref)
 
 
 @pytest.fixture
