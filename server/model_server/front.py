@@ -40,7 +40,7 @@ from . import signals
 from .adapters.guard import is_management
 from .bodies import ReadBudget
 from .errors import Busy, PayloadTooLarge
-from .http_protocol import ConnectionLimits, LimitedHttpProtocol
+from .http_protocol import ConnectionLimits
 from .proxy import (
     Body,
     BodyReader,
@@ -291,13 +291,10 @@ def config_from_args(args: argparse.Namespace) -> FrontConfig:
 
 def close_idle_connections(server: uvicorn.Server) -> None:
     """What uvicorn does to its connections at shutdown, with the listener left open: an idle one
-    closes, a busy one after its answer. One awaiting its request stays: closed with the request
-    unread in its socket, the client's connection is reset (a stream failed so on the tier, its
-    new connection led here while endpoints caught up); while draining, it is answered once and
-    closed like any other."""
+    closes, a busy one after its answer, one awaiting its request after answering it
+    (LimitedHttpProtocol.shutdown)."""
     for connection in list(server.server_state.connections):
-        if not (isinstance(connection, LimitedHttpProtocol) and connection.awaiting_request):
-            connection.shutdown()
+        connection.shutdown()
 
 
 def serve(config: FrontConfig) -> int:

@@ -201,6 +201,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._unparsed_at = 0
         self._owed_refusal: tuple[int, str, bool] | None = None  # to send once earlier answers are out
         self._write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
+        self._close_after_answer = False  # shut down while awaiting its request (see `shutdown`)
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits) -> type[LimitedHttpProtocol]:
@@ -228,6 +229,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         socket, unread, and reset the client's connection. Idle (kept alive, nothing of a next
         request read) and busy connections are not."""
         return self.table.states.get(self) == "waiting"
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown (SIGTERM, the listener closed), and the vLLM front's closing
+        of idle connections: an idle connection closes now, a busy one after its answer, as in
+        uvicorn. One awaiting its request closes after answering it instead: closed now, the
+        request its client has sent or is sending meets a reset (a stream failed so on the tier,
+        a client whose new connection endpoints still led to the stopping pod). The header timeout
+        still closes one that sends nothing."""
+        if self.awaiting_request:
+            self._close_after_answer = True
+            return
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.table.remove(self)
@@ -341,8 +354,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._tail = b""
         self._arm(self.limits.body_timeout_s, "body")
         super().on_headers_complete()
-        if self._probes_only:
-            self.cycle.keep_alive = False  # its slot is for the next probe
+        if self._probes_only or self._close_after_answer:
+            self.cycle.keep_alive = False  # its slot is for the next probe; or shutting down
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

@@ -10,6 +10,7 @@ import hashlib
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -377,3 +378,28 @@ def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer
         assert streaming.sock is not None
         streaming.sock.settimeout(5)
         assert streaming.sock.recv(1) == b"", "the stream's connection stayed open after its answer"
+
+
+def test_a_connection_awaiting_its_request_at_sigterm_is_answered_once_not_reset(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """SIGTERM closes the listener and the idle connections; a connection opened just before (as
+    when endpoints still lead to a stopping pod) whose request is on its way is answered, told
+    to close, and the front then exits. Closed at once, its request met a reset: a stream failed
+    with no byte read on the tier."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    ready = f"http://127.0.0.1:{port}/health/ready"
+    with running(front_command(upstream.port, port), env=env, log=tmp_path / "front.log", ready_url=ready) as process:
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        idle.request("POST", "/v1/echo", body=b"{}")
+        assert idle.getresponse().read() and idle.sock is not None  # kept alive
+        opened = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        opened.connect()
+        process.send_signal(signal.SIGTERM)
+        idle.sock.settimeout(5)
+        assert idle.sock.recv(1) == b"", "the idle connection is still open"  # the shutdown has begun
+        opened.request("POST", "/v1/echo", body=b"{}")
+        answer = opened.getresponse()
+        assert answer.status == 200 and answer.getheader("connection") == "close" and answer.read()
+        assert process.wait(10) == 0
