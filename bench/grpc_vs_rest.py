@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 from grpc_load import grpc_load, infer_request
 from our_server import our_server_command
-from peer_bench import cpu_seconds
+from procstat import cpu_seconds
 
 from testsupport.onnx_models import mlp_model
 from testsupport.processes import free_port, running

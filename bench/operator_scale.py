@@ -50,6 +50,7 @@ from typing import Any, Protocol
 
 import httpx
 import kmock
+from procstat import cpu_seconds
 
 from testsupport.cluster import Cluster, running_cluster
 from testsupport.envtest import OPERATOR_USER, ApiServer, AuditTail, assets, install_crds, running_apiserver
@@ -57,7 +58,6 @@ from testsupport.envtest import OPERATOR_USER, ApiServer, AuditTail, assets, ins
 NAMESPACE = "bench"
 DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def inference_service(i: int, replicas: int = 1) -> dict:
@@ -71,14 +71,6 @@ def inference_service(i: int, replicas: int = 1) -> dict:
             "resources": {"gpu": {"count": 1 + i % 2}},
         },
     }
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of a live process (0 once it is gone)."""
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return 0.0
 
 
 class Operator:

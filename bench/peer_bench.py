@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from grpc_load import grpc_load, infer_request
 from our_server import our_server_command, wrk_post
+from procstat import cpu_seconds
 from server_bench import bench_raw
 
 from testsupport.onnx_models import mlp_model
@@ -74,35 +75,6 @@ def cache_dir() -> Path:
 
 def params(sizes: list[int]) -> int:
     return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-
-
-# --------------------------------------------------------------------------- CPU
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of `pid`'s process tree (live processes only)."""
-    total = 0
-    for p in _tree(pid):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- load
