@@ -40,7 +40,7 @@ from . import signals
 from .adapters.guard import is_management
 from .bodies import ReadBudget
 from .errors import Busy, PayloadTooLarge
-from .http_protocol import ConnectionLimits
+from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 from .proxy import (
     Body,
     BodyReader,
@@ -146,7 +146,9 @@ class Front:
         self._ready = False
         self._checking: asyncio.Future[None] | None = None
         self.draining = False
-        # Set by serve(): idle connections close now, busy ones after their answers.
+        # Set by serve(): every connection closes after its answer under way or awaited...
+        self.close_after_answers: Callable[[], None] = lambda: None
+        # ... and the idle ones close now too.
         self.close_idle_connections: Callable[[], None] = lambda: None
 
     @property
@@ -197,6 +199,8 @@ class Front:
             log.info("draining: connections close after their answers")
             self.draining = True
             send = closing(send)
+            # Those under way too: kept alive, their clients' next requests would come here again.
+            self.close_after_answers()
         if b"idle=close" in scope.get("query_string", b"").split(b"&"):
             log.info("draining: idle connections closed")
             self.close_idle_connections()
@@ -289,6 +293,14 @@ def config_from_args(args: argparse.Namespace) -> FrontConfig:
     return FrontConfig(**values)
 
 
+def close_after_answers(server: uvicorn.Server) -> None:
+    """Every connection closes after its answer under way or awaited; idle ones stay open
+    (LimitedHttpProtocol.close_after_answer)."""
+    for connection in list(server.server_state.connections):
+        if isinstance(connection, LimitedHttpProtocol):
+            connection.close_after_answer()
+
+
 def close_idle_connections(server: uvicorn.Server) -> None:
     """What uvicorn does to its connections at shutdown, with the listener left open: an idle one
     closes, a busy one after its answer, one awaiting its request after answering it
@@ -304,6 +316,7 @@ def serve(config: FrontConfig) -> int:
     log.info("front on :%d for %s (bodies up to %d bytes, %d at once)", config.port, config.upstream, largest, budget)
     front = Front(config)
     server = uvicorn.Server(server_config(front, config, int(config.drain_timeout_s)))
+    front.close_after_answers = lambda: close_after_answers(server)
     front.close_idle_connections = lambda: close_idle_connections(server)
     signals.remember_stop_signals()
     server.run()

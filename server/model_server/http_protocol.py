@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ _SLICE = 4 * 1024
 #: Requests parsed and waiting behind the one being answered on a connection; the rest of
 #: what the client sent stays unparsed until they are answered.
 MAX_PIPELINED = 16
+_CORK: int | None = getattr(socket, "TCP_CORK", None)  # Linux's
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._owed_refusal: tuple[int, str, bool] | None = None  # to send once earlier answers are out
         self._write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
         self._close_after_answer = False  # shut down while awaiting its request (see `shutdown`)
+        self._app = self.app
+        self.app = self._app_ending_with_the_connection
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits) -> type[LimitedHttpProtocol]:
@@ -241,6 +246,40 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._close_after_answer = True
             return
         super().shutdown()
+
+    def close_after_answer(self) -> None:
+        """Close once the answer under way, or the one to the request awaited, is out. An idle
+        connection stays: its client may be sending its next request right now (the vLLM
+        front's drain closes those later, with `shutdown`)."""
+        state = self.table.states.get(self)
+        if state == "busy" and self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # uvicorn closes it after the answer, corked (see below)
+        elif state == "waiting":
+            self._close_after_answer = True
+
+    async def _app_ending_with_the_connection(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app, with the connection's end sent with the last bytes of an answer it closes after.
+        An answer begun kept-alive and closed after (a shutdown came while it was under way) has no
+        `connection: close` to tell its client; once the loop gets to the close, the client may
+        already have read the answer and sent its next request on the connection, which then meets
+        a reset (a stream failed so on the tier, on a busy front). Corked, the last bytes leave
+        only with the close, so the client reads them with the connection's end and opens a new
+        one (unless the loop takes over 200 ms to get to the close: Linux's most for a cork)."""
+        cycle = getattr(send, "__self__", None)  # uvicorn's RequestResponseCycle of this request
+
+        async def send_last_with_end(message: Message) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                if cycle is not None and not cycle.keep_alive:
+                    self._cork()
+            await send(message)
+
+        await self._app(scope, receive, send_last_with_end if scope["type"] == "http" else send)
+
+    def _cork(self) -> None:
+        """Hold what is written next until the close: Linux sends it with the FIN."""
+        sock = self.transport.get_extra_info("socket")
+        if _CORK is not None and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.table.remove(self)

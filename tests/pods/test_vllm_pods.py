@@ -665,8 +665,14 @@ def test_a_rolling_update_with_streams_in_flight_cuts_no_stream_and_fails_no_req
     FIGURES["vLLM rolling update: streams sent"] = len(load.streams)
     FIGURES["vLLM rolling update: streams failed"] = len(load.outcomes("failed"))
     FIGURES["vLLM rolling update: streams cut"] = len(load.outcomes("cut"))
-    assert load.outcomes("ok") and len(load.outcomes("ok")) == len(load.streams), Counter(
-        s.outcome for s in load.streams
+    # A failure names its stream's start and end in seconds from the old pod's deletion (its
+    # preStop drains the front at 0, closes idle connections at PRE_STOP_SECONDS - 1, and vLLM
+    # gets SIGTERM at PRE_STOP_SECONDS) and from the new pod's Ready.
+    gone = min(deleted.values())
+    assert load.outcomes("ok") and len(load.outcomes("ok")) == len(load.streams), (
+        Counter(s.outcome for s in load.streams),
+        [(s.outcome, round(s.started - gone, 2), round(s.ended - gone, 2)) for s in load.streams if s.outcome != "ok"],
+        {"new pod Ready": round(ready_at - gone, 2)},
     )
     # Streams the old pod was sending when its vLLM got SIGTERM (begun before the new pod was Ready,
     # so on the old one; still going after the deletion and the preStop sleep) ended whole.

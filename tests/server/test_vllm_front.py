@@ -10,6 +10,7 @@ import hashlib
 import http.client
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -329,13 +330,14 @@ def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer
     upstream: Upstream, tmp_path: Path
 ) -> None:
     """vLLM's preStop hook as the operator renders it (over 3 s) drains the front in two steps.
-    First every answer closes its connection: a kept-alive client's next request is answered and
-    told to close, a new connection too, and a connection idle meanwhile stays open (closing it
-    then raced clients sending on it: 2 of 36 streams failed on the tier). A second before the
-    hook ends, the connections kept alive between requests close, but not one whose first
-    request may be unread in its socket (closing it reset the client's request); a stream in
-    flight ends whole, then its connection closes. Clients that keep their connections alive
-    thus reconnect, to replicas that stay, while vLLM still answers."""
+    First every answer closes its connection: a stream under way ends whole, its connection's
+    end with its last bytes (kept alive, its client's next request came here again, and raced
+    the later closing), a kept-alive client's next request is answered and told to close, a new
+    connection too, and a connection idle meanwhile stays open (closing it then raced clients
+    sending on it: 2 of 36 streams failed on the tier). A second before the hook ends, the
+    connections kept alive between requests close, but not one whose first request may be
+    unread in its socket (closing it reset the client's request). Clients that keep their
+    connections alive thus reconnect, to replicas that stay, while vLLM still answers."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     ready = f"http://127.0.0.1:{port}/health/ready"
@@ -355,6 +357,10 @@ def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer
         try:
             fresh = lambda: httpx.post(f"http://127.0.0.1:{port}/v1/echo", content=b"{}", timeout=10)  # noqa: E731
             wait_for(lambda: fresh().headers.get("connection") == "close", timeout=5, interval=0.05)
+            upstream.gate.set()
+            assert stream.read().endswith(b"data: [DONE]\n\n")  # whole
+            assert streaming.sock is not None and select.select([streaming.sock], [], [], 0)[0]
+            assert streaming.sock.recv(1) == b"", "the stream's connection stayed open after its answer"
             busy.request("POST", "/v1/echo", body=b"{}")
             answered = busy.getresponse()
             assert answered.status == 200 and answered.getheader("connection") == "close"
@@ -373,11 +379,6 @@ def test_vllms_prestop_drains_the_front_each_connection_closing_after_its_answer
         opened.request("POST", "/v1/echo", body=b"{}")  # after the idle ones were closed
         first = opened.getresponse()
         assert first.status == 200 and first.getheader("connection") == "close" and first.read()
-        upstream.gate.set()
-        assert stream.read().endswith(b"data: [DONE]\n\n")  # whole
-        assert streaming.sock is not None
-        streaming.sock.settimeout(5)
-        assert streaming.sock.recv(1) == b"", "the stream's connection stayed open after its answer"
 
 
 def test_a_connection_awaiting_its_request_at_sigterm_is_answered_once_not_reset(
