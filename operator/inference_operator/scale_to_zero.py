@@ -13,8 +13,12 @@ autoscaler's next tick.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from .builders.activator import (
     ActivatorEndpoints,
@@ -86,6 +90,10 @@ def wake(api: KubeApi, namespace: str, name: str, replicas: int) -> None:
     api.patch(Ref.to(INFERENCE_SERVICE, namespace, name), {"spec": {"replicas": replicas}}, "scale")
 
 
+def _unlocked(namespace: str, name: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
 @dataclass
 class Registry:
     """What the handlers share: the activator's endpoints and the scale-to-zero services with
@@ -107,12 +115,17 @@ class Registry:
     def knows(self, namespace: str, name: str) -> bool:
         return (namespace, name) in self.services
 
-    def resync(self, api: KubeApi) -> list[Change]:
-        """Every known scale-to-zero service's slice against the activator's current endpoints."""
+    def resync(self, api: KubeApi, lock: Callable[[str, str], AbstractContextManager[Any]] = _unlocked) -> list[Change]:
+        """Every known scale-to-zero service's slice against the activator's current endpoints,
+        each under `lock(namespace, name)`, the service's status lock: its ready count read and
+        its slice written between two status writes, never across one (a count read before a
+        write, synced after that write's own sync, put the slice back as it was)."""
         changes = []
-        for owner, ready in list(self.services.values()):
-            if (change := sync_slice(api, owner, ready, self.activator)) is not None:
-                changes.append(change)
+        for key in list(self.services):
+            with lock(*key):
+                known = self.services.get(key)
+                if known is not None and (change := sync_slice(api, *known, self.activator)) is not None:
+                    changes.append(change)
         return changes
 
     def forget(self, namespace: str, name: str) -> None:

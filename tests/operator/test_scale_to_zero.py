@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from typing import Any
 
+import kopf
 import kubernetes
 import kubernetes_validate
 import pytest
@@ -25,9 +28,10 @@ from inference_operator.builders.activator import (
     build_activator_slice,
     check_names,
 )
+from inference_operator.handlers import shared
 from inference_operator.handlers.scale_to_zero import NOTHING, activator_selector
 from inference_operator.k8s import KubeApi, Ref
-from inference_operator.kinds import ENDPOINT_SLICE, SERVICE
+from inference_operator.kinds import ENDPOINT_SLICE, INFERENCE_SERVICE, SERVICE
 from inference_operator.models import SpecError, parse_spec
 from inference_operator.reasons import Reason
 from inference_operator.reconcile import Action, reconcile
@@ -202,6 +206,81 @@ def test_turning_scale_to_zero_off_removes_the_private_service_and_the_slice(clu
     assert not registry.remember(plain, None)  # and then no more
 
 
+def test_the_slice_follows_status_writes_in_their_order(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two status writes race (a Deployment event's mirror and the reconcile): the first saw the
+    service at zero, the second a ready replica. The first's follow of the slice is held up (a
+    slow API call): it still lands before the second write, never after its follow, so the
+    service's traffic goes to its replica. Followed after the status lock, the held-up follow put
+    the slice back to the activator, and the activator's next resync kept it there."""
+    monkeypatch.setattr(shared, "normal_event", lambda *args: None)  # kopf posts events only in handlers
+    api = _api(cluster)
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
+    service = owner(uid=_create(cluster, "mlp", spec))
+    registry = scale_to_zero.Registry(activator=ACTIVATOR)
+    memo = kopf.Memo(api=api, scale_to_zero=registry)
+    holding, second_done = threading.Event(), threading.Event()
+    followed: list[tuple[int, bool]] = []
+
+    def write(ready: int, held: bool) -> None:
+        def follow(status: dict[str, Any]) -> None:
+            followed.append((status["readyReplicas"], shared.status_lock(memo, REF).locked()))
+            if held:
+                holding.set()
+                second_done.wait(1)  # what the second write would have done by now, were it able to
+            shared.follow_activator(memo, {}, service, status, logging.getLogger("test"))
+
+        shared.publish(memo, REF, lambda fresh: {"readyReplicas": ready}, then=follow)
+        if not held:
+            second_done.set()
+
+    first = threading.Thread(target=write, args=(0, True))
+    first.start()
+    assert holding.wait(10)
+    second = threading.Thread(target=write, args=(1, False))
+    second.start()
+    first.join(10)
+    second.join(10)
+    assert registry.services[("ml", "mlp")][1] == 1
+    assert api.get(Ref.to(ENDPOINT_SLICE, "ml", "mlp-activator")) is None, "traffic still led to the activator"
+    assert (cluster.get_cr("ml", "mlp") or {})["status"]["readyReplicas"] == 1
+    assert followed == [(0, True), (1, True)]  # each under the lock, in the writes' order
+
+
+class AskedLock:
+    """A lock that says when someone asks for it."""
+
+    def __init__(self) -> None:
+        self.lock, self.asked = threading.Lock(), threading.Event()
+
+    def __enter__(self) -> None:
+        self.asked.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_resync_reads_each_services_ready_count_under_its_status_lock(cluster: Cluster) -> None:
+    """The activator rolled while a status write, holding the service's lock, found a ready
+    replica: the resync waits for the write and syncs from its count (no slice: traffic to the
+    replica), not from the count it could have read before."""
+    api = _api(cluster)
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
+    service = owner(uid=_create(cluster, "mlp", spec))
+    registry = scale_to_zero.Registry(activator=ACTIVATOR)
+    registry.remember(service, 0)
+    lock = AskedLock()
+    changes: list[Any] = []
+    with lock.lock:
+        resync = threading.Thread(target=lambda: changes.extend(registry.resync(api, lambda namespace, name: lock)))
+        resync.start()
+        assert lock.asked.wait(10)
+        registry.remember(service, 1)  # the status write under way saw a ready replica
+    resync.join(10)
+    assert changes == [] and api.get(Ref.to(ENDPOINT_SLICE, "ml", "mlp-activator")) is None
+
+
+REF = Ref.to(INFERENCE_SERVICE, "ml", "mlp")
 ACTIVATOR_SLICES = "/apis/discovery.k8s.io/v1/namespaces/inference-system/endpointslices"
 
 

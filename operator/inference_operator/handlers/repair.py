@@ -159,15 +159,23 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             state, pods = observe(api, workload, status.get("selector"))
             return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
 
+        key = (namespace, owner_ref["name"])
+
+        def follow(status: JsonObject) -> None:
+            """The activator's slice, from the status as it stands after this write (or as the
+            write read it, while a reconcile is under way: its own write follows later)."""
+            registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
+            fresh = seen[0] if seen else None
+            if fresh is None or not (serves_at_zero(fresh) or (registry is not None and registry.knows(*key))):
+                return
+            owner = memo.config.owner(owner_ref["name"], namespace, owner_ref["uid"], parse_spec(fresh["spec"]))
+            follow_activator(memo, fresh, owner, status, logger)
+
         # The repair's read is still current (a repair writes no status); a mirror reads it here.
-        previous, new_status = await asyncio.to_thread(publish, memo, ref, mirrored, isvc)
+        previous, new_status = await asyncio.to_thread(publish, memo, ref, mirrored, isvc, follow)
         if not seen:
             return
         isvc = seen[0]
-        registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
-        if serves_at_zero(isvc) or (registry is not None and registry.knows(namespace, owner_ref["name"])):
-            owner = memo.config.owner(owner_ref["name"], namespace, owner_ref["uid"], parse_spec(isvc["spec"]))
-            await asyncio.to_thread(follow_activator, memo, isvc, owner, new_status, logger)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("owned %s event not handled: %s", body.get("kind"), exc)
         return

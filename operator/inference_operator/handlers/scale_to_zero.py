@@ -17,6 +17,7 @@ from ..reasons import Reason
 from ..scale_to_zero import Registry, wake_replicas
 from ..scale_to_zero import wake as scale_to_zero_wake
 from ..settings import ActivatorSettings
+from .shared import isvc_ref, status_lock
 
 # A label selector no object matches: without an activator, no EndpointSlice is watched at all.
 NOTHING = f"{SERVICE_NAME_LABEL},!{SERVICE_NAME_LABEL}"
@@ -47,7 +48,9 @@ async def activator_endpoints(body: kopf.Body, memo: kopf.Memo, logger: kopf.Log
         if endpoints == registry.activator:
             return
         registry.activator = endpoints
-        changes = await asyncio.to_thread(registry.resync, api)
+        changes = await asyncio.to_thread(
+            registry.resync, api, lambda namespace, name: status_lock(memo, isvc_ref(namespace, name))
+        )
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("activator endpoints not followed: %s", exc)
         return

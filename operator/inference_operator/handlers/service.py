@@ -121,8 +121,10 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
         zero = serves_at_zero(fresh)
         return compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
 
-    previous, new_status = publish(memo, ref, compute, known=body)
-    follow_activator(memo, body, owner, new_status, logger)
+    def follow(status: JsonObject) -> None:
+        follow_activator(memo, body, owner, status, logger)
+
+    previous, new_status = publish(memo, ref, compute, known=body, then=follow)
     announce_pods(body, previous, new_status)
     logger.info(
         "reconciled generation %s: %d writes (%s), status keys changed: %s",

@@ -76,6 +76,7 @@ def publish(
     ref: Ref,
     compute: Callable[[JsonObject], JsonObject | None],
     known: kopf.Body | JsonObject | None = None,
+    then: Callable[[JsonObject], None] | None = None,
 ) -> tuple[JsonObject | None, JsonObject]:
     """Write only the status keys that changed, computed from the object as it is now.
 
@@ -84,7 +85,9 @@ def publish(
     so none puts back a stale conditions list and two never send the same patch twice.
     `known`, the object as a watch event brought it, saves that read when it is current (a new
     service's first status). `compute` may return None: nothing to say now. Returns (the
-    previous status, the new status); an unchanged status costs no write.
+    previous status, the new status); an unchanged status costs no write. `then` acts on the new
+    status before the next write can: what follows the status (the activator's slice) follows
+    the writes in their order, never an earlier one's after a later one's.
     """
     api: KubeApi = memo.api
     computed: JsonObject = {}
@@ -96,6 +99,8 @@ def publish(
 
     with status_lock(memo, ref):
         fresh, _ = api.update_status(ref, changes, known=None if known is None else dict(known))
+        if fresh is not None and then is not None:
+            then(computed.get("status") or {})
     if fresh is None:
         return None, {}
     return fresh.get("status"), computed.get("status") or {}
@@ -104,7 +109,9 @@ def publish(
 def follow_activator(
     memo: kopf.Memo, isvc: kopf.Body | JsonObject, owner: Owner, status: JsonObject, logger: kopf.Logger
 ) -> None:
-    """NAME-activator as the service's ready count now asks (scale_to_zero.py)."""
+    """NAME-activator as the service's ready count now asks (scale_to_zero.py). Called under the
+    service's status lock (`publish(then=...)`) with the status just written or read there: run
+    after the lock, a count read before a later write could land after that write's own."""
     ready = status.get("readyReplicas")
     registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
     if registry is None or not registry.remember(owner, ready):  # None: not started by `configure`
