@@ -55,9 +55,9 @@ def test_the_deployments_news_before_the_reconciles_own_write_is_not_lost(cluste
             await asyncio.sleep(0.02)
         raise StopAsyncIteration  # then the apply is answered as usual
 
-    # Request 0 is the apply that creates it (a new service's set has no dry run: create_all).
+    # Request 0 is the Deployment's dry run, 1 the apply that creates it.
     (
-        cluster.emulator[f"patch /apis/apps/v1/namespaces/ml/deployments/{NAME}"][0:1]
+        cluster.emulator[f"patch /apis/apps/v1/namespaces/ml/deployments/{NAME}"][1:2]
         << settle_before_the_reconcile_answers
     )
     assert cluster.apply_cr(inference_service(NAME, "ml", SPEC)).status_code in (200, 201)
@@ -136,35 +136,3 @@ def test_a_failing_model_fetch_is_in_status_and_a_warning_within_seconds(cluster
     assert healed.status_code == 200, healed.text
     cluster.wait_condition("ml", NAME, "Degraded", "False", "AsExpected", timeout=15)
     assert (condition(cluster.get_cr("ml", NAME), "Ready") or {}).get("reason") == "ReplicasNotReady"
-
-
-def test_a_pods_trouble_before_the_reconciles_own_write_is_not_lost(cluster: Cluster, operator) -> None:
-    """The same race for a pod: its fetch fails while the reconcile that created the Deployment
-    has not written the service's status. The pod's event is left to that reconcile, which must
-    then read the pods rather than write what it created (SeenWorkloads.defer)."""
-    gets = cluster.emulator[f"get {ISVC_PATH}"]
-
-    async def fail_a_pod_before_the_reconcile_answers() -> None:
-        deployment = cluster.get(DEPLOYMENTS, "ml", NAME)
-        assert deployment is not None
-        manifest = pod(f"{NAME}-abc", FETCH_FAILED, deployment["spec"]["template"]["metadata"]["labels"])
-        looked = len(gets)
-        async with httpx.AsyncClient(base_url=cluster.url) as client:
-            (await client.post(PODS, json={k: v for k, v in manifest.items() if k != "status"})).raise_for_status()
-            reported = await client.patch(
-                f"{PODS}/{NAME}-abc/status",
-                json={"status": manifest["status"]},
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
-            reported.raise_for_status()
-        deadline = time.monotonic() + 5
-        while len(gets) == looked and time.monotonic() < deadline:  # the operator reads the service
-            await asyncio.sleep(0.02)
-        raise StopAsyncIteration
-
-    (
-        cluster.emulator[f"patch /apis/apps/v1/namespaces/ml/deployments/{NAME}"][0:1]
-        << fail_a_pod_before_the_reconcile_answers
-    )
-    assert cluster.apply_cr(inference_service(NAME, "ml", SPEC)).status_code in (200, 201)
-    cluster.wait_condition("ml", NAME, "Degraded", "True", "ModelFetchFailed", timeout=15)

@@ -11,9 +11,6 @@ A new service cost 6 writes, 1 of them kopf's own patch of two annotations (benc
   kopf operators to leave our annotations out of their diffs; none handles InferenceServices, and
   the diff base here leaves them out of ours. Progress itself stays in annotations: it is written
   only while a handler is retried.
-
-And what the operator already knows of each service's workload (`SeenWorkloads`), so that a
-Deployment's event it caused itself costs no read.
 """
 
 from __future__ import annotations
@@ -24,9 +21,6 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import kopf
-
-from ..jsontypes import JsonObject
-from ..kinds import INFERENCE_SERVICE
 
 # What earlier versions kept on every object; removed once, with the first handling after an upgrade.
 LEGACY_KEY = "last-handled-configuration"
@@ -40,12 +34,6 @@ class UnmarkedProgressStorage(kopf.AnnotationsProgressStorage):
 
     def _store_marker(self, prefix: str, patch: kopf.Patch, body: kopf.Body) -> None:
         return None
-
-    def clear(self, *, essence: kopf.BodyEssence) -> kopf.BodyEssence:
-        """kopf's clear deep-copies the essence, then removes this storage's annotations. The
-        essences it is given here come from `ProcessDiffBaseStorage`, built or loaded afresh for
-        each event, without the operator's annotations: nothing to copy, nothing to remove."""
-        return essence
 
 
 class ProcessDiffBaseStorage(kopf.DiffBaseStorage):
@@ -61,14 +49,7 @@ class ProcessDiffBaseStorage(kopf.DiffBaseStorage):
         """kopf's essence (all but metadata and status, with the labels and annotations) less the
         operator's own annotations (a rollout command, kopf's progress on a retry, an earlier
         version's diff base): none of them is the spec. Built from those parts alone: kopf's own
-        build copies the whole object first, status and managedFields too, on every event.
-
-        kopf builds one for every event of every kind it watches, and diffs it; only an
-        InferenceService has handlers of changes (and daemons, which a change wakes). Another
-        kind's essence is never looked at: it is left empty instead of a copy of, say, a
-        Deployment's pod template on each of its events."""
-        if (body.get("apiVersion"), body.get("kind")) != INFERENCE_SERVICE.key:
-            return cast(kopf.BodyEssence, {})
+        build copies the whole object first, status and managedFields too, on every event."""
         essence: dict[str, Any]
         if extra_fields or self.ignored_fields:  # no handler of ours asks for either
             essence = dict(super().build(body=body, extra_fields=extra_fields))
@@ -102,56 +83,3 @@ class ProcessDiffBaseStorage(kopf.DiffBaseStorage):
 
     def __len__(self) -> int:
         return len(self._essences)
-
-
-class SeenWorkloads:
-    """The resourceVersion of each service's workload (Deployment or LeaderWorkerSet) as the
-    operator last applied it or mirrored it into the service's status.
-
-    A workload event at that version has no news: the reconcile that applied it reads the workload
-    again for its status write (and is retried until that write is done), and a mirrored event's
-    write is done. Skipping it saves the service read a mirror starts with: a new service's
-    Deployment's ADDED event, 1 of the 11 requests a new service cost, and on a watch's relist
-    every unchanged workload's. Lost on restart, harmlessly: every event is news again.
-
-    It also keeps which services had news left to a reconcile under way (`defer`): an event
-    handler that finds the service's status not yet written for its generation leaves the
-    news to that reconcile's status write. A reconcile that created the service's objects
-    itself, with no news left to it, writes its status from what it created, without reading
-    its Deployment and pods again (two of a new service's requests).
-    """
-
-    def __init__(self) -> None:
-        # (namespace, name) -> (kind, resourceVersion): one workload per service at a time.
-        self._versions: dict[tuple[str, str], tuple[str, str]] = {}
-        self._deferred: set[tuple[str, str]] = set()
-
-    def saw(self, workload: JsonObject | None) -> None:
-        if workload is not None and (version := workload["metadata"].get("resourceVersion")):
-            meta = workload["metadata"]
-            self._versions[meta["namespace"], meta["name"]] = (workload["kind"], version)
-
-    def is_news(self, workload: JsonObject) -> bool:
-        meta = workload["metadata"]
-        version = meta.get("resourceVersion")
-        return version is None or self._versions.get((meta["namespace"], meta["name"])) != (workload["kind"], version)
-
-    def defer(self, namespace: str, name: str) -> None:
-        """An event's news about the service is left to the reconcile under way."""
-        self._deferred.add((namespace, name))
-
-    def take_deferred(self, namespace: str, name: str) -> bool:
-        """Whether news was left to this reconcile since the last one took it."""
-        try:
-            self._deferred.remove((namespace, name))
-        except KeyError:
-            return False
-        return True
-
-    def forget(self, namespace: str, name: str) -> None:
-        """The service is gone: so is its workload's version."""
-        self._versions.pop((namespace, name), None)
-        self._deferred.discard((namespace, name))
-
-    def __len__(self) -> int:
-        return len(self._versions)

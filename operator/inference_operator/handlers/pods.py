@@ -17,7 +17,6 @@ from ..k8s import KubeApi
 from ..kinds import POD
 from ..settings import MANAGER
 from ..status import DEGRADED, compute_status, find_condition, spec_problem
-from .bookkeeping import SeenWorkloads
 from .shared import (
     KEPT_PROBLEMS,
     POD_ROLES,
@@ -49,7 +48,6 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logg
     troubled = event["type"] != "DELETED" and status_pods.pod_problem_of(dict(body), POD_ROLES) is not None
     api: KubeApi = memo.api
     ref = isvc_ref(meta["namespace"], name)
-    seen: SeenWorkloads | None = memo.get("seen_workloads")
 
     def compute(fresh: JsonObject) -> JsonObject | None:
         status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
@@ -58,9 +56,7 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logg
         if not (troubled or shown) or fresh["metadata"].get("deletionTimestamp"):
             return None  # nothing to say and nothing to clear: one read, no write
         if status.get("observedGeneration") != generation:
-            if seen is not None:  # a reconcile of this generation is under way: it reads the pods
-                seen.defer(meta["namespace"], name)
-            return None
+            return None  # a reconcile of this generation is under way and reads the pods itself
         state, pods = observe(api, workload_ref(fresh), status.get("selector"))
         problem = spec_problem(status, KEPT_PROBLEMS)
         return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import kopf
@@ -22,7 +21,6 @@ from ..models import SpecError, parse_spec
 from ..reconcile import Action, ApplyRefused, ForeignObjectError, Result
 from ..settings import MANAGER
 from ..status import Problem, compute_status, spec_problem
-from .bookkeeping import SeenWorkloads
 from .shared import (
     KEPT_PROBLEMS,
     announce_pods,
@@ -116,51 +114,18 @@ def _is_live_owner(isvc: JsonObject | None, owner_ref: JsonObject) -> TypeGuard[
     return bool(meta) and meta.get("uid") == owner_ref.get("uid") and not meta.get("deletionTimestamp")
 
 
-@dataclass(frozen=True)
-class _Look:
-    """What an owned object's event asks of `owned_event`."""
-
-    owner_ref: JsonObject  # the InferenceService's controller reference
-    why: str | None  # a deletion or a suspected drift: a repair
-    is_deployment: bool  # the service's workload (stable or canary arm): mirror its rollout
-    own: bool  # the workload named after the service (not a canary arm)
-
-
-def _look(event_type: str | None, body: kopf.Body, seen: SeenWorkloads | None) -> _Look | None:
-    """Whether an owned object's event needs a look, judged from the event alone (no API call);
-    None for most of them: the operator's own writes coming back, a workload version whose news
-    the status already has."""
-    owner_ref = _controller_owner(body)
-    if owner_ref is None:
-        return None
-    # The service's pods (stable or canary arm), not its endpoint picker's: only they make its status.
-    labels = body["metadata"].get("labels") or {}
-    is_deployment = body.get("kind") in WORKLOAD_KINDS and labels.get("app.kubernetes.io/component") == COMPONENT
-    why = f"{body.get('kind')} deleted" if event_type == "DELETED" else _suspect(body)
-    if why is None and not is_deployment:
-        return None
-    # The service's own workload at a version its status already has, or that the reconcile
-    # which applied it is about to read.
-    own = body["metadata"]["name"] == owner_ref["name"]
-    if why is None and own and seen is not None and not seen.is_news(dict(body)):
-        return None
-    return _Look(owner_ref, why, is_deployment, own)
-
-
-def needs_a_look(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> bool:  # noqa: A002 (kopf's name)
-    """kopf's filter of owned objects' events: a handler run costs the operator more than these
-    checks, and most events are its own writes coming back (bench/operator_scale.py)."""
-    return _look(type, body, memo.get("seen_workloads")) is not None
-
-
 @metrics.instrumented("owned_event")
 async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Repair an owned object that was deleted or edited; mirror a Deployment's rollout."""
-    seen: SeenWorkloads | None = memo.get("seen_workloads")
-    look = _look(event["type"], body, seen)
-    if look is None:
+    owner_ref = _controller_owner(body)
+    if owner_ref is None:
         return
-    owner_ref, why, is_deployment, own = look.owner_ref, look.why, look.is_deployment, look.own
+    # The service's pods (stable or canary arm), not its endpoint picker's: only they make its status.
+    labels = body["metadata"].get("labels") or {}
+    is_deployment = body.get("kind") in WORKLOAD_KINDS and labels.get("app.kubernetes.io/component") == COMPONENT
+    why = f"{body.get('kind')} deleted" if event["type"] == "DELETED" else _suspect(body)
+    if why is None and not is_deployment:
+        return
     api: KubeApi = memo.api
     namespace = body["metadata"]["namespace"]
     ref = isvc_ref(namespace, owner_ref["name"])
@@ -179,18 +144,16 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             return
         # The workload named after the service (a canary's event too: status is the stable's).
         workload = Ref(body["apiVersion"], body["kind"], namespace, owner_ref["name"])
-        seen_as: list[JsonObject] = []  # the service as the status write read it, if still the owner
+        seen: list[JsonObject] = []  # the service as the status write read it, if still the owner
 
         def mirrored(fresh: JsonObject) -> JsonObject | None:
             if not _is_live_owner(fresh, owner_ref):
                 return None
-            seen_as[:] = [fresh]
+            seen[:] = [fresh]
             status, generation = fresh.get("status") or {}, fresh["metadata"].get("generation")
             if refused is None and status.get("observedGeneration") != generation:
                 # A reconcile of this generation is under way: its status write reads the
                 # workload after this event (it waits for this write, or this for it).
-                if seen is not None:
-                    seen.defer(namespace, owner_ref["name"])
                 return None
             problem = refused or spec_problem(status, KEPT_PROBLEMS)
             state, pods = observe(api, workload, status.get("selector"))
@@ -202,7 +165,7 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
             """The activator's slice, from the status as it stands after this write (or as the
             write read it, while a reconcile is under way: its own write follows later)."""
             registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
-            fresh = seen_as[0] if seen_as else None
+            fresh = seen[0] if seen else None
             if fresh is None or not (serves_at_zero(fresh) or (registry is not None and registry.knows(*key))):
                 return
             owner = memo.config.owner(owner_ref["name"], namespace, owner_ref["uid"], parse_spec(fresh["spec"]))
@@ -210,11 +173,9 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
 
         # The repair's read is still current (a repair writes no status); a mirror reads it here.
         previous, new_status = await asyncio.to_thread(publish, memo, ref, mirrored, isvc, follow)
-        if not seen_as:
+        if not seen:
             return
-        isvc = seen_as[0]
-        if own and seen is not None:
-            seen.saw(dict(body))
+        isvc = seen[0]
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("owned %s event not handled: %s", body.get("kind"), exc)
         return
@@ -233,5 +194,4 @@ for _kind in KINDS:
             plural=_kind.plural,
             labels={"app.kubernetes.io/managed-by": MANAGER},
             id=f"owned-{_kind.plural}",
-            when=needs_a_look,
         )(owned_event)

@@ -18,16 +18,8 @@ from ..models import SpecError
 from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError, Result, api_message
 from ..rollout import Phase, RolloutState
-from ..status import (
-    NOT_CREATED,
-    Problem,
-    api_error_problem,
-    compute_status,
-    deployment_rollout,
-    status_changes,
-    with_api_error,
-)
-from .bookkeeping import ProcessDiffBaseStorage, SeenWorkloads
+from ..status import NOT_CREATED, Problem, api_error_problem, compute_status, status_changes, with_api_error
+from .bookkeeping import ProcessDiffBaseStorage
 from .shared import (
     announce_pods,
     announce_writes,
@@ -108,12 +100,9 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
     except ForeignObjectError as exc:
         problem = Problem(Reason.RESOURCE_CONFLICT, str(exc))
     except ApplyRefused as exc:
-        problem = Problem(Reason.APPLY_FAILED, f"the API server refused the desired objects, none was changed: {exc}")
+        problem = Problem(Reason.APPLY_FAILED, f"the API server refused the desired objects, none was written: {exc}")
     if problem is not None:
         _give_up(memo, body, ref, generation, problem, logger, recheck)
-    seen: SeenWorkloads | None = memo.get("seen_workloads")
-    if seen is not None:  # its event, if it brings this version, has no news (repair.py)
-        seen.saw(result.deployment)
 
     announce_writes(body, result.writes)
     tracing.record_writes(result.writes)
@@ -127,22 +116,8 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
     _announce_rollout(body, RolloutState.from_status(body.get("status")), result.rollout)
     shown = problem or rollout_problem(result.rollout)
 
-    first_look = [True]
-
-    def as_created() -> bool:
-        """Whether the status may say what this reconcile created, unread: at the first look only
-        (under the status lock; a write retried after a conflict reads), and only when no event's
-        news was left to this reconcile since (SeenWorkloads)."""
-        if not first_look:
-            return False
-        first_look.clear()
-        return result.created_all and seen is not None and not seen.take_deferred(namespace, name)
-
     def compute(fresh: JsonObject) -> JsonObject:
-        if as_created():  # the Deployment as created, and no pod yet
-            state, pods = deployment_rollout(result.deployment), None
-        else:
-            state, pods = observe(memo.api, workload, selector)
+        state, pods = observe(memo.api, workload, selector)
         zero = serves_at_zero(fresh)
         return compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
 
@@ -211,14 +186,7 @@ def _announce_rollout(body: kopf.Body | JsonObject, before: RolloutState | None,
     normal_event(body, Reason.CANARY_STARTED, after.message)
 
 
-def _deleted(type: str | None, **_: Any) -> bool:  # noqa: A002 (kopf's name)
-    """kopf's filter: only a deletion reaches `service_deleted` (not the service's every event)."""
-    return type == "DELETED"
-
-
-@kopf.on.event(
-    INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural, id="service-deleted", when=_deleted
-)
+@kopf.on.event(INFERENCE_SERVICE.group, INFERENCE_SERVICE.version, INFERENCE_SERVICE.plural, id="service-deleted")
 async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """End the daemons of a deleted InferenceService (no finalizer made kopf do it: lifetimes)
     and forget its status lock and kopf's diff base (one per service ever seen would otherwise
@@ -230,9 +198,6 @@ async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
         if diffbase is not None:
             diffbase.forget(meta["uid"])
         forget_status_lock(memo, meta["namespace"], meta["name"])
-        seen: SeenWorkloads | None = memo.get("seen_workloads")
-        if seen is not None:
-            seen.forget(meta["namespace"], meta["name"])
         registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
         if registry is not None:
             registry.forget(meta["namespace"], meta["name"])

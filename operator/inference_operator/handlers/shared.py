@@ -146,8 +146,7 @@ def forget_status_lock(memo: kopf.Memo, namespace: str, name: str) -> None:
 
 def observe(api: KubeApi, workload: Ref | None, pod_selector: str | None) -> tuple[Rollout, Problem | None]:
     """The service's workload and pods as they are now, read inside the status write (see
-    `status_lock`): not the copy an apply answered, which may predate its controller's news
-    (unless no news was left to the reconcile since: SeenWorkloads.defer)."""
+    `status_lock`): never the copy an apply answered, which predates its controller's news."""
     live = api.get(workload) if workload is not None else None
     pods = api.list_objects(*POD.key, workload.namespace, pod_selector) if workload and pod_selector else []
     return deployment_rollout(live), status_pods.pods_problem(pods, POD_ROLES)
