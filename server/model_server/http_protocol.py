@@ -276,10 +276,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         await self._app(scope, receive, send_last_with_end if scope["type"] == "http" else send)
 
     def _cork(self) -> None:
-        """Hold what is written next until the close: Linux sends it with the FIN."""
+        """Hold what is written next until the close: Linux sends it with the FIN. Nothing for a
+        connection already closing (its client gone: uvloop's socket then has no descriptor)."""
+        if _CORK is None or self.transport.is_closing():
+            return
         sock = self.transport.get_extra_info("socket")
-        if _CORK is not None and sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        try:
             sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
+        except (OSError, ValueError):  # closed meanwhile: nothing is left to send on it
+            return
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.table.remove(self)

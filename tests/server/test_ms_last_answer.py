@@ -38,6 +38,7 @@ class StreamingApp:
         self.first_sent = threading.Event()
         self.go_on = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.ended: list[BaseException | None] = []  # how each answer's last `send` ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,16 +49,21 @@ class StreamingApp:
         self.first_sent.set()
         await self.go_on.wait()
         self.loop.call_soon(time.sleep, LOOP_HELD_S)
-        await send({"type": "http.response.body", "body": b"last\n", "more_body": False})
+        try:
+            await send({"type": "http.response.body", "body": b"last\n", "more_body": False})
+        except Exception as exc:
+            self.ended.append(exc)
+            raise
+        self.ended.append(None)
 
 
-@pytest.fixture
-def serving() -> Iterator[tuple[uvicorn.Server, StreamingApp, int]]:
+@pytest.fixture(params=["asyncio", "uvloop"])  # the image's uvicorn runs on uvloop
+def serving(request: pytest.FixtureRequest) -> Iterator[tuple[uvicorn.Server, StreamingApp, int]]:
     app = StreamingApp()
     port = free_port()
     limits = ConnectionLimits(header_timeout_s=5, body_timeout_s=5, max_header_bytes=8192, max_connections=16)
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, lifespan="off", log_level="warning",
+        app, host="127.0.0.1", port=port, lifespan="off", log_level="warning", loop=request.param,
         http=LimitedHttpProtocol.with_limits(limits),
     )  # fmt: skip
     server = uvicorn.Server(config)
@@ -105,3 +111,24 @@ def test_a_connection_shut_down_mid_answer_ends_with_the_answers_last_bytes(
         # The answer is all read: its connection's end must be here already, not a while later.
         readable, _, _ = select.select([conn], [], [], 0)
         assert readable and conn.recv(1) == b"", "the connection was still open after its last answer"
+
+
+def test_a_client_gone_before_the_last_answer_of_a_closing_connection_costs_no_error(
+    serving: tuple[uvicorn.Server, StreamingApp, int],
+) -> None:
+    """Its client asked to close after the answer, then left in the middle of it: the answer's
+    last `send` is dropped as uvicorn drops it, with nothing to cork (uvloop's socket of a
+    closed connection has no descriptor: the activator logged "negative file descriptor")."""
+    server, app, port = serving
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conn.sendall(b"GET /stream HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
+    assert app.first_sent.wait(10) and app.loop is not None
+    conn.close()
+    deadline = time.monotonic() + 10
+    while server.server_state.connections and time.monotonic() < deadline:  # the server saw it go
+        time.sleep(0.01)
+    assert not server.server_state.connections
+    app.loop.call_soon_threadsafe(app.go_on.set)
+    while not app.ended and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert app.ended == [None]
