@@ -13,7 +13,6 @@ autoscaler's next tick.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -90,10 +89,6 @@ def wake(api: KubeApi, namespace: str, name: str, replicas: int) -> None:
     api.patch(Ref.to(INFERENCE_SERVICE, namespace, name), {"spec": {"replicas": replicas}}, "scale")
 
 
-def _unlocked(namespace: str, name: str) -> AbstractContextManager[None]:
-    return contextlib.nullcontext()
-
-
 @dataclass
 class Registry:
     """What the handlers share: the activator's endpoints and the scale-to-zero services with
@@ -115,7 +110,7 @@ class Registry:
     def knows(self, namespace: str, name: str) -> bool:
         return (namespace, name) in self.services
 
-    def resync(self, api: KubeApi, lock: Callable[[str, str], AbstractContextManager[Any]] = _unlocked) -> list[Change]:
+    def resync(self, api: KubeApi, lock: Callable[[str, str], AbstractContextManager[Any]]) -> list[Change]:
         """Every known scale-to-zero service's slice against the activator's current endpoints,
         each under `lock(namespace, name)`, the service's status lock: its ready count read and
         its slice written between two status writes, never across one (a count read before a

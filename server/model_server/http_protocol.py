@@ -204,7 +204,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._unparsed_at = 0
         self._owed_refusal: tuple[int, str, bool] | None = None  # to send once earlier answers are out
         self._write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
-        self._close_after_answer = False  # shut down while awaiting its request (see `shutdown`)
+        self._close_after_answer = False  # awaiting its request when told to close (`shutdown`, `close_after_answer`)
         self._app = self.app
         self.app = self._app_ending_with_the_connection
 

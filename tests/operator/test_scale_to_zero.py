@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -161,10 +162,15 @@ def _create(cluster: Cluster, name: str, spec: dict[str, Any]) -> str:
     return str(response.json()["metadata"]["uid"])
 
 
+def _created(cluster: Cluster) -> Owner:
+    """`owner()`'s service, created in the emulated API server (with the uid it gave)."""
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
+    return owner(uid=_create(cluster, "mlp", spec))
+
+
 def test_the_slice_follows_the_ready_count_and_the_activator(cluster: Cluster) -> None:
     api = _api(cluster)
-    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
-    service = owner(uid=_create(cluster, "mlp", spec))
+    service = _created(cluster)
     ref = Ref.to(ENDPOINT_SLICE, "ml", "mlp-activator")
     registry = scale_to_zero.Registry()
 
@@ -175,7 +181,9 @@ def test_the_slice_follows_the_ready_count_and_the_activator(cluster: Cluster) -
     assert scale_to_zero.sync_slice(api, service, 0, ACTIVATOR) is None  # unchanged: no write
 
     registry.activator = ActivatorEndpoints(("10.244.0.8",), 8012)  # the activator rolled
-    assert [c.action for c in registry.resync(api)] == [Action.UPDATED]
+    assert [c.action for c in registry.resync(api, lambda namespace, name: contextlib.nullcontext())] == [
+        Action.UPDATED
+    ]
     live = api.get(ref)
     assert live is not None and [e["addresses"] for e in live["endpoints"]] == [["10.244.0.8"]]
 
@@ -188,16 +196,14 @@ def test_the_slice_follows_the_ready_count_and_the_activator(cluster: Cluster) -
 
 def test_turning_scale_to_zero_off_removes_the_private_service_and_the_slice(cluster: Cluster) -> None:
     api = _api(cluster)
-    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
-    uid = _create(cluster, "mlp", spec)
-    service = owner(uid=uid)
+    service = _created(cluster)
     reconcile(api, service)
     assert api.get(Ref.to(SERVICE, "ml", "mlp-private")) is not None
     registry = scale_to_zero.Registry()
     registry.remember(service, 0)
     scale_to_zero.sync_slice(api, service, 0, ACTIVATOR)
 
-    plain = plain_owner(uid=uid)
+    plain = plain_owner(uid=service.uid)
     result = reconcile(api, plain)
     assert ("Service", "mlp-private") in [(c.kind, c.name) for c in result.writes if c.action == Action.DELETED]
     assert registry.remember(plain, None)  # it was known: its slice is looked at once more
@@ -214,8 +220,7 @@ def test_the_slice_follows_status_writes_in_their_order(cluster: Cluster, monkey
     the slice back to the activator, and the activator's next resync kept it there."""
     monkeypatch.setattr(shared, "normal_event", lambda *args: None)  # kopf posts events only in handlers
     api = _api(cluster)
-    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
-    service = owner(uid=_create(cluster, "mlp", spec))
+    service = _created(cluster)
     registry = scale_to_zero.Registry(activator=ACTIVATOR)
     memo = kopf.Memo(api=api, scale_to_zero=registry)
     holding, second_done = threading.Event(), threading.Event()
@@ -265,8 +270,7 @@ def test_a_resync_reads_each_services_ready_count_under_its_status_lock(cluster:
     replica: the resync waits for the write and syncs from its count (no slice: traffic to the
     replica), not from the count it could have read before."""
     api = _api(cluster)
-    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
-    service = owner(uid=_create(cluster, "mlp", spec))
+    service = _created(cluster)
     registry = scale_to_zero.Registry(activator=ACTIVATOR)
     registry.remember(service, 0)
     lock = AskedLock()
