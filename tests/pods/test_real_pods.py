@@ -529,12 +529,12 @@ def test_load_after_a_wake_scales_beyond_one(node: NodeCluster, release: dict) -
     load = Load([f"http://{service_address(node, IDLE)}/infer"], concurrency, max_seconds=90).start()
     try:
         # The held requests' latency may scale it up before any of these is answered (it did,
-        # 2 s in): the load goes on until every worker has had answers too.
+        # 2 s in): the load goes on until it has had as many answers as it has workers, too.
         wait_for(
             lambda: isvc(node, IDLE)["spec"]["replicas"] > 1 and load.sent >= concurrency,
             timeout=60,
             interval=0.5,
-            message="scale-up, and the load answered",
+            message="scale-up, and as many answers as workers",
         )
     finally:
         load.stop()
