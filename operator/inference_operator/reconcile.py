@@ -5,7 +5,10 @@ spec stops asking for is really removed. A live object is left alone when it car
 hash of the desired manifest, its labels and annotations are ours and no other manager owns
 part of its spec; a resync of an unchanged InferenceService therefore costs reads only.
 Before anything is written, the whole set is applied with `dryRun=All`: when the API server
-refuses one object, none is written and the refusal is reported.
+refuses one object, none is written and the refusal is reported. A new service's set, none of
+whose objects exists yet, is created without the dry run (half of its applies): its workload
+last, and what was created before a refusal is deleted again, so no pod ever runs and nothing
+is left (`create_all`).
 """
 
 from __future__ import annotations
@@ -223,9 +226,12 @@ def reconcile(
     # the object as the apply will leave it: without a hand-added `privileged: true`, say, that
     # would otherwise still be merged in and make our own fields invalid beside it.
     steps = [_take_over(api, plan_write(obj, api.get(Ref.of(obj)), owner.uid)) for obj in wanted]
-    dry_run(api, steps)
     result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
     result.rollout = state
+    if first and all(step.action == Action.CREATED for step in steps):
+        create_all(api, steps, result, owner.name)
+        return result
+    dry_run(api, steps)
     for step in steps:
         result.changes.append(apply_step(api, step, result, owner.name))
     if first:
@@ -369,6 +375,26 @@ def dry_run(api: KubeApi, steps: list[WritePlan]) -> None:
             if exc.status not in (400, 422):  # others (conflicts, RBAC, throttling) are retried
                 raise
             raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
+
+
+def create_all(api: KubeApi, steps: list[WritePlan], result: Result, owner_name: str) -> None:
+    """Create a new service's objects, none of which exists, without a dry run: the workload last,
+    so that when the API server refuses any object no pod has run; the objects created before the
+    refusal are deleted again (newest first) and the refusal is raised, as the dry run would have.
+    A failure the handler retries (a conflict, throttling) leaves them: the retry finds them and
+    takes the dry-run path. The changes are reported in the table's order."""
+    created: dict[int, Change] = {}
+    for index in sorted(range(len(steps)), key=lambda i: steps[i].ref.kind in WORKLOAD_KINDS):
+        step = steps[index]
+        try:
+            created[index] = apply_step(api, step, result, owner_name)
+        except ApiException as exc:
+            if exc.status not in (400, 422):
+                raise
+            for done in reversed(created):
+                api.delete(steps[done].ref)
+            raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
+    result.changes.extend(created[index] for index in sorted(created))
 
 
 def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -> Change:

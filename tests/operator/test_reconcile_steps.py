@@ -8,6 +8,7 @@ import copy
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from inference_operator import reconcile as rc
 from inference_operator.builders import Owner, build_all
@@ -34,11 +35,12 @@ KEDA_SPEC = {
 class RecordingApi:
     """Answers like an empty cluster that serves every kind; records writes in order."""
 
-    def __init__(self, objects: dict[tuple[str, str], dict] | None = None) -> None:
+    def __init__(self, objects: dict[tuple[str, str], dict] | None = None, refuse: str = "") -> None:
         self.objects = objects or {}
         self.applied: list[tuple[str, bool]] = []
         self.deleted: list[str] = []
         self.read: list[tuple[str, str]] = []
+        self.refuse = refuse  # a kind whose apply the API server refuses (422)
 
     def get(self, ref: Ref) -> dict | None:
         self.read.append((ref.kind, ref.name))
@@ -49,6 +51,8 @@ class RecordingApi:
 
     def apply(self, obj: dict, dry_run: bool = False) -> dict:
         self.applied.append((obj["kind"], dry_run))
+        if obj["kind"] == self.refuse:
+            raise ApiException(status=422, reason="Unprocessable Entity")
         return obj
 
     def delete(self, ref: Ref) -> bool:
@@ -135,3 +139,43 @@ def test_a_first_reconcile_reads_only_what_it_applies_and_prunes_nothing() -> No
     api = RecordingApi({("HorizontalPodAutoscaler", "resnet"): stale})
     rc.reconcile(api, owner(PLAIN))
     assert len(api.read) > len(applied) and api.deleted == ["HorizontalPodAutoscaler"]
+
+
+# A service with a Deployment, a Service, a PodDisruptionBudget and an HPA.
+SCALED = {
+    "model": PLAIN["model"],
+    "autoscaling": {"mode": "hpa", "minReplicas": 2, "maxReplicas": 4, "metric": "rps", "target": 70},
+}
+
+
+def test_a_new_service_is_created_without_a_dry_run_its_deployment_last() -> None:
+    api = RecordingApi()
+    result = rc.reconcile(api, owner(SCALED), first=True)
+    kinds = [o["kind"] for o in in_apply_order(build_all(owner(SCALED)))]
+    assert {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"} <= set(kinds)
+    assert not [kind for kind, dry in api.applied if dry]
+    assert [kind for kind, _ in api.applied] == [k for k in kinds if k != "Deployment"] + ["Deployment"]
+    assert [c.kind for c in result.writes] == kinds  # reported in the table's order
+    assert result.deployment is not None and result.deployment["kind"] == "Deployment"
+
+
+@pytest.mark.parametrize("refused", ["PodDisruptionBudget", "Deployment"])
+def test_a_refused_new_object_leaves_nothing_and_no_pod_ever_ran(refused: str) -> None:
+    api = RecordingApi(refuse=refused)
+    with pytest.raises(rc.ApplyRefused, match=refused):
+        rc.reconcile(api, owner(SCALED), first=True)
+    written = [kind for kind, _ in api.applied]
+    assert written[-1] == refused
+    if refused != "Deployment":
+        assert "Deployment" not in written
+    assert api.deleted == list(reversed(written[:-1]))  # every object created before it, newest first
+
+
+def test_a_set_of_which_something_exists_is_dry_run_first_even_on_a_first_reconcile() -> None:
+    """A reconcile cut short after its first writes: the retry is no longer a pure create."""
+    built = {o["kind"]: o for o in build_all(owner(SCALED))}
+    service = {**built["Service"], "metadata": {**built["Service"]["metadata"], "ownerReferences": [{"uid": "u-1"}]}}
+    api = RecordingApi({("Service", "resnet"): service}, refuse="PodDisruptionBudget")
+    with pytest.raises(rc.ApplyRefused, match="PodDisruptionBudget"):
+        rc.reconcile(api, owner(SCALED), first=True)
+    assert all(dry for _, dry in api.applied) and not api.deleted  # refused by the dry run: nothing written

@@ -55,9 +55,9 @@ def test_the_deployments_news_before_the_reconciles_own_write_is_not_lost(cluste
             await asyncio.sleep(0.02)
         raise StopAsyncIteration  # then the apply is answered as usual
 
-    # Request 0 is the Deployment's dry run, 1 the apply that creates it.
+    # Request 0 is the apply that creates it (a new service's set has no dry run: create_all).
     (
-        cluster.emulator[f"patch /apis/apps/v1/namespaces/ml/deployments/{NAME}"][1:2]
+        cluster.emulator[f"patch /apis/apps/v1/namespaces/ml/deployments/{NAME}"][0:1]
         << settle_before_the_reconcile_answers
     )
     assert cluster.apply_cr(inference_service(NAME, "ml", SPEC)).status_code in (200, 201)

@@ -121,9 +121,9 @@ def test_fault_storm_converges_without_duplicates(cluster: Cluster) -> None:
 
 
 def test_operator_restart_mid_reconcile_converges(cluster: Cluster) -> None:
-    # The Deployment's creating apply hangs for 3 s (request 0 is its dry run, 1 the apply):
-    # the operator is stopped inside that reconcile.
-    cluster.emulator["patch /apis/apps/v1/namespaces/ml/deployments/restart"][1:2] << slow(3)
+    # The Deployment's creating apply hangs for 3 s (request 0: a new service's set has no dry
+    # run, reconcile.create_all): the operator is stopped inside that reconcile.
+    cluster.emulator["patch /apis/apps/v1/namespaces/ml/deployments/restart"][0:1] << slow(3)
     with KopfRunner(ARGS, timeout=60) as first:
         cluster.apply_cr(service("restart"))
         wait_for(lambda: cluster.emulator.writes["deployments:create"] >= 1, message="create in flight")

@@ -100,7 +100,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
     except ForeignObjectError as exc:
         problem = Problem(Reason.RESOURCE_CONFLICT, str(exc))
     except ApplyRefused as exc:
-        problem = Problem(Reason.APPLY_FAILED, f"the API server refused the desired objects, none was written: {exc}")
+        problem = Problem(Reason.APPLY_FAILED, f"the API server refused the desired objects, none was changed: {exc}")
     if problem is not None:
         _give_up(memo, body, ref, generation, problem, logger, recheck)
 
