@@ -1,16 +1,34 @@
 """What the operator writes for a service beyond the work itself: kopf's diff base kept in the
-process, no kopf marker, and one event per kind of change (handlers/bookkeeping.py, shared.py)."""
+process, no kopf marker, one event per kind of change, and no read for a workload event that
+brings nothing new (handlers/bookkeeping.py, shared.py, repair.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import kopf
+import kubernetes
 import pytest
 
-from inference_operator.handlers import shared
-from inference_operator.handlers.bookkeeping import LEGACY_KEY, ProcessDiffBaseStorage, UnmarkedProgressStorage
+from inference_operator import config
+from inference_operator.builders.common import COMPONENT, SPEC_HASH_ANNOTATION
+from inference_operator.handlers import repair, service, shared
+from inference_operator.handlers.bookkeeping import (
+    LEGACY_KEY,
+    ProcessDiffBaseStorage,
+    SeenWorkloads,
+    UnmarkedProgressStorage,
+)
+from inference_operator.k8s import KubeApi, Ref
+from inference_operator.kinds import INFERENCE_SERVICE
 from inference_operator.reconcile import Action, Change
+from inference_operator.settings import MANAGER
+from testsupport.cluster import Cluster
 
 PREFIX = "inference.rocm.dev"
+ISVC_TYPE = {"apiVersion": f"{PREFIX}/v1alpha1", "kind": "InferenceService"}
+DEPLOYMENTS = "apps/v1/deployments"
 
 
 def body(uid: str = "u-1", annotations: dict[str, str] | None = None, replicas: int = 1) -> kopf.Body:
@@ -117,3 +135,86 @@ def test_the_essence_is_kopfs_own_less_the_operators_annotations(annotations: di
     assert built == expected
     built["spec"]["model"]["uri"] = "changed"  # a copy, not the object's own
     assert raw["spec"]["model"]["uri"] == "pvc://m"
+
+
+# --------------------------------------------------------------------------- seen workloads
+
+
+def deployment(version: str, kind: str = "Deployment", name: str = "m") -> dict:
+    return {"kind": kind, "metadata": {"name": name, "namespace": "ml", "resourceVersion": version}}
+
+
+def test_a_workload_version_once_seen_is_no_news_until_it_changes_or_is_forgotten() -> None:
+    seen = SeenWorkloads()
+    assert seen.is_news(deployment("5"))
+    seen.saw(deployment("5"))
+    seen.saw(None)  # a reconcile that left no workload (a missing add-on) records nothing
+    assert not seen.is_news(deployment("5"))
+    assert seen.is_news(deployment("6"))
+    assert seen.is_news(deployment("5", kind="LeaderWorkerSet"))  # the service moved to groups
+    assert seen.is_news(deployment("5", name="other"))
+    assert seen.is_news({"kind": "Deployment", "metadata": {"name": "m", "namespace": "ml"}})
+    seen.forget("ml", "m")
+    assert seen.is_news(deployment("5")) and len(seen) == 0
+
+
+class CountingApi(KubeApi):
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)), timeout=10)
+        self.reads = 0
+
+    def get(self, ref: Ref) -> dict | None:
+        self.reads += 1
+        return super().get(ref)
+
+    def list_objects(self, *args, **kwargs) -> list:
+        self.reads += 1
+        return super().list_objects(*args, **kwargs)
+
+
+def owned_deployment_event(owner: dict, version: str, name: str = "m") -> dict:
+    labels = {"app.kubernetes.io/component": COMPONENT, "app.kubernetes.io/managed-by": MANAGER}
+    meta = {"name": name, "namespace": "ml", "resourceVersion": version, "ownerReferences": [owner]}
+    meta |= {"labels": labels, "annotations": {SPEC_HASH_ANNOTATION: "h"}}
+    return {"type": "MODIFIED", "object": {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta}}
+
+
+async def owned_event_reads(memo: kopf.Memo, event: dict) -> int:
+    memo.api.reads = 0
+    await repair.owned_event(event=event, body=kopf.Body(event["object"]), memo=memo, logger=logging.getLogger("t"))
+    return memo.api.reads
+
+
+async def test_a_workload_event_at_a_version_already_seen_costs_no_read(cluster: Cluster) -> None:
+    """An event at the version a reconcile applied, and a relist's event of a workload whose last
+    event was mirrored, read nothing; news, and a canary arm's event, are mirrored."""
+    spec = {"model": {"uri": "pvc://models/m"}}
+    assert cluster.apply_cr({**ISVC_TYPE, "metadata": {"name": "m", "namespace": "ml"}, "spec": spec}).status_code < 300
+    api = CountingApi(cluster)
+    uid = api.get(Ref.to(INFERENCE_SERVICE, "ml", "m"))["metadata"]["uid"]
+    api.update_status(Ref.to(INFERENCE_SERVICE, "ml", "m"), lambda _: {"observedGeneration": 1, "selector": "a=b"})
+    memo = kopf.Memo(api=api, seen_workloads=SeenWorkloads())
+    owner = {**ISVC_TYPE, "name": "m", "uid": uid, "controller": True}
+
+    memo.seen_workloads.saw(deployment("5"))  # as the reconcile that applied it records it
+    assert await owned_event_reads(memo, owned_deployment_event(owner, "5")) == 0
+    assert await owned_event_reads(memo, owned_deployment_event(owner, "6")) == 3  # the service, workload, pods
+    assert await owned_event_reads(memo, owned_deployment_event(owner, "6")) == 0  # mirrored: a relist is no news
+    assert await owned_event_reads(memo, owned_deployment_event(owner, "6", name="m-canary")) == 3  # always looked at
+
+
+def test_a_reconcile_records_the_workload_it_applied_so_that_its_event_reads_nothing(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new service's Deployment's own event, once the reconcile that created it has run."""
+    monkeypatch.setattr(kopf, "event", lambda *_, **__: None)  # no operator to post them
+    spec = {"model": {"uri": "pvc://models/m"}}
+    assert cluster.apply_cr({**ISVC_TYPE, "metadata": {"name": "m", "namespace": "ml"}, "spec": spec}).status_code < 300
+    memo = kopf.Memo(api=CountingApi(cluster), config=config.load(), seen_workloads=SeenWorkloads())
+    isvc = memo.api.get(Ref.to(INFERENCE_SERVICE, "ml", "m"))
+    service._reconcile_service(memo, kopf.Body(isvc), isvc["metadata"], logging.getLogger("t"))
+    created = cluster.get(DEPLOYMENTS, "ml", "m")
+    assert created is not None and not memo.seen_workloads.is_news(created)
+    owner = created["metadata"]["ownerReferences"][0]
+    event = owned_deployment_event(owner, created["metadata"]["resourceVersion"])
+    assert asyncio.run(owned_event_reads(memo, event)) == 0

@@ -11,6 +11,9 @@ A new service cost 6 writes, 1 of them kopf's own patch of two annotations (benc
   kopf operators to leave our annotations out of their diffs; none handles InferenceServices, and
   the diff base here leaves them out of ours. Progress itself stays in annotations: it is written
   only while a handler is retried.
+
+And what the operator already knows of each service's workload (`SeenWorkloads`), so that a
+Deployment's event it caused itself costs no read.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import kopf
+
+from ..jsontypes import JsonObject
 
 # What earlier versions kept on every object; removed once, with the first handling after an upgrade.
 LEGACY_KEY = "last-handled-configuration"
@@ -83,3 +88,37 @@ class ProcessDiffBaseStorage(kopf.DiffBaseStorage):
 
     def __len__(self) -> int:
         return len(self._essences)
+
+
+class SeenWorkloads:
+    """The resourceVersion of each service's workload (Deployment or LeaderWorkerSet) as the
+    operator last applied it or mirrored it into the service's status.
+
+    A workload event at that version has no news: the reconcile that applied it reads the workload
+    again for its status write (and is retried until that write is done), and a mirrored event's
+    write is done. Skipping it saves the service read a mirror starts with (a new service's
+    Deployment's ADDED event, bench/operator_scale.py) and, on a watch's relist, every unchanged
+    workload's. Lost on restart, harmlessly: every event is news again.
+    """
+
+    def __init__(self) -> None:
+        # (namespace, name) -> (kind, resourceVersion): one workload per service at a time.
+        self._versions: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def saw(self, workload: JsonObject | None) -> None:
+        """The status has (or the write under way will read) `workload` at its version."""
+        if workload is not None and (version := workload["metadata"].get("resourceVersion")):
+            meta = workload["metadata"]
+            self._versions[meta["namespace"], meta["name"]] = (workload["kind"], version)
+
+    def is_news(self, workload: JsonObject) -> bool:
+        meta = workload["metadata"]
+        version = meta.get("resourceVersion")
+        return version is None or self._versions.get((meta["namespace"], meta["name"])) != (workload["kind"], version)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The service is gone: so is its workload's version."""
+        self._versions.pop((namespace, name), None)
+
+    def __len__(self) -> int:
+        return len(self._versions)

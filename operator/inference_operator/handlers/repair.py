@@ -21,6 +21,7 @@ from ..models import SpecError, parse_spec
 from ..reconcile import Action, ApplyRefused, ForeignObjectError, Result
 from ..settings import MANAGER
 from ..status import Problem, compute_status, spec_problem
+from .bookkeeping import SeenWorkloads
 from .shared import (
     KEPT_PROBLEMS,
     announce_pods,
@@ -126,6 +127,12 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
     why = f"{body.get('kind')} deleted" if event["type"] == "DELETED" else _suspect(body)
     if why is None and not is_deployment:
         return
+    # The service's own workload at a version its status already has, or that the reconcile
+    # which applied it is about to read: no news, no read.
+    own = body["metadata"]["name"] == owner_ref["name"]
+    versions: SeenWorkloads | None = memo.get("seen_workloads")
+    if why is None and own and versions is not None and not versions.is_news(dict(body)):
+        return
     api: KubeApi = memo.api
     namespace = body["metadata"]["namespace"]
     ref = isvc_ref(namespace, owner_ref["name"])
@@ -176,6 +183,8 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
         if not seen:
             return
         isvc = seen[0]
+        if own and versions is not None:
+            versions.saw(dict(body))
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("owned %s event not handled: %s", body.get("kind"), exc)
         return

@@ -19,7 +19,7 @@ from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError, Result, api_message
 from ..rollout import Phase, RolloutState
 from ..status import NOT_CREATED, Problem, api_error_problem, compute_status, status_changes, with_api_error
-from .bookkeeping import ProcessDiffBaseStorage
+from .bookkeeping import ProcessDiffBaseStorage, SeenWorkloads
 from .shared import (
     announce_pods,
     announce_writes,
@@ -103,6 +103,9 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
         problem = Problem(Reason.APPLY_FAILED, f"the API server refused the desired objects, none was changed: {exc}")
     if problem is not None:
         _give_up(memo, body, ref, generation, problem, logger, recheck)
+    seen: SeenWorkloads | None = memo.get("seen_workloads")
+    if seen is not None:  # its event, if it brings this version, has no news (repair.py)
+        seen.saw(result.deployment)
 
     announce_writes(body, result.writes)
     tracing.record_writes(result.writes)
@@ -198,6 +201,9 @@ async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
         if diffbase is not None:
             diffbase.forget(meta["uid"])
         forget_status_lock(memo, meta["namespace"], meta["name"])
+        seen: SeenWorkloads | None = memo.get("seen_workloads")
+        if seen is not None:
+            seen.forget(meta["namespace"], meta["name"])
         registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
         if registry is not None:
             registry.forget(meta["namespace"], meta["name"])

@@ -13,7 +13,7 @@ import kopf
 from .. import config, scale_to_zero, tracing
 from ..k8s import KubeApi, load_api_client
 from ..kinds import INFERENCE_SERVICE
-from .bookkeeping import ProcessDiffBaseStorage, UnmarkedProgressStorage
+from .bookkeeping import ProcessDiffBaseStorage, SeenWorkloads, UnmarkedProgressStorage
 from .scale_to_zero import watch_activator_only
 
 
@@ -25,6 +25,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if "diffbase" not in memo:
         memo.diffbase = ProcessDiffBaseStorage(prefix=INFERENCE_SERVICE.group)
     settings.persistence.diffbase_storage = memo.diffbase
+    if "seen_workloads" not in memo:
+        memo.seen_workloads = SeenWorkloads()
     # Events are posted deliberately (one per change), not for every log line.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
