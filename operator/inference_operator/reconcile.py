@@ -233,7 +233,7 @@ def reconcile(
         return result
     dry_run(api, steps)
     for step in steps:
-        result.changes.append(apply_step(api, step, result, owner.name))
+        result.changes.append(apply_step(api, step, result, owner.name)[0])
     if first:
         return result
     kept = {kind_of_object(obj) for obj in wanted} | set(missing)
@@ -377,29 +377,47 @@ def dry_run(api: KubeApi, steps: list[WritePlan]) -> None:
             raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
 
 
+# What the API server answers a create it will not take, however often it is asked: invalid, forbidden.
+REFUSALS = (400, 403, 422)
+
+
 def create_all(api: KubeApi, steps: list[WritePlan], result: Result, owner_name: str) -> None:
     """Create a new service's objects, none of which exists, without a dry run: the workload last,
-    so that when the API server refuses any object no pod has run; the objects created before the
-    refusal are deleted again (newest first) and the refusal is raised, as the dry run would have.
-    A failure the handler retries (a conflict, throttling) leaves them: the retry finds them and
-    takes the dry-run path. The changes are reported in the table's order."""
-    created: dict[int, Change] = {}
+    so that when the API server refuses any object no pod has run. After a refusal the objects
+    created before it are deleted again (newest first), so nothing is left half-applied: an
+    invalid object (400, 422) is raised as the dry run would have raised it, a forbidden one
+    (403: an admission policy or webhook, RBAC; a person has to act) as it came, for the
+    handler to retry from the start. A transient failure (a conflict, throttling, a 5xx) leaves
+    them: the retry finds them and takes the dry-run path, creating nothing twice. The changes
+    are reported in the table's order."""
+    created: dict[int, tuple[Change, JsonObject | None]] = {}
     for index in sorted(range(len(steps)), key=lambda i: steps[i].ref.kind in WORKLOAD_KINDS):
         step = steps[index]
         try:
             created[index] = apply_step(api, step, result, owner_name)
         except ApiException as exc:
-            if exc.status not in (400, 422):
+            if exc.status not in REFUSALS:
                 raise
             for done in reversed(created):
-                api.delete(steps[done].ref)
+                if _made_by_this_apply(created[done][1]):
+                    api.delete(steps[done].ref)
+            if exc.status == 403:
+                raise
             raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
-    result.changes.extend(created[index] for index in sorted(created))
+    result.changes.extend(created[index][0] for index in sorted(created))
 
 
-def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -> Change:
+def _made_by_this_apply(live: JsonObject | None) -> bool:
+    """No one but the operator has set fields of `live` (a controller's status aside): the object
+    its apply created, not one that someone else made in the instant between the read that found
+    none and that apply (the apply took it over), which a cleanup must leave alone."""
+    entries = ((live or {}).get("metadata") or {}).get("managedFields") or []
+    return all(entry.get("manager") == MANAGER for entry in entries if not entry.get("subresource"))
+
+
+def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -> tuple[Change, JsonObject | None]:
     """Carry out one step (a replaced object is deleted first); record the live (stable)
-    Deployment."""
+    Deployment. Returns the change and the object as the API server answered it."""
     live = step.live
     if step.action == Action.REPLACED:
         api.delete(step.ref)
@@ -408,7 +426,7 @@ def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -
         live = api.apply(keep_foreign_replicas(step.desired, live))
     if step.ref.kind in WORKLOAD_KINDS and step.ref.name == owner_name:
         result.deployment = live
-    return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else "")
+    return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else ""), live
 
 
 def prune(api: KubeApi, owner: Owner, kept: set[Kind]) -> list[Change]:

@@ -15,7 +15,7 @@ from inference_operator.builders import Owner, build_all
 from inference_operator.k8s import Ref
 from inference_operator.kinds import APPLY_ORDER, BY_KEY, KINDS, in_apply_order
 from inference_operator.models import parse_spec
-from inference_operator.settings import CredentialPolicy
+from inference_operator.settings import MANAGER, CredentialPolicy
 
 KEDA_SPEC = {
     "model": {"uri": "pvc://models/resnet"},
@@ -35,12 +35,14 @@ KEDA_SPEC = {
 class RecordingApi:
     """Answers like an empty cluster that serves every kind; records writes in order."""
 
-    def __init__(self, objects: dict[tuple[str, str], dict] | None = None, refuse: str = "") -> None:
+    def __init__(
+        self, objects: dict[tuple[str, str], dict] | None = None, refuse: str = "", refusal: int = 422
+    ) -> None:
         self.objects = objects or {}
         self.applied: list[tuple[str, bool]] = []
         self.deleted: list[str] = []
         self.read: list[tuple[str, str]] = []
-        self.refuse = refuse  # a kind whose apply the API server refuses (422)
+        self.refuse, self.refusal = refuse, refusal  # a kind whose apply the API server refuses, and how
 
     def get(self, ref: Ref) -> dict | None:
         self.read.append((ref.kind, ref.name))
@@ -52,7 +54,7 @@ class RecordingApi:
     def apply(self, obj: dict, dry_run: bool = False) -> dict:
         self.applied.append((obj["kind"], dry_run))
         if obj["kind"] == self.refuse:
-            raise ApiException(status=422, reason="Unprocessable Entity")
+            raise ApiException(status=self.refusal, reason="refused")
         return obj
 
     def delete(self, ref: Ref) -> bool:
@@ -169,6 +171,47 @@ def test_a_refused_new_object_leaves_nothing_and_no_pod_ever_ran(refused: str) -
     if refused != "Deployment":
         assert "Deployment" not in written
     assert api.deleted == list(reversed(written[:-1]))  # every object created before it, newest first
+
+
+def test_a_new_set_whose_workload_is_forbidden_is_deleted_again_and_the_403_retried() -> None:
+    """An admission policy's or webhook's 403 (or RBAC's): a person has to act, so the handler
+    retries it (raised as it came), and the objects created before it are deleted meanwhile."""
+    api = RecordingApi(refuse="Deployment", refusal=403)
+    with pytest.raises(ApiException) as raised:
+        rc.reconcile(api, owner(SCALED), first=True)
+    assert raised.value.status == 403 and not isinstance(raised.value, rc.ApplyRefused)
+    written = [kind for kind, _ in api.applied]
+    assert written[-1] == "Deployment" and api.deleted == list(reversed(written[:-1])) != []
+
+
+@pytest.mark.parametrize("status", [409, 429, 500])
+def test_a_new_set_whose_workload_fails_for_a_while_is_kept_for_the_retry(status: int) -> None:
+    """A conflict, throttling, a 5xx: the retry finds what was created and creates nothing twice."""
+    api = RecordingApi(refuse="Deployment", refusal=status)
+    with pytest.raises(ApiException) as raised:
+        rc.reconcile(api, owner(SCALED), first=True)
+    assert raised.value.status == status and not api.deleted
+
+
+def test_a_cleanup_leaves_an_object_someone_else_made_between_the_read_and_the_create() -> None:
+    """The read found no Service, but another client created one before the apply, which took
+    it over: its managedFields name that client. A later refusal deletes only what the operator
+    alone made."""
+
+    class Raced(RecordingApi):
+        def apply(self, obj: dict, dry_run: bool = False) -> dict:
+            answer = super().apply(obj, dry_run)
+            managers = [{"manager": "someone", "operation": "Update"}] if obj["kind"] == "Service" else []
+            managers.append({"manager": MANAGER, "operation": "Apply"})
+            status = [{"manager": "kube-controller-manager", "operation": "Update", "subresource": "status"}]
+            return {**answer, "metadata": {**answer["metadata"], "managedFields": managers + status}}
+
+    api = Raced(refuse="Deployment")
+    with pytest.raises(rc.ApplyRefused):
+        rc.reconcile(api, owner(SCALED), first=True)
+    written = [kind for kind, _ in api.applied]
+    assert "Service" in written and "Service" not in api.deleted
+    assert api.deleted == [kind for kind in reversed(written[:-1]) if kind != "Service"] != []
 
 
 def test_a_set_of_which_something_exists_is_dry_run_first_even_on_a_first_reconcile() -> None:

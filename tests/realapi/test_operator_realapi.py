@@ -361,6 +361,66 @@ def test_a_write_the_api_keeps_failing_is_reported_and_retried(apiserver: ApiSer
     assert healed["reason"] == "AsExpected"
 
 
+CREATE_DEPLOYMENTS = {"apiGroups": ["apps"], "operations": ["CREATE"], "resources": ["deployments"]}
+
+
+def test_a_new_service_whose_deployment_is_refused_leaves_nothing(apiserver: ApiServer, operator: Operator) -> None:
+    """A new service's objects are created without a dry run, the Deployment last: when the API
+    server refuses it (here a ValidatingAdmissionPolicy, in the API server itself), the Service
+    created before it is deleted again and the refusal is Degraded=ApplyFailed with its message."""
+    ns = namespace(apiserver)
+    apiserver.kubectl("label", "namespace", ns, f"no-deployments={ns}")
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": f"no-deployments-{ns}"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{**CREATE_DEPLOYMENTS, "apiVersions": ["v1"]}]},
+            "validations": [{"expression": "false", "message": "no Deployments in this namespace"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": f"no-deployments-{ns}"},
+        "spec": {
+            "policyName": f"no-deployments-{ns}",
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"no-deployments": ns}}},
+        },
+    }
+    apiserver.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all([policy, binding]))
+    try:
+        # A binding takes effect once the API server's policy informer has it: wait until a
+        # Deployment's dry run is refused.
+        probe = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "probe", "namespace": ns}}
+        probe["spec"] = {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+        }
+        dry_create = ("create", "--dry-run=server", "-f", "-")
+        wait_for(
+            lambda: apiserver.kubectl(*dry_create, stdin=json.dumps(probe), check=False).returncode,
+            timeout=30,
+            message="the policy in force",
+        )
+        apply_cr(apiserver, ns, "resnet", resnet(gpus=1))
+        degraded = wait_for(
+            lambda: (c := condition(isvc(apiserver, ns, "resnet"), "Degraded")) and c["status"] == "True" and c,
+            timeout=60,
+            message="Degraded=True",
+        )
+        assert degraded["reason"] == "ApplyFailed", degraded
+        assert "Deployment resnet" in degraded["message"], degraded
+        assert "no Deployments in this namespace" in degraded["message"], degraded
+        assert deployment(apiserver, ns, "resnet") is None
+        wait_for(lambda: service_obj(apiserver, ns, "resnet") is None, timeout=10, message="the Service deleted again")
+    finally:
+        kinds = "validatingadmissionpolicybinding,validatingadmissionpolicy"
+        apiserver.kubectl("delete", kinds, f"no-deployments-{ns}")
+
+
 def test_restart_resyncs_with_no_writes(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     before_create = apiserver.operator_writes(ns)
