@@ -73,6 +73,15 @@ def observed(server: ApiServer, ns: str, name: str) -> dict | None:
     return obj if obj and status.get("observedGeneration") == obj["metadata"]["generation"] else None
 
 
+def wait_degraded(server: ApiServer, ns: str, name: str, status: str, timeout: float = 60) -> dict:
+    """The service's Degraded condition, once it has `status`."""
+    return wait_for(
+        lambda: (c := condition(isvc(server, ns, name), "Degraded")) and c["status"] == status and c,
+        timeout=timeout,
+        message=f"Degraded={status}",
+    )
+
+
 def container(obj: dict) -> dict:
     return obj["spec"]["template"]["spec"]["containers"][0]
 
@@ -337,11 +346,7 @@ def test_a_write_the_api_keeps_failing_is_reported_and_retried(apiserver: ApiSer
     apiserver.kubectl("apply", "-f", "-", stdin=json.dumps(webhook))
     try:
         apply_cr(apiserver, ns, "resnet", resnet(gpus=1))
-        degraded = wait_for(
-            lambda: (c := condition(isvc(apiserver, ns, "resnet"), "Degraded")) and c["status"] == "True" and c,
-            timeout=60,
-            message="Degraded=True",
-        )
+        degraded = wait_degraded(apiserver, ns, "resnet", "True")
         assert degraded["reason"] == "ApiError", degraded
         assert "failed calling webhook" in degraded["message"] and "500" in degraded["message"], degraded
         ready = condition(isvc(apiserver, ns, "resnet"), "Ready")
@@ -353,11 +358,7 @@ def test_a_write_the_api_keeps_failing_is_reported_and_retried(apiserver: ApiSer
         apiserver.kubectl("delete", "validatingwebhookconfiguration", f"down-{ns}")
     # The retries go on with backoff (1, 2, 4 ... s): the next one gets through.
     wait_for(lambda: service_obj(apiserver, ns, "resnet"), timeout=60, message="the Service, after the webhook went")
-    healed = wait_for(
-        lambda: (c := condition(isvc(apiserver, ns, "resnet"), "Degraded")) and c["status"] == "False" and c,
-        timeout=30,
-        message="Degraded=False",
-    )
+    healed = wait_degraded(apiserver, ns, "resnet", "False", timeout=30)
     assert healed["reason"] == "AsExpected"
 
 
@@ -406,11 +407,7 @@ def test_a_new_service_whose_deployment_is_refused_leaves_nothing(apiserver: Api
             message="the policy in force",
         )
         apply_cr(apiserver, ns, "resnet", resnet(gpus=1))
-        degraded = wait_for(
-            lambda: (c := condition(isvc(apiserver, ns, "resnet"), "Degraded")) and c["status"] == "True" and c,
-            timeout=60,
-            message="Degraded=True",
-        )
+        degraded = wait_degraded(apiserver, ns, "resnet", "True")
         assert degraded["reason"] == "ApplyFailed", degraded
         assert "Deployment resnet" in degraded["message"], degraded
         assert "no Deployments in this namespace" in degraded["message"], degraded
