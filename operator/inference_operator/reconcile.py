@@ -364,6 +364,16 @@ def unserved_kinds(api: KubeApi, objects: list[JsonObject]) -> list[Kind]:
     return [kind for kind in kinds if not _served(api, kind)]
 
 
+# What the API server answers an object it will not take, however often it is asked: invalid
+# (the refusal a dry run reports), and, to a create, forbidden as well.
+INVALID = (400, 422)
+REFUSALS = (*INVALID, 403)
+
+
+def _refused(step: WritePlan, exc: ApiException) -> ApplyRefused:
+    return ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}")
+
+
 def dry_run(api: KubeApi, steps: list[WritePlan]) -> None:
     """Apply every pending step with `dryRun=All`; the first refusal stops all writes."""
     for step in steps:
@@ -372,13 +382,9 @@ def dry_run(api: KubeApi, steps: list[WritePlan]) -> None:
         try:
             api.apply(_dry_run_body(step), dry_run=True)
         except ApiException as exc:
-            if exc.status not in (400, 422):  # others (conflicts, RBAC, throttling) are retried
+            if exc.status not in INVALID:  # others (conflicts, RBAC, throttling) are retried
                 raise
-            raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
-
-
-# What the API server answers a create it will not take, however often it is asked: invalid, forbidden.
-REFUSALS = (400, 403, 422)
+            raise _refused(step, exc) from exc
 
 
 def create_all(api: KubeApi, steps: list[WritePlan], result: Result, owner_name: str) -> None:
@@ -401,9 +407,9 @@ def create_all(api: KubeApi, steps: list[WritePlan], result: Result, owner_name:
             for done in reversed(created):
                 if _made_by_this_apply(created[done][1]):
                     api.delete(steps[done].ref)
-            if exc.status == 403:
+            if exc.status not in INVALID:  # forbidden: retried
                 raise
-            raise ApplyRefused(f"{step.ref.kind} {step.ref.name}: {api_message(exc)}") from exc
+            raise _refused(step, exc) from exc
     result.changes.extend(created[index][0] for index in sorted(created))
 
 

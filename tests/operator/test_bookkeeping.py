@@ -8,7 +8,6 @@ import asyncio
 import logging
 
 import kopf
-import kubernetes
 import pytest
 
 from inference_operator import config
@@ -20,11 +19,11 @@ from inference_operator.handlers.bookkeeping import (
     SeenWorkloads,
     UnmarkedProgressStorage,
 )
-from inference_operator.k8s import KubeApi, Ref
+from inference_operator.k8s import Ref
 from inference_operator.kinds import INFERENCE_SERVICE
 from inference_operator.reconcile import Action, Change
 from inference_operator.settings import MANAGER
-from testsupport.cluster import Cluster
+from testsupport.cluster import Cluster, CountingApi
 
 PREFIX = "inference.rocm.dev"
 ISVC_TYPE = {"apiVersion": f"{PREFIX}/v1alpha1", "kind": "InferenceService"}
@@ -156,20 +155,6 @@ def test_a_workload_version_once_seen_is_no_news_until_it_changes_or_is_forgotte
     assert seen.is_news({"kind": "Deployment", "metadata": {"name": "m", "namespace": "ml"}})
     seen.forget("ml", "m")
     assert seen.is_news(deployment("5")) and len(seen) == 0
-
-
-class CountingApi(KubeApi):
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)), timeout=10)
-        self.reads = 0
-
-    def get(self, ref: Ref) -> dict | None:
-        self.reads += 1
-        return super().get(ref)
-
-    def list_objects(self, *args, **kwargs) -> list:
-        self.reads += 1
-        return super().list_objects(*args, **kwargs)
 
 
 def owned_deployment_event(owner: dict, version: str, name: str = "m") -> dict:

@@ -362,9 +362,6 @@ def test_a_write_the_api_keeps_failing_is_reported_and_retried(apiserver: ApiSer
     assert healed["reason"] == "AsExpected"
 
 
-CREATE_DEPLOYMENTS = {"apiGroups": ["apps"], "operations": ["CREATE"], "resources": ["deployments"]}
-
-
 def test_a_new_service_whose_deployment_is_refused_leaves_nothing(apiserver: ApiServer, operator: Operator) -> None:
     """A new service's objects are created without a dry run, the Deployment last: when the API
     server refuses it (here a ValidatingAdmissionPolicy, in the API server itself), the Service
@@ -377,7 +374,16 @@ def test_a_new_service_whose_deployment_is_refused_leaves_nothing(apiserver: Api
         "metadata": {"name": f"no-deployments-{ns}"},
         "spec": {
             "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{**CREATE_DEPLOYMENTS, "apiVersions": ["v1"]}]},
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["deployments"],
+                    }
+                ]
+            },
             "validations": [{"expression": "false", "message": "no Deployments in this namespace"}],
         },
     }
