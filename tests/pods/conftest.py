@@ -430,6 +430,12 @@ def cluster_state_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
                 ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
                 out = node.kubectl("logs", "-n", ns, name, "-c", status["name"], "--tail=40", check=False)
                 sections.append(f"--- logs {ns}/{name}/{status['name']}\n{out.stdout}{out.stderr}")
+    # The operator's decisions (slices written, wakes, status) explain most failures here.
+    # Its own lines, not its HTTP client's (the autoscaler's queries, one a second).
+    operator = ("-l", "app.kubernetes.io/component=operator", "--prefix", "--tail=3000")
+    out = node.kubectl("logs", "-n", OPERATOR_NAMESPACE, *operator, check=False)
+    own = [line for line in out.stdout.splitlines() if "] httpx " not in line][-200:]
+    sections.append("--- logs of the operator\n" + "\n".join(own) + out.stderr)
     print("\n\n".join(sections))
 
 
