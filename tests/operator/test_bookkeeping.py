@@ -178,7 +178,7 @@ async def test_a_workload_event_at_a_version_already_seen_costs_no_read(cluster:
     api = CountingApi(cluster)
     uid = api.get(Ref.to(INFERENCE_SERVICE, "ml", "m"))["metadata"]["uid"]
     api.update_status(Ref.to(INFERENCE_SERVICE, "ml", "m"), lambda _: {"observedGeneration": 1, "selector": "a=b"})
-    memo = kopf.Memo(api=api, seen_workloads=SeenWorkloads())
+    memo = kopf.Memo(api=api, seen_workloads=SeenWorkloads(), status_locks=shared.StatusLocks())
     owner = {**ISVC_TYPE, "name": "m", "uid": uid, "controller": True}
 
     memo.seen_workloads.saw(deployment("5"))  # as the reconcile that applied it records it
@@ -195,7 +195,12 @@ def test_a_reconcile_records_the_workload_it_applied_so_that_its_event_reads_not
     monkeypatch.setattr(kopf, "event", lambda *_, **__: None)  # no operator to post them
     spec = {"model": {"uri": "pvc://models/m"}}
     assert cluster.apply_cr({**ISVC_TYPE, "metadata": {"name": "m", "namespace": "ml"}, "spec": spec}).status_code < 300
-    memo = kopf.Memo(api=CountingApi(cluster), config=config.load(), seen_workloads=SeenWorkloads())
+    memo = kopf.Memo(
+        api=CountingApi(cluster),
+        config=config.load(),
+        seen_workloads=SeenWorkloads(),
+        status_locks=shared.StatusLocks(),
+    )
     isvc = memo.api.get(Ref.to(INFERENCE_SERVICE, "ml", "m"))
     service._reconcile_service(memo, kopf.Body(isvc), isvc["metadata"], logging.getLogger("t"))
     created = cluster.get(DEPLOYMENTS, "ml", "m")

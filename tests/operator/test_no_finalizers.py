@@ -59,15 +59,16 @@ def test_a_service_with_daemons_is_deletable_with_the_operator_gone(cluster: Clu
 
 
 async def test_a_deleted_service_leaves_no_daemon_waiting_and_no_status_lock() -> None:
-    memo = kopf.Memo()
+    memo = kopf.Memo(status_locks=shared.StatusLocks())
     ref = shared.isvc_ref("ml", "gone")
-    shared.status_lock(memo, ref)
+    gone = shared.status_lock(memo, ref)
     other = shared.status_lock(memo, shared.isvc_ref("ml", "kept"))
     life = lifetimes.Lifetime(memo, "uid-gone")
     body = {"metadata": {"namespace": "ml", "name": "gone", "uid": "uid-gone"}}
     await service.service_deleted(event={"type": "DELETED"}, body=body, memo=memo)
     assert life.gone
-    assert memo["status_locks"] == {("ml", "kept"): other}
+    assert len(memo.status_locks) == 1 and shared.status_lock(memo, shared.isvc_ref("ml", "kept")) is other
+    assert shared.status_lock(memo, ref) is not gone  # forgotten: a service made again gets a new one
 
 
 async def test_a_daemon_sleep_leaves_no_failed_task_for_kopf_to_reraise_at_stop() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
@@ -11,6 +12,11 @@ import pytest
 from inference_operator.handlers import repair
 
 
+def _memo() -> kopf.Memo:
+    """What `startup.configure` gives the repairs: one record for every object's copy."""
+    return kopf.Memo(repair_times=repair.RepairTimes(collections.deque))
+
+
 async def test_the_fourth_writing_repair_in_a_window_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     waits: list[float] = []
 
@@ -18,7 +24,7 @@ async def test_the_fourth_writing_repair_in_a_window_waits(monkeypatch: pytest.M
         waits.append(seconds)
 
     monkeypatch.setattr(repair.asyncio, "sleep", sleep)
-    memo, key, logger = kopf.Memo(), ("ml", "resnet"), logging.getLogger("test")
+    memo, key, logger = _memo(), ("ml", "resnet"), logging.getLogger("test")
     for _ in range(repair.REPAIR_BURST):
         await repair._await_repair_slot(memo, key, logger)
         repair._repair_times(memo, key).append(time.monotonic())
@@ -38,7 +44,7 @@ async def test_slots_free_up_after_the_window(monkeypatch: pytest.MonkeyPatch) -
         waits.append(seconds)
 
     monkeypatch.setattr(repair.asyncio, "sleep", sleep)
-    memo, key, logger = kopf.Memo(), ("ml", "resnet"), logging.getLogger("test")
+    memo, key, logger = _memo(), ("ml", "resnet"), logging.getLogger("test")
     old = time.monotonic() - repair.REPAIR_WINDOW_SECONDS - 1
     repair._repair_times(memo, key).extend([old] * repair.REPAIR_BURST)
     await repair._await_repair_slot(memo, key, logger)

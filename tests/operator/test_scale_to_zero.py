@@ -222,7 +222,7 @@ def test_the_slice_follows_status_writes_in_their_order(cluster: Cluster, monkey
     api = _api(cluster)
     service = _created(cluster)
     registry = scale_to_zero.Registry(activator=ACTIVATOR)
-    memo = kopf.Memo(api=api, scale_to_zero=registry)
+    memo = kopf.Memo(api=api, scale_to_zero=registry, status_locks=shared.StatusLocks())
     holding, second_done = threading.Event(), threading.Event()
     followed: list[tuple[int, bool]] = []
 

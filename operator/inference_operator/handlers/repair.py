@@ -63,11 +63,13 @@ def _suspect(body: kopf.Body) -> str | None:
     return "fields changed by " + ", ".join(managers) if managers else None
 
 
+RepairTimes = collections.defaultdict[tuple[str, str], collections.deque[float]]
+
+
 def _repair_times(memo: kopf.Memo, key: tuple[str, str]) -> collections.deque[float]:
-    """When this InferenceService's recent repairs wrote something (only those count)."""
-    repairs: collections.defaultdict[tuple[str, str], collections.deque[float]] = memo.setdefault(
-        "repairs", collections.defaultdict(collections.deque)
-    )
+    """When this InferenceService's recent repairs wrote something (only those count), whichever
+    owned object's event asked: `memo.repair_times` is made at startup, for every object's copy."""
+    repairs: RepairTimes = memo.repair_times
     return repairs[key]
 
 

@@ -24,7 +24,6 @@ from .shared import (
     announce_pods,
     announce_writes,
     follow_activator,
-    forget_status_lock,
     isvc_ref,
     normal_event,
     observe,
@@ -200,7 +199,7 @@ async def service_deleted(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
         diffbase: ProcessDiffBaseStorage | None = memo.get("diffbase")
         if diffbase is not None:
             diffbase.forget(meta["uid"])
-        forget_status_lock(memo, meta["namespace"], meta["name"])
+        memo.status_locks.forget(meta["namespace"], meta["name"])
         seen: SeenWorkloads | None = memo.get("seen_workloads")
         if seen is not None:
             seen.forget(meta["namespace"], meta["name"])

@@ -44,7 +44,6 @@ from ..status import (
 KEPT_PROBLEMS = (*SPEC_PROBLEMS, Reason.API_ERROR, *credentials.REFUSALS, Reason.ROLLED_BACK)
 # The containers of a model pod whose failures status_pods tells apart.
 POD_ROLES = status_pods.Roles(fetch=FETCH_CONTAINER, servers=(SERVER_CONTAINER, VLLM_CONTAINER))
-_STATUS_LOCKS_GUARD = threading.Lock()
 
 
 def normal_event(body: kopf.Body | JsonObject, reason: Reason | Action, message: str) -> None:
@@ -128,20 +127,37 @@ def serves_at_zero(isvc: JsonObject) -> bool:
     return bool(scaling.get("scaleToZero")) and scaling.get("minReplicas") == 0
 
 
+class StatusLocks:
+    """One status lock per InferenceService, for every handler of every object. Made once, at
+    startup (`startup.configure`): kopf hands each object's handlers a shallow copy of the memo,
+    so locks a handler added to its own copy would be that object's alone, and a Deployment's
+    mirror and its service's reconcile would each write under a lock of their own."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+
+    def of(self, namespace: str, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A deleted service's lock goes (one per service ever seen would otherwise stay); a
+        write still holding it keeps its own reference."""
+        with self._guard:
+            self._locks.pop((namespace, name), None)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
 def status_lock(memo: kopf.Memo, ref: Ref) -> threading.Lock:
     """One InferenceService's status writes, one at a time (in this process; peering keeps
     other replicas paused). With `observe` inside, whichever write comes last read the cluster
     last: an event that arrives while another write is under way waits for it, then reads
     again, so no write can put back news older than the last event."""
-    with _STATUS_LOCKS_GUARD:
-        locks: dict[tuple[str, str], threading.Lock] = memo.setdefault("status_locks", {})
-        return locks.setdefault((ref.namespace, ref.name), threading.Lock())
-
-
-def forget_status_lock(memo: kopf.Memo, namespace: str, name: str) -> None:
-    """A deleted service's status lock goes (one per service ever seen would otherwise stay)."""
-    with _STATUS_LOCKS_GUARD:  # a write still holding it keeps its own reference
-        (memo.get("status_locks") or {}).pop((namespace, name), None)
+    locks: StatusLocks = memo.status_locks
+    return locks.of(ref.namespace, ref.name)
 
 
 def observe(api: KubeApi, workload: Ref | None, pod_selector: str | None) -> tuple[Rollout, Problem | None]:

@@ -4,6 +4,7 @@ left to release at exit."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from typing import Any
@@ -14,7 +15,9 @@ from .. import config, scale_to_zero, tracing
 from ..k8s import KubeApi, load_api_client
 from ..kinds import INFERENCE_SERVICE
 from .bookkeeping import ProcessDiffBaseStorage, SeenWorkloads, UnmarkedProgressStorage
+from .repair import RepairTimes
 from .scale_to_zero import watch_activator_only
+from .shared import StatusLocks
 
 
 @kopf.on.startup()
@@ -27,6 +30,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = memo.diffbase
     if "seen_workloads" not in memo:
         memo.seen_workloads = SeenWorkloads()
+    # What handlers of different objects share is made here, before kopf copies the memo for
+    # each object: an entry a handler added to its copy would be that object's alone.
+    if "status_locks" not in memo:
+        memo.status_locks = StatusLocks()
+    if "repair_times" not in memo:
+        memo.repair_times = RepairTimes(collections.deque)
     # Events are posted deliberately (one per change), not for every log line.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
