@@ -1,10 +1,16 @@
 """Scale to zero at the edges: the activator's slice of each service, and the wake.
 
 A service with `autoscaling.scaleToZero` has NAME-activator (builders/activator.py) exactly while
-it has no ready replica and the activator has a ready pod; it is kept from three events: a
-reconcile, a change of the service's Deployment (its ready count), and a change of the activator's
-own pods (their addresses, in every slice). Without the slice (no activator installed, or none
-ready) a service at zero refuses connections, as any Service without endpoints does.
+it is asked for zero replicas or has no ready replica, and the activator has a ready pod; it is
+kept from three events: a reconcile, a change of the service's Deployment (its ready count), and a
+change of the activator's own pods (their addresses, in every slice). Without the slice (no
+activator installed, or none ready) a service at zero refuses connections, as any Service without
+endpoints does.
+
+The activator goes in the path with the scale-to-zero decision, not when the last replica stops
+being ready (as Knative's activator does): in between, the last pod drains and then stops
+listening, and the ready count reaches the status only after the Deployment controller and an
+event, seconds later on a busy node. A request that came then was refused.
 
 The wake: the activator writes the `inference.rocm.dev/wake` annotation when a request waits; the
 operator then sets one replica through the scale subresource at once, instead of at the
@@ -34,8 +40,10 @@ from .reconcile import Action, Change, owned_by
 
 
 def wants_activator(owner: Owner, ready_replicas: int | None, activator: ActivatorEndpoints | None) -> bool:
-    """Whether NAME's traffic should go to the activator: no ready replica, and one to go to."""
-    return scales_to_zero(owner) and not ready_replicas and activator is not None and activator.usable
+    """Whether NAME's traffic should go to the activator: zero replicas asked for or none ready,
+    and an activator to go to."""
+    at_zero = owner.spec.replicas == 0 or not ready_replicas
+    return scales_to_zero(owner) and at_zero and activator is not None and activator.usable
 
 
 def sync_slice(

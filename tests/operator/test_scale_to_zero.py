@@ -44,8 +44,8 @@ SCALING = {"minReplicas": 0, "maxReplicas": 4, "target": 100, "scaleToZero": {"i
 ACTIVATOR = ActivatorEndpoints(("10.244.0.7", "10.244.0.9"), 8012)
 
 
-def owner(name: str = "mlp", uid: str = "u-1", **scaling: Any) -> Owner:
-    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": {**SCALING, **scaling}}
+def owner(name: str = "mlp", uid: str = "u-1", replicas: int = 0, **scaling: Any) -> Owner:
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": replicas, "autoscaling": {**SCALING, **scaling}}
     return Owner(name=name, namespace="ml", uid=uid, spec=parse_spec(spec))
 
 
@@ -162,10 +162,10 @@ def _create(cluster: Cluster, name: str, spec: dict[str, Any]) -> str:
     return str(response.json()["metadata"]["uid"])
 
 
-def _created(cluster: Cluster) -> Owner:
+def _created(cluster: Cluster, replicas: int = 0) -> Owner:
     """`owner()`'s service, created in the emulated API server (with the uid it gave)."""
-    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING}
-    return owner(uid=_create(cluster, "mlp", spec))
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": replicas, "autoscaling": SCALING}
+    return owner(uid=_create(cluster, "mlp", spec), replicas=replicas)
 
 
 def test_the_slice_follows_the_ready_count_and_the_activator(cluster: Cluster) -> None:
@@ -187,7 +187,13 @@ def test_the_slice_follows_the_ready_count_and_the_activator(cluster: Cluster) -
     live = api.get(ref)
     assert live is not None and [e["addresses"] for e in live["endpoints"]] == [["10.244.0.8"]]
 
-    change = scale_to_zero.sync_slice(api, service, 1, ACTIVATOR)  # a replica is ready: out of the path
+    # Zero asked for while the last replica is still ready (it drains): the activator stays in the
+    # path, so no request finds the Service without an endpoint once the replica stops listening.
+    assert scale_to_zero.sync_slice(api, service, 1, registry.activator) is None
+    assert api.get(ref) is not None
+    woken = owner(uid=service.uid, replicas=1)
+    assert scale_to_zero.sync_slice(api, woken, 0, registry.activator) is None  # woken, not ready yet: held
+    change = scale_to_zero.sync_slice(api, woken, 1, registry.activator)  # a replica is ready: out of the path
     assert change is not None and change.action == Action.DELETED
     assert api.get(ref) is None
     assert scale_to_zero.sync_slice(api, service, 0, None) is None  # no activator known: no slice
@@ -220,7 +226,7 @@ def test_the_slice_follows_status_writes_in_their_order(cluster: Cluster, monkey
     the slice back to the activator, and the activator's next resync kept it there."""
     monkeypatch.setattr(shared, "normal_event", lambda *args: None)  # kopf posts events only in handlers
     api = _api(cluster)
-    service = _created(cluster)
+    service = _created(cluster, replicas=1)  # woken: one replica asked for
     registry = scale_to_zero.Registry(activator=ACTIVATOR)
     memo = kopf.Memo(api=api, scale_to_zero=registry, status_locks=shared.StatusLocks())
     holding, second_done = threading.Event(), threading.Event()
@@ -270,7 +276,7 @@ def test_a_resync_reads_each_services_ready_count_under_its_status_lock(cluster:
     replica: the resync waits for the write and syncs from its count (no slice: traffic to the
     replica), not from the count it could have read before."""
     api = _api(cluster)
-    service = _created(cluster)
+    service = _created(cluster, replicas=1)  # woken: one replica asked for
     registry = scale_to_zero.Registry(activator=ACTIVATOR)
     registry.remember(service, 0)
     lock = AskedLock()

@@ -462,7 +462,18 @@ def test_an_idle_service_goes_to_zero_and_says_so(
     ready_at = time.monotonic()
     wait_for(lambda: isvc(node, IDLE)["spec"]["replicas"] == 0, timeout=90, interval=0.5, message="scale to zero")
     FIGURES["scale to zero: Ready to zero replicas, idleSeconds 10 (s)"] = time.monotonic() - ready_at
-    wait_for(lambda: not pods(node, NS, IDLE_SELECTOR), timeout=60, message="the idle pod gone")
+    # While the last pod drains and goes, the address takes connections all along: the activator
+    # is in the path from the decision on, not from when the pod stopped listening. (A connection
+    # alone, no request: a request would wake the service.)
+    address, refused = service_address(node, IDLE), []
+
+    def gone() -> bool:
+        if not reachable(address):
+            refused.append(time.monotonic() - ready_at)
+        return not pods(node, NS, IDLE_SELECTOR)
+
+    wait_for(gone, timeout=60, interval=0.2, message="the idle pod gone")
+    assert not refused, f"connections refused at {refused} s while the service went to zero"
     ready_condition = condition(isvc(node, IDLE), "Ready") or {}
     assert (ready_condition.get("status"), ready_condition.get("reason")) == ("True", "ScaledToZero"), ready_condition
     table = node.kubectl("get", "ris", IDLE, "-n", NS).stdout
