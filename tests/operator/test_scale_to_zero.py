@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import threading
@@ -233,14 +234,16 @@ def test_the_slice_follows_status_writes_in_their_order(cluster: Cluster, monkey
     followed: list[tuple[int, bool]] = []
 
     def write(ready: int, held: bool) -> None:
+        memo_of_its_object = copy.copy(memo)  # as kopf gives each object's handlers (a mirror's, a reconcile's)
+
         def follow(status: dict[str, Any]) -> None:
-            followed.append((status["readyReplicas"], shared.status_lock(memo, REF).locked()))
+            followed.append((status["readyReplicas"], shared.status_lock(memo_of_its_object, REF).locked()))
             if held:
                 holding.set()
                 second_done.wait(1)  # what the second write would have done by now, were it able to
-            shared.follow_activator(memo, {}, service, status, logging.getLogger("test"))
+            shared.follow_activator(memo_of_its_object, {}, service, status, logging.getLogger("test"))
 
-        shared.publish(memo, REF, lambda fresh: {"readyReplicas": ready}, then=follow)
+        shared.publish(memo_of_its_object, REF, lambda fresh: {"readyReplicas": ready}, then=follow)
         if not held:
             second_done.set()
 
