@@ -84,10 +84,12 @@ def _ours(live: JsonObject, desired: JsonObject, key: str) -> JsonObject:
 def wake_replicas(owner: Owner, current_replicas: int, wake: Wake, zero_since: datetime | None) -> int | None:
     """The replicas a wake sets: one for a scale-to-zero service at zero asked after it got
     there, else None (nothing to write). The annotation stays on the object: one written before
-    the last scale to zero is history, not a request waiting now."""
+    the last scale to zero is history, not a request waiting now. Both times are in whole
+    seconds: a wake in the second of the decision counts (the activator is in the path from the
+    decision on; taken for history, that request would wait for the activator's next wake, 30 s)."""
     if not scales_to_zero(owner) or current_replicas != 0 or wake.at is None:
         return None
-    if zero_since is not None and wake.at <= zero_since:
+    if zero_since is not None and wake.at < zero_since:
         return None
     return 1
 

@@ -130,6 +130,8 @@ def test_the_wake_annotation_is_read_and_a_hand_written_one_breaks_nothing() -> 
     assert scale_to_zero.wake_replicas(plain_owner(), 0, asked, zero_at) is None  # zero by hand stays zero
     later = Wake.of({WAKE_ANNOTATION: "2026-12-04T21:00:10Z"}).at
     assert scale_to_zero.wake_replicas(owner(), 0, asked, later) is None  # an old wake is history
+    # In the second of the decision: a request the activator took as the last pod went (whole seconds).
+    assert scale_to_zero.wake_replicas(owner(), 0, asked, asked.at) == 1
 
 
 def test_zero_replicas_is_ready_for_a_service_that_scales_to_zero_only() -> None:
