@@ -25,11 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kopf._core.engines import posting
 
-from inference_operator import credentials, scale_to_zero
+from inference_operator import credentials
 from inference_operator.builders import Owner, build_all
 from inference_operator.config import OperatorConfig
 from inference_operator.handlers import service as service_handlers
-from inference_operator.handlers.shared import StatusLocks
+from inference_operator.handlers import startup
 from inference_operator.k8s import KubeApi
 from inference_operator.models import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, SpecError, parse_spec
 from tests.strategies import JUNK, from_schema, leaf_paths
@@ -139,13 +139,9 @@ def shared_cluster(tmp_path_factory) -> Iterator[Cluster]:
 @pytest.fixture(scope="module")
 def direct_memo(shared_cluster: Cluster) -> Iterator[kopf.Memo]:
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=shared_cluster.url))
-    # What `handlers.startup.configure` puts in the operator's memo.
-    memo = kopf.Memo(
-        api=KubeApi(client),
-        config=OperatorConfig.from_environ(os.environ),
-        scale_to_zero=scale_to_zero.Registry(),
-        status_locks=StatusLocks(),
-    )
+    # The operator's memo as `handlers.startup.configure` makes it, with this cluster's client.
+    memo = kopf.Memo(api=KubeApi(client), config=OperatorConfig.from_environ(os.environ), tracing=None)
+    startup.configure(settings=kopf.OperatorSettings(), memo=memo)
     # kopf.info()/warn() outside the reactor: give them a queue to post into.
     loop = asyncio.new_event_loop()
     tokens = [
