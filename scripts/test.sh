@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/check.sh
 set +e
-.venv/bin/python -m pytest "$@"
+# Two workers: the real-pods tier (tests/conftest.py runs it first, as one scope) spends most of
+# its time waiting on pods under CPU limits, and the rest of the suite fills the idle core.
+.venv/bin/python -m pytest -n 2 --dist loadscope "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pathlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kopf.testing import KopfRunner
@@ -22,11 +24,61 @@ os.environ.setdefault(PROMETHEUS_ALLOWED_URLS_ENV, ANY_URL)
 os.environ.setdefault(IMAGE_REGISTRIES_ENV, "ghcr.io/rocm-inference/,ghcr.io/example/,docker.io/vllm/")
 
 
+# Measured figures of the real-pods tier (tests/pods), printed at the end of the run.
+FIGURES: dict[str, float] = {}
+# Directories whose tests share one session-wide thing that must not run twice at once: the
+# real-pods tier (one node cluster on a fixed bridge address) and the real-API-server tier.
+SHARED_SCOPES = ("tests/pods/", "tests/realapi/")
+# The longest scope, which runs first on a worker of its own while the others share the rest.
+FIRST_SCOPE = "tests/pods/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`pytest -n 2 --dist loadscope` (scripts/test.sh): one scope per module, except each
+    directory of SHARED_SCOPES, which is one scope. The tiers' waits (pods starting, alerts
+    firing, engines loading under a pod's CPU limit) leave a core idle that the other worker
+    fills with the rest of the suite."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            shared = next((scope for scope in SHARED_SCOPES if nodeid.startswith(scope)), None)
+            return shared or nodeid.split("::", 1)[0]
+
+    config.option.loadscopereorder = False  # the collection's order: FIRST_SCOPE goes first
+    return TierScopes(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: its real-pods figures go back to the controller, which prints them."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["figures"] = json.dumps(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    FIGURES.update(json.loads(getattr(node, "workeroutput", {}).get("figures", "{}")))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FIGURES:
+        terminalreporter.section("real-pods tier figures")
+        for name, value in FIGURES.items():
+            terminalreporter.write_line(f"{name}: {value:.1f}")
+
+
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test marked `proven_on_pods(module)` skips when that real-pods module runs in the same
+    """The real-pods tier first (a stable sort: the order within it and elsewhere is kept).
+
+    A test marked `proven_on_pods(module)` skips when that real-pods module runs in the same
     session: the same behaviour proven on real pods, without a second minute-long engine start
     on a 2-core machine. Wherever the tier cannot run, or is left out, the twin runs."""
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST_SCOPE))
     twins = [item for item in items if item.get_closest_marker("proven_on_pods")]
     if not twins or nodecluster.missing() is not None:
         return

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.autoscaler.conftest import prometheus_binary
+from tests.conftest import FIGURES  # noqa: F401  (the tier's modules write their figures there)
 from testsupport import images, nodecluster
 from testsupport.cluster import wait_for
 from testsupport.nodecluster import NODE_IP, NodeCluster
@@ -33,8 +34,6 @@ from testsupport.processes import free_port, running
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rocm-inference-operator"
 OPERATOR_NAMESPACE = "inference-system"
-# Measured figures, printed at the end of the run (pytest's terminal summary).
-FIGURES: dict[str, float] = {}
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
@@ -437,10 +436,3 @@ def cluster_state_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     own = [line for line in out.stdout.splitlines() if "] httpx " not in line][-200:]
     sections.append("--- logs of the operator\n" + "\n".join(own) + out.stderr)
     print("\n\n".join(sections))
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if FIGURES:
-        terminalreporter.section("real-pods tier figures")
-        for name, value in FIGURES.items():
-            terminalreporter.write_line(f"{name}: {value:.1f}")
