@@ -149,3 +149,19 @@ def test_vllm_keeps_a_generous_grace_period_for_its_streams_and_drains_them_with
     assert drain == [DRAIN_SECONDS] and DRAIN_SECONDS >= 30
     assert vllm["lifecycle"]["preStop"]["exec"]["command"][-1] == pre_stop_script(8080, PRE_STOP_SECONDS)
     assert PRE_STOP_SECONDS + DRAIN_SECONDS < VLLM_TERMINATION_GRACE_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("small", "large"),
+    [
+        (".0E2000000000000000000", "1m"),  # zero, whatever its exponent
+        ("1e999999999", "1E2000000000000000000"),  # past Decimal's largest exponent
+        ("1E-2000000000000000000", "1e-999999999"),
+        ("500m", "1"),
+        ("1Gi", "2e9"),
+    ],
+)
+def test_quantities_of_any_exponent_the_schema_admits_compare(small: str, large: str) -> None:
+    """Found by the fuzz test: an exponent beyond Decimal's range raised InvalidOperation in the
+    builder, for a spec the schema had admitted."""
+    assert quantity_value(small) < quantity_value(large)

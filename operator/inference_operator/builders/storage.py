@@ -194,6 +194,7 @@ _SUFFIXES = {
     **{f"{s}i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")},
     **{"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1)},
 }
+_EXPONENT_BOUND = 10**9
 _QUANTITY = re.compile(r"^\+?([0-9.]+)((?:[eE][+-]?[0-9]+)?)([A-Za-z]*)$")
 
 
@@ -204,10 +205,12 @@ def quantity_value(quantity: str) -> Decimal:
     if match is None or match.group(3) not in _SUFFIXES:
         raise ValueError(f"not a quantity: {quantity!r}")
     number, exponent, suffix = match.groups()
-    # The schema lets an exponent be as large as its digits allow ("1e999999999"): the default
-    # context would overflow on it, and such a value only has to compare as huge.
+    # The schema lets an exponent be as long as its digits go ("1e2000000000000000000", past
+    # even Decimal's largest): such a value only has to compare as huge or tiny, which an
+    # exponent of a billion does. Zero stays zero (".0e2000000000000000000").
+    power = max(-_EXPONENT_BOUND, min(_EXPONENT_BOUND, int(exponent[1:]))) if exponent else 0
     with localcontext(Context(prec=28, Emax=MAX_EMAX, Emin=MIN_EMIN)):
-        return Decimal(number + exponent) * _SUFFIXES[suffix]
+        return Decimal(number).scaleb(power) * _SUFFIXES[suffix]
 
 
 def fetch_resources(cpu: str, memory: str) -> JsonObject:
