@@ -19,6 +19,7 @@ from inference_operator.builders import Owner
 from inference_operator.builders.model_server import (
     DRAIN_TIMEOUT_SECONDS,
     MODEL_DIR,
+    PRE_STOP_SLEEP_SECONDS,
     SHUTDOWN_DELAY_SECONDS,
     server_args,
 )
@@ -63,7 +64,8 @@ def intended(owner: Owner) -> dict[str, object]:
         "max_batch_size": batching.max_batch_size,
         "max_delay_ms": batching.max_delay_ms,
         "max_queue": batching.max_queue,
-        "shutdown_delay_s": SHUTDOWN_DELAY_SECONDS,
+        # The preStop sleep is the delay's first second (the kubelet's SIGTERM comes after it).
+        "shutdown_delay_s": SHUTDOWN_DELAY_SECONDS - PRE_STOP_SLEEP_SECONDS,
         "drain_timeout_s": DRAIN_TIMEOUT_SECONDS,
     }
     if spec.model.version:

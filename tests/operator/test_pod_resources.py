@@ -4,6 +4,9 @@ it (README: Guaranteed), and a grace period sized from the server's own shutdown
 from __future__ import annotations
 
 import pathlib
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +16,7 @@ from inference_operator.builders import Owner
 from inference_operator.builders.deployment import build_deployment
 from inference_operator.builders.model_server import (
     DRAIN_TIMEOUT_SECONDS,
+    PRE_STOP_SLEEP_SECONDS,
     SHUTDOWN_DELAY_SECONDS,
     TERMINATION_GRACE_SECONDS,
 )
@@ -128,13 +132,25 @@ def test_the_grace_period_is_the_servers_shutdown_and_little_more() -> None:
     pod_spec = build_deployment(owner())["spec"]["template"]["spec"]
     args = pod_spec["containers"][0]["args"]
     flags = dict(zip(args[1::2], args[2::2], strict=False))
-    need = float(flags["--shutdown-delay"]) + float(flags["--drain-timeout"])
+    need = PRE_STOP_SLEEP_SECONDS + float(flags["--shutdown-delay"]) + float(flags["--drain-timeout"])
     assert (float(flags["--shutdown-delay"]), float(flags["--drain-timeout"])) == (
-        SHUTDOWN_DELAY_SECONDS,
+        SHUTDOWN_DELAY_SECONDS - PRE_STOP_SLEEP_SECONDS,
         DRAIN_TIMEOUT_SECONDS,
     )
     assert need < pod_spec["terminationGracePeriodSeconds"] == TERMINATION_GRACE_SECONDS <= need + 5
     assert TERMINATION_GRACE_SECONDS <= 30  # Kubernetes' default; it was 60
+
+
+def test_the_sigterm_waits_for_a_pre_stop_sleep_in_the_servers_own_python() -> None:
+    """As PID 1 a starting server drops a SIGTERM that comes before its first line: the preStop
+    sleep holds the kubelet's SIGTERM back past the interpreter's start."""
+    (container,) = build_deployment(owner())["spec"]["template"]["spec"]["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == container["command"][0] == "python"
+    script = command[-1]
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=10)
+    assert time.monotonic() - started >= PRE_STOP_SLEEP_SECONDS >= 1
 
 
 def test_vllm_keeps_a_generous_grace_period_for_its_streams_and_drains_them_within_it() -> None:

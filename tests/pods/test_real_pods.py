@@ -22,6 +22,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
+from inference_operator.builders.model_server import TERMINATION_GRACE_SECONDS
 from tests.autoscaler.conftest import tiny_mlp
 from tests.chart import helm as chart
 from tests.observability import dashboard
@@ -636,4 +637,11 @@ def test_deleting_the_inference_service_removes_every_owned_object_and_pod(node:
                                  "-l", owned)["items"],
         timeout=90, interval=0.5, message="every owned object and pod gone",
     )  # fmt: skip
-    FIGURES["InferenceService deleted to every pod gone (s)"] = time.monotonic() - started
+    gone = time.monotonic() - started
+    FIGURES["InferenceService deleted to every pod gone (s)"] = gone
+    # The leader tests before this one rolled the Deployment: its newest pod may be starting
+    # now. A server that got its SIGTERM before its first line ran on to its grace period's
+    # SIGKILL (31 s here, 2 runs in 11); its preStop sleep holds the SIGTERM back.
+    assert gone < TERMINATION_GRACE_SECONDS, gone
+    hooks = kubectl_json(node, "get", "events", "-n", NS, "--field-selector", "reason=FailedPreStopHook")
+    assert not hooks["items"], [e["message"] for e in hooks["items"]]
