@@ -1,0 +1,100 @@
+"""A stop signal reaches the project's own programs however early it comes. Each is its
+container's PID 1, and PID 1 drops a signal it has no handler for: a pod deleted as it starts ran
+on to the SIGKILL at the end of its grace period. Two guards: a preStop sleep on every container
+that runs one of them (the kubelet's SIGTERM comes after it, past the interpreter's start), and a
+handler from each program's first line (model_server's `signals`, the operator's `entry`)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from inference_operator.builders import Owner, build_all
+from inference_operator.models import parse_spec
+from tests.chart.conftest import helm as chart_helm  # noqa: F401  (the fixture: Helm, or a skip)
+from tests.server.test_ms_pid1 import as_pid_1, seconds_to_exit
+from testsupport.cluster import Cluster
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def runs_our_program(container: dict[str, Any]) -> bool:
+    command = container.get("command") or []
+    return command[:1] == ["inference-operator"] or command[:3] == ["python", "-m", "model_server"]
+
+
+def pre_stop_sleep(container: dict[str, Any]) -> float:
+    """Seconds the container's preStop sleeps (0 without one), measured by running it here."""
+    hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+    if hook is None:
+        return 0.0
+    command = hook["command"]
+    assert command[:2] == ["python", "-c"], command  # the image's own Python, nothing else needed
+    ast.parse(command[2])
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", command[2]], check=True, timeout=30)
+    return time.monotonic() - started
+
+
+def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj.get("spec") or {}
+    templates = [spec.get("template")]
+    group = spec.get("leaderWorkerTemplate") or {}
+    templates += [group.get("leaderTemplate"), group.get("workerTemplate")]
+    return [t["spec"] for t in templates if t]
+
+
+def our_containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c for o in objects for pod in pod_templates(o) for c in pod["containers"] if runs_our_program(c)]
+
+
+def example_objects() -> list[dict[str, Any]]:
+    objects = []
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "InferenceService":
+                objects += build_all(Owner(doc["metadata"]["name"], "ml", "u-1", parse_spec(doc["spec"])))
+    return objects
+
+
+def test_every_container_the_operator_runs_our_program_in_sleeps_before_its_sigterm() -> None:
+    containers = our_containers(example_objects())
+    assert len(containers) >= 5  # the model server of each example that has one
+    assert all(pre_stop_sleep(c) >= 1 for c in containers), [c["name"] for c in containers]
+
+
+@pytest.mark.slow
+def test_every_container_the_chart_runs_our_program_in_sleeps_before_its_sigterm(
+    chart_helm: Any,  # noqa: F811
+) -> None:
+    """The operator's pods and the activator's, as the chart renders them with every value file."""
+    checked: set[str] = set()
+    for values in sorted((ROOT / "charts" / "rocm-inference-operator" / "ci").glob("*-values.yaml")):
+        objects = chart_helm.render(yaml.safe_load(values.read_text()) or {})
+        for container in our_containers(objects):
+            assert pre_stop_sleep(container) >= 1, (values.name, container["name"])
+            checked.add(container["name"])
+    assert checked == {"operator", "activator"}, checked
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="a PID namespace needs unshare")
+def test_the_operator_stops_on_a_sigterm_sent_while_it_imports(
+    cluster: Cluster, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As PID 1, started by its console script against a cluster it would otherwise serve on:
+    the SIGTERM that comes while it imports ends it at once."""
+    program = pathlib.Path(sys.executable).with_name("inference-operator")
+    outer, pid = as_pid_1([str(program), "run", "-A", "--metrics-port", "0"], tmp_path / "operator.log")
+    time.sleep(0.3)
+    took = seconds_to_exit(outer, pid, timeout=20)
+    log = (tmp_path / "operator.log").read_text()
+    print(f"operator stopped {took:.2f} s after SIGTERM: {log[-200:]}")
+    assert outer.returncode in (0, 128 + 15), log[-2000:]
