@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inference_operator.builders.vllm import COMMAND
+from inference_operator.builders.vllm import ENGINE_COMMAND
 from testsupport import images
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def test_the_production_base_is_the_charts_default_vllm_image() -> None:
 
 def test_the_entrypoint_is_the_module_the_operator_runs_and_the_user_is_not_root() -> None:
     found = dict(instructions())
-    assert json.loads(found["ENTRYPOINT"]) == COMMAND
+    assert json.loads(found["ENTRYPOINT"]) == ENGINE_COMMAND
     user = found["USER"].split(":")[0]
     assert user.isdigit() and int(user) != 0
 

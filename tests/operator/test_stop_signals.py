@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from inference_operator.builders import Owner, build_all
+from inference_operator.builders.vllm import INIT_SCRIPT
+from inference_operator.builders.vllm import as_pid_1 as as_init
 from inference_operator.models import parse_spec
 from tests.chart.conftest import helm as chart_helm  # noqa: F401  (the fixture: Helm, or a skip)
 from tests.server.test_ms_pid1 import as_pid_1, seconds_to_exit
@@ -98,3 +100,54 @@ def test_the_operator_stops_on_a_sigterm_sent_while_it_imports(
     log = (tmp_path / "operator.log").read_text()
     print(f"operator stopped {took:.2f} s after SIGTERM: {log[-200:]}")
     assert outer.returncode in (0, 128 + 15), log[-2000:]
+
+
+def test_every_vllm_container_runs_vllm_under_the_init_script() -> None:
+    """vLLM's first handler comes only after its imports: PID 1 is INIT_SCRIPT, leaders and workers."""
+    vllm = [c for o in example_objects() for pod in pod_templates(o) for c in pod["containers"] if c["name"] == "vllm"]
+    assert len(vllm) >= 4  # the vLLM examples' leaders and the multi-node example's workers
+    for container in vllm:
+        assert container["command"][:3] == ["python3", "-c", INIT_SCRIPT], container["command"]
+        assert container["command"][3:6] == ["python3", "-m", container["command"][5]]
+        assert container["command"][5].startswith("vllm.entrypoints.")
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="a PID namespace needs unshare")
+@pytest.mark.parametrize(
+    ("engine", "status"),
+    [
+        # Still importing: no handler yet, so the signal ends it (it would have been dropped).
+        ("import time; time.sleep(60)", 128 + 15),
+        # Serving: its own handler stops it gracefully.
+        ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(60)", 0),
+        # Its status is passed on.
+        ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3)); time.sleep(60)", 3),
+    ],
+    ids=["no-handler", "graceful", "status"],
+)
+def test_the_init_script_passes_a_sigterm_on_to_the_engine_and_its_status_back(
+    tmp_path: pathlib.Path, engine: str, status: int
+) -> None:
+    outer, pid = as_pid_1(as_init([sys.executable, "-c", engine]), tmp_path / "init.log")
+    deadline = time.monotonic() + 10
+    while not subprocess.run(["pgrep", "-P", str(pid)], capture_output=True).stdout:  # the engine started
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # the engine's handler, where it has one, in place
+    took = seconds_to_exit(outer, pid, timeout=10)
+    assert took < 5 and outer.returncode == status, ((tmp_path / "init.log").read_text(), outer.returncode)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="a PID namespace needs unshare")
+def test_the_init_script_reaps_the_orphans_it_inherits(tmp_path: pathlib.Path) -> None:
+    """vLLM's worker processes that outlive their parent become PID 1's: reaped, not zombies."""
+    grandchild = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.5)'])"
+    # The engine's child starts a grandchild and exits at once: the grandchild is orphaned to
+    # PID 1, and exits half a second later.
+    engine = f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"
+    outer, pid = as_pid_1(as_init([sys.executable, "-c", engine]), tmp_path / "init.log")
+    time.sleep(2)
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    states = [pathlib.Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] for c in children]
+    seconds_to_exit(outer, pid, timeout=10)
+    assert "Z" not in states, states

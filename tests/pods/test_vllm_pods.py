@@ -632,8 +632,10 @@ def test_a_rolling_update_with_streams_in_flight_cuts_no_stream_and_fails_no_req
     old = {p["metadata"]["name"] for p in pods(node, NS, SELECTOR)}
     downloads = len(hub.requests)
     rate = stream_rate(address, MAX_NUM_SEQS)
-    # Each stream outlasts the preStop sleep after its pod is deleted, so some are in flight at SIGTERM.
-    seconds_each = 2 * PRE_STOP_SECONDS
+    # Each stream outlasts the preStop sleep after its pod is deleted, so some are in flight at SIGTERM:
+    # three times it, since the rate is measured once and the other test worker's load comes and
+    # goes (at twice, streams run faster than measured all ended before the SIGTERM once).
+    seconds_each = 3 * PRE_STOP_SECONDS
     max_tokens = min(int(rate * seconds_each), MAX_MODEL_LEN - 64)
     load = StreamLoad(f"http://{address}/v1/completions", MAX_NUM_SEQS, max_tokens, seconds_each).start()
     deleted: dict[str, float] = {}
