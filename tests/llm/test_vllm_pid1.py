@@ -1,0 +1,73 @@
+"""Real vLLM (CPU) as its pod runs it, PID 1 of its own PID namespace, stopped while it imports:
+a pod deleted as it starts. vLLM's first SIGTERM handler comes only after its imports (about 7 s
+of a free core): as PID 1 itself the signal was dropped and vLLM went on to load its model and
+serve; under the operator's init it ends at once."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from inference_operator.builders import Owner, build_all
+from inference_operator.builders.vllm import ENGINE_COMMAND
+from inference_operator.models import parse_spec
+from tests.llm.conftest import (
+    tiny_llama,  # noqa: F401  (a fixture)
+    vllm_python,
+)
+from tests.server.test_ms_pid1 import as_pid_1
+from testsupport.processes import free_port
+from testsupport.vllm import kubelet_command, kubelet_env
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(shutil.which("unshare") is None, reason="a PID namespace needs unshare"),
+]
+
+MOUNT = "/mnt/models"
+
+
+def rendered_vllm() -> dict:
+    spec = parse_spec({"model": {"uri": "pvc://models/tiny"}, "runtime": {"engine": "vllm", "maxModelLen": 256}})
+    (deployment,) = [o for o in build_all(Owner("tiny", "ml", "u-1", spec)) if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize("init", [True, False], ids=["under-the-init", "vllm-as-pid-1"])
+def test_a_sigterm_while_vllm_imports(tmp_path: pathlib.Path, tiny_llama: pathlib.Path, init: bool) -> None:  # noqa: F811
+    vllm_python()
+    container = rendered_vllm()
+    if not init:  # what the pod ran before: vLLM itself as PID 1
+        container = {**container, "command": ENGINE_COMMAND}
+    (tmp_path / "home").mkdir()
+    env = kubelet_env(container, tmp_path / "home", tmp_path / "cache", {MOUNT: tiny_llama})
+    command = kubelet_command(container, {MOUNT: tiny_llama}, "127.0.0.1", free_port())
+    # `env` execs the command: the namespace's PID 1 is the init, or vLLM.
+    outer, pid = as_pid_1(["env", "-i", *[f"{k}={v}" for k, v in env.items()], *command], tmp_path / "vllm.log")
+    time.sleep(1.0)  # importing: its first handler is seconds away
+    os.kill(pid, signal.SIGTERM)
+    started = time.monotonic()
+    try:
+        outer.wait(30 if init else 45)
+    except subprocess.TimeoutExpired:
+        outer.kill()
+        outer.wait()
+        took = None
+    else:
+        took = time.monotonic() - started
+    log = (tmp_path / "vllm.log").read_text()
+    print(f"init={init}: {'still running' if took is None else f'exited {took:.1f} s'} after SIGTERM")
+    if init:
+        assert took is not None and took < 5, log[-2000:]
+        assert "Loading weights" not in log and "Starting vLLM" not in log, log[-2000:]
+    else:  # what the init is for: the signal was lost, and vLLM went on to serve
+        assert took is None, log[-2000:]
+        assert "Application startup complete" in log or "Starting vLLM" in log, log[-2000:]
