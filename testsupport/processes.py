@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -19,12 +20,36 @@ from typing import Any
 import httpx
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nothing uses right now, below the kernel's ephemeral range.
+
+    A port from `bind(0)` is drawn from that range, as every outgoing connection's source port
+    is: on a busy address a client could take it before the server it was meant for started
+    (the tier's Prometheus on the bridge: "bind: address already in use"). No connection is
+    given a port below the range, so only another server can take one there. Also below
+    Kubernetes' NodePort range (30000-32767), which the real-pods tier's kube-proxy programs."""
+    first = min(_ephemeral_range()[0], _NODE_PORTS)
+    for _ in range(1000):
+        port = random.randrange(_LOWEST_PORT, first)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} in {_LOWEST_PORT}-{first - 1}")
+
+
+_LOWEST_PORT = 10_000
+_NODE_PORTS = 30_000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def serve_command(model: pathlib.Path, port: int, *flags: str, host: str = "127.0.0.1") -> list[str]:

@@ -1,8 +1,10 @@
-"""A stop signal reaches the project's own programs however early it comes. Each is its
+"""A stop signal reaches every process the pods run however early it comes. Each was its
 container's PID 1, and PID 1 drops a signal it has no handler for: a pod deleted as it starts ran
-on to the SIGKILL at the end of its grace period. Two guards: a preStop sleep on every container
-that runs one of them (the kubelet's SIGTERM comes after it, past the interpreter's start), and a
-handler from each program's first line (model_server's `signals`, the operator's `entry`)."""
+on to the SIGKILL at the end of its grace period. For the project's own programs, two guards: a
+preStop sleep on every container that runs one of them (the kubelet's SIGTERM comes after it,
+past the interpreter's start), and a handler from each program's first line (model_server's
+`signals`, the operator's `entry`). vLLM, whose first handler comes after seconds of imports,
+runs under an init of the operator's (INIT_SCRIPT), which is PID 1 in its stead."""
 
 from __future__ import annotations
 

@@ -301,7 +301,7 @@ def pod_prometheus(
         (home / "rules.yaml").write_text(yaml.safe_dump({"groups": rules}))
         config["rule_files"] = [str(home / "rules.yaml")]
     (home / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
+    port = free_port(NODE_IP)
     url = f"http://{NODE_IP}:{port}"
     command = [
         prometheus_binary(),
