@@ -32,6 +32,8 @@ pytestmark = [
 ]
 
 MOUNT = "/mnt/models"
+# What vLLM logs once past its imports: loading the model, warming it up, serving.
+GONE_ON = ("Loading weights", "Warming up model", "Starting vLLM", "Application startup complete")
 
 
 def rendered_vllm() -> dict:
@@ -67,7 +69,8 @@ def test_a_sigterm_while_vllm_imports(tmp_path: pathlib.Path, tiny_llama: pathli
     print(f"init={init}: {'still running' if took is None else f'exited {took:.1f} s'} after SIGTERM")
     if init:
         assert took is not None and took < 5, log[-2000:]
-        assert "Loading weights" not in log and "Starting vLLM" not in log, log[-2000:]
+        assert not any(step in log for step in GONE_ON), log[-2000:]
     else:  # what the init is for: the signal was lost, and vLLM went on to serve
         assert took is None, log[-2000:]
-        assert "Application startup complete" in log or "Starting vLLM" in log, log[-2000:]
+        # Past its imports, on to its model (how far in 45 s depends on the machine's load).
+        assert any(step in log for step in GONE_ON), log[-2000:]
