@@ -26,6 +26,7 @@ from inference_operator.models import parse_spec
 from tests.chart.conftest import helm as chart_helm  # noqa: F401  (the fixture: Helm, or a skip)
 from tests.server.test_ms_pid1 import as_pid_1, seconds_to_exit
 from testsupport.cluster import Cluster
+from testsupport.pod_invariants import pod_specs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -48,16 +49,8 @@ def pre_stop_sleep(container: dict[str, Any]) -> float:
     return time.monotonic() - started
 
 
-def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = obj.get("spec") or {}
-    templates = [spec.get("template")]
-    group = spec.get("leaderWorkerTemplate") or {}
-    templates += [group.get("leaderTemplate"), group.get("workerTemplate")]
-    return [t["spec"] for t in templates if t]
-
-
 def our_containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [c for o in objects for pod in pod_templates(o) for c in pod["containers"] if runs_our_program(c)]
+    return [c for o in objects for _, pod in pod_specs(o) for c in pod["containers"] if runs_our_program(c)]
 
 
 def example_objects() -> list[dict[str, Any]]:
@@ -106,7 +99,7 @@ def test_the_operator_stops_on_a_sigterm_sent_while_it_imports(
 
 def test_every_vllm_container_runs_vllm_under_the_init_script() -> None:
     """vLLM's first handler comes only after its imports: PID 1 is INIT_SCRIPT, leaders and workers."""
-    vllm = [c for o in example_objects() for pod in pod_templates(o) for c in pod["containers"] if c["name"] == "vllm"]
+    vllm = [c for o in example_objects() for _, pod in pod_specs(o) for c in pod["containers"] if c["name"] == "vllm"]
     assert len(vllm) >= 4  # the vLLM examples' leaders and the multi-node example's workers
     for container in vllm:
         assert container["command"][:3] == ["python3", "-c", INIT_SCRIPT], container["command"]
