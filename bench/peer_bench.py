@@ -66,6 +66,7 @@ GRPC_SUFFIX = "/grpc"
 RAW = "raw"
 # The issue's bar: REST at 64 clients on the large model, against the raw session at maxBatchSize.
 RAW_SHARE = 0.85
+RAW_SHARE_CLIENTS = 64
 
 
 def cache_dir() -> Path:
@@ -255,6 +256,7 @@ def report(
     raw: dict[str, Any],
     max_batch: int,
     large: bool,
+    clients: list[int],
 ) -> list[str]:
     """Print the table; the list of "Done when" misses."""
     misses = []
@@ -265,7 +267,7 @@ def report(
     print(f"{header} {'batch':>6}")
     latency = f"{raw['p50_ms']:8.2f} {raw['p99_ms']:8.2f}"
     print(f"  {RAW:13} {'':>7} {raw['throughput']:9.0f} {latency} {'':>10}  {'':>6} {max_batch:6d}")
-    for c in CONCURRENCY:
+    for c in clients:
         for name in names:
             m = results[name][c]
             batch = f"{m['batch']:6.1f}" if "batch" in m else f"{'':6}"
@@ -273,13 +275,13 @@ def report(
                 f"  {name:13} {c:7d} {m['throughput']:9.0f} {m['p50_ms']:8.2f} {m['p99_ms']:8.2f} "
                 f"{m['cpu_ms_per_request']:10.3f}  {m['errors']:6d} {batch}"
             )
-    share = results["ours"][CONCURRENCY[-1]]["throughput"] / raw["throughput"]
-    print(f"  ours at {CONCURRENCY[-1]} clients (REST) = {share:.0%} of the raw session's rows/s at {max_batch} rows")
-    if large and share < RAW_SHARE:
-        misses.append(f"{label} c={CONCURRENCY[-1]}: {share:.0%} of the raw session, under {RAW_SHARE:.0%}")
+    share = results["ours"][clients[-1]]["throughput"] / raw["throughput"]
+    print(f"  ours at {clients[-1]} clients (REST) = {share:.0%} of the raw session's rows/s at {max_batch} rows")
+    if large and clients[-1] == RAW_SHARE_CLIENTS and share < RAW_SHARE:
+        misses.append(f"{label} c={clients[-1]}: {share:.0%} of the raw session, under {RAW_SHARE:.0%}")
     if "baseline" in names:
         print("  ours / baseline: throughput, p50, p99, batch")
-        for c in CONCURRENCY:
+        for c in clients:
             ours, was = results["ours"][c], results["baseline"][c]
             print(
                 f"    c={c:<3} {ours['throughput'] / was['throughput']:5.2f}x, "
@@ -292,7 +294,7 @@ def report(
         if not peers or ours_name not in names:
             continue
         print(f"  ratios ({ours_name} / peer): throughput, p99 (lower is better for ours)")
-        for c in CONCURRENCY:
+        for c in clients:
             ours = results[ours_name][c]
             parts = []
             for peer in peers:
@@ -316,6 +318,12 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="small,large", help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument(
+        "--clients",
+        type=lambda text: sorted({int(c) for c in text.split(",") if c}),
+        default=CONCURRENCY,
+        help="comma-separated closed-loop client counts (the raw-session bar is judged at 64)",
+    )
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated; missing venvs are skipped")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     parser.add_argument("--duration", type=float, default=3.0, help="measured seconds per point and round")
@@ -371,13 +379,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{label}", flush=True)
             with started(names, model, args, Path(tmp), baseline) as servers:
                 rows = [server.name for server in servers]
-                rounds: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in CONCURRENCY} for n in rows}
+                rounds: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in args.clients} for n in rows}
                 raw: list[dict[str, Any]] = []
                 for r in range(args.rounds):
                     print(f"round {r + 1}/{args.rounds}, load average {os.getloadavg()[0]:.1f}", flush=True)
                     raw.append(measure_raw(model, sizes[0], args, args.duration))
                     print(f"  {RAW:13} {raw[-1]['throughput']:8.0f} rows/s at {args.max_batch_size} rows a call")
-                    for c in CONCURRENCY:
+                    for c in args.clients:
                         # The order rotates each round, so no server is always measured first.
                         for server in servers[r % len(servers) :] + servers[: r % len(servers)]:
                             m = measure(server, body, c, args.warmup, args.duration)
@@ -385,9 +393,11 @@ def main(argv: list[str] | None = None) -> int:
                             line = f"  {server.name:13} c={c:<3} {m['throughput']:8.0f}/s  p50 {m['p50_ms']:7.2f} ms  "
                             line += f"p99 {m['p99_ms']:7.2f} ms  CPU {m['cpu_ms_per_request']:.3f} ms/req"
                             print(f"{line}  errors {m['errors']}", flush=True)
-            results = {n: {c: medians(rounds[n][c]) for c in CONCURRENCY} for n in rows}
+            results = {n: {c: medians(rounds[n][c]) for c in args.clients} for n in rows}
             raw_median = medians(raw)
-            misses += report(label, rows, results, raw_median, args.max_batch_size, large=key == "large")
+            misses += report(
+                label, rows, results, raw_median, args.max_batch_size, large=key == "large", clients=args.clients
+            )
             everything["models"][key] = {"sizes": sizes, "medians": results, "rounds": rounds, RAW: raw_median}
     if any(n not in OURS for n in names):
         print(
