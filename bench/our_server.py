@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +47,16 @@ def our_server_command(model: Path, port: int, args: argparse.Namespace, *flags:
         "warning",
         *flags,
     )
+
+
+def histogram_totals(metrics_url: str, name: str) -> tuple[float, float]:
+    """(sum, count) of the histogram `name` over all its label sets, from the server's /metrics:
+    `model_server_batch_size` gives rows and runtime calls, `model_server_compute_seconds`
+    the time spent in the runtime."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            for suffix in totals:
+                if line.startswith(f"{name}{suffix}"):
+                    totals[suffix] += float(line.rsplit(" ", 1)[1])
+    return totals["_sum"], totals["_count"]

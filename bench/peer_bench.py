@@ -42,14 +42,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from grpc_load import grpc_load, infer_request
-from our_server import our_server_command, wrk_post
+from our_server import histogram_totals, our_server_command, wrk_post
 from procstat import cpu_seconds
 from server_bench import bench_raw
 
@@ -149,13 +148,7 @@ OURS = ("ours", "baseline")
 def batch_totals(server: Server) -> tuple[float, float]:
     """(rows, runtime calls) so far, from `model_server_batch_size`'s sum and count."""
     assert server.metrics_url is not None
-    totals = {"_sum": 0.0, "_count": 0.0}
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            for suffix in totals:
-                if line.startswith(f"model_server_batch_size{suffix}"):
-                    totals[suffix] += float(line.rsplit(" ", 1)[1])
-    return totals["_sum"], totals["_count"]
+    return histogram_totals(server.metrics_url, "model_server_batch_size")
 
 
 def commands(name: str, model: Path, port: int, grpc_port: int, args: argparse.Namespace) -> list[str]:
