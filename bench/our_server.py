@@ -50,9 +50,8 @@ def our_server_command(model: Path, port: int, args: argparse.Namespace, *flags:
 
 
 def histogram_totals(metrics_url: str, name: str) -> tuple[float, float]:
-    """(sum, count) of the histogram `name` over all its label sets, from the server's /metrics:
-    `model_server_batch_size` gives rows and runtime calls, `model_server_compute_seconds`
-    the time spent in the runtime."""
+    """(sum, count) of the histogram `name` over all its label sets, from the server's /metrics
+    (`model_server_batch_size`: rows and runtime calls so far)."""
     totals = {"_sum": 0.0, "_count": 0.0}
     with urllib.request.urlopen(metrics_url, timeout=10) as response:
         for line in response.read().decode().splitlines():
