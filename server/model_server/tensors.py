@@ -215,11 +215,27 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
         return raw
     if kind not in "iuf":
         raise _not_numbers(label, data, datatype, noun)
+    if _hides_bools(data, raw):
+        raise _first_bad_element(label, data, datatype, noun)
     if dtype.kind in _INT_KINDS:
         return _integers(label, data, raw, datatype, noun)
     if dtype.kind == "f" and dtype != raw.dtype and raw.size and not _floats_in_range(raw, dtype):
         raise InvalidInput(f"{label}: values exceed the range of {datatype}")
     return raw.astype(dtype, copy=False)
+
+
+def _hides_bools(data: Any, raw: np.ndarray) -> bool:
+    """Whether JSON `true`/`false` sits among the numbers of `data`: numpy reads `[1.5, true]` as
+    `[1.5, 1.0]` and `[2, false]` as `[2, 0]`. Only an element equal to 0 or 1 can be one, so data
+    without any is not walked; the walk types each innermost list's elements in C."""
+    if isinstance(data, np.ndarray) or not np.any((raw == 0) | (raw == 1)):
+        return False
+    if not isinstance(data, list):
+        return isinstance(data, bool)
+    leaves: list[Any] = [data]
+    for _ in range(raw.ndim - 1):
+        leaves = [item for sublist in leaves for item in sublist]
+    return any(bool in frozenset(map(type, leaf)) for leaf in leaves)
 
 
 def _not_numbers(label: str, data: Any, datatype: str, noun: str) -> InvalidInput:

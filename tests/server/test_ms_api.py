@@ -184,6 +184,9 @@ X_OK = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
         ),
         ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "shape": [1, 5]}]}, 400, "needs 5 values, data has 4"),
         ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "data": [1, 2, None, 4]}]}, 400, "element 2 (None)"),
+        # numpy alone would read true as 1.0 among numbers; the fast path must not either.
+        ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "data": [1.5, 2, True, 4]}]}, 400, "element 2 (True)"),
+        ("/infer", {"data": [1, 0.5, False, 4]}, 400, "element 2 (False) is not a number"),
         ("/v2/models/tiny/infer", {"inputs": [{**X_OK, "name": "z"}]}, 400, "unknown input(s) ['z']"),
         (
             "/v2/models/tiny/infer",

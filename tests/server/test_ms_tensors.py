@@ -67,6 +67,11 @@ def test_bytes_round_trip_in_binary_and_json():
     [
         ("FP32", [2], [1.0, "2"], "element 1 ('2') is not a valid FP32"),
         ("FP32", [2], [True, False], "element 0 (True)"),
+        # Among numbers, numpy reads a JSON bool as 1 or 0: it is refused all the same.
+        ("FP32", [2], [1.5, True], "element 1 (True) is not a valid FP32"),
+        ("FP64", [2, 2], [[2.0, 3.0], [0.5, False]], "element 3 (False)"),
+        ("INT64", [2], [7, True], "element 1 (True) is not a valid INT64"),
+        ("UINT8", [1, 2], [[0, False]], "element 1 (False)"),
         ("FP32", [3], [1.0, 2.0], "needs 3 values, data has 2"),
         ("FP32", [2, 2], [[1, 2], [3]], "ragged"),
         ("INT64", [2], [1, 2.5], "element 1 (2.5) is not a valid INT64"),
@@ -84,6 +89,37 @@ def test_json_decode_rejects_with_message(datatype, shape, data, fragment):
         decode_json_tensor("x", datatype, shape, data)
     assert fragment in str(info.value)
     assert str(info.value).startswith("input 'x'")
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [
+        ("FP32", [1.0, 0.0, 1, 0]),
+        ("INT64", [[1, 1], [0, 1]]),
+        ("UINT8", [[0, 1], [1, 0]]),
+        ("FP16", [0.0, 1.0, 2.5, 1]),
+    ],
+)
+def test_ones_and_zeros_are_numbers_not_bools(datatype, data):
+    # The bool check looks closer at elements equal to 0 or 1; real numbers among them pass.
+    shape = [4] if not isinstance(data[0], list) else [2, 2]
+    assert decode_json_tensor("x", datatype, shape, data).ravel().tolist() == np.ravel(data).tolist()
+
+
+JSON_SCALARS = st.one_of(st.booleans(), st.integers(-2, 2), st.sampled_from([0.0, 1.0, -0.0, 0.5, 2.0]))
+
+
+@given(st.lists(JSON_SCALARS, min_size=1, max_size=6), st.sampled_from(["FP32", "FP64", "INT64", "INT8"]))
+def test_a_numeric_tensor_takes_numbers_only(values, datatype):
+    """Whatever mix of bools, ints and floats (0 and 1 among them) a JSON list holds: it decodes
+    iff no element is a bool (and, for an integer type, every float is whole), to those values."""
+    numbers = all(not isinstance(v, bool) for v in values)
+    whole = datatype.startswith("FP") or all(float(v).is_integer() for v in values)
+    if numbers and whole:
+        assert decode_json_tensor("x", datatype, [len(values)], values).tolist() == values
+    else:
+        with pytest.raises(InvalidInput, match=r"element \d+ \((True|False|-?\d+\.\d+)\) is not a valid"):
+            decode_json_tensor("x", datatype, [len(values)], values)
 
 
 def test_binary_decode_checks_size():
