@@ -137,6 +137,50 @@ async def test_v2_binary_tensor_extension(server):
     np.testing.assert_allclose(y, ref(x), rtol=1e-5, atol=1e-5)
 
 
+async def test_non_finite_outputs_are_null_in_json_and_exact_in_binary(server):
+    """JSON has no NaN or Infinity: an output the model made non-finite is `null` in a JSON
+    answer (valid JSON, as strict as the requests), and exact in the binary extension."""
+    x = np.zeros((3, 4), np.float32)
+    x[0, 0], x[1, 0] = np.inf, np.nan
+    blob = x.tobytes()
+    with np.errstate(invalid="ignore"):
+        expected = ref(x)
+    assert not np.isfinite(expected[:2]).any() and np.isfinite(expected[2]).all()
+    answers = {}
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        for binary in (False, True):
+            header = json.dumps(
+                {
+                    "inputs": [
+                        {
+                            "name": "x",
+                            "shape": [3, 4],
+                            "datatype": "FP32",
+                            "parameters": {"binary_data_size": len(blob)},
+                        }
+                    ],
+                    "parameters": {"binary_data_output": binary},
+                }
+            ).encode()
+            answers[binary] = await client.post(
+                "/v2/models/tiny/infer",
+                content=header + blob,
+                headers={"Inference-Header-Content-Length": str(len(header))},
+            )
+    as_json = answers[False]
+    assert as_json.status_code == 200, as_json.text
+    data = json.loads(as_json.content, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))["outputs"][0][
+        "data"
+    ]
+    assert data[:6] == [None] * 6
+    np.testing.assert_allclose(data[6:], expected[2], rtol=1e-5, atol=1e-5)
+    as_binary = answers[True]
+    length = int(as_binary.headers["Inference-Header-Content-Length"])
+    y = np.frombuffer(as_binary.content[length:], dtype="<f4").reshape(3, 3)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
+    np.testing.assert_array_equal(y[np.isinf(y)], expected[np.isinf(expected)])
+
+
 async def test_v2_typed_tensors(int_server):
     a, b = [[1, 9], [4, -3]], [[2, 3], [4, -5]]
     req = {
