@@ -7,9 +7,10 @@ into Open Inference Protocol tensors.
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,15 +228,15 @@ def _to_numeric(name: str, data: Any, datatype: str, label: str | None = None) -
 def _hides_bools(data: Any, raw: np.ndarray) -> bool:
     """Whether JSON `true`/`false` sits among the numbers of `data`: numpy reads `[1.5, true]` as
     `[1.5, 1.0]` and `[2, false]` as `[2, 0]`. Only an element equal to 0 or 1 can be one, so data
-    without any is not walked; the walk types each innermost list's elements in C."""
+    without any is not walked; the walk types the elements in C, building nothing per row."""
     if isinstance(data, np.ndarray) or not np.any((raw == 0) | (raw == 1)):
         return False
     if not isinstance(data, list):
         return isinstance(data, bool)
-    leaves: list[Any] = [data]
+    elements: Iterable[Any] = data
     for _ in range(raw.ndim - 1):
-        leaves = [item for sublist in leaves for item in sublist]
-    return any(bool in frozenset(map(type, leaf)) for leaf in leaves)
+        elements = itertools.chain.from_iterable(elements)
+    return bool in frozenset(map(type, elements))
 
 
 def _not_numbers(label: str, data: Any, datatype: str, noun: str) -> InvalidInput:

@@ -72,6 +72,7 @@ def test_bytes_round_trip_in_binary_and_json():
         ("FP64", [2, 2], [[2.0, 3.0], [0.5, False]], "element 3 (False)"),
         ("INT64", [2], [7, True], "element 1 (True) is not a valid INT64"),
         ("UINT8", [1, 2], [[0, False]], "element 1 (False)"),
+        ("INT32", [1, 2, 1], [[[1], [True]]], "element 1 (True)"),
         ("FP32", [3], [1.0, 2.0], "needs 3 values, data has 2"),
         ("FP32", [2, 2], [[1, 2], [3]], "ragged"),
         ("INT64", [2], [1, 2.5], "element 1 (2.5) is not a valid INT64"),
