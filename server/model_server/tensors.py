@@ -229,7 +229,7 @@ def _hides_bools(data: Any, raw: np.ndarray) -> bool:
     """Whether JSON `true`/`false` sits among the numbers of `data`: numpy reads `[1.5, true]` as
     `[1.5, 1.0]` and `[2, false]` as `[2, 0]`. Only an element equal to 0 or 1 can be one, so data
     without any is not walked; the walk types the elements in C, building nothing per row."""
-    if isinstance(data, np.ndarray) or not np.any((raw == 0) | (raw == 1)):
+    if isinstance(data, np.ndarray) or not ((raw == 0) | (raw == 1)).any():
         return False
     if not isinstance(data, list):
         return isinstance(data, bool)
