@@ -308,12 +308,20 @@ def report(
     return misses
 
 
+def client_counts(text: str) -> list[int]:
+    """`--clients 1,16,64` -> [1, 16, 64]: distinct positive counts, in order."""
+    counts = sorted({int(c) for c in text.split(",") if c.strip()})
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"client counts must be positive integers, not {text!r}")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="small,large", help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument(
         "--clients",
-        type=lambda text: sorted({int(c) for c in text.split(",") if c}),
+        type=client_counts,
         default=CONCURRENCY,
         help="comma-separated closed-loop client counts (the raw-session bar is judged at 64)",
     )
