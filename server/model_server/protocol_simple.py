@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt, StrictStr
 
 from .jsoncodec import parse_body
 from .tensors import simple_array
@@ -17,7 +17,8 @@ class SimpleRequest(BaseModel):
     data: list[Any] = Field(
         json_schema_extra={"minItems": 1}, description="One row as a flat list of numbers, or a list of rows."
     )
-    model_version: str | int | None = "latest"
+    # JSON strings and integers only: `true` must not select version 1, nor 1.0 pass for it.
+    model_version: StrictStr | StrictInt | None = "latest"
 
 
 class SimpleResponse(BaseModel):

@@ -47,6 +47,7 @@ async def test_simple_api_single_row_and_rows_match_numpy(server):
     async with httpx.AsyncClient(base_url=server.url) as client:
         one = await client.post("/infer", json={"data": x[0].tolist()})
         many = await client.post("/infer", json={"data": x.tolist(), "model_version": "1"})
+        as_int = await client.post("/infer", json={"data": x.tolist(), "model_version": 1})
     assert one.status_code == 200, one.text
     body = one.json()
     assert set(body) == {"result", "latency_ms", "model_version"}
@@ -54,6 +55,7 @@ async def test_simple_api_single_row_and_rows_match_numpy(server):
     np.testing.assert_allclose(body["result"], ref(x[0]), rtol=1e-5, atol=1e-5)
     assert many.json()["model_version"] == "1"
     np.testing.assert_allclose(many.json()["result"], ref(x, 1), rtol=1e-5, atol=1e-5)
+    assert as_int.status_code == 200 and as_int.json()["result"] == many.json()["result"]
 
 
 async def test_v2_server_and_model_metadata(server):
@@ -213,6 +215,8 @@ X_OK = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
         ("/infer", {"data": []}, 400, "non-empty"),
         ("/infer", {"rows": [1, 2, 3, 4]}, 422, "data: Field required"),
         ("/infer", {"data": [1, 2, 3, 4], "model_version": "7"}, 404, "no version '7'"),
+        ("/infer", {"data": [1, 2, 3, 4], "model_version": True}, 422, "model_version"),
+        ("/infer", {"data": [1, 2, 3, 4], "model_version": 2.0}, 422, "model_version"),
         ("/infer", b"{not json", 400, "not valid JSON"),
         (
             "/v2/models/tiny/infer",
