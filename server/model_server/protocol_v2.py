@@ -123,10 +123,10 @@ def split_body(body: memoryview, header_length: str | None) -> tuple[memoryview,
     """JSON header and binary tail of a binary-extension request."""
     if header_length is None:
         return body, body[:0]
-    try:
-        length = int(header_length)
-    except ValueError:
-        raise InvalidInput(f"Inference-Header-Content-Length '{header_length}' is not an integer") from None
+    # ASCII digits only: int() would also read "1_0" as 10, "+5" as 5 and other scripts' digits.
+    if not (header_length.isascii() and header_length.isdigit()):
+        raise InvalidInput(f"Inference-Header-Content-Length '{header_length}' is not an integer")
+    length = int(header_length)
     if not 0 < length <= len(body):
         raise InvalidInput(f"Inference-Header-Content-Length {length} does not fit a body of {len(body)} bytes")
     return body[:length], body[length:]

@@ -19,6 +19,7 @@ from model_server.app import create_app
 from model_server.bodies import BodyDecoder, RequestBody
 from model_server.dataplane import DataPlane
 from model_server.metrics import RequestTracker
+from model_server.protocol_v2 import split_body
 from testsupport.onnx_models import affine_model
 
 from .helpers import make_settings
@@ -69,6 +70,25 @@ async def test_the_core_answers_with_typed_errors_and_no_http(
         await dataplane.infer(model, None, body(*chunks), media_type, None, tracker)
     assert not hasattr(raised.value, "status") and not hasattr(raised.value, "headers")
     assert tracker.code == 200  # the HTTP layer, not the core, records the status
+
+
+@pytest.mark.parametrize(
+    ("header_length", "fragment"),
+    [
+        ("1_0", "is not an integer"),
+        ("+5", "is not an integer"),
+        ("-5", "is not an integer"),
+        ("\u0665", "is not an integer"),  # an Arabic-Indic five: int() reads it as 5
+        ("", "is not an integer"),
+        ("0", "does not fit a body of 4 bytes"),
+        ("5", "does not fit a body of 4 bytes"),
+    ],
+)
+def test_the_binary_header_length_is_ascii_digits_within_the_body(header_length: str, fragment: str) -> None:
+    with pytest.raises(errors.InvalidInput, match=fragment):
+        split_body(memoryview(b"{}ab"), header_length)
+    header, tail = split_body(memoryview(b"{}ab"), "2")
+    assert (bytes(header), bytes(tail)) == (b"{}", b"ab")
 
 
 def test_every_typed_error_has_its_http_answer_in_one_table() -> None:
