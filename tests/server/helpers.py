@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -136,3 +137,19 @@ async def until(condition: Callable[[], bool], timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.005)
+
+
+def binary_request(
+    shape: list[int], blob: bytes, datatype: str = "FP32", **fields: Any
+) -> tuple[bytes, dict[str, str]]:
+    """A v2 request whose input `x` travels in the binary extension: its body and headers.
+    `fields` go into the JSON header beside `inputs` (`outputs`, `parameters`)."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": len(blob)}}
+            ],
+            **fields,
+        }
+    ).encode()
+    return header + blob, {"Inference-Header-Content-Length": str(len(header)), "content-type": "application/json"}

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from model_server.gpu import GpuSample
 from testsupport.onnx_models import affine_model, int_model, save_model
 
-from .helpers import HeldRuntime, make_settings, running_server, until
+from .helpers import HeldRuntime, binary_request, make_settings, running_server, until
 
 RNG = np.random.default_rng(7)
 W1, B1 = RNG.standard_normal((4, 3)).astype(np.float32), RNG.standard_normal(3).astype(np.float32)
@@ -107,29 +107,9 @@ async def test_v2_infer_flat_and_nested_with_id(server):
 
 async def test_v2_binary_tensor_extension(server):
     x = RNG.standard_normal((3, 4)).astype(np.float32)
-    blob = x.tobytes()
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "shape": [3, 4],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": len(blob)},
-                }
-            ],
-            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
+    content, headers = binary_request([3, 4], x.tobytes(), outputs=[{"name": "y", "parameters": {"binary_data": True}}])
     async with httpx.AsyncClient(base_url=server.url) as client:
-        r = await client.post(
-            "/v2/models/tiny/infer",
-            content=header + blob,
-            headers={
-                "Inference-Header-Content-Length": str(len(header)),
-                "Content-Type": "application/octet-stream",
-            },
-        )
+        r = await client.post("/v2/models/tiny/infer", content=content, headers=headers)
     assert r.status_code == 200, r.text
     length = int(r.headers["Inference-Header-Content-Length"])
     meta = json.loads(r.content[:length])
@@ -144,31 +124,14 @@ async def test_non_finite_outputs_are_null_in_json_and_exact_in_binary(server):
     answer (valid JSON, as strict as the requests), and exact in the binary extension."""
     x = np.zeros((3, 4), np.float32)
     x[0, 0], x[1, 0] = np.inf, np.nan
-    blob = x.tobytes()
     with np.errstate(invalid="ignore"):
         expected = ref(x)
     assert not np.isfinite(expected[:2]).any() and np.isfinite(expected[2]).all()
     answers = {}
     async with httpx.AsyncClient(base_url=server.url) as client:
         for binary in (False, True):
-            header = json.dumps(
-                {
-                    "inputs": [
-                        {
-                            "name": "x",
-                            "shape": [3, 4],
-                            "datatype": "FP32",
-                            "parameters": {"binary_data_size": len(blob)},
-                        }
-                    ],
-                    "parameters": {"binary_data_output": binary},
-                }
-            ).encode()
-            answers[binary] = await client.post(
-                "/v2/models/tiny/infer",
-                content=header + blob,
-                headers={"Inference-Header-Content-Length": str(len(header))},
-            )
+            content, headers = binary_request([3, 4], x.tobytes(), parameters={"binary_data_output": binary})
+            answers[binary] = await client.post("/v2/models/tiny/infer", content=content, headers=headers)
     as_json = answers[False]
     assert as_json.status_code == 200, as_json.text
     data = json.loads(as_json.content, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))["outputs"][0][

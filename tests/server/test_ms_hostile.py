@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from model_server.backends.onnx import OnnxBackend
 from testsupport.onnx_models import affine_model, save_model
 
-from .helpers import make_settings, running_server
+from .helpers import binary_request, make_settings, running_server
 
 X_OK = {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}
 SECRET = "/var/secret/path-of-the-runtime"
@@ -41,13 +41,6 @@ def server(tmp_path_factory):
     factory = lambda p, s, v, i: Exploding(p, providers=s.providers, intra_op_threads=1)  # noqa: E731
     with running_server(settings, backend_factory=factory) as running:
         yield running
-
-
-def binary_request(shape: list[int], blob: bytes, datatype: str = "FP32") -> tuple[bytes, dict[str, str]]:
-    header = json.dumps(
-        {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "parameters": {"binary_data_size": len(blob)}}]}
-    ).encode()
-    return header + blob, {"Inference-Header-Content-Length": str(len(header)), "content-type": "application/json"}
 
 
 @pytest.mark.parametrize(
