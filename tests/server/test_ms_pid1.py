@@ -27,9 +27,13 @@ pytestmark = pytest.mark.skipif(
 
 
 def as_pid_1(command: list[str], log: pathlib.Path) -> tuple[subprocess.Popen, int]:
-    """`command` as PID 1 of a new PID namespace; the unshare process and the command's own pid."""
+    """`command` as PID 1 of a new PID namespace with its own /proc, as in a container (vLLM's CPU
+    worker reads /proc/<its pid>/status: under the host's /proc it read another process's, or
+    failed when no host process had that pid); the unshare process and the command's own pid."""
     outer = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", *command], stdout=log.open("wb"), stderr=subprocess.STDOUT
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *command],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 10
     while True:
