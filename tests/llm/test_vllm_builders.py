@@ -15,7 +15,7 @@ import yaml
 from inference_operator.builders import Owner, build_all, build_deployment, build_inference_pool, build_service
 from inference_operator.builders.common import selector_labels
 from inference_operator.builders.storage import MODEL_DIR, cache_key
-from inference_operator.builders.vllm import FRONT, as_pid_1, pre_stop_command
+from inference_operator.builders.vllm import FRONT, pre_stop_command, under_init
 from inference_operator.models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, SpecError, parse_spec
 from inference_operator.settings import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
 from testsupport.crd import ROOT, addon_errors, apply_defaults, crd_schema
@@ -76,7 +76,7 @@ def test_vllm_command_line_is_operator_flags_then_engine_args_each_one_token() -
     spec = vllm_spec(maxModelLen=8192, port=8000, args=["--max-num-seqs=64", "--enable-prefix-caching"])
     container = container_of(build_deployment(owner(spec)))
     assert container["name"] == "vllm"
-    assert container["command"] == as_pid_1(["python3", "-m", "vllm.entrypoints.openai.api_server"])
+    assert container["command"] == under_init(["python3", "-m", "vllm.entrypoints.openai.api_server"])
     assert container["args"] == [
         f"--model={MODEL_DIR}",
         "--served-model-name=llama",

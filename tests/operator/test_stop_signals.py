@@ -20,8 +20,7 @@ import pytest
 import yaml
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.builders.vllm import INIT_SCRIPT
-from inference_operator.builders.vllm import as_pid_1 as as_init
+from inference_operator.builders.vllm import INIT_SCRIPT, under_init
 from inference_operator.models import parse_spec
 from tests.chart.conftest import helm as chart_helm  # noqa: F401  (the fixture: Helm, or a skip)
 from tests.server.test_ms_pid1 import as_pid_1, seconds_to_exit
@@ -123,7 +122,7 @@ def test_every_vllm_container_runs_vllm_under_the_init_script() -> None:
 def test_the_init_script_passes_a_sigterm_on_to_the_engine_and_its_status_back(
     tmp_path: pathlib.Path, engine: str, status: int
 ) -> None:
-    outer, pid = as_pid_1(as_init([sys.executable, "-c", engine]), tmp_path / "init.log")
+    outer, pid = as_pid_1(under_init([sys.executable, "-c", engine]), tmp_path / "init.log")
     deadline = time.monotonic() + 10
     while not subprocess.run(["pgrep", "-P", str(pid)], capture_output=True).stdout:  # the engine started
         assert time.monotonic() < deadline
@@ -140,7 +139,7 @@ def test_the_init_script_reaps_the_orphans_it_inherits(tmp_path: pathlib.Path) -
     # The engine's child starts a grandchild and exits at once: the grandchild is orphaned to
     # PID 1, and exits half a second later.
     engine = f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"
-    outer, pid = as_pid_1(as_init([sys.executable, "-c", engine]), tmp_path / "init.log")
+    outer, pid = as_pid_1(under_init([sys.executable, "-c", engine]), tmp_path / "init.log")
     time.sleep(2)
     children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     states = [pathlib.Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] for c in children]

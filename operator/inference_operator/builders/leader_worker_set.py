@@ -21,11 +21,11 @@ from ..jsontypes import JsonObject
 from ..kinds import LEADER_WORKER_SET
 from .common import MASTER_PORT, Owner, object_meta
 from .deployment import build_deployment, desired_replicas
-from .vllm import CONTAINER, FRONT, as_pid_1
+from .vllm import CONTAINER, FRONT, under_init
 
 # vLLM's entry point for a headless node: the CLI (`vllm serve --headless`); the API server
 # module the leader runs has no headless mode.
-WORKER_COMMAND = as_pid_1(["python3", "-m", "vllm.entrypoints.cli.main", "serve"])
+WORKER_COMMAND = under_init(["python3", "-m", "vllm.entrypoints.cli.main", "serve"])
 
 
 def multi_node_args(owner: Owner, rank: str) -> list[str]:

@@ -61,14 +61,14 @@ while True:
 """
 
 
-def as_pid_1(command: list[str]) -> list[str]:
+def under_init(command: list[str]) -> list[str]:
     """`command` run under INIT_SCRIPT, which is PID 1 in its stead."""
     return ["python3", "-c", INIT_SCRIPT, *command]
 
 
 # The module rather than the `vllm` CLI: the same in every image, whatever the distribution's name.
 ENGINE_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-COMMAND = as_pid_1(ENGINE_COMMAND)
+COMMAND = under_init(ENGINE_COMMAND)
 HEALTH_PATH = "/health"
 # vLLM finishes the generations it is streaming when it stops; a long completion takes a while.
 VLLM_TERMINATION_GRACE_SECONDS = 60
