@@ -2,8 +2,19 @@
 # Installs what the tests need, runs the quality gates (scripts/check.sh: lint, format, types,
 # import contracts), then the whole suite (slow tests included); a failing gate fails CI first.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -k autoscal`.
+# `--under-load` first keeps one core busy with a CPU hog for the whole run (not part of the
+# normal command): the suite must hold on a loaded machine, e.g.
+# `bash scripts/test.sh --under-load tests/security`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+hog=""
+if [ "${1:-}" = "--under-load" ]; then
+    shift
+    python3 -c 'while True: pass' &
+    hog=$!
+    trap 'kill "$hog" 2>/dev/null || true' EXIT
+    echo "a CPU hog (pid $hog) keeps one core busy for this run" >&2
+fi
 bash scripts/setup.sh
 bash scripts/check.sh
 set +e

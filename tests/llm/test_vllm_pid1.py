@@ -1,7 +1,8 @@
 """Real vLLM (CPU) as its pod runs it, PID 1 of its own PID namespace, stopped while it imports:
-a pod deleted as it starts. vLLM's first SIGTERM handler comes only after its imports (about 7 s
-of a free core): as PID 1 itself the signal was dropped and vLLM went on to load its model and
-serve; under the operator's init it ends at once."""
+a pod deleted as it starts. vLLM's first SIGTERM handler comes only after its imports: as PID 1
+itself the signal was dropped and vLLM went on to load its model and serve; under the operator's
+init it ends before it gets past them. Each case waits for its event (the exit, a log line of
+vLLM's next steps), never for a window, so a loaded machine only makes it slower."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import pathlib
 import shutil
 import signal
-import subprocess
 import time
 
 import pytest
@@ -24,16 +24,19 @@ from tests.llm.conftest import (
 from tests.server.test_ms_pid1 import as_pid_1
 from testsupport.processes import free_port
 from testsupport.vllm import kubelet_command, kubelet_env
+from testsupport.waiting import eventually
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(300),
+    pytest.mark.timeout(600),
     pytest.mark.skipif(shutil.which("unshare") is None, reason="a PID namespace needs unshare"),
 ]
 
 MOUNT = "/mnt/models"
 # What vLLM logs once past its imports: loading the model, warming it up, serving.
 GONE_ON = ("Loading weights", "Warming up model", "Starting vLLM", "Application startup complete")
+#: How long either event may take on a loaded 2-core machine: past it, the event is missing.
+LOADED_MACHINE_S = 240
 
 
 def rendered_vllm() -> dict:
@@ -54,23 +57,22 @@ def test_a_sigterm_while_vllm_imports(tmp_path: pathlib.Path, tiny_llama: pathli
     command = kubelet_command(container, {MOUNT: tiny_llama}, "127.0.0.1", free_port())
     # `env` execs the command: the namespace's PID 1 is the init, or vLLM.
     outer, pid = as_pid_1(["env", "-i", *[f"{k}={v}" for k, v in env.items()], *command], tmp_path / "vllm.log")
+    log = tmp_path / "vllm.log"
     time.sleep(1.0)  # importing: its first handler is seconds away
     os.kill(pid, signal.SIGTERM)
-    started = time.monotonic()
     try:
-        outer.wait(30 if init else 45)
-    except subprocess.TimeoutExpired:
-        outer.kill()
-        outer.wait()
-        took = None
-    else:
-        took = time.monotonic() - started
-    log = (tmp_path / "vllm.log").read_text()
-    print(f"init={init}: {'still running' if took is None else f'exited {took:.1f} s'} after SIGTERM")
-    if init:
-        assert took is not None and took < 5, log[-2000:]
-        assert not any(step in log for step in GONE_ON), log[-2000:]
-    else:  # what the init is for: the signal was lost, and vLLM went on to serve
-        assert took is None, log[-2000:]
-        # Past its imports, on to its model (how far in 45 s depends on the machine's load).
-        assert any(step in log for step in GONE_ON), log[-2000:]
+        if init:  # the event: the namespace ends, and it ends before vLLM gets anywhere
+            eventually(lambda: outer.poll() is not None, timeout=LOADED_MACHINE_S, what="the init's exit")
+            assert not any(step in log.read_text() for step in GONE_ON), log.read_text()[-2000:]
+            assert outer.returncode != 0, "vLLM's status (killed by SIGTERM) passed back"
+        else:  # what the init is for: the signal was lost, and vLLM went on past its imports
+            eventually(
+                lambda: any(step in log.read_text() for step in GONE_ON) or outer.poll() is not None,
+                timeout=LOADED_MACHINE_S,
+                what="vLLM past its imports",
+            )
+            assert outer.poll() is None, f"vLLM exited ({outer.returncode}): {log.read_text()[-2000:]}"
+    finally:
+        if outer.poll() is None:
+            outer.kill()
+            outer.wait()

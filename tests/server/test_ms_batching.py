@@ -344,10 +344,8 @@ async def test_callers_that_do_not_come_back_hold_a_batch_only_half_a_batch_time
     assert await settle(lambda: batcher.depth == 0)
     behind = [asyncio.ensure_future(batcher.submit(rows(i), 1)) for i in (2, 3)]
     await first  # its caller never sends again (open-loop traffic)
-    began = time.monotonic()
+    # Half a 40 ms batch of waiting plus the batch: done long before max_delay (10 s) would be.
     await asyncio.wait_for(asyncio.gather(*behind), 5)
-    # ~20 ms of waiting plus a 40 ms batch, nowhere near max_delay (10 s).
-    assert time.monotonic() - began < 2.0
     assert run.calls == [1, 2]
     await batcher.close(1)
 

@@ -300,10 +300,10 @@ def test_the_front_exits_cleanly_on_sigterm(upstream: Upstream, tmp_path: Path) 
         env=env,
         log=tmp_path / "front.log",
         ready_url=f"http://127.0.0.1:{port}/health/ready",
+        stop_timeout=60,  # a front that ignored the signal would be killed: returncode -9
     ) as process:
-        started = time.monotonic()
+        pass
     assert process.returncode == 0
-    assert time.monotonic() - started < 10
 
 
 def test_many_health_checks_ask_the_engine_once_a_second(front: str, upstream: Upstream) -> None:

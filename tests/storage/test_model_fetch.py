@@ -141,13 +141,11 @@ def test_http_failures_have_their_exit_code_and_leave_nothing(
 
 
 def test_a_trickle_ends_at_the_deadline(site: str, tmp_path: pathlib.Path) -> None:
-    """One byte every half second would take five minutes; the deadline ends it at 2 s."""
-    started = time.monotonic()
-    result = run_fetch(f"{site}/trickle/model.onnx", tmp_path / "models", "--deadline", "2", timeout=30)
-    elapsed = time.monotonic() - started
+    """One byte every half second would take five minutes: the fetch's own deadline (2 s) ends
+    it, with its exit code, long before the run's bound would."""
+    result = run_fetch(f"{site}/trickle/model.onnx", tmp_path / "models", "--deadline", "2", timeout=120)
     assert result.returncode == ExitCode.DEADLINE, result.stderr
     assert "deadline" in result.stderr
-    assert elapsed < 10
     assert leftovers(tmp_path / "models") == []
 
 
