@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The quality gates, run by scripts/test.sh before the tests (and by hand: `bash scripts/check.sh`):
-# lint, format, types, import contracts and the generated CRD's freshness. Each names what is wrong; the first failure stops CI.
+# lint, format, types, import contracts and the freshness of the generated CRD and reference page.
+# Each names what is wrong; the first failure stops CI.
 # Uses the project's .venv (scripts/setup.sh installs the `dev` extra into it), or $VENV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,4 +18,5 @@ step "ruff format --check"; "$bin/ruff" format --check --no-cache .
 step "mypy";                "$bin/mypy"
 step "import contracts";    "$bin/lint-imports" --no-cache
 step "CRD up to date";      "$bin/python" -m inference_operator.crd --check
+step "reference up to date"; "$bin/python" -m inference_operator.reference --check
 echo "gates passed" >&2

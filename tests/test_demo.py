@@ -9,6 +9,9 @@ import pytest
 
 from testsupport.crd import ROOT
 
+# The command README.md and docs/getting-started.md give: an install, then scripts/demo.py.
+DEMO_COMMAND = "bash scripts/demo.sh"
+
 
 @pytest.mark.slow
 @pytest.mark.integration
@@ -24,3 +27,12 @@ def test_demo_serves_the_applied_service() -> None:
     table = out.split("kubectl get ris -n ml", 1)[1].splitlines()
     assert table[2].split()[:4] == ["resnet-2gpu", "True", "1", "2"]
     assert "'model_version': '3'" in out  # the spec's model.version reached the server
+
+
+def test_the_demo_command_ends_in_the_demo_this_module_runs() -> None:
+    """`bash scripts/demo.sh` installs, then runs scripts/demo.py, the program the test above runs
+    (a demo.sh that ran anything else would leave the documented command untested)."""
+    script = ROOT / DEMO_COMMAND.split()[1]
+    lines = [line.strip() for line in script.read_text().splitlines()]
+    steps = [line for line in lines if line and not line.startswith(("#", "set ", "cd "))]
+    assert steps and "scripts/demo.py" in steps[-1], steps

@@ -1,5 +1,5 @@
 """The chart's Grafana dashboard drawn as a picture from the series a real Prometheus returned for
-its panels, laid out as Grafana lays it out (`gridPos` on its 24-column grid), so README can show
+its panels, laid out as Grafana lays it out (`gridPos` on its 24-column grid), so the docs can show
 the dashboard populated from the real-pods tier where no Grafana runs.
 
 The series come as snapshots, one per Prometheus (each tier module runs its own): for each panel

@@ -10,9 +10,10 @@ becomes `kubectl explain` text), put any cross-field check next to it as a CEL r
 `cel(...)` in that model's `model_config` `json_schema_extra` (or the field's own
 `json_schema_extra`), guarding every field the rule reads with `has()`: the API server evaluates
 rules against defaults and partial objects, and the model runs the same rules itself (no Python
-copy of a rule). Then run `python -m inference_operator.crd`, add the field to the README's spec
-table, and commit the regenerated files with the model; tests/operator/test_crd_cel.py runs every
-rule on the defaults, on partial and on full objects.
+copy of a rule). Then run `python -m inference_operator.crd` and `python -m
+inference_operator.reference` (docs/reference.md), add the field to the spec table of
+docs/inferenceservice.md, and commit the regenerated files with the model;
+tests/operator/test_crd_cel.py runs every rule on the defaults, on partial and on full objects.
 """
 
 from __future__ import annotations

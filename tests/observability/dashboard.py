@@ -149,7 +149,7 @@ def snapshot(prometheus_url: str, engine: str, namespace: str, model: str, secon
 
 def save_snapshot(name: str, prometheus_url: str, engine: str, namespace: str, model: str) -> pathlib.Path | None:
     """`snapshot(...)` written to $RIO_DASHBOARD_SNAPSHOTS/NAME.json, where that is set (a run
-    that makes README's picture); nothing otherwise."""
+    that makes the docs' picture, docs/dashboard.png); nothing otherwise."""
     directory = os.environ.get(SNAPSHOTS_ENV)
     if not directory:
         return None

@@ -1,6 +1,6 @@
 """The dashboard drawn from snapshots of Prometheus answers (testsupport/dashboard_picture.py), as
-README's picture is made from the real-pods tier's: every panel in its place, each series with its
-Grafana legend, a panel without data says so and why."""
+the docs' picture (docs/dashboard.png) is made from the real-pods tier's: every panel in its
+place, each series with its Grafana legend, a panel without data says so and why."""
 
 from __future__ import annotations
 

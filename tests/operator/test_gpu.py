@@ -423,7 +423,7 @@ def test_vram_bounds_are_exact_decimals() -> None:
     assert Decimal(parse_quantity("191.5Gi")) == Decimal(191.5) * 2**30
 
 
-# --- render: the operator's GPU settings as flags, and the per-pod GPU view the README shows
+# --- render: the operator's GPU settings as flags, and the per-pod GPU view docs/gpu-allocation.md shows
 
 
 def run_render(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -475,18 +475,18 @@ def test_render_refuses_bad_gpu_settings_by_name(args: list[str], env: dict, mes
     assert result.returncode == 2 and message in result.stderr and result.stdout == ""
 
 
-def test_the_readme_gpu_snippets_are_the_render_output() -> None:
+def test_the_docs_gpu_snippets_are_the_render_output() -> None:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "readme_gpu_view.py"), "--check"],
+        [sys.executable, str(ROOT / "scripts" / "docs_gpu_view.py"), "--check"],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "gpu-allocation.md").read_text()
     for example in ("llama-torch-8gpu", "bert-cpx-mixed", "resnet-dra"):
-        assert f"<!-- render: --gpu-view -f examples/{example}.yaml -->" in readme
+        assert f"<!-- render: --gpu-view -f examples/{example}.yaml -->" in page
 
 
 def test_the_operator_refuses_to_start_on_a_bad_gpu_setting() -> None:

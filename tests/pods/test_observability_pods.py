@@ -347,7 +347,7 @@ def test_every_dashboard_query_returns_data(
             httpx.post(service, json=request(spin), timeout=30)
         checked = {q.panel for q in dashboard.queries() if "model-server" in q.engines}
         dashboard.wait_for_data(prometheus.url, "model-server", NS, NAME, timeout=60)
-        dashboard.save_snapshot("model-server", prometheus.url, "model-server", NS, NAME)  # for README's picture
+        dashboard.save_snapshot("model-server", prometheus.url, "model-server", NS, NAME)  # for the docs' picture
     finally:
         load.stop()
     assert set(dashboard.NO_SERIES_ON_THE_TIER) <= checked

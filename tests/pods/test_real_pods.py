@@ -587,7 +587,7 @@ def test_a_service_whose_model_never_loads_answers_503_after_its_wait(
     FIGURES["InferenceColdStartTimedOut: the 503 to firing (s)"] = time.monotonic() - started - waited
     assert (firing["labels"]["namespace"], firing["labels"]["service"]) == (NS, "never"), firing
     assert [a["labels"]["service"] for a in alerts(prometheus, "InferenceColdStartTimedOut")] == ["never"]  # not idle
-    dashboard.save_snapshot("activator", prometheus.url, "activator", NS, IDLE)  # for README's picture
+    dashboard.save_snapshot("activator", prometheus.url, "activator", NS, IDLE)  # for the docs' picture
     node.kubectl("delete", "ris", "never", "-n", NS, "--wait=false")
 
 

@@ -716,7 +716,7 @@ def test_the_dashboards_llm_panels_return_data(node: NodeCluster, prometheus: Po
             complete(address, model)
 
     dashboard.wait_for_data(prometheus.url, "vllm", NS, NAME, timeout=60, interval=0.5, before_each=requests)
-    dashboard.save_snapshot("vllm", prometheus.url, "vllm", NS, NAME)  # for README's picture
+    dashboard.save_snapshot("vllm", prometheus.url, "vllm", NS, NAME)  # for the docs' picture
 
 
 def sidecar_restarts(node: NodeCluster) -> int:

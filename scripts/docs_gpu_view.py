@@ -1,7 +1,7 @@
-"""Fill the README's GPU allocation snippets from real `render --gpu-view` output.
+"""Fill the GPU allocation page's snippets (docs/gpu-allocation.md) from real `render --gpu-view` output.
 
-    python scripts/readme_gpu_view.py            # rewrite the snippets in README.md
-    python scripts/readme_gpu_view.py --check    # exit 1 naming each stale snippet (a test runs this)
+    python scripts/docs_gpu_view.py            # rewrite the snippets in docs/gpu-allocation.md
+    python scripts/docs_gpu_view.py --check    # exit 1 naming each stale snippet (a test runs this)
 
 Each snippet is a fenced yaml block right after a marker line naming the command line:
 
@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "gpu-allocation.md"
 SNIPPET = re.compile(r"(<!-- render: (?P<args>[^>]*?) -->\n```yaml\n)(?P<body>.*?)(```)", re.S)
 # Snippets show what the chart's defaults give; the operator's environment must not leak in.
 CLEAN_ENV_PREFIX = "INFERENCE_OPERATOR_GPU_"
@@ -43,7 +43,7 @@ def render(args: str) -> str:
 
 
 def refreshed(text: str) -> tuple[str, list[str]]:
-    """The README with every snippet re-rendered, and the command lines whose snippet changed."""
+    """The page with every snippet re-rendered, and the command lines whose snippet changed."""
     stale: list[str] = []
 
     def fill(match: re.Match[str]) -> str:
@@ -59,16 +59,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="report stale snippets instead of rewriting them")
     args = parser.parse_args()
-    text = README.read_text()
+    text = PAGE.read_text()
     new, stale = refreshed(text)
     if not SNIPPET.search(text):
-        print("README.md has no render snippets", file=sys.stderr)
+        print(f"{PAGE} has no render snippets", file=sys.stderr)
         return 1
     if args.check:
         for command in stale:
-            print(f"README.md: stale snippet for `render {command}` (run python scripts/readme_gpu_view.py)")
+            print(f"{PAGE}: stale snippet for `render {command}` (run python scripts/docs_gpu_view.py)")
         return 1 if stale else 0
-    README.write_text(new)
+    PAGE.write_text(new)
     return 0
 
 
