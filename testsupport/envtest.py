@@ -129,6 +129,40 @@ class ApiServer:
     operator_token: str
     # The processes by name ("etcd", "kube-apiserver"): what a benchmark reads their CPU time from.
     pids: dict[str, int] = dataclasses.field(default_factory=dict)
+    # How each was started (arguments, log), and the running process: what `restart` repeats.
+    commands: dict[str, tuple[list[str], pathlib.Path]] = dataclasses.field(default_factory=dict)
+    processes: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
+
+    def start(self) -> None:
+        """etcd, then kube-apiserver, as `commands` says (their logs appended); ready on return."""
+        for name in ("etcd", "kube-apiserver"):
+            args, log = self.commands[name]
+            with log.open("ab") as out:
+                self.processes[name] = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            self.pids[name] = self.processes[name].pid
+        apiserver = self.processes["kube-apiserver"]
+        with self.client() as client:
+            deadline = time.monotonic() + 120
+            while True:
+                assert apiserver.poll() is None, (self.work / "apiserver.log").read_text()[-3000:]
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get("/readyz").status_code == 200:
+                        return
+                assert time.monotonic() < deadline, "kube-apiserver not ready in 120 s"
+                time.sleep(0.3)
+
+    def stop(self) -> None:
+        """kube-apiserver, then etcd, stopped as a node's shutdown stops them (SIGTERM)."""
+        for name in ("kube-apiserver", "etcd"):
+            if name in self.processes:
+                stop(self.processes.pop(name))
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Both stopped, `down_s` seconds of no API server, both started again on the same ports
+        and data: what a control plane's restart (an upgrade, a node reboot) looks like to clients."""
+        self.stop()
+        time.sleep(down_s)
+        self.start()
 
     @property
     def audit_log(self) -> pathlib.Path:
@@ -264,20 +298,10 @@ def running_apiserver(work: pathlib.Path, directory: pathlib.Path, audit_reads: 
         "--audit-log-maxsize=1000000",
     ]
     server.url = f"https://127.0.0.1:{api_port}"
-    with contextlib.ExitStack() as stack:
-        for args, log in ((etcd, "etcd.log"), (apiserver, "apiserver.log")):
-            out = stack.enter_context((work / log).open("wb"))
-            process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
-            server.pids[pathlib.Path(args[0]).name] = process.pid
-            stack.callback(stop, process)
-        with server.client() as client:
-            deadline = time.monotonic() + 120
-            while True:
-                assert process.poll() is None, (work / "apiserver.log").read_text()[-3000:]
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get("/readyz").status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "kube-apiserver not ready in 120 s"
-                time.sleep(0.3)
+    server.commands = {"etcd": (etcd, work / "etcd.log"), "kube-apiserver": (apiserver, work / "apiserver.log")}
+    try:
+        server.start()
         _write_rbac(server)
         yield server
+    finally:
+        server.stop()
