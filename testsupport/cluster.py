@@ -22,6 +22,7 @@ import yaml
 from inference_operator.jsontypes import JsonObject
 from inference_operator.k8s import KubeApi, Ref
 from testsupport.emulator import CR_RESOURCE, ClusterEmulator
+from testsupport.waiting import eventually
 
 DEPLOYMENTS = "apps/v1/deployments"
 
@@ -201,15 +202,9 @@ def condition(obj: JsonObject | None, type_: str) -> JsonObject | None:
 def wait_for(
     predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05, message: str = "condition"
 ) -> Any:
-    """Poll until `predicate()` is truthy; return its value or fail naming what we waited for."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        time.sleep(interval)
+    """Poll until `predicate()` is truthy; return its value or fail naming what we waited for
+    (`eventually`, with this module's names)."""
+    return eventually(predicate, timeout=timeout, interval=interval, what=message)
 
 
 def wait_quiet(read: Callable[[], Any], quiet: float = 0.5, timeout: float = 20, message: str = "quiet") -> Any:

@@ -30,6 +30,7 @@ import yaml
 from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
 from inference_operator.jsontypes import JsonObject
 from testsupport.processes import free_port, stop
+from testsupport.waiting import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RBAC = ROOT / "charts" / "rocm-inference-operator" / "files" / "rbac"
@@ -142,14 +143,12 @@ class ApiServer:
             self.pids[name] = self.processes[name].pid
         apiserver = self.processes["kube-apiserver"]
         with self.client() as client:
-            deadline = time.monotonic() + 120
-            while True:
+
+            def ready() -> bool:
                 assert apiserver.poll() is None, (self.work / "apiserver.log").read_text()[-3000:]
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get("/readyz").status_code == 200:
-                        return
-                assert time.monotonic() < deadline, "kube-apiserver not ready in 120 s"
-                time.sleep(0.3)
+                return client.get("/readyz").status_code == 200
+
+            eventually(ready, timeout=120, interval=0.3, what="kube-apiserver", ignore=(httpx.HTTPError,))
 
     def stop(self) -> None:
         """kube-apiserver, then etcd, stopped as a node's shutdown stops them (SIGTERM)."""

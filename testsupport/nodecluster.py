@@ -56,6 +56,7 @@ from testsupport.node_config import (
     write_pki,
 )
 from testsupport.processes import free_port
+from testsupport.waiting import NeverHappened, eventually
 
 CGROUP_BASE = pathlib.Path("/sys/fs/cgroup")
 NETNS_DIR = pathlib.Path("/var/run/netns")
@@ -143,12 +144,10 @@ def _kill(pids: list[int], sig: int) -> None:
 
 
 def _wait_gone(check: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not check():
-            return True
-        time.sleep(0.1)
-    return not check()
+    try:
+        return eventually(lambda: not check(), timeout=seconds, interval=0.1, what="gone")
+    except NeverHappened:
+        return False
 
 
 def _cgroup_dirs() -> list[pathlib.Path]:
@@ -384,8 +383,8 @@ def _start(
 
 
 def _wait(what: str, check: Any, seconds: float, processes: list[subprocess.Popen[bytes]], work: pathlib.Path) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
+
+    def done() -> bool:
         for process in processes:
             if process.poll() is not None:
                 name = pathlib.Path(str(process.args[0])).name  # type: ignore[index]
@@ -393,10 +392,10 @@ def _wait(what: str, check: Any, seconds: float, processes: list[subprocess.Pope
                 tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
                 raise AssertionError(f"{name} exited ({process.returncode}) while waiting for {what}:\n{tail}")
         with contextlib.suppress(Exception):
-            if check():
-                return
-        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
-        time.sleep(0.25)
+            return bool(check())
+        return False
+
+    eventually(done, timeout=seconds, interval=0.25, what=what)
 
 
 def _pause_image(work: pathlib.Path) -> str:

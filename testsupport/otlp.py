@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from testsupport.waiting import eventually
 
 
 @dataclass(frozen=True)
@@ -87,14 +88,14 @@ class Receiver:
 
     def wait_for(self, condition: Callable[[list[ReceivedSpan]], bool], timeout: float = 30) -> list[ReceivedSpan]:
         """Until `condition(spans so far)` holds; the spans then."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def arrived() -> tuple[list[ReceivedSpan]] | None:
             with self.lock:
                 spans = list(self.spans)
-            if condition(spans):
-                return spans
-            assert time.monotonic() < deadline, f"spans never arrived as expected; got {[s.name for s in spans]}"
-            time.sleep(0.02)
+            return (spans,) if condition(spans) else None  # a tuple: no spans may be what is awaited
+
+        (found,) = eventually(arrived, timeout=timeout, interval=0.02, what="the spans expected")
+        return found
 
 
 @contextlib.contextmanager

@@ -13,11 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
+
+from testsupport.waiting import NeverHappened, eventually
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -81,15 +82,16 @@ def wait_http(
     log: pathlib.Path | None = None,
 ) -> None:
     """Poll `url` until it answers 200; fail at once if `process` exits first (with its log)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{url}: the process exited with {process.returncode}{_tail(log)}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout}s{_tail(log)}")
+        return httpx.get(url, timeout=2).status_code == 200
+
+    try:
+        eventually(ready, timeout=timeout, interval=0.1, what=url, ignore=(httpx.HTTPError,))
+    except NeverHappened as exc:
+        raise RuntimeError(f"{url} not ready after {timeout}s{_tail(log)}") from exc
 
 
 def stop(process: subprocess.Popen[Any], timeout: float = 10, sig: int = signal.SIGTERM) -> int:

@@ -29,7 +29,7 @@ def _failure(what: str, timeout: float, last: object, error: BaseException | Non
 
 
 def eventually(
-    probe: Callable[[], T],
+    probe: Callable[[], T | None],
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = 0.05,
@@ -54,7 +54,7 @@ def eventually(
 
 
 async def eventually_async(
-    probe: Callable[[], T | Awaitable[T]],
+    probe: Callable[[], T | None | Awaitable[T | None]],
     *,
     timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = 0.05,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from testsupport.waiting import NeverHappened, eventually
+
 DASHBOARD = (
     pathlib.Path(__file__).resolve().parents[2] / "charts/rocm-inference-operator/dashboards/rocm-inference.json"
 )
@@ -113,10 +115,10 @@ def wait_for_data(
         empty.update(without_data(prometheus_url, engine, namespace, model))
         return not empty
 
-    deadline = time.monotonic() + timeout
-    while not every_query_has_data():
-        assert time.monotonic() < deadline, f"panels still without data after {timeout:g}s: {empty}"
-        time.sleep(interval)
+    try:
+        eventually(every_query_has_data, timeout=timeout, interval=interval, what="every panel's data")
+    except NeverHappened as exc:
+        raise AssertionError(f"panels still without data after {timeout:g}s: {empty}") from exc
 
 
 # Where the tier's modules leave their snapshots for testsupport/dashboard_picture.py, when set.

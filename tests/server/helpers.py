@@ -3,12 +3,10 @@ themselves come from testsupport.onnx_models)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from model_server.app import create_app
 from model_server.backends.base import Backend
 from model_server.settings import ServerSettings
+from testsupport.waiting import eventually, eventually_async
 
 
 def make_settings(model: Path, **overrides) -> ServerSettings:
@@ -53,23 +52,17 @@ class RunningServer:
 
     def wait_scanned(self, timeout: float = 30) -> None:
         """Until the repository's first scan has finished (the server runs in another thread)."""
-        deadline = time.monotonic() + timeout
-        while not self.state.repository.scanned:
-            assert time.monotonic() < deadline, "the first model scan did not finish"
-            time.sleep(0.01)
+        eventually(lambda: self.state.repository.scanned, timeout=timeout, interval=0.01, what="the first scan")
 
 
 def wait_started(app: Any, started: Callable[[], bool], wait_ready: bool, timeout: float = 30) -> None:
     """Until `started()` (the server thread listens) and, with `wait_ready`, the model is ready."""
-    deadline = time.monotonic() + timeout
-    while not started():
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
+    eventually(started, timeout=timeout, interval=0.01, what="the server's start")
     if wait_ready:
         repo = app.state.server.repository
-        while repo.not_ready_reason() is not None:
-            assert time.monotonic() < deadline, f"model not ready: {repo.not_ready_reason()}"
-            time.sleep(0.01)
+        eventually(
+            lambda: repo.not_ready_reason() is None, timeout=timeout, interval=0.01, what="the model's readiness"
+        )
 
 
 @contextlib.contextmanager
@@ -133,10 +126,7 @@ class HeldRuntime:
 
 async def until(condition: Callable[[], bool], timeout: float = 30) -> None:
     """Poll `condition` on the running loop (the server runs in another thread)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
+    await eventually_async(condition, timeout=timeout, interval=0.005)
 
 
 def binary_request(

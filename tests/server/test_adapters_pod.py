@@ -18,7 +18,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from inference_operator.models import parse_spec
 from tests.http_stub import QuietHandler, serving
 from testsupport.processes import free_port, stop, wait_http
 from testsupport.vllm import local_path
+from testsupport.waiting import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "rocm-inference-operator"
@@ -135,12 +135,7 @@ def pod(
 
 
 def wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
+    eventually(condition, timeout=timeout, interval=0.1, what=what)
 
 
 def s3_service(endpoint: str, adapters: dict[str, str]) -> dict:

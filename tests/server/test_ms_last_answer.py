@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol
 from testsupport.processes import free_port
+from testsupport.waiting import eventually
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "TCP_CORK"), reason="TCP_CORK is Linux's")
 
@@ -69,10 +70,7 @@ def serving(request: pytest.FixtureRequest) -> Iterator[tuple[uvicorn.Server, St
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
+    eventually(lambda: server.started, interval=0.01, what="the server's start")
     yield server, app, port
     server.should_exit = True
     thread.join(10)
@@ -124,11 +122,7 @@ def test_a_client_gone_before_the_last_answer_of_a_closing_connection_costs_no_e
     conn.sendall(b"GET /stream HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
     assert app.first_sent.wait(10) and app.loop is not None
     conn.close()
-    deadline = time.monotonic() + 10
-    while server.server_state.connections and time.monotonic() < deadline:  # the server saw it go
-        time.sleep(0.01)
-    assert not server.server_state.connections
+    eventually(lambda: not server.server_state.connections, interval=0.01, what="the server seeing the client go")
     app.loop.call_soon_threadsafe(app.go_on.set)
-    while not app.ended and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: app.ended, interval=0.01, what="the app's end")
     assert app.ended == [None]

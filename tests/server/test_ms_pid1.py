@@ -20,6 +20,7 @@ import pytest
 
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, serve_command
+from testsupport.waiting import eventually
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="a PID namespace needs root and unshare"
@@ -35,13 +36,12 @@ def as_pid_1(command: list[str], log: pathlib.Path) -> tuple[subprocess.Popen, i
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 10
-    while True:
-        children = subprocess.run(["pgrep", "-P", str(outer.pid)], capture_output=True, text=True).stdout.split()
-        if children:
-            return outer, int(children[0])
-        assert time.monotonic() < deadline, "the namespace's first process did not start"
-        time.sleep(0.01)
+    children = eventually(
+        lambda: subprocess.run(["pgrep", "-P", str(outer.pid)], capture_output=True, text=True).stdout.split(),
+        interval=0.01,
+        what="the namespace's first process",
+    )
+    return outer, int(children[0])
 
 
 def seconds_to_exit(outer: subprocess.Popen, pid: int, timeout: float) -> float:
@@ -66,7 +66,7 @@ def test_the_server_stops_on_a_sigterm_sent_while_it_starts(tmp_path: pathlib.Pa
     command = serve_command(repo, free_port(), "--model-name", "tiny", "--shutdown-delay", "0.5", "--no-watch")
     outer, pid = as_pid_1(command, tmp_path / "server.log")
     time.sleep(after)
-    took = seconds_to_exit(outer, pid, timeout=30)
+    took = seconds_to_exit(outer, pid, timeout=60)
     print(f"SIGTERM {after} s after start: exited {took:.1f} s later")
     assert outer.returncode == 0, (tmp_path / "server.log").read_text()[-2000:]
 
@@ -81,11 +81,9 @@ def test_the_fetcher_stops_on_sigterm_while_a_download_hangs(tmp_path: pathlib.P
     command = [sys.executable, "-m", "model_server.storage", url, str(tmp_path / "models"), "--deadline", "600"]
     outer, pid = as_pid_1(command, tmp_path / "fetch.log")
     try:
-        deadline = time.monotonic() + 30
-        while not accepted:  # the request is out and waits for an answer that never comes
-            assert time.monotonic() < deadline, (tmp_path / "fetch.log").read_text()
-            time.sleep(0.05)
-        took = seconds_to_exit(outer, pid, timeout=10)
+        # The request is out and waits for an answer that never comes.
+        eventually(lambda: accepted, what=f"the fetch's request ({(tmp_path / 'fetch.log')})")
+        took = seconds_to_exit(outer, pid, timeout=60)
     finally:
         listener.close()
     print(f"fetcher stopped {took:.2f} s after SIGTERM")
@@ -113,11 +111,9 @@ def test_the_adapters_sidecar_stops_on_a_sigterm_sent_while_it_imports(tmp_path:
         f"--dir={tmp_path / 'files'}", "--engine=http://127.0.0.1:9", f"--port={free_port()}", "--host=127.0.0.1",
     ]  # fmt: skip
     outer, pid = as_pid_1(command, tmp_path / "sidecar.log")
-    deadline = time.monotonic() + 30
-    while not catches(pid, signal.SIGTERM):
-        assert outer.poll() is None and time.monotonic() < deadline, (tmp_path / "sidecar.log").read_text()
-        time.sleep(0.002)
-    took = seconds_to_exit(outer, pid, timeout=10)
+    eventually(lambda: catches(pid, signal.SIGTERM) or outer.poll() is not None, interval=0.002, what="a handler")
+    assert outer.poll() is None, (tmp_path / "sidecar.log").read_text()
+    took = seconds_to_exit(outer, pid, timeout=60)
     print(f"sidecar stopped {took:.2f} s after SIGTERM")
     assert outer.returncode == 128 + signal.SIGTERM, (tmp_path / "sidecar.log").read_text()
     assert "adapters sidecar stopped by signal 15" in (tmp_path / "sidecar.log").read_text()

@@ -4,12 +4,10 @@ and SIGTERM draining every accepted request."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import threading
-import time
 
 import httpx
 import pytest
@@ -17,19 +15,15 @@ import pytest
 from model_server.lifecycle import Shutdown
 from testsupport.onnx_models import slow_scale_model
 from testsupport.processes import free_port, serve_command
+from testsupport.waiting import eventually, eventually_async
 
 
 async def poll(client: httpx.AsyncClient, url: str, predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            response = await client.get(url)
-            if predicate(response):
-                return response
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"timed out polling {url}"
-        await asyncio.sleep(0.05)
+    async def answer() -> httpx.Response | None:
+        response = await client.get(url)
+        return response if predicate(response) else None
+
+    return await eventually_async(answer, timeout=timeout, what=url, ignore=(httpx.TransportError,))
 
 
 def gauge(text: str, name: str) -> float:
@@ -145,21 +139,13 @@ def test_while_draining_responses_close_kept_alive_connections(tmp_path):
     body = {"data": [[1.0, 2.0, 3.0, 4.0]]}
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            deadline = time.monotonic() + 60
-            while True:
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get("/health/ready").status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "server not ready"
-                time.sleep(0.1)
+            ready = lambda: client.get("/health/ready").status_code == 200  # noqa: E731
+            eventually(ready, what="the server's readiness", ignore=(httpx.TransportError,))
             serving = client.post("/infer", json=body)
             assert serving.status_code == 200
             assert serving.headers.get("connection", "").lower() != "close"  # kept alive while serving
             proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while client.get("/health/ready").status_code != 503:
-                assert time.monotonic() < deadline, "readiness never turned false"
-                time.sleep(0.05)
+            eventually(lambda: client.get("/health/ready").status_code == 503, what="readiness turned false")
             for _ in range(3):  # each on a new connection, each answered and closed
                 draining = client.post("/infer", json=body)
                 assert draining.status_code == 200

@@ -18,6 +18,7 @@ from model_server.errors import ModelNotFound, ModelNotReady
 from model_server.metrics import ServerMetrics
 from model_server.repository import ModelRepository
 from testsupport.onnx_models import scale_model
+from testsupport.waiting import eventually_async
 
 from .helpers import HeldRuntime, make_settings, running_server, until
 
@@ -142,10 +143,7 @@ async def test_hot_reload_over_http_without_failed_requests(tmp_path):
             results.append((r.status_code, body.get("model_version"), value, (body.get("result") or [None])[0]))
 
     async def wait_for(predicate, timeout=20.0):
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, "timed out"
-            await asyncio.sleep(0.05)
+        await eventually_async(predicate, timeout=timeout)
 
     with running_server(settings) as running:
         repository_ = running.state.repository
