@@ -130,17 +130,18 @@ def _render(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def scale_settings(concurrency: int) -> kopf.OperatorSettings:
-    """kopf settings for many InferenceServices (measured with bench/operator_scale.py).
+    """kopf settings for many InferenceServices (bench/operator_scale.py measures them; the
+    figures behind each choice: docs/measurements.md#the-figures-behind-the-codes-limits).
 
     kopf runs one worker per object and our handlers are synchronous: each worker hands its
     handler to the thread pool, and kopf waits for a handler's thread even when cancelled (it
     shields it). Unbounded, 1,000 objects queue 1,000 handlers in front of the pool, and SIGTERM
-    waited for all of them (15 s at 650 queued). `queueing.worker_limit` bounds the objects in
+    waited for all of them. `queueing.worker_limit` bounds the objects in
     work per watched kind, and the pool has a thread for each of them (InferenceServices and
     Deployments), so nothing waits in the pool: a backlog waits in kopf's queues, which SIGTERM
-    cancels after `queueing.exit_timeout`. The limit trades convergence for exit time: at 500
-    objects against the emulator, 8 converged in 39 s, 32 in 14-27 s, 128 in 11 s but took
-    10 s to exit on SIGTERM (every handler in flight finishes first); 32 exits in 1.4-2.6 s.
+    cancels after `queueing.exit_timeout`. The limit trades convergence for exit time: a small
+    one converges slowly, a large one exits slowly on SIGTERM (every handler in flight finishes
+    first); the default sits where both were short.
     """
     import kopf
 
@@ -152,7 +153,7 @@ def scale_settings(concurrency: int) -> kopf.OperatorSettings:
     settings.queueing.idle_timeout = 0.1
     settings.execution.max_workers = 2 * concurrency
     # After SIGTERM, queued work goes on this long, then is cancelled (the next start resumes
-    # it): SIGTERM-to-exit was this plus ~0.5 s at 300 queued objects (2 s: 2.6 s).
+    # it): SIGTERM-to-exit is about this plus the handlers in flight.
     settings.queueing.exit_timeout = 1.0
     return settings
 

@@ -101,7 +101,7 @@ def decode_request(
 def estimate_request_bytes(body: bytes | bytearray, header_length: str | None) -> int:
     """What decoding a request takes: the JSON estimate of its header, and for a binary tail a
     copy of it plus, per BYTES element the header announces, one Python object (one byte per
-    element used to cost a hundred: a 63 MiB body of 2-byte elements peaked at 844 MiB)."""
+    element used to cost a hundred times its size)."""
     if header_length is None:
         return estimate_parse_bytes(body)
     try:

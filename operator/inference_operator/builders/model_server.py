@@ -21,13 +21,13 @@ PROBE_PERIOD_SECONDS = 10
 # fit inside the grace period, so the kubelet never kills a pod with requests in flight. The
 # grace period is no longer than that: the namespace controller waits out the longest grace
 # period of a namespace's pods before it looks again, so every spare second of it is a second
-# longer for every namespace deletion (60 s made it 47 s with pods that stop in 6).
+# longer for every namespace deletion (docs/measurements.md#the-figures-behind-the-codes-limits).
 SHUTDOWN_DELAY_SECONDS = 5
 # The first second of it is the container's preStop sleep, so that the SIGTERM comes after it. A
 # pod deleted as it starts (a rollout or a scale-down meeting a new pod) got its SIGTERM while the
 # interpreter was still starting, before the server's first line could install a handler: PID 1
 # drops a signal it has no handler for, and the server ran on until the SIGKILL at the end of the
-# grace period (deleting a service took 31 s on the real-pods tier in 2 runs of 11, against 6 s).
+# grace period (seen on the real-pods tier: docs/measurements.md#the-figures-behind-the-codes-limits).
 PRE_STOP_SLEEP_SECONDS = 1
 DRAIN_TIMEOUT_SECONDS = 20
 # The process's own exit after the drain (runtimes released, uvicorn closed).

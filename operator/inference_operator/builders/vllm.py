@@ -31,9 +31,9 @@ COMPILE_CACHE_DIR = "/var/cache/vllm"
 # Without a cache claim: the pod's /tmp volume, which outlives the container's restarts.
 POD_COMPILE_CACHE_DIR = "/tmp/vllm-cache"
 COMPILE_CACHE_PREFIX = "vllm-cache"
-# vLLM puts its first SIGTERM handler in place only after its imports (6.9 s of one free core
-# for vLLM 0.32's API server here, longer under a pod's CPU limit: more than the preStop's 5 s),
-# and PID 1 drops a signal it has no handler for: as its container's PID 1, a vLLM deleted while
+# vLLM puts its first SIGTERM handler in place only after its imports (seconds of a free core,
+# longer under a pod's CPU limit: more than the preStop's sleep; docs/measurements.md has the
+# figures), and PID 1 drops a signal it has no handler for: as its container's PID 1, a vLLM deleted while
 # it imported ran on, loaded its model and held its GPUs until the SIGKILL at the end of its
 # grace period. PID 1 is this instead, as tini would be, in the image's own Python: it starts
 # vLLM as its child, passes on SIGTERM and SIGINT (a child dies of one it has no handler for

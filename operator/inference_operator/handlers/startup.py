@@ -77,7 +77,7 @@ async def release_abandoned_watch_waiters(logger: kopf.Logger, **_: Any) -> None
     backlog) leaves its watch stream suspended, and the stream's pause-waiter task alive; kopf
     then waits 5 s for such leftover tasks before cancelling them. Cleanup runs once every
     watcher is gone, so cancelling them here is what closing the stream would have done:
-    SIGTERM with a backlog exits in about 1.5 s instead of 6.5 s (bench/operator_scale.py).
+    SIGTERM with a backlog exits without that wait (bench/operator_scale.py).
     """
     current = asyncio.current_task()
     waiters = [

@@ -19,7 +19,8 @@ QUEUE_DEPTH = "model_server_queue_depth"
 INFLIGHT = "model_server_inflight_requests"
 GPU_UTILIZATION = "model_server_gpu_utilization_percent"
 
-# vLLM's metrics (as exported by vLLM 0.32's OpenAI server, V1 engine).
+# vLLM's metrics (as its OpenAI server exports them, V1 engine; the version tested is
+# scripts/setup-vllm.sh's).
 VLLM_TTFT = "vllm:time_to_first_token_seconds"
 VLLM_ITL = "vllm:inter_token_latency_seconds"
 VLLM_E2E = "vllm:e2e_request_latency_seconds"

@@ -33,9 +33,9 @@ DESCRIPTION = "LoRA adapters of a vLLM pod, loaded and unloaded while it serves:
 GUARD_MODULE = "rocm_inference_guard"  # the name vLLM imports it under (--middleware)
 # The status port's bounds, as the model server's ports have them (its clients are the kubelet's
 # probes and the operator, a request or two every few seconds): a client that sends its headers
-# slowly, or keeps many connections, holds no memory and no slot for long. 256 connections: 100
-# busy pipelining clients still leave room for the probes (64 did not), and 1,000 stalled uploads
-# take 59 -> 87 MiB (1,024 connections: 61 -> 183 MiB; the container has 1 GiB).
+# slowly, or keeps many connections, holds no memory and no slot for long. 256 connections: enough
+# that busy pipelining clients still leave room for the probes, few enough that stalled uploads
+# on all of them fit the container's memory (docs/measurements.md#the-figures-behind-the-codes-limits).
 STATUS_LIMITS = ConnectionLimits(
     header_timeout_s=5.0,
     body_timeout_s=5.0,
