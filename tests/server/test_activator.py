@@ -10,7 +10,9 @@ import asyncio
 import json
 import os
 import re
+import selectors
 import signal
+import socket
 import sys
 import threading
 import time
@@ -24,15 +26,19 @@ import httpx
 import pytest
 import uvicorn
 
+from model_server.activator.holding import Gate, Held, HeldRequests
 from model_server.activator.kube import KubeApi, TokenFile
+from model_server.activator.metrics import ActivatorMetrics
 from model_server.activator.routes import (
     HoldPolicy,
     Load,
     RouteRefused,
     RouteTable,
     ServiceKey,
+    fair_victim,
     hold_refusal,
     normalize_host,
+    over_caps,
     policy_from_annotation,
     route_for,
     service_hosts,
@@ -140,6 +146,42 @@ def test_holding_is_refused_over_any_limit() -> None:
     assert refusal(Load(0, 0), Load(5, 990), 11)[0] == 429
     too_large = refusal(Load(0, 0), Load(0, 0), 101)  # never: a retry cannot help it
     assert too_large[0] == 413 and "101 bytes" in too_large[1]
+
+
+def test_a_full_pool_makes_room_from_whoever_holds_the_most_and_more_than_the_newcomer() -> None:
+    holders = {"team-a": Load(2000, 0), "team-b": Load(3, 0)}
+    assert fair_victim(holders, "team-c", "requests", 0) == "team-a"
+    assert fair_victim(holders, "team-b", "requests", 0) == "team-a"
+    assert fair_victim(holders, "team-a", "requests", 0) is None  # the flood is refused its own newest
+    assert fair_victim({"a": Load(5, 0), "b": Load(4, 0)}, "b", "requests", 0) is None  # no see-saw
+    assert fair_victim({"a": Load(3, 0), "b": Load(3, 0)}, "c", "requests", 0) == "b"  # ties: one, always the same
+    by_bytes = {"a": Load(1, 100), "b": Load(1, 10)}
+    assert fair_victim(by_bytes, "b", "body_bytes", 50) == "a"
+    assert fair_victim(by_bytes, "b", "body_bytes", 95) is None
+    assert fair_victim({}, "a", "requests", 0) is None
+    assert over_caps(Load(2, 10), Load(3, 100), 90) is None
+    assert over_caps(Load(3, 10), Load(3, 100), 0) == "requests"
+    assert over_caps(Load(2, 10), Load(3, 100), 91) == "body_bytes"
+
+
+def test_a_services_full_pool_takes_the_newest_request_of_the_client_holding_most() -> None:
+    async def scenario() -> None:
+        slice_ = activator_slice("team-a", "llm", {"maxHeld": 4})
+        gate = Gate(route_for(slice_, *_services(), CAPS, "cluster.local"))
+        pools = HeldRequests(Load(100, 1 << 30), ActivatorMetrics())
+        loop = asyncio.get_running_loop()
+        flood = [Held(0, float(n), loop.create_future(), "10.0.0.1") for n in range(4)]
+        for request in flood:
+            assert pools.make_room(gate, [gate], "10.0.0.1", 0) is None
+            pools.take(gate, request)
+        refused = pools.make_room(gate, [gate], "10.0.0.1", 0)
+        assert refused is not None and refused[0] == 429  # the flood's own next one: refused
+        assert pools.make_room(gate, [gate], "10.0.0.2", 0) is None  # another client's: room made
+        assert flood[3].released.done() and flood[3].released.result() is None
+        assert not any(request.released.done() for request in flood[:3])
+        assert gate.clients == {"10.0.0.1": Load(3, 0)} and pools.tenants == {"team-a": Load(3, 0)}
+
+    asyncio.run(scenario())
 
 
 def test_in_a_pod_the_api_server_and_the_service_account_come_from_the_pod() -> None:
@@ -610,3 +652,66 @@ def _refused(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return False
+
+
+# ---------------------------------------------------------------------- tenants sharing the activator
+
+
+@pytest.fixture(scope="module")
+def tenants(api: tuple[FakeKubeApi, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Activator]:
+    """The activator with its shipped limits (bodies up to 16 MiB under a 256 MiB memory limit,
+    1,000 requests held per service, 2,000 in all) and routes that linger for the whole module."""
+    _, url = api
+    port, metrics_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    log = Path(tmp_path_factory.mktemp("tenants")) / "activator.log"
+    command = activator_command(url, port, metrics_port, "--drain-listen-seconds=0", "--linger-seconds=600")
+    with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/readyz") as process:
+        yield Activator(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", process)
+
+
+def _connect(activator: Activator) -> socket.socket:
+    host, port = activator.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=60)
+
+
+def test_one_tenant_holding_every_slot_leaves_another_tenant_room(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas
+) -> None:
+    """2 x 1,000 requests held for one tenant's two services fill the activator's 2,000; another
+    tenant's request is still held (the flood's newest gives its slot back, with a 429)."""
+    fake, _ = api
+    flood = [at_zero(fake, tenants, replicas, "team-flood", name) for name in ("one", "two")]
+    conns: list[socket.socket] = []
+    try:
+        for host in flood:
+            for _ in range(1000):
+                conn = _connect(tenants)
+                conn.sendall(b"GET /v1/echo HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
+                conns.append(conn)
+        wait_for(
+            lambda: held(tenants, "team-flood", "one") + held(tenants, "team-flood", "two") == 2000,
+            timeout=120,
+            message="2,000 requests held",
+        )
+        quiet = at_zero(fake, tenants, replicas, "team-quiet", "llm")
+        pending = in_background(lambda: tenants.get(quiet))
+        wait_for(
+            lambda: pending.done() or held(tenants, "team-quiet", "llm") == 1,
+            timeout=20,
+            message="another tenant's request held or refused",
+        )
+        assert not pending.done(), pending.result().text
+        replicas.ready.add("team-quiet.llm")
+        assert pending.result(timeout=30).status_code == 200
+        assert held(tenants, "team-flood", "one") + held(tenants, "team-flood", "two") == 1999
+        with selectors.DefaultSelector() as selector:
+            for conn in conns:
+                selector.register(conn, selectors.EVENT_READ)
+            answered = [key.fileobj for key, _ in selector.select(timeout=5)]
+        assert len(answered) == 1
+        reply = answered[0].recv(65536)  # type: ignore[union-attr]
+        assert reply.startswith(b"HTTP/1.1 429") and b"retry-after" in reply.lower()
+    finally:
+        for conn in conns:
+            conn.close()

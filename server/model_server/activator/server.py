@@ -10,7 +10,8 @@ Service (kube-proxy sends that only to Ready pods) every 0.25 s. On the first 20
 requests go on in the order they came, each proxied as the front proxies (hop-by-hop headers
 dropped, the client named by its peer address) with its answer streamed back. A request held
 past its wait gets a 503 with Retry-After; more than a service's (or the activator's) limits of
-held requests or bytes get a 429.
+held requests or bytes get a 429, the pools shared fairly among clients and namespaces
+(holding.py).
 
 A route whose slice is removed keeps serving for a minute: requests held for it still go to the
 upstream they waited for, and new ones that kube-proxy still sends here are proxied at once.
@@ -31,9 +32,8 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -60,6 +60,7 @@ from ..proxy import (
     target,
 )
 from ..settings import ServerSettings, detect_memory_limit
+from .holding import REWAKE_S, Gate, Held, HeldRequests
 from .kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
 from .metrics import ActivatorMetrics
 from .routes import (
@@ -71,7 +72,6 @@ from .routes import (
     RouteRefused,
     RouteTable,
     ServiceKey,
-    hold_refusal,
     route_for,
     slice_service,
 )
@@ -83,9 +83,8 @@ READY_PATH = "/readyz"
 PROBE_PATHS = frozenset({LIVE_PATH, READY_PATH})
 #: How often a service's readiness is asked while requests wait for it.
 POLL_S = 0.25
-#: At most one wake patch per service this often; again this often while requests still wait.
+#: At most one wake patch per service this often (and again every REWAKE_S while requests wait).
 WAKE_INTERVAL_S = 2.0
-REWAKE_S = 30.0
 #: After a 200 from the readiness path, new requests go straight on for this long.
 READY_REUSE_S = 1.0
 #: The longest a released request waits for the one before it to be answered (see `_written`).
@@ -152,35 +151,6 @@ class ActivatorConfig:
         return ConnectionLimits.of(self, PROBE_PATHS)
 
 
-@dataclass(eq=False)
-class Held:
-    """One request waiting for its service: released with the upstream to use and the event
-    the request before it sets when this one may go (so they arrive in order)."""
-
-    size: int
-    arrived: float
-    released: asyncio.Future[tuple[str, asyncio.Event | None]]
-    next_may_go: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass(eq=False)
-class Gate:
-    """One routed service: its requests held, its poller, its wakes."""
-
-    route: Route
-    held: deque[Held] = field(default_factory=deque)
-    held_bytes: int = 0
-    poller: asyncio.Task[None] | None = None
-    last_wake: float = -REWAKE_S
-    wake_wanted: bool = False  # requests were held since the last wake
-    ready_until: float = 0.0
-    lingering_until: float | None = None
-
-    @property
-    def load(self) -> Load:
-        return Load(len(self.held), self.held_bytes)
-
-
 class Activator:
     """The ASGI app, the routes it keeps from the API server, and the requests it holds."""
 
@@ -198,13 +168,12 @@ class Activator:
         self.caps = config.caps()
         max_body, reading, held = config.limits()
         self.bodies = BodyReader(max_body, ReadBudget(reading), config.body_wait_s)
-        self.total_caps = Load(config.max_held_total, held)
+        self.holding = HeldRequests(Load(config.max_held_total, held), self.metrics)
         self.table = RouteTable()
         self.gates: dict[ServiceKey, Gate] = {}
         self.slices: dict[tuple[str, str], dict[str, Any]] = {}
         self.slice_routes: dict[tuple[str, str], ServiceKey] = {}
         self.pending: set[tuple[str, str]] = set()
-        self.held_total = Load()
         self.synced = False
         self.draining = False
         self._client: httpx.AsyncClient | None = None
@@ -272,28 +241,34 @@ class Activator:
 
     async def hold(self, gate: Gate, scope: Scope, body: Body, receive: Receive, send: Send) -> int:
         key, policy, size = gate.route.key, gate.route.policy, len(body.data)
-        refusal = hold_refusal(gate.load, policy, self.held_total, self.total_caps, size)
+        client = str((scope.get("client") or ("",))[0])
+        refusal = self.holding.make_room(gate, self.gates.values(), client, size)
         if refusal is not None:
             status, message = refusal
             self.metrics.waited(key, "refused", 0.0)
             await answer(send, status, error_body(status, message), retry_after=status == 429)
             return status
         body.release()  # held now: its bytes count against the held limits, not the read budget
-        held = Held(size, self.clock(), asyncio.get_running_loop().create_future())
-        self._take(gate, held)
+        held = Held(size, self.clock(), asyncio.get_running_loop().create_future(), client)
+        self.holding.take(gate, held)
         gate.wake_wanted = True
         if gate.poller is None:
             gate.poller = self._spawn(self.poll(gate))
         outcome = await self._wait(held, policy.max_wait_seconds, receive)
         waited = self.clock() - held.arrived
-        if outcome == "served":
+        if outcome == "served" and (released := held.released.result()) is not None:
             self.metrics.waited(key, "served", waited)
-            upstream, before = held.released.result()
+            upstream, before = released
             return await self.forward(upstream, scope, body, receive, send, before, held.next_may_go)
-        self._give_back(gate, held)
+        self.holding.give_back(gate, held)
+        outcome = "refused" if outcome == "served" else outcome
         self.metrics.waited(key, outcome, waited)
         if outcome == "gone":
             return GONE
+        if outcome == "refused":
+            message = "the activator holds as many requests as it may, most of them for your namespace or address"
+            await answer(send, 429, error_body(429, message + "; retry shortly"), retry_after=True)
+            return 429
         retry = max(1, int(min(policy.max_wait_seconds, RETRY_AFTER_S)))
         message = f"the service did not become ready within {policy.max_wait_seconds:g}s; retry later"
         await answer(send, 503, error_body(503, message), retry_after=retry)
@@ -311,32 +286,8 @@ class Activator:
             with contextlib.suppress(asyncio.CancelledError):
                 await gone
         if held.released.done():
-            return "served"
+            return "served"  # or given back: the result says
         return "gone" if gone.done() and not gone.cancelled() else "timeout"
-
-    def _take(self, gate: Gate, held: Held) -> None:
-        gate.held.append(held)
-        gate.held_bytes += held.size
-        self.held_total = Load(self.held_total.requests + 1, self.held_total.body_bytes + held.size)
-        self.metrics.held.labels(gate.route.key.namespace, gate.route.key.name).inc()
-
-    def _give_back(self, gate: Gate, held: Held) -> None:
-        """`held` is no longer waiting (released, or ended); once."""
-        with contextlib.suppress(ValueError):
-            gate.held.remove(held)
-            gate.held_bytes -= held.size
-            self.held_total = Load(self.held_total.requests - 1, self.held_total.body_bytes - held.size)
-            self.metrics.held.labels(gate.route.key.namespace, gate.route.key.name).dec()
-
-    def release(self, gate: Gate, upstream: str) -> None:
-        """Every held request of the gate on its way, in the order they came."""
-        before: asyncio.Event | None = None
-        while gate.held:
-            held = gate.held[0]
-            self._give_back(gate, held)
-            if not held.released.done():
-                held.released.set_result((upstream, before))
-                before = held.next_may_go
 
     async def forward(
         self,
@@ -408,7 +359,7 @@ class Activator:
                 route = gate.route
                 if await self.ready(route):
                     gate.ready_until = self.clock() + READY_REUSE_S
-                    self.release(gate, route.upstream)
+                    self.holding.release(gate, route.upstream)
                     break
                 self.wake(gate)
                 await asyncio.sleep(POLL_S)
@@ -668,7 +619,7 @@ HELP = {
     "max_wait_seconds": "the longest a request is held (a slice's maxWaitSeconds is capped by it)",
     "max_held": "requests held per service (caps a slice's maxHeld)",
     "max_held_bytes": "bytes of bodies held per service (caps a slice's maxHeldBytes)",
-    "max_held_total": "requests held for all services at once",
+    "max_held_total": "requests held for all services at once (a full pool is shared fairly among namespaces)",
     "max_held_bytes_total": "bytes of bodies held for all services at once; 0: 3/8 of the memory limit",
     "ready_path": "the replicas' readiness path when a slice names none (or one that is not a plain path)",
     "drain_listen_seconds": "after SIGTERM, how long the listener stays open (unready) before it closes",
