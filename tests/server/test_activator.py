@@ -7,6 +7,7 @@ replica is ready; the limits answer 429 and 503 with Retry-After; SIGTERM loses 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -309,6 +310,8 @@ def activator_command(api_url: str, port: int, metrics_port: int, *flags: str) -
 
 
 MAX_BODY = 1 << 20
+#: How long a replica may take to begin its answer.
+RESPONSE_START_S = 3
 #: How long a removed route is still proxied here: long enough to see it, short enough to see it end.
 LINGER_S = 5
 
@@ -329,6 +332,7 @@ def activator(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     log = Path(tmp_path_factory.mktemp("activator")) / "activator.log"
     flags = ["--drain-listen-seconds=0", f"--kube-token-file={token_file}", f"--max-body-bytes={MAX_BODY}"]
+    flags.append(f"--response-start-timeout={RESPONSE_START_S}")
     command = activator_command(url, port, metrics_port, *flags, f"--linger-seconds={LINGER_S}")
     with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/readyz") as process:
         yield Activator(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", process)
@@ -657,6 +661,48 @@ def _refused(url: str) -> bool:
 # ---------------------------------------------------------------------- tenants sharing the activator
 
 
+@dataclass
+class Stalled:
+    """An upstream that reads each POST's body whole and never answers it: the bodies it has read,
+    and the requests still open on it (one ends when the activator lets it go). Never ready, so a
+    request that reaches it was passed straight on, not held."""
+
+    port: int = 0
+    bodies: int = 0
+    open: int = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"].startswith("/ready/"):
+            await _json(send, {}, 503)
+            return
+        if scope["method"] == "GET":
+            await _json(send, {"passed": "on"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        self.bodies += 1
+        self.open += 1
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        finally:
+            self.open -= 1
+
+
+@pytest.fixture(scope="module")
+def stalled() -> Iterator[Stalled]:
+    app = Stalled(port=free_port())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=app.port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or None, timeout=10, message="the stalled upstream to listen")
+    yield app
+    server.should_exit = True
+    thread.join(10)
+
+
 @pytest.fixture(scope="module")
 def tenants(api: tuple[FakeKubeApi, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Activator]:
     """The activator with its shipped limits (bodies up to 16 MiB under a 256 MiB memory limit,
@@ -673,6 +719,76 @@ def tenants(api: tuple[FakeKubeApi, str], tmp_path_factory: pytest.TempPathFacto
 def _connect(activator: Activator) -> socket.socket:
     host, port = activator.url.removeprefix("http://").split(":")
     return socket.create_connection((host, int(port)), timeout=60)
+
+
+def test_a_tenants_stalled_upstream_leaves_the_read_budget_to_the_others(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas, stalled: Stalled
+) -> None:
+    """Four 16 MiB bodies (the whole read budget) passed straight on to a lingering route whose
+    replica reads them and never answers; their clients leave. Another tenant is served, and the
+    upstream requests are let go."""
+    fake, _ = api
+    fake.put_service(service("team-hog", "hog", "10.96.9.10", 80))
+    fake.put_service(service("team-hog", "hog-private", "127.0.0.1", stalled.port))
+    fake.put_slice(activator_slice("team-hog", "hog", {"readyPath": "/ready/team-hog.hog"}))
+    labels = {"namespace": "team-hog", "service": "hog"}
+    wait_for(lambda: tenants.metric("activator_held_requests", **labels) is not None, timeout=20, message="routed")
+    fake.delete_slice("team-hog", "hog-activator")  # a replica is ready: the route lingers
+
+    def passed_on() -> bool:
+        try:
+            return tenants.get("hog.team-hog", timeout=httpx.Timeout(5, read=1)).status_code == 200
+        except httpx.ReadTimeout:
+            return False  # held: the removal not seen yet
+
+    wait_for(passed_on, timeout=20, message="team-hog's requests passed straight on")
+    size = 16 << 20
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: hog.team-hog\r\nContent-Length: %d\r\n\r\n" % size
+    hogs = [_connect(tenants) for _ in range(4)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for conn in hogs:
+            pool.submit(conn.sendall, head + b"x" * size)
+        wait_for(lambda: stalled.bodies == 4, timeout=120, message="the four bodies read by the stalled upstream")
+    for conn in hogs:
+        conn.close()
+    host = at_zero(fake, tenants, replicas, "team-ok", "fine")
+    replicas.ready.add("team-ok.fine")
+    response = tenants.post(host, content=b"y" * (1 << 20))
+    assert response.status_code == 200, response.text
+    assert json.loads(response.text)["body"] == "y" * (1 << 20)
+    wait_for(lambda: stalled.open == 0, timeout=20, message="the stalled upstream requests let go")
+
+
+def test_one_tenants_stalled_uploads_hold_no_more_than_its_share_of_the_read_budget(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas
+) -> None:
+    """One tenant's uploads stall one byte short of 16 MiB, four of them: the whole read budget.
+    Its first is read, its others are refused (503) once their wait is over, and another
+    tenant's body is still read, held and served while the first stalls."""
+    fake, _ = api
+    greedy = at_zero(fake, tenants, replicas, "team-greedy", "up")
+    size = 16 << 20
+    upload = b"POST /v1/echo HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n" % (greedy.encode(), size)
+    upload += b"x" * (size - 1)
+    stalls = [_connect(tenants) for _ in range(4)]
+
+    def send(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # refused and closed
+            conn.sendall(upload)
+
+    try:
+        send(stalls[0])  # read whole but its last byte, which never comes
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            list(pool.map(send, stalls[1:], timeout=60))  # read, or refused
+        other = at_zero(fake, tenants, replicas, "team-modest", "up")
+        replicas.ready.add("team-modest.up")
+        response = tenants.post(other, content=b"y" * (1 << 20))
+        assert response.status_code == 200, response.text
+        refused = {"namespace": "team-greedy", "service": "up", "code": "503"}
+        wait_for(lambda: tenants.metric("activator_requests_total", **refused) == 3, timeout=10)
+    finally:
+        for conn in stalls:
+            conn.close()
 
 
 def test_one_tenant_holding_every_slot_leaves_another_tenant_room(
@@ -715,3 +831,62 @@ def test_one_tenant_holding_every_slot_leaves_another_tenant_room(
     finally:
         for conn in conns:
             conn.close()
+
+
+def test_while_no_body_can_be_read_the_activator_is_unready_and_then_ready_again(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas
+) -> None:
+    """Four tenants' uploads stall one byte short of 16 MiB: the whole read budget. A fifth
+    tenant's body is refused (503) when its wait is over; /readyz then says so (the operator
+    takes this pod out of the services' slices), /healthz stays 200, and once the uploads end
+    the activator is ready again."""
+    fake, _ = api
+    size = 16 << 20
+    stalls = []
+    try:
+        for n in range(4):
+            host = at_zero(fake, tenants, replicas, f"team-slow{n}", "up")
+            conn = _connect(tenants)
+            conn.sendall(b"POST /v1/echo HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n" % (host.encode(), size))
+            conn.sendall(b"x" * (size - 1))
+            stalls.append(conn)
+        late = at_zero(fake, tenants, replicas, "team-late", "up")
+        refused = tenants.post(late, content=b"y" * (1 << 20))
+        assert refused.status_code == 503, refused.text
+        assert "bodies arriving at once" in refused.json()["error"]["message"]
+        assert httpx.get(f"{tenants.url}/readyz", timeout=5).status_code == 503
+        assert httpx.get(f"{tenants.url}/healthz", timeout=5).status_code == 200
+    finally:
+        for conn in stalls:
+            conn.close()
+    wait_for(lambda: httpx.get(f"{tenants.url}/readyz", timeout=5).status_code == 200, timeout=20, message="ready")
+
+
+def test_an_answer_that_does_not_begin_in_time_is_a_504_and_the_upstream_request_ends(
+    api: tuple[FakeKubeApi, str], activator: Activator, stalled: Stalled
+) -> None:
+    fake, _ = api
+    fake.put_service(service("team-s", "silent", "10.96.9.20", 80))
+    fake.put_service(service("team-s", "silent-private", "127.0.0.1", stalled.port))
+    fake.put_slice(activator_slice("team-s", "silent", {"readyPath": "/ready/team-s.silent"}))
+    labels = {"namespace": "team-s", "service": "silent"}
+    wait_for(lambda: activator.metric("activator_held_requests", **labels) is not None, timeout=20, message="routed")
+    fake.delete_slice("team-s", "silent-activator")  # lingers: passed straight on
+
+    def passed_on() -> bool:
+        try:
+            return activator.get("silent.team-s", timeout=httpx.Timeout(5, read=1)).status_code == 200
+        except httpx.ReadTimeout:
+            return False
+
+    wait_for(passed_on, timeout=20, message="team-s's requests passed straight on")
+    bodies = stalled.bodies
+    started = time.monotonic()
+    response = httpx.post(
+        f"{activator.url}/v1/completions", headers={"host": "silent.team-s"}, content=b"{}", timeout=30
+    )
+    assert response.status_code == 504
+    assert "did not begin its answer within 3s" in response.json()["error"]["message"]
+    assert time.monotonic() - started >= 3.0  # its whole wait, never less
+    assert stalled.bodies == bodies + 1
+    wait_for(lambda: stalled.open == 0, timeout=20, message="the upstream request let go")

@@ -13,6 +13,13 @@ past its wait gets a 503 with Retry-After; more than a service's (or the activat
 held requests or bytes get a 429, the pools shared fairly among clients and namespaces
 (holding.py).
 
+Tenants share this process, so none may starve the others. A namespace's bodies being read
+hold at most its share of the read budget (TENANT_READ_SHARE), and a body's bytes go back to
+the budget as soon as they are written upstream, not when the answer ends. Until the answer's
+head comes, the client's leaving is watched: it cancels the upstream request, as does a head
+that takes longer than `response_start_timeout_s` (504). /readyz says 503 while no body of the
+largest size could be read and one was just refused for want of budget.
+
 A route whose slice is removed keeps serving for a minute: requests held for it still go to the
 upstream they waited for, and new ones that kube-proxy still sends here are proxied at once.
 
@@ -94,6 +101,8 @@ HOUSEKEEPING_S = 2.0
 BACKOFF_S = (0.5, 30.0)
 #: Of the memory limit: bodies being read at once, and bodies held.
 READ_BUDGET_SHARE = 1 / 4
+#: Of the bodies being read at once: the most one namespace's may hold (at least one whole body).
+TENANT_READ_SHARE = 1 / 4
 HELD_BUDGET_SHARE = 3 / 8
 MAX_BODY_CEILING = 64 * 1024 * 1024
 #: How long one exposition of the metrics serves every scrape (a flood costs five a second).
@@ -134,6 +143,7 @@ class ActivatorConfig:
     keep_alive_timeout_s: int = _defaults["keep_alive_timeout_s"].default
     body_wait_s: float = 10.0
     connect_timeout_s: float = 2.0
+    response_start_timeout_s: float = 300.0
     log_level: str = "info"
 
     def caps(self) -> HoldPolicy:
@@ -168,6 +178,9 @@ class Activator:
         self.caps = config.caps()
         max_body, reading, held = config.limits()
         self.bodies = BodyReader(max_body, ReadBudget(reading), config.body_wait_s)
+        self.tenant_read_bytes = max(max_body, int(reading * TENANT_READ_SHARE))
+        self.shares: dict[str, ReadBudget] = {}  # a namespace's part of the read budget
+        self.read_refused = False  # the last body read ran out of budget
         self.holding = HeldRequests(Load(config.max_held_total, held), self.metrics)
         self.table = RouteTable()
         self.gates: dict[ServiceKey, Gate] = {}
@@ -204,7 +217,7 @@ class Activator:
             await answer(send, 200, b'{"status":"live"}')
             return
         if scope["path"] == READY_PATH:
-            ready = self.synced and not self.draining
+            ready = self.synced and not self.draining and not self.starved
             await answer(send, 200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
             return
         host = _host(scope)
@@ -222,16 +235,20 @@ class Activator:
 
     async def serve(self, gate: Gate, scope: Scope, receive: Receive, send: Send) -> int:
         """One request of a routed service: read, then held or passed on; the status answered."""
+        namespace = gate.route.key.namespace
+        share = self.shares.get(namespace) or self.shares.setdefault(namespace, ReadBudget(self.tenant_read_bytes))
         try:
-            body = await self.bodies.read(scope, receive)
+            body = await self.bodies.read(scope, receive, share)
         except PayloadTooLarge as exc:
             await answer(send, 413, error_body(413, str(exc)))
             return 413
         except Busy:
+            self.read_refused = True
             await answer(send, 503, error_body(503, "too many request bodies arriving at once"), retry_after=True)
             return 503
         except ClientGone:
             return GONE
+        self.read_refused = False
         try:
             if gate.lingering_until is not None or gate.ready_until > self.clock():
                 return await self.forward(gate.route.upstream, scope, body, receive, send)
@@ -274,6 +291,13 @@ class Activator:
         await answer(send, 503, error_body(503, message), retry_after=retry)
         return 503
 
+    @property
+    def starved(self) -> bool:
+        """A body was refused for want of budget and not even one more of the largest could be
+        read now: no client can be served here until bodies end (readiness says so, and the
+        operator sends the services' traffic to the other activator pods meanwhile)."""
+        return self.read_refused and self.bodies.budget.free < self.bodies.max_body
+
     async def _wait(self, held: Held, max_wait: float, receive: Receive) -> str:
         """Until released (served), the client leaves (gone), or the wait is over (timeout)."""
         gone = asyncio.ensure_future(_disconnected(receive))
@@ -310,7 +334,13 @@ class Activator:
             url = httpx.URL(upstream).copy_with(raw_path=target(scope).encode("latin-1"))
             content = _written(body, next_may_go)
             request = self.client.build_request(scope["method"], url, headers=headers, content=content)
-            response = await self.client.send(request, stream=True)
+            response = await self._answer_head(request, receive)
+        except ClientGone:
+            return GONE
+        except TimeoutError:
+            message = f"the service did not begin its answer within {self.config.response_start_timeout_s:g}s"
+            await answer(send, 504, error_body(504, message))
+            return 504
         except httpx.TimeoutException:
             await answer(send, 504, error_body(504, "the service did not accept the request in time"))
             return 504
@@ -327,6 +357,28 @@ class Activator:
         finally:
             await response.aclose()
         return response.status_code
+
+    async def _answer_head(self, request: httpx.Request, receive: Receive) -> httpx.Response:
+        """The upstream's answer head, waited for at most `response_start_timeout_s` (then
+        TimeoutError) and only while the client is there (else ClientGone): either way the
+        upstream request is cancelled, its connection closed, and nothing waits on it."""
+        sending = asyncio.ensure_future(self.client.send(request, stream=True))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait(
+                {sending, gone}, timeout=self.config.response_start_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in (sending, gone):
+                task.cancel()
+            for task in (sending, gone):
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                    await task
+        if sending.done() and not sending.cancelled():
+            return sending.result()
+        if gone.done() and not gone.cancelled():
+            raise ClientGone()
+        raise TimeoutError()
 
     # ------------------------------------------------------------------ waking and polling
 
@@ -490,6 +542,10 @@ class Activator:
                 self.table.remove(key)
                 del self.gates[key]
                 self.metrics.forget(key)
+                share = self.shares.get(key.namespace)
+                if share is not None and share.free == share.total:
+                    if all(other.namespace != key.namespace for other in self.gates):
+                        del self.shares[key.namespace]
                 log.info("route of %s forgotten", key)
 
     # ------------------------------------------------------------------ lifespan
@@ -537,7 +593,9 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def _written(body: Body, next_may_go: asyncio.Event | None) -> AsyncIterator[bytes]:
-    """The body, written upstream once. The next held request goes when this one's answer has
+    """The body, written upstream once; then it is the upstream's to hold, and the read budget
+    has it back (an answer may take minutes to begin: a stalled one must not keep it). The next
+    held request goes when this one's answer has
     begun, or ORDER_GRACE_S after its body was next_may_go if the answer is slow to begin (a
     completion that is not streamed): the replica has then read this one first. Going at once
     was not enough: a replica reads a new connection's request only on the turn of its loop
@@ -545,6 +603,7 @@ async def _written(body: Body, next_may_go: asyncio.Event | None) -> AsyncIterat
     data, body.data = body.data, b""
     yield data
     del data
+    body.release()
     if next_may_go is not None:
         asyncio.get_running_loop().call_later(ORDER_GRACE_S, next_may_go.set)
 
@@ -628,6 +687,7 @@ HELP = {
     "linger_seconds": "after a slice is removed, how long its hosts are still proxied straight to the replicas",
     "memory_limit_bytes": "0: the cgroup's; bodies being read take up to 1/4 of it",
     "max_body_bytes": "the largest request body (413 above); 0: from the memory limit, at most 64 MiB",
+    "response_start_timeout_s": "the longest a replica may take to begin its answer (then 504)",
 }
 
 
