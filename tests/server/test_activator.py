@@ -28,7 +28,7 @@ import pytest
 import uvicorn
 
 from model_server.activator.holding import Gate, Held, HeldRequests
-from model_server.activator.kube import KubeApi, TokenFile
+from model_server.activator.kube import ClientNamespaces, KubeApi, TokenFile
 from model_server.activator.metrics import ActivatorMetrics
 from model_server.activator.routes import (
     HoldPolicy,
@@ -181,6 +181,42 @@ def test_a_services_full_pool_takes_the_newest_request_of_the_client_holding_mos
         assert flood[3].released.done() and flood[3].released.result() is None
         assert not any(request.released.done() for request in flood[:3])
         assert gate.clients == {"10.0.0.1": Load(3, 0)} and pools.tenants == {"team-a": Load(3, 0)}
+
+    asyncio.run(scenario())
+
+
+def test_a_clients_namespace_is_its_pods_asked_once_and_none_when_its_address_is_shared() -> None:
+    """The pod lookup behind a short host: one API call per address at once, kept a while; no
+    namespace for an address that pods of several namespaces share (host network), or whose pod
+    has ended."""
+    pods = {
+        "10.0.0.1": [("team-a", "Running")],
+        "10.0.0.2": [("team-a", "Running"), ("team-b", "Running")],
+        "10.0.0.3": [("team-c", "Succeeded")],
+    }
+    asked: list[str] = []
+
+    class Pods:
+        async def list(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+            ip = params["fieldSelector"].removeprefix("status.podIP=")
+            asked.append(ip)
+            await asyncio.sleep(0.01)
+            items = [{"metadata": {"namespace": ns}, "status": {"phase": phase}} for ns, phase in pods.get(ip, [])]
+            return {"items": items}
+
+    now = [0.0]
+    namespaces = ClientNamespaces(Pods(), clock=lambda: now[0], max_entries=2)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        assert await asyncio.gather(*(namespaces.of("10.0.0.1") for _ in range(10))) == ["team-a"] * 10
+        assert asked == ["10.0.0.1"]
+        assert await namespaces.of("10.0.0.2") is None
+        assert await namespaces.of("10.0.0.3") is None
+        assert len(namespaces._known) == 2  # the oldest forgotten
+        now[0] = 1.0
+        assert await namespaces.of("10.0.0.3") is None and asked.count("10.0.0.3") == 1  # kept
+        now[0] = 10.0
+        assert await namespaces.of("10.0.0.3") is None and asked.count("10.0.0.3") == 2  # asked again
 
     asyncio.run(scenario())
 
@@ -831,6 +867,42 @@ def test_one_tenant_holding_every_slot_leaves_another_tenant_room(
     finally:
         for conn in conns:
             conn.close()
+
+
+def test_a_short_name_several_namespaces_use_goes_to_the_clients_own_namespace(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas
+) -> None:
+    """team short-b's clients call `http://chat/`; short-a then puts its own `chat` at zero. Each
+    client's short name is its own namespace's service (as DNS resolves it), known by its pod's
+    address; a client that is no pod is told to name the namespace."""
+    fake, _ = api
+    fake.put_pod("short-b", "client", "127.0.0.3")
+    fake.put_pod("short-a", "client", "127.0.0.4")
+    at_zero(fake, tenants, replicas, "short-b", "chat")
+    at_zero(fake, tenants, replicas, "short-a", "chat")
+
+    def from_(source: str) -> Future[httpx.Response]:
+        transport = httpx.HTTPTransport(local_address=source)
+
+        def call() -> httpx.Response:
+            with httpx.Client(transport=transport, timeout=60) as client:
+                return client.get(f"{tenants.url}/v1/echo", headers={"host": "chat"})
+
+        return in_background(call)
+
+    for namespace, source in (("short-b", "127.0.0.3"), ("short-a", "127.0.0.4")):
+        pending = from_(source)
+        wait_for(
+            lambda: pending.done() or held(tenants, namespace, "chat") == 1,  # noqa: B023
+            timeout=20,
+            message=f"the request from {namespace} held",
+        )
+        assert not pending.done(), pending.result().text
+        replicas.ready.add(f"{namespace}.chat")
+        assert pending.result(timeout=30).status_code == 200
+    stranger = from_("127.0.0.5").result(timeout=30)
+    assert stranger.status_code == 404
+    assert "chat.<namespace>" in stranger.json()["error"]["message"]
 
 
 def test_while_no_body_can_be_read_the_activator_is_unready_and_then_ready_again(

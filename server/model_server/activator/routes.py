@@ -8,7 +8,8 @@ ever routes the hosts of the Service S *in its own namespace* (`S`, `S.N`, `S.N.
 `S.N.svc.<cluster domain>` and S's cluster IPs), its upstream is read from the Service object
 `S-private` in N alone (never from the slice), and the limits in its annotation only lower the
 activator's own (the flags are the caps). A short name `S` that services of several namespaces
-claim at once routes nowhere: it would hand one namespace's requests to another's model.
+claim at once is the table's to refuse (`RouteTable.lookup`: it would hand one namespace's
+requests to another's model); the server then takes the client's own namespace's, as DNS would.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ head comes, the client's leaving is watched: it cancels the upstream request, as
 that takes longer than `response_start_timeout_s` (504). /readyz says 503 while no body of the
 largest size could be read and one was just refused for want of budget.
 
+A short host (`http://llm/`) that services at zero in several namespaces claim goes to the
+client's own namespace, as DNS resolves a short name (kube.ClientNamespaces: the client pod's
+namespace, from its address); a client that is no pod of theirs is told to name the namespace.
+
 A route whose slice is removed keeps serving for a minute: requests held for it still go to the
 upstream they waited for, and new ones that kube-proxy still sends here are proxied at once.
 
@@ -68,7 +72,7 @@ from ..proxy import (
 )
 from ..settings import ServerSettings, detect_memory_limit
 from .holding import REWAKE_S, Gate, Held, HeldRequests
-from .kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
+from .kube import SLICES, ApiError, ClientNamespaces, KubeApi, TokenFile, inference_service_path, service_path
 from .metrics import ActivatorMetrics
 from .routes import (
     SLICE_SELECTOR,
@@ -96,6 +100,8 @@ WAKE_INTERVAL_S = 2.0
 READY_REUSE_S = 1.0
 #: The longest a released request waits for the one before it to be answered (see `_written`).
 ORDER_GRACE_S = 0.1
+#: The longest a request whose short host several namespaces claim waits to learn its client's.
+CLIENT_LOOKUP_S = 5.0
 #: Slices whose Services are missing are tried again, and lingering routes ended, this often.
 HOUSEKEEPING_S = 2.0
 BACKOFF_S = (0.5, 30.0)
@@ -183,6 +189,7 @@ class Activator:
         self.read_refused = False  # the last body read ran out of budget
         self.holding = HeldRequests(Load(config.max_held_total, held), self.metrics)
         self.table = RouteTable()
+        self.client_namespaces = ClientNamespaces(api)
         self.gates: dict[ServiceKey, Gate] = {}
         self.slices: dict[tuple[str, str], dict[str, Any]] = {}
         self.slice_routes: dict[tuple[str, str], ServiceKey] = {}
@@ -222,16 +229,34 @@ class Activator:
             return
         host = _host(scope)
         found = self.table.lookup(host)
+        if isinstance(found, list):
+            found = await self._clients_own(found, scope)
         if isinstance(found, Route):
             gate = self.gates[found.key]
             code = await self.serve(gate, scope, receive, send)
             self.metrics.answered(found.key, code)
         elif isinstance(found, list):
             name = found[0].name
-            message = f"host {host!r} names services at zero in several namespaces: use {name}.<namespace>"
+            message = (
+                f"host {host!r} names services at zero in several namespaces, and the client is no pod of "
+                f"one of them: use {name}.<namespace>"
+            )
             await answer(send, 404, error_body(404, message))
         else:
             await answer(send, 404, error_body(404, f"no service is routed through the activator for host {host!r}"))
+
+    async def _clients_own(self, claims: list[ServiceKey], scope: Scope) -> Route | list[ServiceKey]:
+        """Of the services a short name claims in several namespaces, the one in the client's own
+        namespace, as DNS resolves a short name (its search path); `claims` if the client is no
+        pod of theirs (or the API server does not say in time)."""
+        namespace = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLIENT_LOOKUP_S):
+                namespace = await self.client_namespaces.of(str((scope.get("client") or ("",))[0]))
+        for key in claims:
+            if key.namespace == namespace and key in self.table.routes:
+                return self.table.routes[key]
+        return claims
 
     async def serve(self, gate: Gate, scope: Scope, receive: Receive, send: Send) -> int:
         """One request of a routed service: read, then held or passed on; the status answered."""
