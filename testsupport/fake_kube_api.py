@@ -1,6 +1,7 @@
 """A small API server for the activator's tests: what the activator asks of Kubernetes and no
 more. EndpointSlices listed (equality label selectors) and watched from a resourceVersion,
-Services got by name, InferenceService merge patches recorded. Objects are set from the test's
+Services got by name, pods listed by their IP (`fieldSelector=status.podIP=...`, all namespaces),
+InferenceService merge patches recorded. Objects are set from the test's
 thread; the server runs on a thread of its own (`running_api`).
 
 A watch can be ended from the test (`break_watches`) or answered 410 Gone (`expire_watches`),
@@ -24,6 +25,7 @@ import uvicorn
 from testsupport.processes import free_port
 
 SLICES = "/apis/discovery.k8s.io/v1/endpointslices"
+PODS = "/api/v1/pods"
 
 
 @dataclass
@@ -40,6 +42,7 @@ class FakeKubeApi:
 
     slices: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
     patches: list[Patch] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
@@ -54,6 +57,13 @@ class FakeKubeApi:
         with self.lock:
             meta = service["metadata"]
             self.services[meta["namespace"], meta["name"]] = copy.deepcopy(service)
+
+    def put_pod(self, namespace: str, name: str, ip: str, phase: str = "Running") -> None:
+        with self.lock:
+            self.pods[namespace, name] = {
+                "metadata": {"namespace": namespace, "name": name},
+                "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}]},
+            }
 
     def put_slice(self, slice_: dict[str, Any]) -> None:
         with self.lock:
@@ -118,6 +128,8 @@ class FakeKubeApi:
                 gone.cancel()
         elif path == SLICES:
             await _json(send, self._list(query.get("labelSelector", "")))
+        elif path == PODS:
+            await _json(send, self._pods(query.get("fieldSelector", "")))
         elif len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "services":
             with self.lock:
                 service = self.services.get((parts[3], parts[5]))
@@ -136,6 +148,16 @@ class FakeKubeApi:
             items = [copy.deepcopy(s) for s in self.slices.values() if _matches(s, wanted)]
             version = str(self.version)
         return {"kind": "EndpointSliceList", "metadata": {"resourceVersion": version}, "items": items}
+
+    def _pods(self, selector: str) -> dict[str, Any]:
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if "=" in term)
+        with self.lock:
+            items = [
+                copy.deepcopy(pod)
+                for pod in self.pods.values()
+                if all(k == "status.podIP" and pod["status"]["podIP"] == v for k, v in wanted.items())
+            ]
+        return {"kind": "PodList", "metadata": {"resourceVersion": str(self.version)}, "items": items}
 
     async def _watch(self, query: dict[str, str], send: Any, gone: asyncio.Future[Any]) -> None:
         wanted = dict(term.split("=", 1) for term in query.get("labelSelector", "").split(",") if "=" in term)

@@ -23,7 +23,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .bodies import ReadBudget, read_body
-from .errors import PayloadTooLarge
+from .errors import Busy, PayloadTooLarge
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 
 log = logging.getLogger("model_server.proxy")
@@ -157,24 +157,36 @@ class BodyReader:
     budget: ReadBudget
     wait_s: float
 
-    async def read(self, scope: Scope, receive: Receive) -> Body:
+    async def read(self, scope: Scope, receive: Receive, share: ReadBudget | None = None) -> Body:
+        """The body whole; with `share` (a tenant's part of the budget), its bytes are taken from
+        both, so that one tenant's bodies never hold more than its share."""
         length = content_length(scope)
         if length is not None and length > self.max_body:
             raise PayloadTooLarge(f"request body of {length} bytes exceeds the limit of {self.max_body} bytes")
-        reader = self.budget.open(self.max_body if length is None else length)
+        claim = self.max_body if length is None else length
+        budgets = [(budget, budget.open(claim)) for budget in (share, self.budget) if budget is not None]
+
+        def close() -> None:
+            for budget, reader in budgets:
+                budget.close(reader)
 
         async def take(size: int) -> None:
-            await self.budget.take(reader, size, self.wait_s)
+            async with asyncio.timeout(self.wait_s):
+                for budget, reader in budgets:
+                    await budget.take(reader, size, self.wait_s)
 
         try:
             data = await read_body(chunks(receive), length, take)
         except PayloadTooLarge as exc:
-            self.budget.close(reader)
+            close()
             raise PayloadTooLarge(f"{exc} (limit {self.max_body} bytes)") from None
+        except TimeoutError:
+            close()
+            raise Busy() from None
         except BaseException:
-            self.budget.close(reader)
+            close()
             raise
-        return Body(bytes(data), lambda: self.budget.close(reader))
+        return Body(bytes(data), close)
 
 
 async def handed_over(body: Body) -> AsyncIterator[bytes]:

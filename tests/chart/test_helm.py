@@ -163,6 +163,27 @@ def test_default_install(chart_cluster: Cluster) -> None:
     parse_spec(example["spec"])
 
 
+def test_the_activators_cluster_role_grants_the_calls_it_makes_and_no_more(chart_cluster: Cluster) -> None:
+    h.install(chart_cluster, None)
+    (role,) = [r for r in h.by_kind(h.installed_objects(chart_cluster), "ClusterRole") if h.is_activator(r)]
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("discovery.k8s.io", "endpointslices", "list"),
+        ("discovery.k8s.io", "endpointslices", "watch"),
+        ("", "services", "get"),
+        # Whose a client is (the namespace of the pod with its address), for a short host that
+        # several namespaces' services at zero claim: a list by status.podIP, no get, no watch.
+        ("", "pods", "list"),
+        ("inference.rocm.dev", "inferenceservices", "patch"),
+    }
+
+
 def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: Cluster) -> None:
     values = h.values_of(h.CHART / "ci" / "multi-namespace-ha-values.yaml")
     h.install(chart_cluster, values)

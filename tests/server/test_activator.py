@@ -7,10 +7,13 @@ replica is ready; the limits answer 429 and 503 with Retry-After; SIGTERM loses 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import selectors
 import signal
+import socket
 import sys
 import threading
 import time
@@ -24,15 +27,19 @@ import httpx
 import pytest
 import uvicorn
 
-from model_server.activator.kube import KubeApi, TokenFile
+from model_server.activator.holding import Gate, Held, HeldRequests
+from model_server.activator.kube import ClientNamespaces, KubeApi, TokenFile
+from model_server.activator.metrics import ActivatorMetrics
 from model_server.activator.routes import (
     HoldPolicy,
     Load,
     RouteRefused,
     RouteTable,
     ServiceKey,
+    fair_victim,
     hold_refusal,
     normalize_host,
+    over_caps,
     policy_from_annotation,
     route_for,
     service_hosts,
@@ -140,6 +147,78 @@ def test_holding_is_refused_over_any_limit() -> None:
     assert refusal(Load(0, 0), Load(5, 990), 11)[0] == 429
     too_large = refusal(Load(0, 0), Load(0, 0), 101)  # never: a retry cannot help it
     assert too_large[0] == 413 and "101 bytes" in too_large[1]
+
+
+def test_a_full_pool_makes_room_from_whoever_holds_the_most_and_more_than_the_newcomer() -> None:
+    holders = {"team-a": Load(2000, 0), "team-b": Load(3, 0)}
+    assert fair_victim(holders, "team-c", "requests", 0) == "team-a"
+    assert fair_victim(holders, "team-b", "requests", 0) == "team-a"
+    assert fair_victim(holders, "team-a", "requests", 0) is None  # the flood is refused its own newest
+    assert fair_victim({"a": Load(5, 0), "b": Load(4, 0)}, "b", "requests", 0) is None  # no see-saw
+    assert fair_victim({"a": Load(3, 0), "b": Load(3, 0)}, "c", "requests", 0) == "b"  # ties: one, always the same
+    by_bytes = {"a": Load(1, 100), "b": Load(1, 10)}
+    assert fair_victim(by_bytes, "b", "body_bytes", 50) == "a"
+    assert fair_victim(by_bytes, "b", "body_bytes", 95) is None
+    assert fair_victim({}, "a", "requests", 0) is None
+    assert over_caps(Load(2, 10), Load(3, 100), 90) is None
+    assert over_caps(Load(3, 10), Load(3, 100), 0) == "requests"
+    assert over_caps(Load(2, 10), Load(3, 100), 91) == "body_bytes"
+
+
+def test_a_services_full_pool_takes_the_newest_request_of_the_client_holding_most() -> None:
+    async def scenario() -> None:
+        slice_ = activator_slice("team-a", "llm", {"maxHeld": 4})
+        gate = Gate(route_for(slice_, *_services(), CAPS, "cluster.local"))
+        pools = HeldRequests(Load(100, 1 << 30), ActivatorMetrics())
+        loop = asyncio.get_running_loop()
+        flood = [Held(0, float(n), loop.create_future(), "10.0.0.1") for n in range(4)]
+        for request in flood:
+            assert pools.make_room(gate, [gate], "10.0.0.1", 0) is None
+            pools.take(gate, request)
+        refused = pools.make_room(gate, [gate], "10.0.0.1", 0)
+        assert refused is not None and refused[0] == 429  # the flood's own next one: refused
+        assert pools.make_room(gate, [gate], "10.0.0.2", 0) is None  # another client's: room made
+        assert flood[3].released.done() and flood[3].released.result() is None
+        assert not any(request.released.done() for request in flood[:3])
+        assert gate.clients == {"10.0.0.1": Load(3, 0)} and pools.tenants == {"team-a": Load(3, 0)}
+
+    asyncio.run(scenario())
+
+
+def test_a_clients_namespace_is_its_pods_asked_once_and_none_when_its_address_is_shared() -> None:
+    """The pod lookup behind a short host: one API call per address at once, kept a while; no
+    namespace for an address that pods of several namespaces share (host network), or whose pod
+    has ended."""
+    pods = {
+        "10.0.0.1": [("team-a", "Running")],
+        "10.0.0.2": [("team-a", "Running"), ("team-b", "Running")],
+        "10.0.0.3": [("team-c", "Succeeded")],
+    }
+    asked: list[str] = []
+
+    class Pods:
+        async def list(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+            ip = params["fieldSelector"].removeprefix("status.podIP=")
+            asked.append(ip)
+            await asyncio.sleep(0.01)
+            items = [{"metadata": {"namespace": ns}, "status": {"phase": phase}} for ns, phase in pods.get(ip, [])]
+            return {"items": items}
+
+    now = [0.0]
+    namespaces = ClientNamespaces(Pods(), clock=lambda: now[0], max_entries=2)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        assert await asyncio.gather(*(namespaces.of("10.0.0.1") for _ in range(10))) == ["team-a"] * 10
+        assert asked == ["10.0.0.1"]
+        assert await namespaces.of("10.0.0.2") is None
+        assert await namespaces.of("10.0.0.3") is None
+        assert len(namespaces._known) == 2  # the oldest forgotten
+        now[0] = 1.0
+        assert await namespaces.of("10.0.0.3") is None and asked.count("10.0.0.3") == 1  # kept
+        now[0] = 10.0
+        assert await namespaces.of("10.0.0.3") is None and asked.count("10.0.0.3") == 2  # asked again
+
+    asyncio.run(scenario())
 
 
 def test_in_a_pod_the_api_server_and_the_service_account_come_from_the_pod() -> None:
@@ -267,6 +346,8 @@ def activator_command(api_url: str, port: int, metrics_port: int, *flags: str) -
 
 
 MAX_BODY = 1 << 20
+#: How long a replica may take to begin its answer.
+RESPONSE_START_S = 3
 #: How long a removed route is still proxied here: long enough to see it, short enough to see it end.
 LINGER_S = 5
 
@@ -287,6 +368,7 @@ def activator(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     log = Path(tmp_path_factory.mktemp("activator")) / "activator.log"
     flags = ["--drain-listen-seconds=0", f"--kube-token-file={token_file}", f"--max-body-bytes={MAX_BODY}"]
+    flags.append(f"--response-start-timeout={RESPONSE_START_S}")
     command = activator_command(url, port, metrics_port, *flags, f"--linger-seconds={LINGER_S}")
     with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/readyz") as process:
         yield Activator(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", process)
@@ -610,3 +692,273 @@ def _refused(url: str) -> bool:
     except httpx.HTTPError:
         return False
     return False
+
+
+# ---------------------------------------------------------------------- tenants sharing the activator
+
+
+@dataclass
+class Stalled:
+    """An upstream that reads each POST's body whole and never answers it: the bodies it has read,
+    and the requests still open on it (one ends when the activator lets it go). Never ready, so a
+    request that reaches it was passed straight on, not held."""
+
+    port: int = 0
+    bodies: int = 0
+    open: int = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"].startswith("/ready/"):
+            await _json(send, {}, 503)
+            return
+        if scope["method"] == "GET":
+            await _json(send, {"passed": "on"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+        self.bodies += 1
+        self.open += 1
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        finally:
+            self.open -= 1
+
+
+@pytest.fixture(scope="module")
+def stalled() -> Iterator[Stalled]:
+    app = Stalled(port=free_port())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=app.port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or None, timeout=10, message="the stalled upstream to listen")
+    yield app
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def tenants(api: tuple[FakeKubeApi, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Activator]:
+    """The activator with its shipped limits (bodies up to 16 MiB under a 256 MiB memory limit,
+    1,000 requests held per service, 2,000 in all) and routes that linger for the whole module."""
+    _, url = api
+    port, metrics_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    log = Path(tmp_path_factory.mktemp("tenants")) / "activator.log"
+    command = activator_command(url, port, metrics_port, "--drain-listen-seconds=0", "--linger-seconds=600")
+    with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/readyz") as process:
+        yield Activator(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics", process)
+
+
+def _connect(activator: Activator) -> socket.socket:
+    host, port = activator.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=60)
+
+
+def test_a_tenants_stalled_upstream_leaves_the_read_budget_to_the_others(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas, stalled: Stalled
+) -> None:
+    """Four 16 MiB bodies (the whole read budget) passed straight on to a lingering route whose
+    replica reads them and never answers; their clients leave. Another tenant is served, and the
+    upstream requests are let go."""
+    fake, _ = api
+    fake.put_service(service("team-hog", "hog", "10.96.9.10", 80))
+    fake.put_service(service("team-hog", "hog-private", "127.0.0.1", stalled.port))
+    fake.put_slice(activator_slice("team-hog", "hog", {"readyPath": "/ready/team-hog.hog"}))
+    labels = {"namespace": "team-hog", "service": "hog"}
+    wait_for(lambda: tenants.metric("activator_held_requests", **labels) is not None, timeout=20, message="routed")
+    fake.delete_slice("team-hog", "hog-activator")  # a replica is ready: the route lingers
+
+    def passed_on() -> bool:
+        try:
+            return tenants.get("hog.team-hog", timeout=httpx.Timeout(5, read=1)).status_code == 200
+        except httpx.ReadTimeout:
+            return False  # held: the removal not seen yet
+
+    wait_for(passed_on, timeout=20, message="team-hog's requests passed straight on")
+    size = 16 << 20
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: hog.team-hog\r\nContent-Length: %d\r\n\r\n" % size
+    hogs = [_connect(tenants) for _ in range(4)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for conn in hogs:
+            pool.submit(conn.sendall, head + b"x" * size)
+        wait_for(lambda: stalled.bodies == 4, timeout=120, message="the four bodies read by the stalled upstream")
+    for conn in hogs:
+        conn.close()
+    host = at_zero(fake, tenants, replicas, "team-ok", "fine")
+    replicas.ready.add("team-ok.fine")
+    response = tenants.post(host, content=b"y" * (1 << 20))
+    assert response.status_code == 200, response.text
+    assert json.loads(response.text)["body"] == "y" * (1 << 20)
+    wait_for(lambda: stalled.open == 0, timeout=20, message="the stalled upstream requests let go")
+
+
+def test_one_tenants_stalled_uploads_hold_no_more_than_its_share_of_the_read_budget(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas
+) -> None:
+    """One tenant's uploads stall one byte short of 16 MiB, four of them: the whole read budget.
+    Its first is read, its others are refused (503) once their wait is over, and another
+    tenant's body is still read, held and served while the first stalls."""
+    fake, _ = api
+    greedy = at_zero(fake, tenants, replicas, "team-greedy", "up")
+    size = 16 << 20
+    upload = b"POST /v1/echo HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n" % (greedy.encode(), size)
+    upload += b"x" * (size - 1)
+    stalls = [_connect(tenants) for _ in range(4)]
+
+    def send(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # refused and closed
+            conn.sendall(upload)
+
+    try:
+        send(stalls[0])  # read whole but its last byte, which never comes
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            list(pool.map(send, stalls[1:], timeout=60))  # read, or refused
+        other = at_zero(fake, tenants, replicas, "team-modest", "up")
+        replicas.ready.add("team-modest.up")
+        response = tenants.post(other, content=b"y" * (1 << 20))
+        assert response.status_code == 200, response.text
+        refused = {"namespace": "team-greedy", "service": "up", "code": "503"}
+        wait_for(lambda: tenants.metric("activator_requests_total", **refused) == 3, timeout=10)
+    finally:
+        for conn in stalls:
+            conn.close()
+
+
+def test_one_tenant_holding_every_slot_leaves_another_tenant_room(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas
+) -> None:
+    """2 x 1,000 requests held for one tenant's two services fill the activator's 2,000; another
+    tenant's request is still held (the flood's newest gives its slot back, with a 429)."""
+    fake, _ = api
+    flood = [at_zero(fake, tenants, replicas, "team-flood", name) for name in ("one", "two")]
+    conns: list[socket.socket] = []
+    try:
+        for host in flood:
+            for _ in range(1000):
+                conn = _connect(tenants)
+                conn.sendall(b"GET /v1/echo HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
+                conns.append(conn)
+        wait_for(
+            lambda: held(tenants, "team-flood", "one") + held(tenants, "team-flood", "two") == 2000,
+            timeout=120,
+            message="2,000 requests held",
+        )
+        quiet = at_zero(fake, tenants, replicas, "team-quiet", "llm")
+        pending = in_background(lambda: tenants.get(quiet))
+        wait_for(
+            lambda: pending.done() or held(tenants, "team-quiet", "llm") == 1,
+            timeout=20,
+            message="another tenant's request held or refused",
+        )
+        assert not pending.done(), pending.result().text
+        replicas.ready.add("team-quiet.llm")
+        assert pending.result(timeout=30).status_code == 200
+        assert held(tenants, "team-flood", "one") + held(tenants, "team-flood", "two") == 1999
+        with selectors.DefaultSelector() as selector:
+            for conn in conns:
+                selector.register(conn, selectors.EVENT_READ)
+            answered = [key.fileobj for key, _ in selector.select(timeout=5)]
+        assert len(answered) == 1
+        reply = answered[0].recv(65536)  # type: ignore[union-attr]
+        assert reply.startswith(b"HTTP/1.1 429") and b"retry-after" in reply.lower()
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_a_short_name_several_namespaces_use_goes_to_the_clients_own_namespace(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas
+) -> None:
+    """team short-b's clients call `http://chat/`; short-a then puts its own `chat` at zero. Each
+    client's short name is its own namespace's service (as DNS resolves it), known by its pod's
+    address; a client that is no pod is told to name the namespace."""
+    fake, _ = api
+    fake.put_pod("short-b", "client", "127.0.0.3")
+    fake.put_pod("short-a", "client", "127.0.0.4")
+    at_zero(fake, tenants, replicas, "short-b", "chat")
+    at_zero(fake, tenants, replicas, "short-a", "chat")
+
+    def from_(source: str) -> Future[httpx.Response]:
+        transport = httpx.HTTPTransport(local_address=source)
+
+        def call() -> httpx.Response:
+            with httpx.Client(transport=transport, timeout=60) as client:
+                return client.get(f"{tenants.url}/v1/echo", headers={"host": "chat"})
+
+        return in_background(call)
+
+    for namespace, source in (("short-b", "127.0.0.3"), ("short-a", "127.0.0.4")):
+        pending = from_(source)
+        wait_for(
+            lambda: pending.done() or held(tenants, namespace, "chat") == 1,  # noqa: B023
+            timeout=20,
+            message=f"the request from {namespace} held",
+        )
+        assert not pending.done(), pending.result().text
+        replicas.ready.add(f"{namespace}.chat")
+        assert pending.result(timeout=30).status_code == 200
+    stranger = from_("127.0.0.5").result(timeout=30)
+    assert stranger.status_code == 404
+    assert "chat.<namespace>" in stranger.json()["error"]["message"]
+
+
+def test_while_no_body_can_be_read_the_activator_is_unready_and_then_ready_again(
+    api: tuple[FakeKubeApi, str], tenants: Activator, replicas: Replicas
+) -> None:
+    """Four tenants' uploads stall one byte short of 16 MiB: the whole read budget. A fifth
+    tenant's body is refused (503) when its wait is over; /readyz then says so (the operator
+    takes this pod out of the services' slices), /healthz stays 200, and once the uploads end
+    the activator is ready again."""
+    fake, _ = api
+    size = 16 << 20
+    stalls = []
+    try:
+        for n in range(4):
+            host = at_zero(fake, tenants, replicas, f"team-slow{n}", "up")
+            conn = _connect(tenants)
+            conn.sendall(b"POST /v1/echo HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n" % (host.encode(), size))
+            conn.sendall(b"x" * (size - 1))
+            stalls.append(conn)
+        late = at_zero(fake, tenants, replicas, "team-late", "up")
+        refused = tenants.post(late, content=b"y" * (1 << 20))
+        assert refused.status_code == 503, refused.text
+        assert "bodies arriving at once" in refused.json()["error"]["message"]
+        assert httpx.get(f"{tenants.url}/readyz", timeout=5).status_code == 503
+        assert httpx.get(f"{tenants.url}/healthz", timeout=5).status_code == 200
+    finally:
+        for conn in stalls:
+            conn.close()
+    wait_for(lambda: httpx.get(f"{tenants.url}/readyz", timeout=5).status_code == 200, timeout=20, message="ready")
+
+
+def test_an_answer_that_does_not_begin_in_time_is_a_504_and_the_upstream_request_ends(
+    api: tuple[FakeKubeApi, str], activator: Activator, stalled: Stalled
+) -> None:
+    fake, _ = api
+    fake.put_service(service("team-s", "silent", "10.96.9.20", 80))
+    fake.put_service(service("team-s", "silent-private", "127.0.0.1", stalled.port))
+    fake.put_slice(activator_slice("team-s", "silent", {"readyPath": "/ready/team-s.silent"}))
+    labels = {"namespace": "team-s", "service": "silent"}
+    wait_for(lambda: activator.metric("activator_held_requests", **labels) is not None, timeout=20, message="routed")
+    fake.delete_slice("team-s", "silent-activator")  # lingers: passed straight on
+
+    def passed_on() -> bool:
+        try:
+            return activator.get("silent.team-s", timeout=httpx.Timeout(5, read=1)).status_code == 200
+        except httpx.ReadTimeout:
+            return False
+
+    wait_for(passed_on, timeout=20, message="team-s's requests passed straight on")
+    bodies = stalled.bodies
+    started = time.monotonic()
+    response = httpx.post(
+        f"{activator.url}/v1/completions", headers={"host": "silent.team-s"}, content=b"{}", timeout=30
+    )
+    assert response.status_code == 504
+    assert "did not begin its answer within 3s" in response.json()["error"]["message"]
+    assert time.monotonic() - started >= 3.0  # its whole wait, never less
+    assert stalled.bodies == bodies + 1
+    wait_for(lambda: stalled.open == 0, timeout=20, message="the upstream request let go")

@@ -1,5 +1,6 @@
 """The few Kubernetes API calls the activator makes, over httpx: list and watch its
-EndpointSlices, get a Service, merge-patch an InferenceService's wake annotation.
+EndpointSlices, get a Service, list the pods of one IP address (`ClientNamespaces`: whose a
+client is), merge-patch an InferenceService's wake annotation.
 
 In a pod it reads the API server's address from KUBERNETES_SERVICE_HOST/PORT and its
 ServiceAccount's token and CA from their mounted files; the token is read again whenever the
@@ -8,9 +9,11 @@ file changes (a projected token is rotated by the kubelet while the pod runs).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ import httpx
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SLICES = "/apis/discovery.k8s.io/v1/endpointslices"
+PODS = "/api/v1/pods"
 #: How long the API server keeps one watch open before it ends it (and it is watched again).
 WATCH_SECONDS = 290
 #: The largest line of a watch stream: an EndpointSlice is a few KiB, a thousand endpoints ~100 KiB.
@@ -140,6 +144,55 @@ def _raise_for(response: httpx.Response) -> None:
         except ValueError:
             message = response.reason_phrase
         raise ApiError(response.status_code, message)
+
+
+@dataclass
+class ClientNamespaces:
+    """The namespace of a client address: that of the running pod with that IP, as the API
+    server says (a list of all namespaces' pods by `status.podIP`). None when no pod has it, or
+    pods of several namespaces share it (host-network pods: the node's address), or the API
+    server does not answer. Answers are kept `ttl_s`, for at most `max_entries` addresses;
+    lookups of one address at once are one, and at most `max_lookups` are made at once.
+    A short TTL: a pod's IP goes to another pod once it is deleted."""
+
+    api: KubeApi
+    ttl_s: float = 2.0
+    max_entries: int = 4096
+    max_lookups: int = 4
+    clock: Callable[[], float] = time.monotonic
+    _known: dict[str, tuple[float, str | None]] = field(default_factory=dict)
+    _asked: dict[str, asyncio.Future[str | None]] = field(default_factory=dict)
+    _lookups: asyncio.Semaphore | None = None
+
+    async def of(self, ip: str) -> str | None:
+        known = self._known.get(ip)
+        if known is not None and known[0] > self.clock():
+            return known[1]
+        asked = self._asked.get(ip)
+        if asked is None:
+            asked = self._asked[ip] = asyncio.ensure_future(self._look_up(ip))
+            asked.add_done_callback(lambda _: self._asked.pop(ip, None))
+        return await asyncio.shield(asked)
+
+    async def _look_up(self, ip: str) -> str | None:
+        if self._lookups is None:
+            self._lookups = asyncio.Semaphore(self.max_lookups)
+        async with self._lookups:
+            try:
+                listing = await self.api.list(PODS, {"fieldSelector": f"status.podIP={ip}", "limit": "50"})
+                namespaces = {
+                    str((pod.get("metadata") or {}).get("namespace") or "")
+                    for pod in listing.get("items") or []
+                    if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                }
+            except (ApiError, httpx.HTTPError, ValueError, AttributeError):
+                namespaces = set()
+        namespace = next(iter(namespaces)) if len(namespaces) == 1 else None
+        self._known.pop(ip, None)
+        while len(self._known) >= self.max_entries:
+            del self._known[next(iter(self._known))]
+        self._known[ip] = (self.clock() + self.ttl_s, namespace)
+        return namespace
 
 
 def service_path(namespace: str, name: str) -> str:

@@ -8,7 +8,8 @@ ever routes the hosts of the Service S *in its own namespace* (`S`, `S.N`, `S.N.
 `S.N.svc.<cluster domain>` and S's cluster IPs), its upstream is read from the Service object
 `S-private` in N alone (never from the slice), and the limits in its annotation only lower the
 activator's own (the flags are the caps). A short name `S` that services of several namespaces
-claim at once routes nowhere: it would hand one namespace's requests to another's model.
+claim at once is the table's to refuse (`RouteTable.lookup`: it would hand one namespace's
+requests to another's model); the server then takes the client's own namespace's, as DNS would.
 """
 
 from __future__ import annotations
@@ -232,10 +233,37 @@ class RouteTable:
 
 @dataclass(frozen=True)
 class Load:
-    """Requests held and their bytes (one service's, or all of them)."""
+    """Requests held and their bytes (one service's, a namespace's, a client's, or all of them)."""
 
     requests: int = 0
     body_bytes: int = 0
+
+    def add(self, requests: int, body_bytes: int) -> Load:
+        return Load(self.requests + requests, self.body_bytes + body_bytes)
+
+
+def over_caps(load: Load, caps: Load, size: int) -> str | None:
+    """Which of `caps` one more request of `size` bytes would exceed: "requests", "body_bytes" or None."""
+    if load.requests + 1 > caps.requests:
+        return "requests"
+    if load.body_bytes + size > caps.body_bytes:
+        return "body_bytes"
+    return None
+
+
+def fair_victim(holders: Mapping[str, Load], newcomer: str, measure: str, size: int) -> str | None:
+    """A full pool (a service's held requests, or the activator's) asked for one more by
+    `newcomer` (a client, or a namespace): the holder that gives one of its requests back, the
+    one holding the most by `measure` ("requests", or "body_bytes" for a request of `size`
+    bytes), if it holds more than the newcomer would with it; None: the newcomer is the one
+    refused. So the pool is everyone's while one uses it, and each one's fair share once several
+    want it: a flood is refused its newest requests, never another's first."""
+    amount = 1 if measure == "requests" else size
+    own = getattr(holders.get(newcomer, Load()), measure)
+    top = max(holders, key=lambda holder: (getattr(holders[holder], measure), holder), default=None)
+    if top is None or top == newcomer or getattr(holders[top], measure) <= own + amount:
+        return None
+    return top
 
 
 def hold_refusal(service: Load, policy: HoldPolicy, total: Load, caps: Load, size: int) -> tuple[int, str] | None:

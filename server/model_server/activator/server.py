@@ -10,7 +10,19 @@ Service (kube-proxy sends that only to Ready pods) every 0.25 s. On the first 20
 requests go on in the order they came, each proxied as the front proxies (hop-by-hop headers
 dropped, the client named by its peer address) with its answer streamed back. A request held
 past its wait gets a 503 with Retry-After; more than a service's (or the activator's) limits of
-held requests or bytes get a 429.
+held requests or bytes get a 429, the pools shared fairly among clients and namespaces
+(holding.py).
+
+Tenants share this process, so none may starve the others. A namespace's bodies being read
+hold at most its share of the read budget (TENANT_READ_SHARE), and a body's bytes go back to
+the budget as soon as they are written upstream, not when the answer ends. Until the answer's
+head comes, the client's leaving is watched: it cancels the upstream request, as does a head
+that takes longer than `response_start_timeout_s` (504). /readyz says 503 while no body of the
+largest size could be read and one was just refused for want of budget.
+
+A short host (`http://llm/`) that services at zero in several namespaces claim goes to the
+client's own namespace, as DNS resolves a short name (kube.ClientNamespaces: the client pod's
+namespace, from its address); a client that is no pod of theirs is told to name the namespace.
 
 A route whose slice is removed keeps serving for a minute: requests held for it still go to the
 upstream they waited for, and new ones that kube-proxy still sends here are proxied at once.
@@ -31,9 +43,8 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -60,7 +71,8 @@ from ..proxy import (
     target,
 )
 from ..settings import ServerSettings, detect_memory_limit
-from .kube import SLICES, ApiError, KubeApi, TokenFile, inference_service_path, service_path
+from .holding import REWAKE_S, Gate, Held, HeldRequests
+from .kube import SLICES, ApiError, ClientNamespaces, KubeApi, TokenFile, inference_service_path, service_path
 from .metrics import ActivatorMetrics
 from .routes import (
     SLICE_SELECTOR,
@@ -71,7 +83,6 @@ from .routes import (
     RouteRefused,
     RouteTable,
     ServiceKey,
-    hold_refusal,
     route_for,
     slice_service,
 )
@@ -83,18 +94,21 @@ READY_PATH = "/readyz"
 PROBE_PATHS = frozenset({LIVE_PATH, READY_PATH})
 #: How often a service's readiness is asked while requests wait for it.
 POLL_S = 0.25
-#: At most one wake patch per service this often; again this often while requests still wait.
+#: At most one wake patch per service this often (and again every REWAKE_S while requests wait).
 WAKE_INTERVAL_S = 2.0
-REWAKE_S = 30.0
 #: After a 200 from the readiness path, new requests go straight on for this long.
 READY_REUSE_S = 1.0
 #: The longest a released request waits for the one before it to be answered (see `_written`).
 ORDER_GRACE_S = 0.1
+#: The longest a request whose short host several namespaces claim waits to learn its client's.
+CLIENT_LOOKUP_S = 5.0
 #: Slices whose Services are missing are tried again, and lingering routes ended, this often.
 HOUSEKEEPING_S = 2.0
 BACKOFF_S = (0.5, 30.0)
 #: Of the memory limit: bodies being read at once, and bodies held.
 READ_BUDGET_SHARE = 1 / 4
+#: Of the bodies being read at once: the most one namespace's may hold (at least one whole body).
+TENANT_READ_SHARE = 1 / 4
 HELD_BUDGET_SHARE = 3 / 8
 MAX_BODY_CEILING = 64 * 1024 * 1024
 #: How long one exposition of the metrics serves every scrape (a flood costs five a second).
@@ -135,6 +149,7 @@ class ActivatorConfig:
     keep_alive_timeout_s: int = _defaults["keep_alive_timeout_s"].default
     body_wait_s: float = 10.0
     connect_timeout_s: float = 2.0
+    response_start_timeout_s: float = 300.0
     log_level: str = "info"
 
     def caps(self) -> HoldPolicy:
@@ -150,35 +165,6 @@ class ActivatorConfig:
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits.of(self, PROBE_PATHS)
-
-
-@dataclass(eq=False)
-class Held:
-    """One request waiting for its service: released with the upstream to use and the event
-    the request before it sets when this one may go (so they arrive in order)."""
-
-    size: int
-    arrived: float
-    released: asyncio.Future[tuple[str, asyncio.Event | None]]
-    next_may_go: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-@dataclass(eq=False)
-class Gate:
-    """One routed service: its requests held, its poller, its wakes."""
-
-    route: Route
-    held: deque[Held] = field(default_factory=deque)
-    held_bytes: int = 0
-    poller: asyncio.Task[None] | None = None
-    last_wake: float = -REWAKE_S
-    wake_wanted: bool = False  # requests were held since the last wake
-    ready_until: float = 0.0
-    lingering_until: float | None = None
-
-    @property
-    def load(self) -> Load:
-        return Load(len(self.held), self.held_bytes)
 
 
 class Activator:
@@ -198,13 +184,16 @@ class Activator:
         self.caps = config.caps()
         max_body, reading, held = config.limits()
         self.bodies = BodyReader(max_body, ReadBudget(reading), config.body_wait_s)
-        self.total_caps = Load(config.max_held_total, held)
+        self.tenant_read_bytes = max(max_body, int(reading * TENANT_READ_SHARE))
+        self.shares: dict[str, ReadBudget] = {}  # a namespace's part of the read budget
+        self.read_refused = False  # the last body read ran out of budget
+        self.holding = HeldRequests(Load(config.max_held_total, held), self.metrics)
         self.table = RouteTable()
+        self.client_namespaces = ClientNamespaces(api)
         self.gates: dict[ServiceKey, Gate] = {}
         self.slices: dict[tuple[str, str], dict[str, Any]] = {}
         self.slice_routes: dict[tuple[str, str], ServiceKey] = {}
         self.pending: set[tuple[str, str]] = set()
-        self.held_total = Load()
         self.synced = False
         self.draining = False
         self._client: httpx.AsyncClient | None = None
@@ -235,34 +224,56 @@ class Activator:
             await answer(send, 200, b'{"status":"live"}')
             return
         if scope["path"] == READY_PATH:
-            ready = self.synced and not self.draining
+            ready = self.synced and not self.draining and not self.starved
             await answer(send, 200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
             return
         host = _host(scope)
         found = self.table.lookup(host)
+        if isinstance(found, list):
+            found = await self._clients_own(found, scope)
         if isinstance(found, Route):
             gate = self.gates[found.key]
             code = await self.serve(gate, scope, receive, send)
             self.metrics.answered(found.key, code)
         elif isinstance(found, list):
             name = found[0].name
-            message = f"host {host!r} names services at zero in several namespaces: use {name}.<namespace>"
+            message = (
+                f"host {host!r} names services at zero in several namespaces, and the client is no pod of "
+                f"one of them: use {name}.<namespace>"
+            )
             await answer(send, 404, error_body(404, message))
         else:
             await answer(send, 404, error_body(404, f"no service is routed through the activator for host {host!r}"))
 
+    async def _clients_own(self, claims: list[ServiceKey], scope: Scope) -> Route | list[ServiceKey]:
+        """Of the services a short name claims in several namespaces, the one in the client's own
+        namespace, as DNS resolves a short name (its search path); `claims` if the client is no
+        pod of theirs (or the API server does not say in time)."""
+        namespace = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLIENT_LOOKUP_S):
+                namespace = await self.client_namespaces.of(str((scope.get("client") or ("",))[0]))
+        for key in claims:
+            if key.namespace == namespace and key in self.table.routes:
+                return self.table.routes[key]
+        return claims
+
     async def serve(self, gate: Gate, scope: Scope, receive: Receive, send: Send) -> int:
         """One request of a routed service: read, then held or passed on; the status answered."""
+        namespace = gate.route.key.namespace
+        share = self.shares.get(namespace) or self.shares.setdefault(namespace, ReadBudget(self.tenant_read_bytes))
         try:
-            body = await self.bodies.read(scope, receive)
+            body = await self.bodies.read(scope, receive, share)
         except PayloadTooLarge as exc:
             await answer(send, 413, error_body(413, str(exc)))
             return 413
         except Busy:
+            self.read_refused = True
             await answer(send, 503, error_body(503, "too many request bodies arriving at once"), retry_after=True)
             return 503
         except ClientGone:
             return GONE
+        self.read_refused = False
         try:
             if gate.lingering_until is not None or gate.ready_until > self.clock():
                 return await self.forward(gate.route.upstream, scope, body, receive, send)
@@ -272,32 +283,45 @@ class Activator:
 
     async def hold(self, gate: Gate, scope: Scope, body: Body, receive: Receive, send: Send) -> int:
         key, policy, size = gate.route.key, gate.route.policy, len(body.data)
-        refusal = hold_refusal(gate.load, policy, self.held_total, self.total_caps, size)
+        client = str((scope.get("client") or ("",))[0])
+        refusal = self.holding.make_room(gate, self.gates.values(), client, size)
         if refusal is not None:
             status, message = refusal
             self.metrics.waited(key, "refused", 0.0)
             await answer(send, status, error_body(status, message), retry_after=status == 429)
             return status
         body.release()  # held now: its bytes count against the held limits, not the read budget
-        held = Held(size, self.clock(), asyncio.get_running_loop().create_future())
-        self._take(gate, held)
+        held = Held(size, self.clock(), asyncio.get_running_loop().create_future(), client)
+        self.holding.take(gate, held)
         gate.wake_wanted = True
         if gate.poller is None:
             gate.poller = self._spawn(self.poll(gate))
         outcome = await self._wait(held, policy.max_wait_seconds, receive)
         waited = self.clock() - held.arrived
-        if outcome == "served":
+        if outcome == "served" and (released := held.released.result()) is not None:
             self.metrics.waited(key, "served", waited)
-            upstream, before = held.released.result()
+            upstream, before = released
             return await self.forward(upstream, scope, body, receive, send, before, held.next_may_go)
-        self._give_back(gate, held)
+        self.holding.give_back(gate, held)
+        outcome = "refused" if outcome == "served" else outcome
         self.metrics.waited(key, outcome, waited)
         if outcome == "gone":
             return GONE
+        if outcome == "refused":
+            message = "the activator holds as many requests as it may, most of them for your namespace or address"
+            await answer(send, 429, error_body(429, message + "; retry shortly"), retry_after=True)
+            return 429
         retry = max(1, int(min(policy.max_wait_seconds, RETRY_AFTER_S)))
         message = f"the service did not become ready within {policy.max_wait_seconds:g}s; retry later"
         await answer(send, 503, error_body(503, message), retry_after=retry)
         return 503
+
+    @property
+    def starved(self) -> bool:
+        """A body was refused for want of budget and not even one more of the largest could be
+        read now: no client can be served here until bodies end (readiness says so, and the
+        operator sends the services' traffic to the other activator pods meanwhile)."""
+        return self.read_refused and self.bodies.budget.free < self.bodies.max_body
 
     async def _wait(self, held: Held, max_wait: float, receive: Receive) -> str:
         """Until released (served), the client leaves (gone), or the wait is over (timeout)."""
@@ -311,32 +335,8 @@ class Activator:
             with contextlib.suppress(asyncio.CancelledError):
                 await gone
         if held.released.done():
-            return "served"
+            return "served"  # or given back: the result says
         return "gone" if gone.done() and not gone.cancelled() else "timeout"
-
-    def _take(self, gate: Gate, held: Held) -> None:
-        gate.held.append(held)
-        gate.held_bytes += held.size
-        self.held_total = Load(self.held_total.requests + 1, self.held_total.body_bytes + held.size)
-        self.metrics.held.labels(gate.route.key.namespace, gate.route.key.name).inc()
-
-    def _give_back(self, gate: Gate, held: Held) -> None:
-        """`held` is no longer waiting (released, or ended); once."""
-        with contextlib.suppress(ValueError):
-            gate.held.remove(held)
-            gate.held_bytes -= held.size
-            self.held_total = Load(self.held_total.requests - 1, self.held_total.body_bytes - held.size)
-            self.metrics.held.labels(gate.route.key.namespace, gate.route.key.name).dec()
-
-    def release(self, gate: Gate, upstream: str) -> None:
-        """Every held request of the gate on its way, in the order they came."""
-        before: asyncio.Event | None = None
-        while gate.held:
-            held = gate.held[0]
-            self._give_back(gate, held)
-            if not held.released.done():
-                held.released.set_result((upstream, before))
-                before = held.next_may_go
 
     async def forward(
         self,
@@ -359,7 +359,13 @@ class Activator:
             url = httpx.URL(upstream).copy_with(raw_path=target(scope).encode("latin-1"))
             content = _written(body, next_may_go)
             request = self.client.build_request(scope["method"], url, headers=headers, content=content)
-            response = await self.client.send(request, stream=True)
+            response = await self._answer_head(request, receive)
+        except ClientGone:
+            return GONE
+        except TimeoutError:
+            message = f"the service did not begin its answer within {self.config.response_start_timeout_s:g}s"
+            await answer(send, 504, error_body(504, message))
+            return 504
         except httpx.TimeoutException:
             await answer(send, 504, error_body(504, "the service did not accept the request in time"))
             return 504
@@ -376,6 +382,28 @@ class Activator:
         finally:
             await response.aclose()
         return response.status_code
+
+    async def _answer_head(self, request: httpx.Request, receive: Receive) -> httpx.Response:
+        """The upstream's answer head, waited for at most `response_start_timeout_s` (then
+        TimeoutError) and only while the client is there (else ClientGone): either way the
+        upstream request is cancelled, its connection closed, and nothing waits on it."""
+        sending = asyncio.ensure_future(self.client.send(request, stream=True))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait(
+                {sending, gone}, timeout=self.config.response_start_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in (sending, gone):
+                task.cancel()
+            for task in (sending, gone):
+                with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                    await task
+        if sending.done() and not sending.cancelled():
+            return sending.result()
+        if gone.done() and not gone.cancelled():
+            raise ClientGone()
+        raise TimeoutError()
 
     # ------------------------------------------------------------------ waking and polling
 
@@ -408,7 +436,7 @@ class Activator:
                 route = gate.route
                 if await self.ready(route):
                     gate.ready_until = self.clock() + READY_REUSE_S
-                    self.release(gate, route.upstream)
+                    self.holding.release(gate, route.upstream)
                     break
                 self.wake(gate)
                 await asyncio.sleep(POLL_S)
@@ -539,6 +567,10 @@ class Activator:
                 self.table.remove(key)
                 del self.gates[key]
                 self.metrics.forget(key)
+                share = self.shares.get(key.namespace)
+                if share is not None and share.free == share.total:
+                    if all(other.namespace != key.namespace for other in self.gates):
+                        del self.shares[key.namespace]
                 log.info("route of %s forgotten", key)
 
     # ------------------------------------------------------------------ lifespan
@@ -586,7 +618,9 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def _written(body: Body, next_may_go: asyncio.Event | None) -> AsyncIterator[bytes]:
-    """The body, written upstream once. The next held request goes when this one's answer has
+    """The body, written upstream once; then it is the upstream's to hold, and the read budget
+    has it back (an answer may take minutes to begin: a stalled one must not keep it). The next
+    held request goes when this one's answer has
     begun, or ORDER_GRACE_S after its body was next_may_go if the answer is slow to begin (a
     completion that is not streamed): the replica has then read this one first. Going at once
     was not enough: a replica reads a new connection's request only on the turn of its loop
@@ -594,6 +628,7 @@ async def _written(body: Body, next_may_go: asyncio.Event | None) -> AsyncIterat
     data, body.data = body.data, b""
     yield data
     del data
+    body.release()
     if next_may_go is not None:
         asyncio.get_running_loop().call_later(ORDER_GRACE_S, next_may_go.set)
 
@@ -668,7 +703,7 @@ HELP = {
     "max_wait_seconds": "the longest a request is held (a slice's maxWaitSeconds is capped by it)",
     "max_held": "requests held per service (caps a slice's maxHeld)",
     "max_held_bytes": "bytes of bodies held per service (caps a slice's maxHeldBytes)",
-    "max_held_total": "requests held for all services at once",
+    "max_held_total": "requests held for all services at once (a full pool is shared fairly among namespaces)",
     "max_held_bytes_total": "bytes of bodies held for all services at once; 0: 3/8 of the memory limit",
     "ready_path": "the replicas' readiness path when a slice names none (or one that is not a plain path)",
     "drain_listen_seconds": "after SIGTERM, how long the listener stays open (unready) before it closes",
@@ -677,6 +712,7 @@ HELP = {
     "linger_seconds": "after a slice is removed, how long its hosts are still proxied straight to the replicas",
     "memory_limit_bytes": "0: the cgroup's; bodies being read take up to 1/4 of it",
     "max_body_bytes": "the largest request body (413 above); 0: from the memory limit, at most 64 MiB",
+    "response_start_timeout_s": "the longest a replica may take to begin its answer (then 504)",
 }
 
 
