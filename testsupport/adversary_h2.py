@@ -9,7 +9,11 @@ would, not through a gRPC library that plays by the rules.
 - huge headers: a call, then a second whose metadata is 10,000 fields (HPACK makes them a few
   bytes each on the wire: the size is only seen once decoded);
 - large messages (gRPC only): 100 calls at once, each sending a whole 19 MiB message as fast as
-  the server's flow-control windows let it.
+  the server's flow-control windows let it;
+- answers nobody reads (gRPC only), for a model whose answers are 64 times its requests: two
+  connections of 50 ModelInfer calls each, whose SETTINGS give every stream a window of 0 and
+  that never send a WINDOW_UPDATE (zero window), or that open every window as far as HTTP/2
+  allows and then never read the socket again (never reading).
 
 The watcher's health check is the protocol's ServerLive over a new connection, read to its
 trailers (grpc-status 0 and live = true).
@@ -30,6 +34,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+import h2.settings
 
 # h2 and hpack log every header field at DEBUG: with the root logger at DEBUG (a test before
 # may have set it), encoding 300 heads of 10,000 fields took this process 177 s, and the health
@@ -69,14 +74,23 @@ def frame(message: bytes, announced: int | None = None) -> bytes:
 
 
 class Client:
-    """One HTTP/2 connection written by hand; `close()` drops it (what the attacks hold)."""
+    """One HTTP/2 connection written by hand; `close()` drops it (what the attacks hold). `window`:
+    the flow-control window it gives each stream of the server's (HTTP/2's default if None); one
+    larger than the default opens the connection's own window as far."""
 
-    def __init__(self, endpoint: Endpoint, source: str | None = None, timeout: float = 10) -> None:
+    def __init__(
+        self, endpoint: Endpoint, source: str | None = None, timeout: float = 10, window: int | None = None
+    ) -> None:
         address = (source, 0) if source else None
         self.sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout, source_address=address)
         self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
         self.h2.initiate_connection()
+        if window is not None:
+            self.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+            if window > self.h2.inbound_flow_control_window:
+                self.h2.increment_flow_control_window(window - self.h2.inbound_flow_control_window)
         self.ended: set[int] = set()
+        self.answering: set[int] = set()  # streams whose answer's headers came
         self.bodies: dict[int, bytes] = {}
         self.status: dict[int, str] = {}
         self.flush()
@@ -93,11 +107,15 @@ class Client:
             self.sock.send(data)
 
     def call(self, method: str, message: bytes = EMPTY_MESSAGE, *, end: bool = True) -> int:
-        """Open a stream for `method` and write `message` (ending the stream unless `end` is false)."""
+        """Open a stream for `method` and write `message` in frames (ending the stream unless `end`
+        is false): within the first window, the server's SETTINGS not yet read."""
         stream = self.h2.get_next_available_stream_id()
         self.h2.send_headers(stream, _headers(method))
         if message:
-            self.h2.send_data(stream, message, end_stream=end)
+            size = self.h2.max_outbound_frame_size
+            for offset in range(0, len(message), size):
+                last = offset + size >= len(message)
+                self.h2.send_data(stream, message[offset : offset + size], end_stream=end and last)
         elif end:
             self.h2.end_stream(stream)
         return stream
@@ -126,6 +144,8 @@ class Client:
                     self.bodies[event.stream_id] = self.bodies.get(event.stream_id, b"") + event.data
                     self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
                 elif isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        self.answering.add(event.stream_id)
                     for name, value in event.headers:
                         if name in ("grpc-status", b"grpc-status"):
                             self.status[event.stream_id] = value if isinstance(value, str) else value.decode()
@@ -254,16 +274,26 @@ UPLOADS_S = 3.0
 _INFER_HEAD = b"\x0a\x04tiny" + b"\x2a\x0d\x0a\x01x\x12\x04FP32\x1a\x02\x01\x04"
 
 
-class Upload(Client):
-    """One connection sending one whole ModelInfer message, as fast as the server's flow-control
-    windows let it, on the thread of its `Pump` (the attack holds the connections while they send)."""
+class Sender(Client):
+    """One connection sending whole ModelInfer messages on its streams, as fast as the server's
+    flow-control windows let it, on the thread of its `Pump` (the attack holds the connections
+    while they send). `reads` false: once every message is out it reads nothing more, and it never
+    acknowledges what it received (what the answerless attacks hold the server to)."""
 
-    def __init__(self, endpoint: Endpoint, zeros: memoryview, pump: Pump) -> None:
-        super().__init__(endpoint)
-        message = _INFER_HEAD + b"\x3a" + _varint(len(zeros))
-        self.parts = [memoryview(frame(message, announced=len(message) + len(zeros))), zeros]
-        self.stream = self.call("ModelInfer", b"", end=False)
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        messages: list[list[memoryview]],
+        pump: Pump,
+        *,
+        window: int | None = None,
+        reads: bool = True,
+    ) -> None:
+        super().__init__(endpoint, window=window)
+        self.parts = {self.call("ModelInfer", b"", end=False): list(parts) for parts in messages}
+        self.streams = set(self.parts)
         self.pending = memoryview(self.h2.data_to_send())
+        self.reads = reads
         self.done = False
         self.pump = pump
 
@@ -276,25 +306,31 @@ class Upload(Client):
                 return
             for event in self.h2.receive_data(data):
                 if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
-                    self.done = True
-                elif isinstance(event, h2.events.DataReceived):
+                    self.ended.add(event.stream_id)
+                    self.parts.pop(event.stream_id, None)
+                elif isinstance(event, h2.events.DataReceived) and self.reads:
                     self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        while not self.pending and self.parts and not self.done:
-            window = min(self.h2.local_flow_control_window(self.stream), self.h2.max_outbound_frame_size)
-            if window <= 0:
+        while not self.pending and not self.done:
+            stream = next((s for s in self.parts if self.h2.local_flow_control_window(s) > 0), None)
+            if stream is None:
                 break
-            piece, self.parts[0] = self.parts[0][:window], self.parts[0][window:]
-            if not self.parts[0]:
-                self.parts.pop(0)
-            self.h2.send_data(self.stream, piece, end_stream=not self.parts)
+            window = min(self.h2.local_flow_control_window(stream), self.h2.max_outbound_frame_size)
+            parts = self.parts[stream]
+            piece, parts[0] = parts[0][:window], parts[0][window:]
+            if not parts[0]:
+                parts.pop(0)
+            if not parts:
+                del self.parts[stream]
+            self.h2.send_data(stream, piece, end_stream=not parts)
             self.pending = memoryview(self.h2.data_to_send())
         if self.pending:
             with contextlib.suppress(BlockingIOError):
                 self.pending = self.pending[self.sock.send(self.pending) :]
+        self.done = self.done or self.streams <= self.ended or (not self.reads and not self.parts and not self.pending)
 
     def writable(self) -> bool:
-        """Whether there is something to write now: bytes framed, or the window open for more."""
-        return bool(self.pending) or (bool(self.parts) and self.h2.local_flow_control_window(self.stream) > 0)
+        """Whether there is something to write now: bytes framed, or a window open for more."""
+        return bool(self.pending) or any(self.h2.local_flow_control_window(s) > 0 for s in self.parts)
 
     def close(self) -> None:
         self.pump.stop()
@@ -305,7 +341,7 @@ class Pump:
     """The thread that drives every `Upload` until each is answered or the attack lets go."""
 
     def __init__(self) -> None:
-        self.uploads: list[Upload] = []
+        self.uploads: list[Sender] = []
         self._stop = threading.Event()
         self.finished = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="adversary-uploads")
@@ -347,11 +383,54 @@ def large_messages(endpoint: Endpoint, scale: int) -> list[Client]:
     """`scale` connections, each a ModelInfer call sending a whole LARGE_MESSAGE_BYTES message at
     once, as fast as the server takes it: the server must not hold them all at the same time."""
     zeros = memoryview(bytes(LARGE_MESSAGE_BYTES))
+    message = _INFER_HEAD + b"\x3a" + _varint(len(zeros))
+    parts = [memoryview(frame(message, announced=len(message) + len(zeros))), zeros]
     pump = Pump()
-    pump.uploads = [Upload(endpoint, zeros, pump) for _ in range(scale)]
+    pump.uploads = [Sender(endpoint, [parts], pump) for _ in range(scale)]
     pump.start()
     pump.finished.wait(UPLOADS_S)
     return list(pump.uploads)
+
+
+def infer_message(rows: int) -> bytes:
+    """A ModelInferRequest for `tiny`, its input x FP32 [rows, 4] of zeros in raw_input_contents."""
+    shape = _varint(rows) + _varint(4)
+    tensor = b"\x0a\x01x\x12\x04FP32\x1a" + _varint(len(shape)) + shape
+    return b"\x0a\x04tiny\x2a" + _varint(len(tensor)) + tensor + b"\x3a" + _varint(16 * rows) + bytes(16 * rows)
+
+
+#: Rows of each answerless call's input: a 64 KiB message, answered with 4 MiB by a model whose
+#: answers are 64 times its requests (x[N, 4] @ W[4, 256]); under the largest answer a server
+#: with a 512 MiB memory limit makes, so that its answers are held, not refused.
+ANSWERLESS_ROWS = 4096
+#: Calls each answerless connection opens at once.
+ANSWERLESS_CALLS = 50
+#: The largest window HTTP/2 allows.
+MAX_WINDOW = (1 << 31) - 1
+
+
+def _answerless(endpoint: Endpoint, scale: int, window: int) -> list[Client]:
+    message = memoryview(frame(infer_message(ANSWERLESS_ROWS)))
+    pump = Pump()
+    pump.uploads = [
+        Sender(endpoint, [[message]] * ANSWERLESS_CALLS, pump, window=window, reads=False) for _ in range(scale)
+    ]
+    pump.start()
+    pump.finished.wait(UPLOADS_S)
+    return list(pump.uploads)
+
+
+def zero_window(endpoint: Endpoint, scale: int) -> list[Client]:
+    """`scale` connections whose SETTINGS give each stream a window of 0 and that never send a
+    WINDOW_UPDATE, each sending ANSWERLESS_CALLS ModelInfer calls whose answers can never leave."""
+    return _answerless(endpoint, scale, 0)
+
+
+def never_reading(endpoint: Endpoint, scale: int) -> list[Client]:
+    """`scale` connections opening every window as far as HTTP/2 allows, each sending
+    ANSWERLESS_CALLS ModelInfer calls and then never reading again: the answers fill the socket
+    buffers, and the rest waits in the server."""
+    return _answerless(endpoint, scale, MAX_WINDOW)
 
 
 ATTACKS: dict[str, tuple[Callable[[Endpoint, int], list[Client]], int]] = {
@@ -361,4 +440,6 @@ ATTACKS: dict[str, tuple[Callable[[Endpoint, int], list[Client]], int]] = {
     "stalled uploads": (stalled_uploads, 1_000),
     "huge headers": (huge_headers, 300),
     "large messages": (large_messages, 100),
+    "zero window": (zero_window, 2),
+    "never reading": (never_reading, 2),
 }

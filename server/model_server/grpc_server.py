@@ -21,6 +21,14 @@ stream's flow-control window to the message's length, and holds at most its look
 with BDP probing off) of a stream that has not asked, so a call asks only with the largest
 message reserved, and keeps twice what came until it is answered. ServerLive and ServerReady do
 not read their (empty) message; ModelReady reads its own beside the budget, a few at once.
+
+Answers hold the same budget until they have left (`Answers`): gRPC's core keeps an answer whole
+until the client's flow-control window lets it out, and reports the call done only then, so an
+answer is counted from the moment it is handed over to that report. One connection's answers
+hold at most a quarter of the budget, so a client that never reads cannot take it all; a call
+finding no room is refused with RESOURCE_EXHAUSTED at once. An answer that is never read leaves
+with its connection: gRPC's core sends every connection a GOAWAY after
+`grpc_max_connection_age_s` and closes it `write_timeout_s` later (clients reconnect unnoticed).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -71,6 +79,15 @@ LOOKAHEAD_BYTES = 64 * 1024
 RECEIVED_COPIES = 2
 #: ModelReady calls receiving their message at once, beside the message budget (it is a name).
 PROBE_RECEIVERS = 4
+#: What an answer costs until it has left, in multiples of its size: the serialized message the
+#: handler hands over and gRPC's core's copy of it, both kept until the message is written.
+ANSWER_COPIES = 2
+#: And what its call costs meanwhile, whatever its size (the call's state in gRPC's core and in
+#: its Python server, about 12 KiB), so that calls with small answers are bounded too.
+CALL_BYTES = 16 * 1024
+#: The answers of one connection hold at most this share of the message budget (a quarter): two
+#: connections whose clients never read leave room for another client's message.
+CONNECTION_SHARES = 4
 
 #: An error's gRPC status, from its HTTP status (the one table of error types is api/errors.py).
 GRPC_STATUS_OF_HTTP: dict[int, grpc.StatusCode] = {
@@ -166,6 +183,17 @@ class Reservation:
         self.budget.release(self.held - kept)
         self.held = kept
 
+    def become(self, size: int) -> bool:
+        """Hold exactly `size`: what is held beyond it goes back, and more is taken only if it is
+        free now (what it counts is already in memory: waiting would only hold it longer)."""
+        if size <= self.held:
+            self.keep(size)
+            return True
+        if not self.budget.take_now(size - self.held):
+            return False
+        self.held = size
+        return True
+
     def release(self) -> None:
         self.keep(0)
 
@@ -195,11 +223,68 @@ class MessageBudget:
         return Reservation(self.memory, self.message_limit)
 
 
+class Answers:
+    """Answers handed to gRPC's core and not gone yet, counted against the message budget until
+    they leave: gRPC reports a call done only once its answer is written to the connection (or
+    the call has ended), so an answer waiting for a flow-control window that stays shut holds its
+    bytes here, not beside the budget. Each connection's answers hold at most `share` bytes; a
+    call that would take more, or that finds no room for its message until an answer leaves, is
+    refused at once. An answer never read leaves with its connection: gRPC's core asks every
+    connection to reconnect after `grpc_max_connection_age_s` and drops it `write_timeout_s` later."""
+
+    def __init__(self, budget: MessageBudget, shares: int = CONNECTION_SHARES) -> None:
+        self.budget = budget
+        self.share = budget.memory.total // shares
+        self.held: dict[str, int] = {}  # bytes by peer: a peer's address and port are one connection
+        self.total = 0
+
+    def admit(self, peer: str) -> None:
+        """Refuse a new call of `peer` if answers already leave it nothing to wait for."""
+        held = self.held.get(peer, 0)
+        if held >= self.share:
+            raise Refused(
+                f"this connection's answers not yet read hold {held >> 20} MiB, its share of "
+                f"{self.share >> 20} MiB of the server's memory; read them, then call again"
+            )
+        room = self.budget.memory.total - self.total
+        if room < self.budget.message_limit:
+            raise Refused(
+                f"answers waiting for their clients to read them hold {self.total >> 20} MiB of the server's "
+                f"{self.budget.memory.total >> 20} MiB for messages; retry shortly"
+            )
+
+    def hold(self, peer: str, size: int, reservation: Reservation) -> Callable[[object], None]:
+        """Count `size` bytes of `peer`'s answer, from `reservation` (which it takes over) and the
+        budget; the callback that gives them back once the call is done."""
+        held = self.held.get(peer, 0)
+        if held + size > self.share:
+            raise Refused(
+                f"the answer takes {size >> 20} MiB until it is read; this connection's answers not yet read "
+                f"would then hold more than its share of {self.share >> 20} MiB; read them, or ask for fewer rows"
+            )
+        if not reservation.become(size):
+            raise Refused(
+                f"the server's {self.budget.memory.total >> 20} MiB for messages are taken by messages and "
+                "answers in transit; retry shortly"
+            )
+        self.held[peer] = held + size
+        self.total += size
+
+        def release(_: object) -> None:
+            reservation.release()
+            left = self.held.pop(peer) - size
+            if left:
+                self.held[peer] = left
+            self.total -= size
+
+        return release
+
+
 # ---------------------------------------------------------------------- the service
 
 RequestT = TypeVar("RequestT", bound=Message)
 Handler = Callable[[Any], Awaitable[Message]]
-ServicerContext = grpc.aio.ServicerContext[bytes, Message]
+ServicerContext = grpc.aio.ServicerContext[bytes, bytes]
 
 
 class InferenceService:
@@ -209,8 +294,9 @@ class InferenceService:
         self.state = state
         self.settings = state.settings
         self.calls = CallTable(state.settings.max_connections)
-        self.message_limit = min(MAX_MESSAGE_BYTES, state.settings.parse_memory_bytes)
         self.messages = MessageBudget(state.bodies.buffer.total, receive_limit(state), state.bodies.wait_s)
+        self.answers = Answers(self.messages)
+        self.answer_limit = answer_limit(state)
         self.probe_receivers = CallTable(PROBE_RECEIVERS, probe_slots=0)
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
@@ -227,15 +313,13 @@ class InferenceService:
             "ModelInfer": (pb.ModelInferRequest, self.model_infer),
         }
         return {
-            name: grpc.stream_unary_rpc_method_handler(
-                self._bounded(name, message, handler), response_serializer=_serialize
-            )
+            name: grpc.stream_unary_rpc_method_handler(self._bounded(name, message, handler))
             for name, (message, handler) in methods.items()
         }
 
     def _bounded(
         self, name: str, message: type[Message], handler: Handler
-    ) -> Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext[Any, Any]], Awaitable[Message]]:
+    ) -> Callable[[AsyncIterator[bytes], grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]]:
         """`handler` for one message of type `message`, read under the call table, the message
         budget and the body timeout, its errors answered with their status.
 
@@ -245,7 +329,7 @@ class InferenceService:
         another so grew the server 120 MiB a second."""
         probe = name in PROBES
 
-        async def call(requests: AsyncIterator[bytes], context: ServicerContext) -> Message:
+        async def call(requests: AsyncIterator[bytes], context: ServicerContext) -> bytes:
             outcome = await self._serve(name, message, handler, probe, context)
             if isinstance(outcome, Failure):
                 await context.abort(outcome.code, outcome.details)
@@ -256,8 +340,15 @@ class InferenceService:
 
     async def _serve(
         self, name: str, message: type[Message], handler: Handler, probe: bool, context: ServicerContext
-    ) -> Message | Failure:
+    ) -> bytes | Failure:
+        """The call's answer, serialized; once handed to gRPC it is counted (`Answers`) until it
+        has left, the probes' excepted (they must always answer, and their answers are a few bytes).
+        The call's slot is given back now: answers that wait, counted by their bytes and their
+        calls', would otherwise fill the call table as cheaply as they fill a connection's share."""
+        peer = "" if probe else context.peer()
         try:
+            if not probe:
+                self.answers.admit(peer)
             entry = self.calls.enter(probe)
         except Refused as exc:
             return Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
@@ -274,7 +365,16 @@ class InferenceService:
             entry.waiting = False
             request = message.FromString(raw)
             del raw
-            return await self._answer(name, handler, request)
+            answer = await self._answer(name, handler, request)
+            if isinstance(answer, Failure):
+                return answer
+            serialized = answer.SerializeToString()
+            del answer
+            if reservation is not None:
+                release = self.answers.hold(peer, ANSWER_COPIES * len(serialized) + CALL_BYTES, reservation)
+                context.add_done_callback(cast(Any, release))  # the stubs' callback type is a class of theirs
+                reservation = None
+            return serialized
         except Refused as exc:
             return Failure(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except Ended as exc:
@@ -368,7 +468,7 @@ class InferenceService:
                 if decoded.outputs:
                     check_requested_outputs(decoded.outputs, [spec.name for spec in served.outputs])
                 outputs = await submit(served, decoded.inputs)
-                return encode_infer_response(decoded, self.settings.name, served.version, outputs, self.message_limit)
+                return encode_infer_response(decoded, self.settings.name, served.version, outputs, self.answer_limit)
             except ServerError as exc:
                 tracker.code = status_of(exc)
                 raise
@@ -380,13 +480,17 @@ class InferenceService:
                 raise
 
 
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
-
-
 def receive_limit(state: AppState) -> int:
     """The largest message a call may send: REST's largest body."""
     return min(MAX_MESSAGE_BYTES, state.settings.max_body_bytes)
+
+
+def answer_limit(state: AppState) -> int:
+    """The largest answer: one that a connection's share of the message budget holds until it
+    is read (a larger one is refused before it is encoded, with its size)."""
+    budget = max(state.bodies.buffer.total, receive_limit(state))
+    share = budget // CONNECTION_SHARES // ANSWER_COPIES
+    return min(MAX_MESSAGE_BYTES, state.settings.parse_memory_bytes, share)
 
 
 def server_options(state: AppState) -> list[tuple[str, int]]:
@@ -397,11 +501,14 @@ def server_options(state: AppState) -> list[tuple[str, int]]:
         # No window grows beyond the lookahead until its call asks for its message.
         ("grpc.http2.bdp_probe", 0),
         ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES),
-        ("grpc.max_send_message_length", min(MAX_MESSAGE_BYTES, settings.parse_memory_bytes)),
+        ("grpc.max_send_message_length", answer_limit(state)),
         ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
         ("grpc.max_allowed_incoming_connections", CONNECTIONS_PER_CALL_SLOT * settings.max_connections),
         ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
         ("grpc.max_connection_idle_ms", settings.keep_alive_timeout_s * 1000),
+        # An answer whose client never reads it leaves with its connection, within both.
+        ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(settings.write_timeout_s * 1000)),
         ("grpc.max_metadata_size", settings.max_header_bytes),
         ("grpc.absolute_max_metadata_size", settings.max_header_bytes),
         ("grpc.so_reuseport", 0),

@@ -131,6 +131,14 @@ class ServerSettings(BaseSettings):
     write_timeout_s: Annotated[float, Flag("write-timeout")] = Field(
         default=60.0, gt=0, description="seconds a client may leave an answer unread before its connection is dropped"
     )
+    grpc_max_connection_age_s: Annotated[float, Flag("grpc-max-connection-age")] = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="seconds a gRPC connection serves before it is asked to reconnect (GOAWAY: clients do so "
+        "unnoticed); its calls then have write-timeout to finish, so an answer its client never reads is dropped "
+        "with its connection within both",
+    )
     keep_alive_timeout_s: Annotated[int, Flag("keep-alive-timeout")] = Field(
         default=75,
         ge=1,

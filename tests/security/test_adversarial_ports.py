@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +14,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as triton
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.vllm import FRONT
 from inference_operator.models import parse_spec
-from testsupport import adversary
+from testsupport import adversary, adversary_h2
 from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command
@@ -36,10 +38,11 @@ class Running:
 
 @pytest.fixture(scope="module")
 def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    """The model server with its shipped limits, and a metrics port."""
+    """The model server with its shipped limits, and a metrics port. Its model's answers are 64
+    times its requests (x[N, 4] @ W[4, 256]), for the attacks that leave answers unread."""
     adversary.raise_fd_limit()
     repo = tmp_path_factory.mktemp("adversary") / "repo"
-    affine_model(repo / "1" / "model.onnx", np.ones((4, 3), np.float32), np.zeros(3, np.float32))
+    affine_model(repo / "1" / "model.onnx", np.ones((4, 256), np.float32), np.zeros(256, np.float32))
     port, metrics_port, grpc_port = free_port(), free_port(), free_port()
     flags = ["--model-name", "tiny", "--no-watch", "--log-level", "warning", "--intra-op-threads", "1"]
     flags += ["--metrics-port", str(metrics_port), "--memory-limit-bytes", str(MEMORY_LIMIT)]
@@ -198,3 +201,30 @@ def test_the_port_stays_answerable_with_bounded_memory_and_threads(
     report = adversary.attack(target, attack)
     print(report.summary())
     assert report.problems(adversary.Bounds()) == []
+
+
+@pytest.mark.parametrize("attack", ["zero window", "never reading"])
+def test_grpc_answers_nobody_reads_leave_room_for_another_clients_call(model_server: Running, attack: str) -> None:
+    """While the attack's connections hold answers they never read, another client's ModelInfer
+    and ServerLive are answered, and the server stays under its memory limit."""
+    port = model_server.ports["grpc"]
+    target = PORTS["model-server-grpc"][1](model_server)
+    run, scale = adversary_h2.ATTACKS[attack]
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    rows = triton.InferInput("x", [2, 4], "FP32")
+    rows.set_data_from_numpy(np.ones((2, 4), np.float32))
+    answers, lives, peak = [], [], 0
+    held = run(target, scale)
+    try:
+        for _ in range(5):  # through the attack's answers being made, refused and held
+            answers.append(client.infer("tiny", [rows], client_timeout=10).as_numpy("y"))
+            lives.append(client.is_server_live(client_timeout=10))
+            peak = max(peak, adversary.process_status(model_server.pid)[0])
+            time.sleep(0.3)
+    finally:
+        for connection in held:
+            connection.close()
+    for answer in answers:
+        np.testing.assert_array_equal(answer, np.full((2, 256), 4, np.float32))
+    assert all(lives)
+    assert peak < MEMORY_LIMIT, f"resident memory {peak / adversary.MiB:.0f} MiB, over the limit"

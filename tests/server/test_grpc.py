@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from model_server import grpc_predict_v2_pb2 as pb
 from model_server.grpc_server import SERVICE
 from testsupport import adversary, adversary_h2
+from testsupport.onnx_models import affine_model
 
 from .grpc_helpers import infer, raw_call, running_grpc_server
 from .helpers import HeldRuntime, make_settings
@@ -332,3 +333,73 @@ def _answers_ready(client: triton.InferenceServerClient) -> bool:
         return bool(client.is_server_ready(client_timeout=1))
     except InferenceServerException:
         return False
+
+
+@pytest.fixture
+def wide_repo(tmp_path: Path) -> Path:
+    """A model whose answers are 64 times its requests: x[N, 4] @ W[4, 256]."""
+    affine_model(tmp_path / "wide" / "1" / "model.onnx", np.ones((4, 256), np.float32), np.zeros(256, np.float32))
+    return tmp_path / "wide"
+
+
+#: A ModelInfer message of 3,500 rows (55 KiB, within HTTP/2's first window): its answer, 3.4 MiB,
+#: takes over half a connection's share of a 512 MiB server's budget until it is read.
+WIDE_MESSAGE = adversary_h2.frame(adversary_h2.infer_message(3500))
+
+
+def test_an_answer_its_client_does_not_read_holds_the_budget_and_the_next_is_refused(wide_repo):
+    """An answer waiting for a window its client keeps shut counts against the message budget
+    until it leaves; that connection's next answer, beyond its share, is refused with
+    RESOURCE_EXHAUSTED (not held, not waited for), and another client is answered meanwhile.
+    When the connection goes, so do the bytes."""
+    settings = make_settings(wide_repo, grpc_port=0, memory_limit_bytes=512 * MiB)
+    rows = np.ones((2, 4), np.float32)
+    with running_grpc_server(settings) as server:
+        shut = adversary_h2.Client(adversary.Target("gRPC", "127.0.0.1", server.grpc_port, "", 0), window=0)
+        first = shut.call("ModelInfer", WIDE_MESSAGE)
+        shut.flush()
+        assert shut.read_until(lambda: first in shut.answering, 10)  # its answer is handed over
+        shut.read_until(lambda: shut.h2.outbound_flow_control_window >= len(WIDE_MESSAGE), 10)
+        second = shut.call("ModelInfer", WIDE_MESSAGE)
+        shut.flush()
+        shut.read_until(lambda: second in shut.ended, 10)
+        answer = triton.InferenceServerClient(server.target).infer("tiny", [triton_input(rows)])
+        assert first not in shut.ended and shut.status.get(second) == "8"  # RESOURCE_EXHAUSTED
+        assert server.server.grpc is not None
+        answers, budget = server.server.grpc.service.answers, server.server.grpc.service.messages.memory
+        held, free = answers.total, budget.free
+        shut.close()
+        wait_for(lambda: answers.total == 0 and budget.free == budget.total)
+    assert 2 * 3500 * 1024 < held <= answers.share  # its two copies, within its connection's share
+    assert budget.total - free >= held
+    assert answer.as_numpy("y").shape == (2, 256)
+
+
+def closed_by_peer(client: adversary_h2.Client, timeout: float) -> bool:
+    """Whether the server closes `client`'s connection within `timeout` (what it sends is drained)."""
+    client.sock.settimeout(timeout)
+    try:
+        while client.sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def test_a_connection_whose_answer_is_never_read_is_dropped_after_its_age_and_grace(wide_repo):
+    """gRPC's core asks each connection to reconnect after grpc_max_connection_age_s and drops it
+    write_timeout_s later: an answer whose window stays shut goes with it, and its bytes return."""
+    settings = make_settings(wide_repo, grpc_port=0, grpc_max_connection_age_s=1, write_timeout_s=1)
+    with running_grpc_server(settings) as server:
+        shut = adversary_h2.Client(adversary.Target("gRPC", "127.0.0.1", server.grpc_port, "", 0), window=0)
+        stream = shut.call("ModelInfer", WIDE_MESSAGE)
+        shut.flush()
+        assert shut.read_until(lambda: stream in shut.answering, 10)  # its answer is handed over
+        dropped = closed_by_peer(shut, 20)
+        shut.close()
+        assert dropped
+        assert server.server.grpc is not None
+        answers, budget = server.server.grpc.service.answers, server.server.grpc.service.messages.memory
+        wait_for(lambda: answers.total == 0 and budget.free == budget.total)

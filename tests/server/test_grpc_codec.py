@@ -21,7 +21,7 @@ from model_server.grpc_codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from model_server.grpc_server import CallTable, MessageBudget, Refused
+from model_server.grpc_server import Answers, CallTable, MessageBudget, Refused
 from model_server.tensors import MAX_BYTES_ELEMENTS
 from testsupport.grpc_codegen import OUTPUTS, generate
 
@@ -225,3 +225,29 @@ async def test_the_message_budget_holds_the_largest_message_per_call_until_its_o
     for reservation in (first, second, held):
         reservation.release()
     assert budget.memory.free == 100 * MiB
+
+
+async def test_answers_not_yet_read_count_against_the_budget_each_connection_within_its_share():
+    budget = MessageBudget(total=100 * MiB, message_limit=40 * MiB, wait_s=0.2)
+    answers = Answers(budget)
+    assert answers.share == 25 * MiB
+    first = await budget.reserve()
+    first.keep(2 * MiB)
+    gone = answers.hold("a", 21 * MiB, first)  # its answer made: it takes what its message held, and more
+    assert budget.memory.free == 79 * MiB and answers.held == {"a": 21 * MiB}
+    answers.admit("a")  # a new call of a's may still come: a small answer fits what is left of its share
+
+    second = await budget.reserve()
+    with pytest.raises(Refused, match="its share of 25 MiB"):
+        answers.hold("a", 6 * MiB, second)  # beyond a's share: refused, not waited for
+    answers.hold("b", 21 * MiB, second)
+    third = await budget.reserve()
+    answers.hold("c", 21 * MiB, third)
+    assert budget.memory.free == 37 * MiB
+    with pytest.raises(Refused, match="hold 63 MiB of the server's 100 MiB"):
+        answers.admit("d")  # no room for a message until an answer leaves: refused at once
+
+    gone(None)  # a's call is done: its answer has left, or its connection has
+    assert answers.held == {"b": 21 * MiB, "c": 21 * MiB} and answers.total == 42 * MiB
+    assert budget.memory.free == 58 * MiB
+    answers.admit("d")
