@@ -19,9 +19,12 @@ from inference_operator import policy, settings
 from inference_operator.builders.activator import WAKE_ANNOTATION
 from inference_operator.config import OperatorConfig
 from inference_operator.models import parse_spec
-from inference_operator.validation import validate_custom_resource
+from inference_operator.models import runtime as runtime_model
+from inference_operator.models.base import cel_string
+from inference_operator.validation import cel_errors, validate_custom_resource
 from tests.chart import helm as h
 from tests.chart.test_helm import KUBERNETES_VERSIONS
+from tests.operator.test_crd_cel import COLLECTOR_ENDPOINTS, LOCAL_TRACING_ENDPOINTS
 from testsupport.admission import evaluate
 from testsupport.cluster import Cluster
 from testsupport.crd import apply_defaults, crd_schema
@@ -482,3 +485,42 @@ def test_the_wake_only_policy_binds_cluster_wide_and_names_the_activator(chart_c
 def test_no_wake_only_policy_without_an_activator_or_admission_policies(chart_cluster: Cluster, values: dict) -> None:
     objects, _ = installed(chart_cluster, values)
     assert not [o for o in objects if o["metadata"]["name"] == WAKE_ONLY]
+
+
+# runtime.tracing.endpoint: refused at admission as the CRD refuses it (a cluster may keep a CRD
+# from before the rule: Helm never upgrades one).
+TRACING_CASES = [
+    *[({}, endpoint) for endpoint in LOCAL_TRACING_ENDPOINTS + COLLECTOR_ENDPOINTS],
+    *[({}, f"http://otel.observability:{port}/v1/traces") for port in (8080, 8081, 9090, 4318)],
+    *[({"port": 8000}, f"http://otel.observability:{port}/v1/traces") for port in (8000, 8080)],
+    *[({"metricsPort": 9100}, f"http://10.0.0.5:{port}/") for port in (9100, 9090)],
+    *[({"grpcPort": 8500}, f"http://[2001:db8::1]:{port}/") for port in (8500, 8501)],
+    ({"engine": "vllm"}, "http://127.0.0.1:8081/v1/load_lora_adapter"),
+]
+
+
+def _crd_messages(spec: dict[str, Any]) -> tuple[str, ...]:
+    schema = crd_schema()
+    errors = cel_errors(schema, apply_defaults(schema, inference_service(spec)))
+    return tuple(e.split(": ", 1)[1] for e in errors)
+
+
+def test_admission_refuses_the_tracing_endpoints_the_crd_refuses(chart_cluster: Cluster) -> None:
+    objects, _ = installed(chart_cluster, None)
+    vap = h.one(objects, "ValidatingAdmissionPolicy")
+    refused = 0
+    for runtime, endpoint in TRACING_CASES:
+        spec = {"model": {"uri": "pvc://m"}, "runtime": {**runtime, "tracing": {"endpoint": endpoint}}}
+        expected = _crd_messages(spec)
+        assert admission_messages(vap, spec) == expected, (runtime, endpoint)
+        refused += bool(expected)
+    # Not vacuous: both rules refuse, and collectors pass.
+    assert len(LOCAL_TRACING_ENDPOINTS) + 5 <= refused < len(TRACING_CASES)
+
+
+def test_the_admission_policy_carries_the_crds_tracing_expressions(chart_cluster: Cluster) -> None:
+    objects, _ = installed(chart_cluster, None)
+    variables = {v["name"]: v["expression"] for v in h.one(objects, "ValidatingAdmissionPolicy")["spec"]["variables"]}
+    assert variables["localHost"] == cel_string(runtime_model.TRACING_LOCAL_HOST)
+    assert variables["numericHost"] == cel_string(runtime_model.TRACING_NUMERIC_HOST)
+    assert variables["dottedHost"] == cel_string(runtime_model.TRACING_DOTTED_HOST)
