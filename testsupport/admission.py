@@ -61,12 +61,21 @@ def _run(expression: str, inputs: dict[str, Any]) -> Any:
 
 
 def evaluate(
-    policy: JsonObject, obj: JsonObject | None, old: JsonObject | None = None, operation: str = "CREATE"
+    policy: JsonObject,
+    obj: JsonObject | None,
+    old: JsonObject | None = None,
+    operation: str = "CREATE",
+    user: str = "admin",
 ) -> Verdict:
-    """The policy's verdict on a request writing `obj` (over `old` for an UPDATE)."""
+    """The policy's verdict on a request by `user` writing `obj` (over `old` for an UPDATE)."""
     spec = policy["spec"]
     metadata = (obj or old or {}).get("metadata") or {}
-    request = {"operation": operation, "name": metadata.get("name", ""), "namespace": metadata.get("namespace", "")}
+    request = {
+        "operation": operation,
+        "name": metadata.get("name", ""),
+        "namespace": metadata.get("namespace", ""),
+        "userInfo": {"username": user},
+    }
     # The request's Namespace, as the API server hands it to a policy (its name is all we know).
     namespace = {"metadata": {"name": request["namespace"]}} if request["namespace"] else None
     inputs: dict[str, Any] = {

@@ -7,14 +7,24 @@ take the pod. Each cause becomes a reason a script can match, as KServe's are, a
 that names the pod and container.
 
 Whatever a container wrote (its termination message) may quote a URL or a token: it is never
-copied as it is. URLs lose their credentials, query and fragment, values that look like
-tokens or keys are masked, and the whole is one line of bounded length (`redact`).
+copied as it is. URLs lose their credentials, query and fragment; values that look like
+tokens, passwords or keys are masked, found by detect-secrets' detectors (the maintained set of
+credential shapes, its keywords and its entropy limits) and the few shapes it lacks; and the
+whole is one line of bounded length (`redact`). The detectors are regular expressions run on a
+string: nothing here reads a file or calls their vendors.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+from detect_secrets.plugins.base import BasePlugin, RegexBasedDetector
+from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString, HexHighEntropyString
+from detect_secrets.plugins.ip_public import IPPublicDetector
+from detect_secrets.plugins.keyword import CONFIG_DENYLIST_REGEX_TO_GROUP, KeywordDetector
+from detect_secrets.plugins.keyword import DENYLIST as KEYWORD_DENYLIST
 
 from .jsontypes import JsonObject
 from .reasons import Reason
@@ -40,17 +50,36 @@ PART_LIMIT = 300
 
 _URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^\s/@?#]*@)?([^\s/?#]*)([^\s?#]*)((?:\?[^\s#]*)?(?:#\S*)?)")
 _TRAILING = re.compile(r"[:;,.)\]]+$")
-_SECRET_ASSIGNMENT = re.compile(
-    r"(?i)\b((?:[a-z0-9]+[_-])*(?:token|password|passwd|secret|signature|credentials?|api[_-]?key|access[_-]?key)"
-    r"[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]+"
-)
-_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
-_KNOWN_TOKENS = re.compile(r"\b(?:hf_[A-Za-z0-9]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|gh[pousr]_[A-Za-z0-9]{20,})")
-# Long runs that read as keys or signatures: upper and lower case and digits mixed (an image
-# name or a path is words; a sha256 in hex is a digest: both kept).
-_BLOB = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
-_KEY_LIKE = re.compile(r"^(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+MASK = "***"
+
+# detect-secrets' detectors: each known credential's shape (cloud keys, Git hosts' and chat
+# tokens, JWTs, private keys, URL passwords...), kept up to date upstream. A public IP address is
+# no secret here: it is what an unreachable endpoint's message should name.
+_PLUGINS: list[type[BasePlugin]] = list(get_mapping_from_secret_type_to_class().values())
+_DETECTORS: tuple[RegexBasedDetector, ...] = tuple(
+    plugin() for plugin in _PLUGINS if issubclass(plugin, RegexBasedDetector) and plugin is not IPPublicDetector
+)
+_KEYWORDS = KeywordDetector()
+_HEX = HexHighEntropyString()
+_BASE64 = Base64HighEntropyString()
+# What detect-secrets lacks: Hugging Face tokens (the model fetch's own), an Authorization
+# header's value, and the keywords its list leaves out (`token=`, a URL signature), or a value
+# said in words (`password is hunter2`).
+_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
+_AUTHORIZATION = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+_WORDS = "|".join((*KEYWORD_DENYLIST, "token", "signature", "credentials?", "access[_-]?key"))
+_ASSIGNMENT = re.compile(
+    rf"(?i)\b((?:[a-z0-9]+[_-])*(?:{_WORDS})[\"']?\s*(?:[:=]|\s(?:is|was)\s)\s*[\"']?)[^\s\"',;&]+"
+)
+# Runs a high-entropy detector judges: hex of 20 digits or more (a digest labelled as one is
+# kept), and base64 segments of 20 characters or more between slashes, so a path or an image
+# name is judged word by word.
+_HEX_RUN = re.compile(r"(?<![A-Za-z0-9+=_-])(?<!sha256:)(?<!sha512:)[0-9a-fA-F]{20,}(?![A-Za-z0-9+=_-])")
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+=_-]{20,}")
+# An encoded value whose plain text repeats can stay under the entropy limit: a long run that
+# mixes upper and lower case and digits is masked all the same.
+_KEY_LIKE = re.compile(r"^(?=.{32})(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])")
 
 
 def _bare_url(match: re.Match[str]) -> str:
@@ -61,15 +90,39 @@ def _bare_url(match: re.Match[str]) -> str:
     return scheme + host + path + (tail.group(0) if tail else "")
 
 
+def _found(text: str) -> set[str]:
+    """Every value in `text` that a detector takes for a secret."""
+    found = {secret for detector in _DETECTORS for secret in detector.analyze_string(text)}
+    # The keyword detector names the first value of each form; masked, the next one shows.
+    seen = text
+    for _ in range(16):
+        more = set(_KEYWORDS.analyze_string(seen, denylist_regex_to_group=CONFIG_DENYLIST_REGEX_TO_GROUP))
+        more -= {MASK}
+        if not more:
+            break
+        found |= more
+        for secret in more:
+            seen = seen.replace(secret, MASK)
+    found.update(run for run in _HEX_RUN.findall(text) if _HEX.calculate_shannon_entropy(run) > _HEX.entropy_limit)
+    found.update(
+        run
+        for run in _BASE64_RUN.findall(text)
+        if _BASE64.calculate_shannon_entropy(run) > _BASE64.entropy_limit or _KEY_LIKE.match(run)
+    )
+    return {secret for secret in found if secret}
+
+
 def redact(text: str, limit: int = PART_LIMIT) -> str:
     """`text` as one line of at most `limit` characters, with no URL credentials, query
     strings, fragments, or values that look like tokens, passwords or keys."""
-    text = _URL.sub(_bare_url, text)
-    text = _BEARER.sub(lambda m: f"{m.group(1)} ***", text)
-    text = _SECRET_ASSIGNMENT.sub(lambda m: f"{m.group(1)}***", text)
-    text = _KNOWN_TOKENS.sub("***", text)
-    text = _BLOB.sub(lambda m: "***" if _KEY_LIKE.match(m.group(0)) else m.group(0), text)
     text = " ".join(_CONTROL.sub(" ", text).split())  # one line, no terminal escapes
+    text = _URL.sub(_bare_url, text)
+    text = _AUTHORIZATION.sub(lambda m: f"{m.group(1)} {MASK}", text)
+    text = _ASSIGNMENT.sub(lambda m: m.group(1) + MASK, text)
+    text = _HF_TOKEN.sub(MASK, text)
+    for secret in sorted(_found(text), key=len, reverse=True):
+        # Where it stands as a word of its own: a short value must not mask the letters of others.
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", MASK, text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

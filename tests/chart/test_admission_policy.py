@@ -16,11 +16,15 @@ import kubernetes_validate
 import pytest
 
 from inference_operator import policy, settings
+from inference_operator.builders.activator import WAKE_ANNOTATION
 from inference_operator.config import OperatorConfig
 from inference_operator.models import parse_spec
-from inference_operator.validation import validate_custom_resource
+from inference_operator.models import runtime as runtime_model
+from inference_operator.models.base import cel_string
+from inference_operator.validation import cel_errors, validate_custom_resource
 from tests.chart import helm as h
 from tests.chart.test_helm import KUBERNETES_VERSIONS
+from tests.operator.test_crd_cel import COLLECTOR_ENDPOINTS, LOCAL_TRACING_ENDPOINTS
 from testsupport.admission import evaluate
 from testsupport.cluster import Cluster
 from testsupport.crd import apply_defaults, crd_schema
@@ -348,3 +352,175 @@ def test_a_cluster_without_the_api_gets_no_policy(chart_cluster: Cluster) -> Non
     assert h.one(objects, "Deployment")
     assert not h.by_kind(objects, "ValidatingAdmissionPolicy")
     assert not h.by_kind(objects, "ValidatingAdmissionPolicyBinding")
+
+
+# The activator's right to patch every InferenceService, narrowed to the wake annotation.
+ACTIVATOR = f"{FULLNAME}-activator"
+ACTIVATOR_USER = f"system:serviceaccount:{h.RELEASE_NAMESPACE}:{ACTIVATOR}"
+WAKE_ONLY = f"{ACTIVATOR}-wake-only"
+STAMP = "2026-12-07T08:30:00Z"
+
+
+def _stored() -> dict[str, Any]:
+    """An InferenceService as the activator finds it: the operator's finalizer, a tenant's labels
+    and annotations, an owner."""
+    scaling = {"minReplicas": 0, "maxReplicas": 2, "target": 50, "scaleToZero": {}}
+    obj = inference_service({"model": {"uri": "pvc://m"}, "autoscaling": scaling})
+    assert validate_custom_resource(obj) == []
+    obj["metadata"].update(
+        labels={"team": "a"},
+        annotations={"team.example.com/cost-centre": "42", WAKE_ANNOTATION: "2026-12-07T08:00:00Z"},
+        finalizers=["kopf.zalando.org/KopfFinalizerMarker"],
+        ownerReferences=[{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": "u1"}],
+    )
+    obj["status"] = {"replicas": 0}
+    return obj
+
+
+def _changed(edit: Any) -> dict[str, Any]:
+    obj = _stored()
+    edit(obj)
+    return obj
+
+
+WAKES = {
+    "wake set": lambda o: o["metadata"]["annotations"].update({WAKE_ANNOTATION: STAMP}),
+    "wake with fraction and offset": lambda o: o["metadata"]["annotations"].update(
+        {WAKE_ANNOTATION: "2026-12-07T08:30:00.123456+01:00"}
+    ),
+    "wake cleared": lambda o: o["metadata"]["annotations"].pop(WAKE_ANNOTATION),
+    "nothing": lambda o: None,
+}
+NOT_WAKES = {
+    "spec": lambda o: o["spec"].update({"runtime": {"image": "attacker/steal"}}),
+    "spec and wake": lambda o: (
+        o["spec"].update({"replicas": 5}),
+        o["metadata"]["annotations"].update({WAKE_ANNOTATION: STAMP}),
+    ),
+    "spec removed": lambda o: o.pop("spec"),
+    "status": lambda o: o["status"].update({"replicas": 3}),
+    "label changed": lambda o: o["metadata"]["labels"].update({"team": "b"}),
+    "label added": lambda o: o["metadata"]["labels"].update({"x": "y"}),
+    "labels removed": lambda o: o["metadata"].pop("labels"),
+    "annotation changed": lambda o: o["metadata"]["annotations"].update({"team.example.com/cost-centre": "0"}),
+    "annotation added": lambda o: o["metadata"]["annotations"].update({"inference.rocm.dev/activator": "x"}),
+    "annotation removed": lambda o: o["metadata"]["annotations"].pop("team.example.com/cost-centre"),
+    "wake not a timestamp": lambda o: o["metadata"]["annotations"].update({WAKE_ANNOTATION: "x" * 4096}),
+    "finalizer removed": lambda o: o["metadata"].pop("finalizers"),
+    "finalizer added": lambda o: o["metadata"]["finalizers"].append("evil/hold"),
+    "owner added": lambda o: o["metadata"]["ownerReferences"].append(
+        {"apiVersion": "v1", "kind": "Secret", "name": "s", "uid": "u2"}
+    ),
+    "owners removed": lambda o: o["metadata"].pop("ownerReferences"),
+}
+
+
+def _wake_only(chart_cluster: Cluster, values: dict | None = None) -> dict:
+    objects, _ = installed(chart_cluster, values)
+    return h.one(objects, "ValidatingAdmissionPolicy", WAKE_ONLY)
+
+
+@pytest.mark.parametrize("change", WAKES, ids=WAKES.keys())
+def test_the_activator_may_write_the_wake_annotation(chart_cluster: Cluster, change: str) -> None:
+    vap = _wake_only(chart_cluster)
+    verdict = evaluate(vap, _changed(WAKES[change]), _stored(), "UPDATE", user=ACTIVATOR_USER)
+    assert verdict.matched and verdict.allowed, verdict.messages
+
+
+@pytest.mark.parametrize("change", NOT_WAKES, ids=NOT_WAKES.keys())
+def test_the_activator_may_change_nothing_but_the_wake_annotation(chart_cluster: Cluster, change: str) -> None:
+    vap = _wake_only(chart_cluster)
+    verdict = evaluate(vap, _changed(NOT_WAKES[change]), _stored(), "UPDATE", user=ACTIVATOR_USER)
+    assert verdict.matched and not verdict.allowed
+    assert all(m.startswith(("the activator may not", "the activator's")) for m in verdict.messages)
+    # The same write by anyone else is not this policy's business.
+    for user in ("admin", f"system:serviceaccount:{h.RELEASE_NAMESPACE}:{FULLNAME}", ACTIVATOR_USER + "x"):
+        assert not evaluate(vap, _changed(NOT_WAKES[change]), _stored(), "UPDATE", user=user).matched
+
+
+def test_the_wake_only_policy_holds_for_objects_without_metadata_maps(chart_cluster: Cluster) -> None:
+    """An object with no labels, annotations, finalizers or owners: the first wake passes, no error."""
+    vap = _wake_only(chart_cluster)
+    bare = inference_service({"model": {"uri": "pvc://m"}})
+    woken = copy.deepcopy(bare)
+    woken["metadata"]["annotations"] = {WAKE_ANNOTATION: STAMP}
+    assert evaluate(vap, woken, bare, "UPDATE", user=ACTIVATOR_USER).allowed
+    labelled = copy.deepcopy(woken)
+    labelled["metadata"]["labels"] = {"a": "b"}
+    assert not evaluate(vap, labelled, bare, "UPDATE", user=ACTIVATOR_USER).allowed
+
+
+def test_the_wake_only_policy_binds_cluster_wide_and_names_the_activator(chart_cluster: Cluster) -> None:
+    objects, _ = installed(chart_cluster, None)
+    vap = h.one(objects, "ValidatingAdmissionPolicy", WAKE_ONLY)
+    binding = h.one(objects, "ValidatingAdmissionPolicyBinding", WAKE_ONLY)
+    account = h.one(objects, "ServiceAccount", ACTIVATOR)
+    assert account["metadata"]["namespace"] == h.RELEASE_NAMESPACE
+    role = h.one(objects, "ClusterRole", ACTIVATOR)
+    assert [r["verbs"] for r in role["rules"] if "inferenceservices" in r["resources"]] == [["patch"]]
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    assert vap["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["inference.rocm.dev"],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": ["inferenceservices"],
+        }
+    ]
+    assert binding["spec"] == {"policyName": WAKE_ONLY, "validationActions": ["Deny"]}
+    for obj in (vap, binding):
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"activator": {"enabled": False}},
+        {"policy": {"admission": {"enabled": False}}},
+        {"watch": {"allNamespaces": False, "namespaces": ["ml"]}, "replicaCount": 1, "ha": {"enabled": False}},
+    ],
+    ids=["no-activator", "no-admission-policies", "namespaced"],
+)
+def test_no_wake_only_policy_without_an_activator_or_admission_policies(chart_cluster: Cluster, values: dict) -> None:
+    objects, _ = installed(chart_cluster, values)
+    assert not [o for o in objects if o["metadata"]["name"] == WAKE_ONLY]
+
+
+# runtime.tracing.endpoint: refused at admission as the CRD refuses it (a cluster may keep a CRD
+# from before the rule: Helm never upgrades one).
+TRACING_CASES = [
+    *[({}, endpoint) for endpoint in LOCAL_TRACING_ENDPOINTS + COLLECTOR_ENDPOINTS],
+    *[({}, f"http://otel.observability:{port}/v1/traces") for port in (8080, 8081, 9090, 4318)],
+    *[({"port": 8000}, f"http://otel.observability:{port}/v1/traces") for port in (8000, 8080)],
+    *[({"metricsPort": 9100}, f"http://10.0.0.5:{port}/") for port in (9100, 9090)],
+    *[({"grpcPort": 8500}, f"http://[2001:db8::1]:{port}/") for port in (8500, 8501)],
+    ({"engine": "vllm"}, "http://127.0.0.1:8081/v1/load_lora_adapter"),
+]
+
+
+def _crd_messages(spec: dict[str, Any]) -> tuple[str, ...]:
+    schema = crd_schema()
+    errors = cel_errors(schema, apply_defaults(schema, inference_service(spec)))
+    return tuple(e.split(": ", 1)[1] for e in errors)
+
+
+def test_admission_refuses_the_tracing_endpoints_the_crd_refuses(chart_cluster: Cluster) -> None:
+    objects, _ = installed(chart_cluster, None)
+    vap = h.one(objects, "ValidatingAdmissionPolicy")
+    refused = 0
+    for runtime, endpoint in TRACING_CASES:
+        spec = {"model": {"uri": "pvc://m"}, "runtime": {**runtime, "tracing": {"endpoint": endpoint}}}
+        expected = _crd_messages(spec)
+        assert admission_messages(vap, spec) == expected, (runtime, endpoint)
+        refused += bool(expected)
+    # Not vacuous: both rules refuse, and collectors pass.
+    assert len(LOCAL_TRACING_ENDPOINTS) + 5 <= refused < len(TRACING_CASES)
+
+
+def test_the_admission_policy_carries_the_crds_tracing_expressions(chart_cluster: Cluster) -> None:
+    objects, _ = installed(chart_cluster, None)
+    variables = {v["name"]: v["expression"] for v in h.one(objects, "ValidatingAdmissionPolicy")["spec"]["variables"]}
+    assert variables["localHost"] == cel_string(runtime_model.TRACING_LOCAL_HOST)
+    assert variables["numericHost"] == cel_string(runtime_model.TRACING_NUMERIC_HOST)
+    assert variables["dottedHost"] == cel_string(runtime_model.TRACING_DOTTED_HOST)

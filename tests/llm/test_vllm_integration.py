@@ -19,6 +19,7 @@ minute or more.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import sys
 import time
@@ -121,7 +122,11 @@ def test_vllm_serves_the_rendered_command_line_and_continues_a_sampled_trace(
 ) -> None:
     port = free_port()
     with otlp_receiver() as traces:
-        container = rendered_container(cluster, service(traces_url=traces.url))
+        # The spec names a collector as a pod would (runtime.tracing refuses loopback); run here,
+        # the container reaches it where the cluster's DNS would send it.
+        collector = "otel-collector.observability"
+        container = rendered_container(cluster, service(traces_url=traces.url.replace("127.0.0.1", collector)))
+        container = json.loads(json.dumps(container).replace(f"//{collector}:", "//127.0.0.1:"))
         workdir = tmp_path / "pod"
         workdir.mkdir()
         with running_vllm(container, tiny_llama, MOUNT, port, workdir):

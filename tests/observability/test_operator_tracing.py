@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kopf.testing import KopfRunner
@@ -117,16 +119,30 @@ def test_a_reconcile_is_a_span_with_an_event_per_write(cluster: Cluster, traced_
     assert all(name == f"{a['k8s.verb']} {a['k8s.kind']} {a['k8s.name']}" for name, a in first.events)
 
 
+AUTHORS_COLLECTOR = "authors-collector.ml.svc"
+
+
 @pytest.mark.integration
-def test_the_operator_never_sends_to_an_endpoint_from_a_cr(cluster: Cluster, traced_operator):
-    """runtime.tracing goes into the pods only: the operator's own spans go to the chart's collector."""
+def test_the_operator_never_sends_to_an_endpoint_from_a_cr(
+    cluster: Cluster, traced_operator, monkeypatch: pytest.MonkeyPatch
+):
+    """runtime.tracing goes into the pods only: the operator's own spans go to the chart's collector.
+    The CR names its collector as a pod would (a Service's name; runtime.tracing refuses loopback),
+    and that name resolves to the receiver here, as the cluster's DNS would resolve it there."""
     _, chart_collector = traced_operator
+    resolve = socket.getaddrinfo
+
+    def cluster_dns(host: object, *args: Any, **kwargs: Any) -> Any:
+        return resolve("127.0.0.1" if host == AUTHORS_COLLECTOR else host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", cluster_dns)
     with otlp_receiver() as authors_collector:
-        cr = resnet("traced", tracing={"endpoint": authors_collector.url})
+        endpoint = authors_collector.url.replace("127.0.0.1", AUTHORS_COLLECTOR)
+        cr = resnet("traced", tracing={"endpoint": endpoint})
         assert cluster.apply_cr(cr).status_code in (200, 201)
         deployment = wait_for(lambda: cluster.get(DEPLOYMENTS, "ml", "traced"), message="Deployment")
         chart_collector.wait_for(lambda got: any(s.events for s in reconciles_of(got, "traced")))
-        assert authors_collector.url in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert endpoint in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         assert authors_collector.exports == 0
 
 

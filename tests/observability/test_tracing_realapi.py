@@ -46,6 +46,15 @@ def test_the_api_server_takes_a_tracing_endpoint_and_refuses_what_is_not_one(api
         "msargs": ({"args": ["--otlp-traces-endpoint", "http://elsewhere/v1/traces"]}, "runtime.args"),
         "vllmargs": ({"engine": "vllm", "args": ["--otlp-traces-endpoint=http://elsewhere/x"]}, "runtime.args"),
         "vllmenv": ({"engine": "vllm", "env": [{"name": "OTEL_TRACES_SAMPLER", "value": "always_on"}]}, "runtime.env"),
+        # The pod itself or its node: vLLM's loopback port, the metadata service, the pod's own port.
+        "loopback": (
+            {"engine": "vllm", "tracing": {"endpoint": "http://127.0.0.1:8081/v1/load_lora_adapter"}},
+            "runtime.tracing.endpoint must not name the pod or its node",
+        ),
+        "decimal": ({"tracing": {"endpoint": "http://2130706433:8081/"}}, "must not name the pod or its node"),
+        "metadata": ({"tracing": {"endpoint": "http://169.254.169.254/"}}, "must not name the pod or its node"),
+        "mapped": ({"tracing": {"endpoint": "http://[::ffff:127.0.0.1]/"}}, "must not name the pod or its node"),
+        "own-port": ({"tracing": {"endpoint": "http://otel:8080/v1/traces"}}, "a port of the pod's own"),
     }
     for name, (runtime, words) in refused.items():
         result = apply(apiserver, ns, name, runtime)

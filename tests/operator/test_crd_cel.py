@@ -43,7 +43,11 @@ def _full_spec() -> dict[str, Any]:
             "gpu": {"count": 2, "productName": "AMD_Instinct_MI300X", "family": "AI", "vram": "192G"}
             | {"partition": "spx_nps1", "visibleDevices": "0,1"},
         },
-        "runtime": {"env": [{"name": "A", "value": "b"}], "args": ["--log-level=info"]},
+        "runtime": {
+            "env": [{"name": "A", "value": "b"}],
+            "args": ["--log-level=info"],
+            "tracing": {"endpoint": "http://otel-collector.observability:4318/v1/traces"},
+        },
         "autoscaling": {
             "maxReplicas": 4,
             "target": 50,
@@ -165,6 +169,16 @@ VIOLATIONS = [
     ({"resources": {"gpu": {"count": 2, "visibleDevices": "1,1"}}}, "spec.resources.gpu.visibleDevices", "twice"),
     ({"runtime": {"port": 9090, "metricsPort": 9090}}, "spec.runtime", "must differ"),
     (
+        {"runtime": {"tracing": {"endpoint": "http://169.254.169.254/latest/meta-data"}}},
+        "spec.runtime.tracing.endpoint",
+        "must not name the pod or its node",
+    ),
+    (
+        {"runtime": {"tracing": {"endpoint": "http://otel:9090/v1/traces"}}},
+        "spec.runtime.tracing.endpoint",
+        "a port of the pod's own",
+    ),
+    (
         {"resources": {"gpu": {"count": 0}}, "runtime": {"executionProviders": ["ROCMExecutionProvider"]}},
         "spec.runtime.executionProviders",
         "CPUExecutionProvider",
@@ -218,6 +232,89 @@ VIOLATIONS = [
         "a latency the engine exports",
     ),
 ]
+
+# runtime.tracing.endpoint: hosts that are the pod itself or its node, in every spelling a
+# resolver or URL parser accepts, and collectors that are not.
+LOCAL_TRACING_ENDPOINTS = [
+    "http://169.254.169.254/latest/meta-data",
+    "http://169.254.0.1:4318/v1/traces",
+    "http://127.0.0.1:8081/v1/load_lora_adapter",
+    "http://127.9.8.7:4318/",
+    "http://localhost:4318/v1/traces",
+    "https://LocalHost.:4318",
+    "http://otel.localhost/v1/traces",
+    "http://localhost.localdomain/",
+    "http://ip6-localhost:4318/",
+    "http://ip6-loopback/",
+    "http://0.0.0.0:4318/",
+    "http://0.1.2.3/",
+    "http://[::1]:4318/v1/traces",
+    "http://[0:0:0:0:0:0:0:1]/",
+    "http://[0000::0001]/",
+    "http://[::]:4318/",
+    "http://[::ffff:127.0.0.1]:8081/",
+    "http://[::ffff:7f00:1]/",
+    "http://[::ffff:169.254.169.254]/",
+    "http://[::127.0.0.1]/",
+    "http://[fe80::1]:4318/",
+    "http://[FEBF::a]/",
+    "http://2130706433/",
+    "http://0x7f000001/",
+    "http://0x7F.0.0.1/",
+    "http://0177.0.0.1/",
+    "http://127.1:8081/",
+    "http://127.0.1/",
+    "http://127.0.0.1./",
+    "http://017700000001/",
+    "http://2852039166/",
+]
+COLLECTOR_ENDPOINTS = [
+    "http://otel-collector.observability:4318/v1/traces",
+    "https://otel-collector.observability.svc.cluster.local/v1/traces",
+    "http://10.0.0.5:4318/v1/traces",
+    "http://172.16.0.9:4318/",
+    "http://126.0.0.1/",
+    "http://128.0.0.1/",
+    "http://169.253.1.1/",
+    "http://[2001:db8::1]:4318/v1/traces",
+    "http://[fd00::1]:4318/",
+    "http://localhost-collector.observability:4318/",
+    "http://collector.local:4318/",
+    "http://3com.example:4318/",
+]
+
+
+def _traced(endpoint: str, **runtime: Any) -> dict[str, Any]:
+    return {"model": {"uri": "pvc://models/m"}, "runtime": {**runtime, "tracing": {"endpoint": endpoint}}}
+
+
+@pytest.mark.parametrize("endpoint", LOCAL_TRACING_ENDPOINTS)
+def test_the_crd_refuses_a_tracing_endpoint_on_the_pod_or_its_node(endpoint: str) -> None:
+    errors = cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(_traced(endpoint))))
+    assert len(errors) == 1 and errors[0].startswith("spec.runtime.tracing.endpoint: "), errors
+    assert "must not name the pod or its node" in errors[0]
+
+
+@pytest.mark.parametrize("endpoint", COLLECTOR_ENDPOINTS)
+def test_the_crd_admits_a_collector_elsewhere(endpoint: str) -> None:
+    assert cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(_traced(endpoint)))) == []
+
+
+@pytest.mark.parametrize(
+    ("runtime", "port"),
+    [({}, 8080), ({}, 9090), ({"port": 8000}, 8000), ({"metricsPort": 9100}, 9100), ({"grpcPort": 8500}, 8500)],
+)
+def test_the_crd_refuses_a_tracing_endpoint_on_a_port_of_the_pods_own(runtime: dict, port: int) -> None:
+    for host in ("otel-collector.observability", "10.0.0.5", "[2001:db8::1]"):
+        spec = _traced(f"http://{host}:{port}/v1/traces", **runtime)
+        errors = cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec)))
+        assert errors == [
+            "spec.runtime.tracing.endpoint: runtime.tracing.endpoint must not be on a port of the pod's own "
+            "(runtime.port, runtime.metricsPort, runtime.grpcPort)"
+        ], errors
+    other = _traced(f"http://otel:{port + 1}/v1/traces", **runtime)
+    assert cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(other))) == []
+
 
 VLLM_ARGS_ACCEPTED = ["--max-num-seqs=4", "--enforce-eager", "--dtype=bfloat16", "--hf-overrides.rope_scaling=x"]
 

@@ -11,6 +11,7 @@ import pytest
 
 from inference_operator import crd as crdgen
 from inference_operator.models import NAME_MESSAGE, SpecError, check_name, parse_spec
+from tests.operator.test_crd_cel import COLLECTOR_ENDPOINTS, LOCAL_TRACING_ENDPOINTS
 from testsupport.crd import ROOT, apply_defaults, crd, crd_schema, schema_errors
 
 K8S_VERSION = "1.33"
@@ -200,6 +201,14 @@ CEL_CASES = [
         "weights configure the picker the operator deploys",
     ),
     ({"routing": {"inferencePool": True, "endpointPicker": {"port": 9090}}}, "the deployed picker's metrics port"),
+    (
+        {"runtime": {"tracing": {"endpoint": "http://127.0.0.1:8081/v1/load_lora_adapter"}}},
+        "runtime.tracing.endpoint must not name the pod or its node",
+    ),
+    (
+        {"runtime": {"grpcPort": 8500, "tracing": {"endpoint": "http://otel:8500/v1/traces"}}},
+        "runtime.tracing.endpoint must not be on a port of the pod's own",
+    ),
 ]
 
 
@@ -322,3 +331,36 @@ def test_schema_is_structural() -> None:
             assert node.get("x-kubernetes-int-or-string") is True, f"{path}: anyOf outside int-or-string"
         if node.get("type") == "array":
             assert isinstance(node.get("items"), dict), f"{path}: an array needs items"
+
+
+@pytest.mark.parametrize("endpoint", LOCAL_TRACING_ENDPOINTS)
+def test_the_model_refuses_a_tracing_endpoint_on_the_pod_or_its_node(endpoint: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec({**MINIMAL, "runtime": {"tracing": {"endpoint": endpoint}}})
+    assert "runtime.tracing.endpoint must not name the pod or its node" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "http://%6cocalhost/",  # percent-encoded: a URL parser decodes the host
+        "http://\u24dbocalhost/",  # a circled l: IDNA folds it into localhost
+        "http://\uff11\uff12\uff17.0.0.1/",  # full-width digits: 127.0.0.1 after IDNA
+        "http://[fe80::1%25eth0]/",  # an IPv6 zone
+        "http://otel_collector/",
+        "http://user@otel/",
+        "http://otel/?q=1",
+    ],
+)
+def test_a_tracing_endpoint_host_is_plain_ascii(endpoint: str) -> None:
+    spec = {**MINIMAL, "runtime": {"tracing": {"endpoint": endpoint}}}
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec)
+    assert err.value.field == "spec.runtime.tracing.endpoint"
+    obj = {"apiVersion": "inference.rocm.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "m"}}
+    assert [e for e in schema_errors({**obj, "spec": spec}) if e.startswith("spec.runtime.tracing.endpoint: ")]
+
+
+@pytest.mark.parametrize("endpoint", COLLECTOR_ENDPOINTS)
+def test_the_model_admits_a_collector_elsewhere(endpoint: str) -> None:
+    assert parse_spec({**MINIMAL, "runtime": {"tracing": {"endpoint": endpoint}}}).runtime.tracing is not None

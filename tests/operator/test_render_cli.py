@@ -95,6 +95,23 @@ NAMED = HEAD + "metadata: {name: x}\n"
         (NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {args: " + "[" * 100 + "]" * 100 + "}}", "nested deeper"),
         (NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {args: " + "[" * 2000 + "]" * 2000 + "}}", "nested too"),
         (NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {port: 9090}}", "runtime.port and runtime.metricsPort must"),
+        (
+            NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {tracing: {endpoint: 'http://169.254.169.254/'}}}",
+            "spec.runtime.tracing.endpoint: runtime.tracing.endpoint must not name the pod or its node",
+        ),
+        (
+            NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {engine: vllm, tracing: "
+            "{endpoint: 'http://127.0.0.1:8081/v1/load_lora_adapter'}}}",
+            "spec.runtime.tracing.endpoint: runtime.tracing.endpoint must not name the pod or its node",
+        ),
+        (
+            NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {tracing: {endpoint: 'http://[::ffff:7f00:1]:8081/'}}}",
+            "runtime.tracing.endpoint must not name the pod or its node",
+        ),
+        (
+            NAMED + "spec: {model: {uri: 'pvc://m'}, runtime: {tracing: {endpoint: 'http://otel:8080/v1/traces'}}}",
+            "runtime.tracing.endpoint must not be on a port of the pod's own",
+        ),
         (HEAD + "metadata: {name: 1model}\nspec: {model: {uri: 'pvc://m'}}", "metadata.name must be a DNS-1035 label"),
         (HEAD + "metadata: {name: a.b}\nspec: {model: {uri: 'pvc://m'}}", "metadata.name must be a DNS-1035 label"),
         (HEAD + f"metadata: {{name: {'x' * 64}}}\nspec: {{model: {{uri: 'pvc://m'}}}}", "at most 63 characters"),

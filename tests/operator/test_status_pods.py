@@ -200,3 +200,98 @@ def test_redact_keeps_what_helps_and_drops_what_could_be_a_secret(text: str, sho
 def test_redact_bounds_the_length() -> None:
     assert redact("x " * 1000, limit=50) == ("x " * 24)[:47] + "..."
     assert len(redact("y" * 10, limit=50)) == 10
+
+
+# A corpus for `redact`: each secret must not survive, in a message shaped as a container or the
+# kubelet would write it.
+LEAKS = {
+    "bare 40-hex key": "fetch failed: 403 for key 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b",
+    "key: hex": "key: 5f4dcc3b5aa765d61d8327deb882cf99 rejected",
+    "password in words": "login failed: password is hunter2",
+    "token in words": "the token was Zq8xV2mN4pL7rT1s",
+    "password assignment": "db_password=s3cr3t-Value ok",
+    "yaml secret": "secret: opensesame123",
+    "api key": 'api_key = "AbC123xYz789"',
+    "AWS access key": "AccessDenied for AKIAIOSFODNN7EXAMPLE",
+    "AWS secret key": "aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "GitHub token": "clone failed with 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",
+    "GitLab token": "glpat-xZ8vXq9TkdJmA1bC2dE3 expired",
+    "Slack token": "xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+    "Stripe key": "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    "JWT": "invalid token eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0"
+    ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "private key": "-----BEGIN RSA PRIVATE KEY----- MIIEowIBAAKCAQEA",
+    "Hugging Face token": "401: hf_abcdefghijklmnopqrstuvwxyz0123",
+    "bearer": "Authorization: Bearer 0a1B2c3D4e5F6g7H8i9J",
+    "URL password": "https://user:pa55w0rd@registry.example/x",
+    "URL signature": "GET s3://b/k?X-Amz-Signature=0a1b2c3d4e5f",
+    "random base64": "blob Zm9vYmFyYmF6cXV4K3Rlc3Q9PT1hYmNkZWZnaGlqa2xtbm9w end",
+    "random url-safe token": "token rejected: 3rB7kQ9xZ2mW5vN8pL4tY6hJ1cF0dS",
+}
+SECRETS = {
+    "bare 40-hex key": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b",
+    "key: hex": "5f4dcc3b5aa765d61d8327deb882cf99",
+    "password in words": "hunter2",
+    "token in words": "Zq8xV2mN4pL7rT1s",
+    "password assignment": "s3cr3t-Value",
+    "yaml secret": "opensesame123",
+    "api key": "AbC123xYz789",
+    "AWS access key": "AKIAIOSFODNN7EXAMPLE",
+    "AWS secret key": "wJalrXUtnFEMI",
+    "GitHub token": "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",
+    "GitLab token": "glpat-xZ8vXq9TkdJmA1bC2dE3",
+    "Slack token": "AbCdEfGhIjKlMnOpQrStUvWx",
+    "Stripe key": "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    "JWT": "dozjgNryP4J3jVmNHl0w5N",
+    "private key": "BEGIN RSA PRIVATE KEY",
+    "Hugging Face token": "hf_abcdefghijklmnopqrstuvwxyz0123",
+    "bearer": "0a1B2c3D4e5F6g7H8i9J",
+    "URL password": "pa55w0rd",
+    "URL signature": "0a1b2c3d4e5f",
+    "random base64": "Zm9vYmFyYmF6cXV4K3Rlc3Q9PT1hYmNkZWZnaGlqa2xtbm9w",
+    "random url-safe token": "3rB7kQ9xZ2mW5vN8pL4tY6hJ1cF0dS",
+}
+# Messages with no secret: shown as they are, every word of them.
+PLAIN = [
+    'Back-off pulling image "ghcr.io/rocm-inference/model-server:0.2.0"',
+    'Failed to pull image "registry.internal:5000/ml/vllm-rocm:v0.32.1": rpc error: code = NotFound',
+    "image ghcr.io/rocm-inference/model-server@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    "model mistralai/Mistral-7B-Instruct-v0.3 not found on the Hub",
+    "loading /models/meta-llama/Llama-3.1-70B-Instruct/model-00001-of-00030.safetensors",
+    "cannot open /var/lib/kubelet/pods/3f2b1c7e-4a5d-4e6f-9a8b-1234567890ab/volumes/kubernetes.io~empty-dir/cache",
+    "/home/user/.cache/huggingface/hub/models--Qwen--Qwen2-0.5B-Instruct/snapshots/main is empty",
+    "0/4 nodes are available: 4 Insufficient amd.com/gpu. preemption: 0/4 nodes are available",
+    "container ran out of its memory limit of 64Gi and was killed",
+    "the model needs 137438953472 bytes, 68719476736 are free",
+    "couldn't find key HF_TOKEN in Secret ml/hf-token",
+    'secret "hf-token" not found',
+    "No MIGraphXExecutionProvider/ROCMExecutionProvider in this onnxruntime build",
+    "dial tcp 203.0.113.7:443: i/o timeout",
+    "OOMKilled: rocm-inference-operator-controller-manager-7d9f8b6c5d-x2x4q",
+    "sha256 is " + "ab" * 32 + ", expected x",
+    "password required but none given",
+]
+
+
+@pytest.mark.parametrize("name", LEAKS)
+def test_redact_masks_the_corpus_of_secrets(name: str) -> None:
+    shown = redact(LEAKS[name])
+    assert SECRETS[name] not in shown
+    assert shown != LEAKS[name]
+
+
+@pytest.mark.parametrize("text", PLAIN)
+def test_redact_keeps_ordinary_messages_readable(text: str) -> None:
+    assert redact(text) == text
+
+
+def test_redact_does_no_io(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detectors' verify() would call their vendors: redact never does."""
+    import socket
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("redact opened a socket")
+
+    monkeypatch.setattr(socket, "socket", refused)
+    monkeypatch.setattr(socket, "create_connection", refused)
+    assert all(SECRETS[name] not in redact(text) for name, text in LEAKS.items())

@@ -146,6 +146,14 @@ def test_the_policy_refuses_at_admission_what_the_operator_would_refuse(
         "hub-vllm": {"model": {"uri": "hf://org/name"}, "runtime": {"engine": "vllm", "image": "vllm/vllm:v1"}},
         "oci-model": {"model": {"uri": "oci://ghcr.io/rocm-inference/models/resnet:1"}},
         "groups": {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"supplementalGroups": [44, 992]}}},
+        # Runs the policy's tracing expressions (its regexes, the port taken from the URL).
+        "tracing": {
+            "model": {"uri": "pvc://m"},
+            "runtime": {
+                "grpcPort": 8500,
+                "tracing": {"endpoint": "http://otel-collector.observability:4318/v1/traces"},
+            },
+        },
         "route": {
             "model": {"uri": "pvc://m"},
             "routing": {

@@ -75,18 +75,69 @@ class LoraSpec(SpecModel):
     )
 
 
+# runtime.tracing.endpoint: where the serving container posts its spans. Not the pod itself nor
+# the node: in a vLLM pod loopback is what the adapters guard trusts, and a link-local address is
+# the cloud's metadata service. A host is an ASCII DNS name, a dotted IPv4 address or a bracketed
+# IPv6 one (no percent-encoding, no Unicode a resolver would fold into `localhost`).
+TRACING_ENDPOINT_PATTERN = r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[^?#\s]*)?$"
+_AFTER_HOST = r"(:[0-9]*)?(/.*)?$"
+# Loopback, link-local and unspecified hosts: localhost names, 169.254.0.0/16, and IPv6 literals
+# whose first group is zero (::1, ::, ::ffff:127.0.0.1 and every other form with an IPv4 inside)
+# or in fe80::/10.
+TRACING_LOCAL_HOST = (
+    r"(?i)^https?://((([a-z0-9-]+\.)*localhost|localhost\.localdomain|ip6-localhost|ip6-loopback)\.?"
+    r"|169\.254\.[0-9]+\.[0-9]+|\[(0{0,4}:|fe[89ab][0-9a-f]:)[^\]]*\])" + _AFTER_HOST
+)
+# A host whose last label is a number is read as an IPv4 address, whatever its form (2130706433,
+# 0x7f.1, 0177.0.0.1, 127.1): it must then be four decimal numbers, the first neither 0 nor 127.
+TRACING_NUMERIC_HOST = r"(?i)^https?://([a-z0-9-]*\.)*([0-9]+|0x[0-9a-f]*)\.?" + _AFTER_HOST
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_FIRST_OCTET = r"(25[0-5]|2[0-4][0-9]|1[013-9][0-9]|12[0-689]|[1-9][0-9]|[1-9])"
+TRACING_DOTTED_HOST = rf"^https?://{_FIRST_OCTET}(\.{_OCTET}){{3}}" + _AFTER_HOST
+TRACING_LOCAL_MESSAGE = (
+    "runtime.tracing.endpoint must not name the pod or its node: no loopback, link-local or unspecified address, "
+    "no localhost name, and an IPv4 address written as four decimal numbers"
+)
+TRACING_PORT_MESSAGE = (
+    "runtime.tracing.endpoint must not be on a port of the pod's own (runtime.port, runtime.metricsPort, "
+    "runtime.grpcPort)"
+)
+
+
+# CEL: whether the endpoint names one of the pod's own ports (each where the spec has it) after
+# its host. The port is compared as a number: a string or regex built from a port (`string(p)`) is
+# priced by the API server as unbounded, far above a rule's budget.
+_OWN_PORTS = " + ".join(f"(has(self.{field}) ? [self.{field}] : [])" for field in ("port", "metricsPort", "grpcPort"))
+_AUTHORITY = "self.tracing.endpoint.split('/')[2]"
+_ENDPOINT_PORT = f"int({_AUTHORITY}.split(':')[size({_AUTHORITY}.split(':')) - 1])"
+TRACING_WITH_PORT = r"^https?://[^/]*:[0-9]+(/|$)"
+_ON_OWN_PORT = (
+    f"self.tracing.endpoint.matches({cel_string(TRACING_WITH_PORT)}) && ({_OWN_PORTS}).exists(p, p == {_ENDPOINT_PORT})"
+)
+
+
 class TracingSpec(SpecModel):
     """Where the serving container sends its OpenTelemetry traces (OTLP over HTTP)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            f"!has(self.endpoint) || !self.endpoint.matches({cel_string(TRACING_LOCAL_HOST)})"
+            f" && (!self.endpoint.matches({cel_string(TRACING_NUMERIC_HOST)})"
+            f" || self.endpoint.matches({cel_string(TRACING_DOTTED_HOST)}))",
+            TRACING_LOCAL_MESSAGE,
+            ".endpoint",
+        )
+    )
+
     endpoint: str = Field(
-        # A URL to post traces to: http or https, a host, an optional path; no user info, query or
-        # fragment. Only this service's serving container sends there (never the operator, nor a
-        # container that holds a credential).
-        pattern=r"^https?://[^/?#@\s]+(/[^?#\s]*)?$",
+        # A URL to post traces to: http or https, a host, an optional port and path; no user info,
+        # query or fragment. Only this service's serving container sends there (never the
+        # operator, nor a container that holds a credential).
+        pattern=TRACING_ENDPOINT_PATTERN,
         max_length=2048,
         description="OTLP/HTTP traces URL of a collector, e.g. http://otel-collector.observability:4318/v1/traces; "
         "the model server sends a span per request (queue wait, batch, runtime, encoding), vLLM its own request "
-        "spans.",
+        "spans. Not a loopback, link-local or unspecified address, nor a port of the pod's own.",
     )
     sampling_ratio: float = Field(
         1.0,
@@ -115,6 +166,11 @@ class RuntimeSpec(SpecModel):
                 f"runtime.grpcPort applies to engine {engine_names(_GRPC)} only: "
                 "vLLM serves no gRPC inference protocol",
                 ".grpcPort",
+            ),
+            cel(
+                f"!has(self.tracing) || !has(self.tracing.endpoint) || !({_ON_OWN_PORT})",
+                TRACING_PORT_MESSAGE,
+                ".tracing.endpoint",
             ),
             cel(
                 "!has(self.grpcPort) || ((!has(self.port) || self.grpcPort != self.port)"
