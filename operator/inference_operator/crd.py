@@ -210,14 +210,15 @@ def described(node: dict[str, Any]) -> str:
     hand would drift from the model."""
     text = " ".join(str(node["description"]).split())
     facts = []
-    if node.get("type") in ("integer", "number"):
-        low, high = node.get("minimum"), node.get("maximum")
-        low_text = None if low is None else f"{'above' if node.get('exclusiveMinimum') else 'at least'} {shown(low)}"
-        high_text = None if high is None else f"{'below' if node.get('exclusiveMaximum') else 'at most'} {shown(high)}"
-        if low_text and high_text and low_text.startswith("at least") and high_text.startswith("at most"):
-            facts.append(f"Range: {shown(low)} to {shown(high)}.")
-        elif low_text or high_text:
-            facts.append(f"Range: {', '.join(t for t in (low_text, high_text) if t)}.")
+    low, high = node.get("minimum"), node.get("maximum")
+    open_low, open_high = bool(node.get("exclusiveMinimum")), bool(node.get("exclusiveMaximum"))
+    if low is not None and high is not None and not (open_low or open_high):
+        facts.append(f"Range: {shown(low)} to {shown(high)}.")
+    else:
+        bounds = [f"{'above' if open_low else 'at least'} {shown(low)}"] if low is not None else []
+        bounds += [f"{'below' if open_high else 'at most'} {shown(high)}"] if high is not None else []
+        if bounds:
+            facts.append(f"Range: {', '.join(bounds)}.")
     if "default" in node and node["default"] not in ({}, [], ""):
         facts.append(f"Default: {shown(node['default'])}.")
     return " ".join([text, *facts])
