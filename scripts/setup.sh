@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv and installs the project with everything its tests and demo need,
-# plus the Prometheus server the autoscaler tests run for real. Safe to re-run.
+# Creates .venv and installs the project with everything its tests and gates need (scripts/test.sh),
+# plus the Prometheus server the autoscaler tests run for real. Safe to re-run. The demo installs
+# only its own extra (scripts/demo.sh); the `test` extra holds all of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

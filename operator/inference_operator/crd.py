@@ -6,7 +6,9 @@
 models/ is the one source of the schema; the two YAML files are build output, never edited by
 hand. To add a spec field: declare it on the right model in models/ with its type, default and
 bounds (`Field(ge=..., le=..., pattern=..., max_length=..., description=...)`; the description
-becomes `kubectl explain` text), put any cross-field check next to it as a CEL rule with
+becomes `kubectl explain` text: what the field is, its units, what its values mean and how it
+interacts with other fields; the generator appends its default and numeric range from the model,
+so the text never restates them), put any cross-field check next to it as a CEL rule with
 `cel(...)` in that model's `model_config` `json_schema_extra` (or the field's own
 `json_schema_extra`), guarding every field the rule reads with `has()`: the API server evaluates
 rules against defaults and partial objects, and the model runs the same rules itself (no Python
@@ -14,6 +16,11 @@ copy of a rule). Then run `python -m inference_operator.crd` and `python -m
 inference_operator.reference` (docs/reference.md), add the field to the spec table of
 docs/inferenceservice.md, and commit the regenerated files with the model;
 tests/operator/test_crd_cel.py runs every rule on the defaults, on partial and on full objects.
+
+Every property of the CRD has a description (tests/operator/test_crd_descriptions.py): a field's
+own, or, for a field whose type is a model and that has none, that model's docstring, so a
+model's docstring is written for the cluster user who reads `kubectl explain` (notes for the
+code's readers go in comments).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import json
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -50,6 +58,17 @@ FILE_NAME = f"{NAME}.yaml"
 OUTPUTS = (pathlib.Path("crds") / FILE_NAME, pathlib.Path("charts/rocm-inference-operator/crds") / FILE_NAME)
 HEADER = "# Generated from operator/inference_operator/models/ by `python -m inference_operator.crd`; do not edit.\n"
 DESCRIPTION = "An InferenceService serves one model on AMD GPUs, autoscaled on latency."
+# The type fields of every object, in Kubernetes' own words (its API types' field docs). The root's
+# `metadata` may carry nothing but its type in a structural schema: the API server publishes it as
+# ObjectMeta, with ObjectMeta's description.
+TYPE_META_DESCRIPTIONS = {
+    "apiVersion": "APIVersion defines the versioned schema of this representation of an object. Servers should "
+    "convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
+    "kind": "Kind is a string value representing the REST resource this object represents. Servers may infer this "
+    "from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: "
+    "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+}
 
 PRINTER_COLUMNS: list[dict[str, str | int]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
@@ -154,6 +173,8 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(node.get(bound), int | float) and not isinstance(node[bound], bool):
             node[plain], node[bound] = node[bound], True
+    if "description" in node:
+        node["description"] = described(node)
     _nested(node, defs)
     if "x-kubernetes-validations" in node:
         order = ("rule", "message", "messageExpression", "fieldPath", "reason")
@@ -170,9 +191,8 @@ def _unwrapped(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """`node` with its references inlined and its Optional / single allOf wrappers removed."""
     while True:
         if "$ref" in node:
-            # A model's docstring is for developers; only a field's description reaches users.
-            target = {k: v for k, v in defs[node.pop("$ref").rsplit("/", 1)[1]].items() if k != "description"}
-            node = {**target, **node}
+            # The referenced model's docstring describes a field that has no description of its own.
+            node = {**defs[node.pop("$ref").rsplit("/", 1)[1]], **node}
         elif "anyOf" in node and any(s.get("type") == "null" for s in node["anyOf"]):
             inner = [s for s in node.pop("anyOf") if s.get("type") != "null"]
             if node.get("default", ...) is None:
@@ -182,6 +202,38 @@ def _unwrapped(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             node = {**node.pop("allOf")[0], **node}
         else:
             return node
+
+
+def described(node: dict[str, Any]) -> str:
+    """`node`'s description on one line, followed by what the schema says of its values: its
+    default (not an empty one: an object's `{}` only lets the API server fill in its fields)
+    and its numeric range. `kubectl explain` shows neither, and a sentence restating them by
+    hand would drift from the model."""
+    text = " ".join(str(node["description"]).split())
+    facts = []
+    low, high = node.get("minimum"), node.get("maximum")
+    open_low, open_high = bool(node.get("exclusiveMinimum")), bool(node.get("exclusiveMaximum"))
+    if low is not None and high is not None and not (open_low or open_high):
+        facts.append(f"Range: {shown(low)} to {shown(high)}.")
+    else:
+        bounds = [f"{'above' if open_low else 'at least'} {shown(low)}"] if low is not None else []
+        bounds += [f"{'below' if open_high else 'at most'} {shown(high)}"] if high is not None else []
+        if bounds:
+            facts.append(f"Range: {', '.join(bounds)}.")
+    if "default" in node and node["default"] not in ({}, [], ""):
+        facts.append(f"Default: {shown(node['default'])}.")
+    return " ".join([text, *facts])
+
+
+def shown(value: Any) -> str:
+    """A default or a bound as YAML would show it: 5 not 5.0, true, [a, b]."""
+    if isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, list):
+        return "[" + ", ".join(shown(v) for v in value) + "]"
+    return str(value)
 
 
 def _nested(node: dict[str, Any], defs: dict[str, Any]) -> None:
@@ -195,8 +247,8 @@ def _nested(node: dict[str, Any], defs: dict[str, Any]) -> None:
 
 
 def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s schema, its docstring the description."""
     schema = _json_schema(model)
-    schema.pop("description", None)
     return _structural(schema, schema.get("$defs", {}))
 
 
@@ -208,8 +260,8 @@ def open_api_schema() -> dict[str, Any]:
         "required": ["spec"],
         **RESOURCE_VALIDATIONS,
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {"type": "string", "description": TYPE_META_DESCRIPTIONS["apiVersion"]},
+            "kind": {"type": "string", "description": TYPE_META_DESCRIPTIONS["kind"]},
             "metadata": {"type": "object"},
             "spec": _schema_of(InferenceServiceSpec),
             "status": _schema_of(InferenceServiceStatus),

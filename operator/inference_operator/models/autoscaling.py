@@ -4,12 +4,11 @@ scale to zero."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
 from .base import SpecModel, cel, cel_rules
-from .engines import Metric
+from .engines import Metric, metrics_per_engine
 
 DEFAULT_PROMETHEUS_URL = "http://prometheus-operated.monitoring:9090"
 
@@ -21,21 +20,36 @@ class AutoscalingMode(StrEnum):
 
 
 class ScalingRule(SpecModel):
-    """At most `pods` or `percent` of current replicas per `periodSeconds` (the larger wins)."""
+    """How fast replicas may be added (scaleUp) or removed (scaleDown): at most `pods` replicas or
+    `percent` of the replicas, whichever allows more, per `periodSeconds` (an HPA's behavior
+    policies, selectPolicy Max)."""
 
-    pods: Annotated[int, Field(ge=1)] = 4
-    percent: Annotated[int, Field(ge=1)] = 100
-    period_seconds: Annotated[int, Field(ge=1, le=1800)] = 15
+    pods: int = Field(4, ge=1, description="Replicas that may be added or removed per period.")
+    percent: int = Field(
+        100, ge=1, description="Percent of the current replicas that may be added or removed per period."
+    )
+    period_seconds: int = Field(15, ge=1, le=1800, description="Seconds over which pods and percent are counted.")
 
 
 class SecretKeyRef(SpecModel):
-    name: Annotated[str, Field(min_length=1)]
-    key: Annotated[str, Field(min_length=1)]
+    """A key of a Secret in the InferenceService's namespace. The operator uses it only when the
+    Secret carries the label inference.rocm.dev/prometheus-credentials: "true" and the operator
+    allows Prometheus credentials (chart value prometheusAuth.enabled)."""
+
+    name: str = Field(min_length=1, description="Name of the Secret, in the InferenceService's namespace.")
+    key: str = Field(min_length=1, description="Key in the Secret whose value is used.")
 
 
 class PrometheusAuth(SpecModel):
-    bearer_token_secret: SecretKeyRef | None = None
-    ca_secret: SecretKeyRef | None = None
+    """Credentials for a Prometheus that asks for them (the built-in loop's queries, or a KEDA
+    TriggerAuthentication); sent only over https unless the operator allows plain http."""
+
+    bearer_token_secret: SecretKeyRef | None = Field(
+        None, description="Secret key holding a bearer token, sent as Authorization: Bearer on every query."
+    )
+    ca_secret: SecretKeyRef | None = Field(
+        None, description="Secret key holding the PEM CA bundle that verifies the Prometheus server's certificate."
+    )
 
 
 class ScaleToZeroSpec(SpecModel):
@@ -60,7 +74,8 @@ class ScaleToZeroSpec(SpecModel):
 
 
 class AutoscalingSpec(SpecModel):
-    """Latency-SLO autoscaling; absent means a fixed `spec.replicas`."""
+    """Autoscaling on a latency SLO or a load metric read from Prometheus, between minReplicas and
+    maxReplicas; the scaler writes spec.replicas (the scale subresource)."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -88,13 +103,25 @@ class AutoscalingSpec(SpecModel):
         AutoscalingMode.BUILTIN,
         description="builtin runs the operator's own loop; hpa and keda emit an HPA or a KEDA ScaledObject instead.",
     )
-    min_replicas: int = Field(1, ge=0, description="0 scales the service to zero when idle (with scaleToZero).")
-    max_replicas: Annotated[int, Field(ge=1, le=1000)]
-    metric: Metric = Metric.LATENCY_P95_MS
+    min_replicas: int = Field(
+        1,
+        ge=0,
+        description="Fewest replicas the scaler sets; 0 scales the service to zero when idle (with scaleToZero, "
+        "mode builtin).",
+    )
+    max_replicas: int = Field(ge=1, le=1000, description="Most replicas the scaler sets; at least minReplicas.")
+    metric: Metric = Field(
+        Metric.LATENCY_P95_MS,
+        description="What is held at target, one the engine exports: "
+        + metrics_per_engine(lambda traits: traits.metrics)
+        + ". Latencies (…Ms) are p95/p99 in milliseconds over windowSeconds; queueDepth and requestsWaiting are "
+        "requests waiting per replica; rps is requests per second per replica; gpuUtilization and kvCacheUsage "
+        "are percent.",
+    )
     target: float = Field(
         gt=0,
-        description="Target value of the metric per replica (ms for latency, requests for queueDepth, req/s for "
-        "rps, percent for gpuUtilization).",
+        description="Target value of the metric per replica, in the metric's unit (ms for a latency, requests for "
+        "queueDepth and requestsWaiting, req/s for rps, percent for gpuUtilization and kvCacheUsage).",
     )
     prometheus_url: str = Field(
         DEFAULT_PROMETHEUS_URL,
@@ -105,13 +132,39 @@ class AutoscalingSpec(SpecModel):
         description="Base URL of the Prometheus HTTP API (scheme, host, port, optional path prefix); "
         "it must be on the operator's allowed list (chart value prometheus.allowedUrls).",
     )
-    prometheus_auth: PrometheusAuth | None = None
-    interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
-    window_seconds: int = Field(60, ge=10, le=3600, description="Range of the PromQL rate() window.")
-    tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.1
-    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
-    scale_up: ScalingRule = Field(default_factory=ScalingRule)
-    scale_down: ScalingRule = Field(default_factory=ScalingRule)
+    prometheus_auth: PrometheusAuth | None = Field(
+        None, description="Credentials for prometheusUrl (a bearer token, a CA); none when unset."
+    )
+    interval_seconds: int = Field(
+        15,
+        ge=1,
+        le=3600,
+        description="Seconds between two readings of the metric and scaling decisions (mode builtin), or KEDA's "
+        "pollingInterval (mode keda).",
+    )
+    window_seconds: int = Field(
+        60, ge=10, le=3600, description="Seconds of history each reading covers (the PromQL rate() window)."
+    )
+    tolerance: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="Relative distance from target within which replicas stay as they are (0.1: within 10%), "
+        "so noise does not move them.",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300,
+        ge=0,
+        le=3600,
+        description="Replicas are removed only to the highest count recommended over this many seconds, so a "
+        "short dip in load does not scale down (the HPA's scaleDown stabilizationWindowSeconds).",
+    )
+    scale_up: ScalingRule = Field(
+        default_factory=ScalingRule,
+        description="How fast replicas may be added; mode builtin counts the limit per decision rather than per "
+        "period while the metric is far above target.",
+    )
+    scale_down: ScalingRule = Field(default_factory=ScalingRule, description="How fast replicas may be removed.")
     scale_to_zero: ScaleToZeroSpec | None = Field(
         None, description="Go to zero replicas when idle and back on the first request (with minReplicas 0)."
     )

@@ -9,7 +9,7 @@ tests/operator/test_engine_table.py holds every engine to all three.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -152,6 +152,21 @@ DEFAULT_ENGINE = Engine.MODEL_SERVER
 
 def engines_where(trait: Callable[[EngineTraits], bool]) -> tuple[Engine, ...]:
     return tuple(engine for engine, traits in ENGINES.items() if trait(traits))
+
+
+def metrics_in_order(metrics: Collection[Metric]) -> list[Metric]:
+    """`metrics` in the order Metric declares them (rules and messages read the same each time)."""
+    return [metric for metric in Metric if metric in metrics]
+
+
+def metrics_per_engine(allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
+    """`a, b or c for modelServer; d or e for vllm`: a rule's message, a field's description."""
+
+    def listed(engine: Engine) -> str:
+        names = [m.value for m in metrics_in_order(allowed(ENGINES[engine]))]
+        return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+    return "; ".join(f"{listed(engine)} for {engine.value}" for engine in ENGINES)
 
 
 def engine_names(engines: tuple[Engine, ...]) -> str:

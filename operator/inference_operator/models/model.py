@@ -40,7 +40,8 @@ CACHE_PVC_MESSAGE = "model.cachePvc applies to fetched models (s3://, http(s)://
 
 
 class ModelSpec(SpecModel):
-    """Where the model lives and how to load it."""
+    """The model to serve: where it lives (uri), its format and version, the name clients ask for,
+    and, for fetched models, the Hub's credentials and a cache to keep the copy on."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -64,7 +65,11 @@ class ModelSpec(SpecModel):
         description="pvc://CLAIM/PATH mounts a claim read-only; s3://, http(s)://, oci:// and hf://ORG/NAME[@REVISION] "
         "are fetched by an init container.",
     )
-    format: ModelFormat = ModelFormat.ONNX
+    format: ModelFormat = Field(
+        ModelFormat.ONNX,
+        description="How the model server loads the model (engine modelServer): onnx with ONNX Runtime (on "
+        "runtime.executionProviders), torchscript with torch. vLLM reads the model's own layout.",
+    )
     version: SafeName | None = Field(
         None,
         description="Model version to serve (a directory of the model repository); the highest version found "

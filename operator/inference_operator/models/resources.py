@@ -40,7 +40,9 @@ _DEVICES = "self.visibleDevices.split(',')"
 
 
 class GpuSpec(SpecModel):
-    """AMD GPUs (or GPU partitions) per replica, how they are allocated and which may be used."""
+    """AMD GPUs (or GPU partitions) per replica: how many, how they are allocated (device plugin or
+    DRA), which models, families, memory sizes and partition modes may serve, and the order the
+    server sees them in."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -138,26 +140,53 @@ class GpuSpec(SpecModel):
 
 
 class ResourcesSpec(SpecModel):
+    """What one replica gets: its AMD GPUs, CPU and memory (requests equal to limits: Guaranteed
+    QoS), and its shared memory."""
+
     gpu: GpuSpec = Field(default_factory=GpuSpec)
-    cpu: Quantity = "4"
-    memory: Quantity = "16Gi"
-    shm_size: Quantity = Field("8Gi", description="Size of the memory-backed /dev/shm.")
+    cpu: Quantity = Field(
+        "4",
+        description="CPU of the serving container, a Kubernetes quantity (4, 500m), requested and limited alike; "
+        "the model server sizes its runtime's thread pools by it.",
+    )
+    memory: Quantity = Field(
+        "16Gi",
+        description="Memory of the serving container, a Kubernetes quantity (16Gi), requested and limited alike "
+        "(past it the container is OOM-killed); the model-fetch init container never gets more than it.",
+    )
+    shm_size: Quantity = Field(
+        "8Gi",
+        description="Size of the memory-backed /dev/shm (ROCm's and PyTorch's inter-process buffers); counted "
+        "against the pod's memory.",
+    )
 
 
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
 
 
 class SchedulingSpec(SpecModel):
+    """Where and as whom the model server's pods run: node selection, priority and service account.
+    The GPU placement of resources.gpu (node affinity, tolerations) is added by the operator."""
+
     node_selector: dict[str, LabelValue] = Field(
         default_factory=dict,
         max_length=32,
+        description="Node labels a pod's node must have (the pod's nodeSelector), besides the GPU labels "
+        "resources.gpu asks for.",
         json_schema_extra=cel(
             "self.all(k, size(k) <= 317 && k.matches('" + LABEL_KEY_PATTERN.replace("\\", "\\\\") + "'))",
             "scheduling.nodeSelector keys must be valid label keys",
         ),
     )
-    priority_class_name: DnsSubdomain | None = None
-    service_account_name: DnsSubdomain | None = None
+    priority_class_name: DnsSubdomain | None = Field(
+        None,
+        description="PriorityClass of the pods (scheduling order and preemption); the cluster's default when unset.",
+    )
+    service_account_name: DnsSubdomain | None = Field(
+        None,
+        description="ServiceAccount the pods run as; the namespace's default when unset. Its API token is mounted "
+        "only with automountServiceAccountToken.",
+    )
     automount_service_account_token: bool = Field(
         False,
         description="Mount the service account's API token in the model-server pods; off, since the server "

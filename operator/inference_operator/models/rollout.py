@@ -9,7 +9,7 @@ from pydantic import ConfigDict, Field
 
 from .autoscaling import DEFAULT_PROMETHEUS_URL
 from .base import SpecModel, cel
-from .engines import Metric
+from .engines import ENGINES, Metric, metrics_per_engine
 
 
 class RolloutStrategy(StrEnum):
@@ -22,10 +22,15 @@ class CanaryAnalysis(SpecModel):
 
     metric: Metric | None = Field(
         None,
-        description="Latency metric judged: latencyP95Ms or latencyP99Ms (modelServer), ttftP95Ms, itlP95Ms or "
-        "e2eLatencyP95Ms (vllm); unset: latencyP95Ms, or ttftP95Ms for vllm.",
+        description="Latency judged (a quantile in milliseconds), one the engine exports: "
+        + metrics_per_engine(lambda traits: traits.canary_metrics)
+        + ". Unset: "
+        + ", ".join(f"{traits.canary_metrics[0].value} for {engine.value}" for engine, traits in ENGINES.items())
+        + ".",
     )
-    max_latency_ms: float = Field(gt=0, le=3_600_000, description="A check fails when the metric is above this.")
+    max_latency_ms: float = Field(
+        gt=0, le=3_600_000, description="Milliseconds: a check fails when the canary's metric is above this."
+    )
     max_error_ratio: float = Field(
         0.05, ge=0, le=1, description="A check fails when more than this share of the canary's requests got a 5xx."
     )
@@ -34,7 +39,9 @@ class CanaryAnalysis(SpecModel):
     )
     failure_limit: int = Field(2, ge=1, le=100, description="Failed checks in a row that roll the canary back.")
     interval_seconds: int = Field(15, ge=1, le=3600, description="Seconds between checks.")
-    window_seconds: int = Field(60, ge=10, le=3600, description="Range of the checks' rate() window.")
+    window_seconds: int = Field(
+        60, ge=10, le=3600, description="Seconds of history each check covers (the PromQL rate() window)."
+    )
     prometheus_url: str | None = Field(
         None,
         pattern=r"^https?://[^/?#@\s]+(/[^?#\s]*)?$",
@@ -65,11 +72,15 @@ class CanarySpec(SpecModel):
     step_seconds: int = Field(
         60, ge=1, le=86400, description="At least this long per step, with a passing check at its end."
     )
-    analysis: CanaryAnalysis
+    analysis: CanaryAnalysis = Field(
+        description="How each step's check is judged: latency and error ratio of the canary's pods, from Prometheus."
+    )
 
 
 class RolloutSpec(SpecModel):
-    """How a change of the pods reaches the replicas."""
+    """How a change of the pods (image, model, runtime, resources) reaches the replicas: the
+    Deployment's rolling update, or a canary promoted step by step on its measured latency and
+    errors."""
 
     model_config = ConfigDict(
         json_schema_extra=cel(
@@ -84,4 +95,6 @@ class RolloutSpec(SpecModel):
         description="rolling: the Deployment's rolling update; canary: a candidate Deployment beside the stable "
         "one, promoted step by step while its latency and errors hold, rolled back when they do not.",
     )
-    canary: CanarySpec | None = None
+    canary: CanarySpec | None = Field(
+        None, description="The canary's steps and analysis; required with strategy canary."
+    )

@@ -62,7 +62,7 @@ class EndpointPickerSpec(SpecModel):
 class ParentRef(SpecModel):
     """A Gateway the route attaches to (the Gateway's own allowedRoutes decide whether it may)."""
 
-    name: DnsSubdomain
+    name: DnsSubdomain = Field(description="Name of the Gateway.")
     namespace: DnsLabel | None = Field(None, description="The Gateway's namespace; the service's when unset.")
     section_name: DnsSubdomain | None = Field(None, description="One listener of the Gateway; all when unset.")
 
@@ -71,14 +71,17 @@ class HTTPRouteSpec(SpecModel):
     """A Gateway API HTTPRoute to the service, NAME: its requests for `hostnames` through the
     parent Gateways. A canary rollout splits it by weights, exactly, instead of by replicas."""
 
-    parent_refs: list[ParentRef] = Field(min_length=1, max_length=32)
+    parent_refs: list[ParentRef] = Field(
+        min_length=1, max_length=32, description="Gateways (and listeners) the route attaches to; at least one."
+    )
     hostnames: list[Annotated[str, Field(pattern=HOSTNAME_PATTERN, max_length=253)]] = Field(
         default_factory=list, max_length=16, description="Hosts the route answers; every host when empty."
     )
 
 
 class RoutingSpec(SpecModel):
-    """Gateway routing to the pods."""
+    """Routing through a Gateway API gateway, besides the Service: an InferencePool with its
+    endpoint picker (load-aware routing for LLMs), and an HTTPRoute. Neither by default."""
 
     model_config = ConfigDict(
         json_schema_extra=cel(
@@ -93,7 +96,11 @@ class RoutingSpec(SpecModel):
         description="Emit a Gateway API Inference Extension InferencePool (inference.networking.k8s.io/v1) "
         "selecting the pods, so an inference gateway can route to them by queue and KV-cache load.",
     )
-    endpoint_picker: EndpointPickerSpec | None = None
+    endpoint_picker: EndpointPickerSpec | None = Field(
+        None,
+        description="The InferencePool's endpoint picker (needs inferencePool: true); unset, the operator deploys "
+        "one as NAME-epp with the default weights.",
+    )
     http_route: HTTPRouteSpec | None = Field(
         None,
         description="Emit a Gateway API HTTPRoute (gateway.networking.k8s.io/v1) to the service (or to its "

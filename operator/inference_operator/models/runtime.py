@@ -32,15 +32,42 @@ class ExecutionProvider(StrEnum):
 
 
 class BatchingSpec(SpecModel):
-    max_batch_size: Annotated[int, Field(ge=1, le=1024)] = 16
-    max_delay_ms: Annotated[float, Field(ge=0, le=1000)] = 5
-    max_queue: Annotated[int, Field(ge=1, le=100_000)] = 256
+    """Dynamic batching of the model server (engine modelServer): concurrent requests are run as one
+    batch on the runtime, up to a size and after a short wait; vLLM batches by itself."""
+
+    max_batch_size: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="Most requests (rows of the batch dimension) run in one batch on the runtime (--max-batch-size).",
+    )
+    max_delay_ms: float = Field(
+        5,
+        ge=0,
+        le=1000,
+        description="Milliseconds a request may wait for others to join its batch (--max-delay-ms); 0 runs each "
+        "batch as soon as the runtime is free. A longer wait gives larger batches and adds to latency.",
+    )
+    max_queue: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="Requests waiting for a batch per replica (--max-queue); beyond them a request is refused with "
+        "429, so overload is answered at once rather than queued without bound.",
+    )
 
 
 class EnvVar(SpecModel):
-    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)
+    """An environment variable of the serving container."""
+
+    name: str = Field(
+        pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+        max_length=256,
+        description="Variable name; those the operator sets (GPU selection, the server's own settings, Hub and "
+        "tracing variables) are refused.",
+    )
     # 64 variables of at most 4 KiB: a pod spec stays far below etcd's object size limit.
-    value: str = Field("", max_length=4096)
+    value: str = Field("", max_length=4096, description="Variable value, taken literally (no $(VAR) expansion).")
 
 
 _ARGS_MESSAGE = "runtime.args must not set the flags the operator sets (use the spec's fields): " + ", ".join(
@@ -148,7 +175,9 @@ class TracingSpec(SpecModel):
 
 
 class RuntimeSpec(SpecModel):
-    """The serving container: engine, image, providers, batching and probes."""
+    """The serving container: which engine serves the model and in which image, ONNX Runtime's
+    execution providers, batching, ports, startup budget, tracing, and extra environment and
+    flags."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -216,7 +245,9 @@ class RuntimeSpec(SpecModel):
         description="vllm: serve LoRA adapters (spec.adapters), loaded and unloaded without a restart; on with "
         "these sizes whenever spec.adapters has one.",
     )
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="When the kubelet pulls runtime.image (the container's imagePullPolicy)."
+    )
     execution_providers: list[ExecutionProvider] = Field(
         default_factory=_default_providers,
         min_length=1,
@@ -226,8 +257,21 @@ class RuntimeSpec(SpecModel):
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     batching: BatchingSpec = Field(default_factory=BatchingSpec)
-    port: Annotated[int, Field(ge=1, le=65535)] = 8080
-    metrics_port: Annotated[int, Field(ge=1, le=65535)] = 9090
+    port: int = Field(
+        8080,
+        ge=1,
+        le=65535,
+        description="Container port of the inference API (REST, the Open Inference Protocol; vLLM's OpenAI API), "
+        "also probed for health; the Service serves it on port 80 (http). Must differ from metricsPort.",
+    )
+    metrics_port: int = Field(
+        9090,
+        ge=1,
+        le=65535,
+        description="Port of Prometheus /metrics: the model server's container port and the Service's port "
+        "metrics (engine vllm answers /metrics on runtime.port, so there it is the Service's port only). Must "
+        "differ from port.",
+    )
     grpc_port: int | None = Field(
         None,
         ge=1,

@@ -15,12 +15,13 @@ from .engines import (
     ENGINES,
     VLLM_MULTI_NODE_ARG_PATTERN,
     VLLM_MULTI_NODE_FLAGS,
-    Engine,
     EngineTraits,
     Metric,
     cel_engine_in,
     engine_names,
     engines_where,
+    metrics_in_order,
+    metrics_per_engine,
 )
 from .model import AdapterSpec, ModelSpec
 from .names import SpecError
@@ -30,27 +31,13 @@ from .routing import RoutingSpec
 from .runtime import RuntimeSpec
 
 
-def _in_order(metrics: Collection[Metric]) -> list[Metric]:
-    return [metric for metric in Metric if metric in metrics]
-
-
 def _per_engine(field: str, allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
     """CEL: `field` is among what the spec's engine allows (`e1 ? field in [..] : ... default's`)."""
-    rule = f"{field} in [{', '.join(repr(m.value) for m in _in_order(allowed(ENGINES[DEFAULT_ENGINE])))}]"
+    rule = f"{field} in [{', '.join(repr(m.value) for m in metrics_in_order(allowed(ENGINES[DEFAULT_ENGINE])))}]"
     for engine in reversed([e for e in ENGINES if e != DEFAULT_ENGINE]):
-        listed = ", ".join(repr(m.value) for m in _in_order(allowed(ENGINES[engine])))
+        listed = ", ".join(repr(m.value) for m in metrics_in_order(allowed(ENGINES[engine])))
         rule = f"({cel_engine_in((engine,), 'self.runtime')}) ? {field} in [{listed}] : {rule}"
     return rule
-
-
-def _per_engine_message(allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
-    """`a, b or c for modelServer; d or e for vllm`."""
-
-    def listed(engine: Engine) -> str:
-        names = [m.value for m in _in_order(allowed(ENGINES[engine]))]
-        return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
-
-    return "; ".join(f"{listed(engine)} for {engine.value}" for engine in ENGINES)
 
 
 _MULTI_NODE = (
@@ -61,7 +48,9 @@ _ADAPTER_ENGINES = engines_where(lambda traits: traits.lora)
 
 
 class InferenceServiceSpec(SpecModel):
-    """`spec` of an InferenceService."""
+    """The desired state of an InferenceService: the model, what serves it (runtime) on which GPUs
+    (resources), how many replicas (replicas or autoscaling), where they run (scheduling), how
+    requests reach them (routing), how a change rolls out (rollout), and its LoRA adapters."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -77,7 +66,7 @@ class InferenceServiceSpec(SpecModel):
                 "!has(self.autoscaling) || !has(self.autoscaling.metric)"
                 f" || ({_per_engine('self.autoscaling.metric', lambda traits: traits.metrics)})",
                 "autoscaling.metric must be one the engine exports: "
-                + _per_engine_message(lambda traits: traits.metrics),
+                + metrics_per_engine(lambda traits: traits.metrics),
                 ".autoscaling.metric",
             ),
             cel(
@@ -85,7 +74,7 @@ class InferenceServiceSpec(SpecModel):
                 " || !has(self.rollout.canary.analysis.metric)"
                 f" || ({_per_engine('self.rollout.canary.analysis.metric', lambda traits: traits.canary_metrics)})",
                 "rollout.canary.analysis.metric must be a latency the engine exports: "
-                + _per_engine_message(lambda traits: traits.canary_metrics),
+                + metrics_per_engine(lambda traits: traits.canary_metrics),
                 ".rollout.canary.analysis.metric",
             ),
             cel(
