@@ -328,14 +328,25 @@ class NeedTree:
             node >>= 1
 
 
+#: The ASGI scope extension a transport puts its "has the client gone?" under (http_protocol.py),
+#: for `RequestBody.gone`.
+CLIENT_GONE = "model_server.client_gone"
+
+
+def _never() -> bool:
+    return False
+
+
 @dataclass(slots=True)  # not frozen: made once per request, and frozen fields cost a setattr each
 class RequestBody:
     """A request's body as a transport delivers it: the length it announced (None without one),
-    and two ways to read it once: whole, or chunk by chunk as it arrives."""
+    two ways to read it once (whole, or chunk by chunk as it arrives), and whether its client
+    has gone (nobody will read the answer: no reason to make it)."""
 
     length: int | None
     read: Callable[[], Awaitable[bytes]]
     chunks: Callable[[], AsyncIterator[bytes]]
+    gone: Callable[[], bool] = _never
 
 
 class BodyDecoder:

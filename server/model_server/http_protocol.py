@@ -47,7 +47,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .bodies import AnswerBudget, ReadBudget
+from .bodies import CLIENT_GONE, AnswerBudget, ReadBudget
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         already have read the answer and sent its next request on the connection, which then meets
         a reset (a stream failed so on the tier, on a busy front). Corked, the last bytes leave
         only with the close, so the client reads them with the connection's end and opens a new
-        one (unless the loop takes over 200 ms to get to the close: Linux's most for a cork)."""
+        one (unless the loop takes over 200 ms to get to the close: Linux's most for a cork).
+        The scope says how to ask whether the client has gone (`bodies.CLIENT_GONE`): an answer
+        nobody will read is not worth making."""
         cycle = getattr(send, "__self__", None)  # uvicorn's RequestResponseCycle of this request
         start: Message | None = None  # held until the body shows whether the answer can be kept
 
@@ -311,7 +313,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self._cork()
             await send(message)
 
-        await self._app(scope, receive, send_answer if scope["type"] == "http" else send)
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        extensions = scope.get("extensions")
+        if extensions is None:
+            scope["extensions"] = {CLIENT_GONE: self.transport.is_closing}
+        else:
+            extensions[CLIENT_GONE] = self.transport.is_closing
+        await self._app(scope, receive, send_answer)
 
     async def _send_held(self, send: Send, head: Message, body: Message, size: int, cycle: Any) -> None:
         """A whole answer of `size` bytes written with its bytes held in the answer budget until

@@ -150,3 +150,28 @@ def test_an_answer_left_unread_is_dropped_after_the_write_timeout_and_its_bytes_
     finally:
         for conn in held:
             conn.close()
+
+
+def answered_with(server: Server, code: int) -> int:
+    """Inference requests counted under `code` by the server's own metrics."""
+    _, body = whole(server, b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n", source="127.0.0.1")
+    prefix = b"model_server_requests_total{"
+    return sum(
+        int(float(line.rsplit(b" ", 1)[1]))
+        for line in body.splitlines()
+        if line.startswith(prefix) and b'code="%d"' % code in line
+    )
+
+
+def test_an_answer_for_a_client_already_gone_is_not_made(server: Server) -> None:
+    """Clients that send a request for a large answer and leave at once: the server sees them
+    gone after inference and makes no answer (499), rather than encoding it for nobody."""
+    before = answered_with(server, 499) + answered_with(server, 200)
+    gone_before = answered_with(server, 499)
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+            conn.sendall(infer(ROWS))
+    deadline = time.monotonic() + 60
+    while answered_with(server, 499) + answered_with(server, 200) < before + 20 and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the server has come to every one of them
+    assert answered_with(server, 499) - gone_before >= 10
