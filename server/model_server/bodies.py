@@ -166,6 +166,19 @@ class ReadBudget:
                 self._queue = [entry for entry in self._queue if entry[1] in self._waiters]
                 heapq.heapify(self._queue)
 
+    def hold(self, size: int) -> bool:
+        """`size` bytes at once, for bytes already in memory (an answer written whole), if every
+        reader could still finish without them back and no chunk is waiting; `unhold` returns
+        them. They are not a reader's: nothing counts on them coming back soon."""
+        if self._waiters or size > self.free or self._needs.worst() > self.free - size:
+            return False
+        self.free -= size
+        return True
+
+    def unhold(self, size: int) -> None:
+        self.free += size
+        self._wake()
+
     def close(self, reader: int) -> None:
         """Return everything `reader` holds."""
         claim, held = self._readers.pop(reader)
@@ -219,6 +232,38 @@ class ReadBudget:
             del self._waiters[seq]
             self._grant(reader, size)
             future.set_result(None)
+
+
+class AnswerBudget:
+    """Answers written whole and not yet read by their clients, held in the request bodies'
+    budget (`ReadBudget.hold`), so that bodies and answers waiting in a process have one bound:
+    the budget, not its connections times an answer's size. A client (its address) holds at
+    most `share` of it, so one that never reads cannot keep the others' answers out."""
+
+    def __init__(self, budget: ReadBudget, share: float = 0.5) -> None:
+        self.budget = budget
+        self.per_client = int(budget.total * share)
+        self.held: dict[str, int] = {}  # client -> bytes
+
+    def hold(self, client: str, size: int) -> bool:
+        """`size` bytes of an answer to `client`, if they may be kept now."""
+        held = self.held.get(client, 0)
+        if held + size > self.per_client or not self.budget.hold(size):
+            return False
+        self.held[client] = held + size
+        return True
+
+    def release(self, client: str, size: int) -> None:
+        self.budget.unhold(size)
+        left = self.held[client] - size
+        if left:
+            self.held[client] = left
+        else:
+            del self.held[client]
+
+    def spent(self, client: str) -> bool:
+        """Whether `client` holds its whole share: its next answer could not be kept."""
+        return self.held.get(client, 0) >= self.per_client
 
 
 _NONE = -(1 << 62)  # no reader: below any need
@@ -291,14 +336,25 @@ class NeedTree:
             node >>= 1
 
 
+#: The ASGI scope extension a transport puts its "has the client gone?" under (http_protocol.py),
+#: for `RequestBody.gone`.
+CLIENT_GONE = "model_server.client_gone"
+
+
+def _never() -> bool:
+    return False
+
+
 @dataclass(slots=True)  # not frozen: made once per request, and frozen fields cost a setattr each
 class RequestBody:
     """A request's body as a transport delivers it: the length it announced (None without one),
-    and two ways to read it once: whole, or chunk by chunk as it arrives."""
+    two ways to read it once (whole, or chunk by chunk as it arrives), and whether its client
+    has gone (nobody will read the answer: no reason to make it)."""
 
     length: int | None
     read: Callable[[], Awaitable[bytes]]
     chunks: Callable[[], AsyncIterator[bytes]]
+    gone: Callable[[], bool] = _never
 
 
 class BodyDecoder:

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import tracing
 from .bodies import BodyDecoder, RequestBody
-from .errors import InvalidInput, ModelNotFound
+from .errors import ClientClosed, InvalidInput, ModelNotFound
 from .jsoncodec import check_content_type, dumps
 from .metrics import RequestTracker
 from .protocol_simple import decode_simple
@@ -57,6 +57,8 @@ class DataPlane:
         if req.outputs:
             check_requested_outputs(req, [s.name for s in served.outputs])
         outputs = await submit(served, arrays)
+        if body.gone():
+            raise ClientClosed("the client closed the connection before its answer")
         with tracing.stage("encode"):
             return encode_response(req, self.settings.name, served.version, outputs, self.settings.parse_memory_bytes)
 
@@ -77,6 +79,8 @@ class DataPlane:
         spec = served.inputs[0]
         rows = shape_simple_rows(data, spec)
         outputs = await submit(served, {spec.name: rows})
+        if body.gone():
+            raise ClientClosed("the client closed the connection before its answer")
         first = next(iter(outputs.values()))
         single = data.ndim == 1 and rows.shape[0] == 1 and first.ndim >= 2
         latency_ms = (time.perf_counter() - started) * 1000.0

@@ -23,7 +23,8 @@ class PayloadTooLarge(ServerError):
 
 class ClientClosed(ServerError):
     """The client went away (or was cut off for sending its body too slowly) before its body
-    arrived: a client error, not the server's; nobody reads the answer."""
+    arrived, or before its answer was made: a client error, not the server's; nobody reads the
+    answer."""
 
 
 class UnsupportedMediaType(ServerError):

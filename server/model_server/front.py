@@ -315,7 +315,7 @@ def serve(config: FrontConfig) -> int:
     largest, budget = config.body_limits()
     log.info("front on :%d for %s (bodies up to %d bytes, %d at once)", config.port, config.upstream, largest, budget)
     front = Front(config)
-    server = uvicorn.Server(server_config(front, config, int(config.drain_timeout_s)))
+    server = uvicorn.Server(server_config(front, config, int(config.drain_timeout_s), front.bodies.budget))
     front.close_after_answers = lambda: close_after_answers(server)
     front.close_idle_connections = lambda: close_idle_connections(server)
     signals.remember_stop_signals()

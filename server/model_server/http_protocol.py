@@ -22,6 +22,17 @@ many reads is refused before the parser has gathered it all), and as the parser 
 out the request line and each field (one read may hold the end of one request and the
 whole head of the next: a kept-alive connection's second request was not counted at
 all, and 300 connections of 10,000 fields each took 97 -> 294 MiB).
+
+Answers are bounded too (`AnswerBudget`): an answer written whole and larger than a socket
+takes at once holds its bytes from when it is encoded until the transport's buffer has drained
+(or the connection is gone), in the process's request-body budget and within its client's
+share of it. One that cannot be held is answered 503 with Retry-After instead, and a client
+holding its whole share gets 503 for its next request at once; probes are never refused. A
+client that leaves an answer unread is dropped after `write_timeout_s`, and its bytes come back.
+Without this, the bound was the connection cap times an answer's size: clients that never read
+a large answer took a server past its memory limit. Streamed answers (more to come) are not
+held: each part waits for the client to drain the last (uvicorn's flow control), so a
+connection holds at most one part.
 """
 
 from __future__ import annotations
@@ -36,6 +47,8 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from .bodies import CLIENT_GONE, AnswerBudget, ReadBudget
+
 log = logging.getLogger(__name__)
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
@@ -48,6 +61,11 @@ _SLICE = 4 * 1024
 #: what the client sent stays unparsed until they are answered.
 MAX_PIPELINED = 16
 _CORK: int | None = getattr(socket, "TCP_CORK", None)  # Linux's
+#: Answers up to this size are not held in the budget: a socket's buffer takes most of one at
+#: once, and the connection cap bounds what the rest can add up to.
+SMALL_ANSWER = 64 * 1024
+#: The answer budget of a listener whose process has no request-body budget to share.
+OWN_ANSWER_BUDGET = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -58,8 +76,8 @@ class ConnectionLimits:
     max_connections: int
     #: Paths answered on the few connections beyond the cap (see the module doc).
     probe_paths: frozenset[str] = frozenset()
-    #: How long an answer may wait for a client that reads none of it (its buffer full).
-    write_timeout_s: float = 60.0
+    #: How long an answer may wait for a client that does not drain it (its buffer full).
+    write_timeout_s: float = 30.0
 
     @property
     def probe_slots(self) -> int:
@@ -188,6 +206,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     limits: ConnectionLimits
     table: ConnectionTable[LimitedHttpProtocol]
+    answers: AnswerBudget
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -205,14 +224,18 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._owed_refusal: tuple[int, str, bool] | None = None  # to send once earlier answers are out
         self._write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
         self._close_after_answer = False  # awaiting its request when told to close (`shutdown`, `close_after_answer`)
+        self._unsent = 0  # bytes of answers held, written and not yet drained
         self._app = self.app
         self.app = self._app_ending_with_the_connection
 
     @classmethod
-    def with_limits(cls, limits: ConnectionLimits) -> type[LimitedHttpProtocol]:
-        """The class to hand to `uvicorn.Config(http=...)`: one per listener, with its table."""
+    def with_limits(cls, limits: ConnectionLimits, budget: ReadBudget | None = None) -> type[LimitedHttpProtocol]:
+        """The class to hand to `uvicorn.Config(http=...)`: one per listener, with its table.
+        Its answers are held in `budget`, the process's request-body budget (the same object for
+        every listener of the process), or in one of their own without it."""
         table: ConnectionTable[LimitedHttpProtocol] = ConnectionTable(limits.max_connections, limits.probe_slots)
-        return type(cls.__name__, (cls,), {"limits": limits, "table": table})
+        answers = AnswerBudget(budget if budget is not None else ReadBudget(OWN_ANSWER_BUDGET))
+        return type(cls.__name__, (cls,), {"limits": limits, "table": table, "answers": answers})
 
     # ------------------------------------------------------------------ connection
 
@@ -264,16 +287,75 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         already have read the answer and sent its next request on the connection, which then meets
         a reset (a stream failed so on the tier, on a busy front). Corked, the last bytes leave
         only with the close, so the client reads them with the connection's end and opens a new
-        one (unless the loop takes over 200 ms to get to the close: Linux's most for a cork)."""
+        one (unless the loop takes over 200 ms to get to the close: Linux's most for a cork).
+        The scope says how to ask whether the client has gone (`bodies.CLIENT_GONE`): an answer
+        nobody will read is not worth making."""
         cycle = getattr(send, "__self__", None)  # uvicorn's RequestResponseCycle of this request
+        start: Message | None = None  # held until the body shows whether the answer can be kept
 
-        async def send_last_with_end(message: Message) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                if cycle is not None and not cycle.keep_alive:
-                    self._cork()
+        async def send_answer(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+                return
+            if message["type"] != "http.response.body":
+                await send(message)
+                return
+            last = not message.get("more_body", False)
+            if start is not None:
+                head, start = start, None
+                size = len(message.get("body", b""))
+                if last and size > SMALL_ANSWER:
+                    await self._send_held(send, head, message, size, cycle)
+                    return
+                await send(head)
+            if last and cycle is not None and not cycle.keep_alive:
+                self._cork()
             await send(message)
 
-        await self._app(scope, receive, send_last_with_end if scope["type"] == "http" else send)
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        extensions = scope.get("extensions")
+        if extensions is None:
+            scope["extensions"] = {CLIENT_GONE: self.transport.is_closing}
+        else:
+            extensions[CLIENT_GONE] = self.transport.is_closing
+        await self._app(scope, receive, send_answer)
+
+    async def _send_held(self, send: Send, head: Message, body: Message, size: int, cycle: Any) -> None:
+        """A whole answer of `size` bytes written with its bytes held in the answer budget until
+        the transport has drained them; a 503 in its place if they cannot be held now."""
+        client = self.client[0] if self.client else ""
+        if not self.answers.hold(client, size):
+            log.debug("answer of %d bytes to %s refused: the answer budget is taken", size, client)
+            message = (
+                f"the server holds as many answers not yet read as it may ({self.answers.budget.total} bytes, "
+                f"{self.answers.per_client} per client); retry shortly"
+            )
+            if size > self.answers.per_client:
+                message = f"an answer of {size} bytes exceeds the {self.answers.per_client} one client may be sent"
+            refusal = b'{"error":"' + message.encode() + b'"}'
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(refusal))]
+            await send({"type": "http.response.start", "status": 503, "headers": [*headers, (b"retry-after", b"1")]})
+            await send({"type": "http.response.body", "body": refusal})
+            return
+        try:
+            await send(head)
+            if cycle is not None and not cycle.keep_alive:
+                self._cork()
+            await send(body)
+        finally:
+            transport = self.transport
+            if transport.is_closing() or not transport.get_write_buffer_size():
+                self.answers.release(client, size)
+            else:
+                self._unsent += size
+
+    def _drained(self) -> None:
+        """The transport has (nearly) emptied its buffer, or is gone: the answers it held are out."""
+        unsent, self._unsent = self._unsent, 0
+        self.answers.release(self.client[0] if self.client else "", unsent)
 
     def _cork(self) -> None:
         """Hold what is written next until the close: Linux sends it with the FIN. Nothing for a
@@ -292,6 +374,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.table.remove(self)
         self._disarm()
         self._disarm_write()
+        if self._unsent:
+            self._drained()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -304,6 +388,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def resume_writing(self) -> None:
         self._disarm_write()
+        if self._unsent:
+            self._drained()
         super().resume_writing()
 
     def _disarm_write(self) -> None:
@@ -393,6 +479,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._head_started = False
         if self._probes_only and self.url.split(b"?", 1)[0].decode("latin-1") not in self.limits.probe_paths:
             self._refuse(503, "too many open connections; retry shortly", retry_after=True)
+            return
+        if (
+            self.answers.held
+            and self.answers.spent(self.client[0] if self.client else "")
+            and self.url.split(b"?", 1)[0].decode("latin-1") not in self.limits.probe_paths
+        ):
+            self._refuse(503, "this client's answers not yet read take its share; retry shortly", retry_after=True)
             return
         self.table.set(self, "busy")
         self._awaiting_headers = False

@@ -247,9 +247,12 @@ class ListenerConfig(Protocol):
     def connection_limits(self) -> ConnectionLimits: ...
 
 
-def server_config(app: ASGIApp, config: ListenerConfig, graceful_seconds: int) -> uvicorn.Config:
+def server_config(
+    app: ASGIApp, config: ListenerConfig, graceful_seconds: int, budget: ReadBudget | None = None
+) -> uvicorn.Config:
     """uvicorn for a proxy's port: the bounded protocol, no access log, and the connection's
-    peer as the client (nobody in front of a proxy is trusted to say who the client is)."""
+    peer as the client (nobody in front of a proxy is trusted to say who the client is). Whole
+    answers waiting for their clients are held in `budget`, the proxy's body budget."""
     return uvicorn.Config(
         app,
         host=config.host,
@@ -260,5 +263,5 @@ def server_config(app: ASGIApp, config: ListenerConfig, graceful_seconds: int) -
         proxy_headers=False,
         timeout_keep_alive=config.keep_alive_timeout_s,
         timeout_graceful_shutdown=graceful_seconds,
-        http=LimitedHttpProtocol.with_limits(config.connection_limits()),
+        http=LimitedHttpProtocol.with_limits(config.connection_limits(), budget),
     )

@@ -165,7 +165,8 @@ def serve(settings: ServerSettings) -> int:
         timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
         timeout_keep_alive=settings.keep_alive_timeout_s,
         lifespan="on",
-        http=LimitedHttpProtocol.with_limits(connection_limits(settings)),
+        # Answers waiting for their clients are held in the request bodies' budget (http_protocol.py).
+        http=LimitedHttpProtocol.with_limits(connection_limits(settings), app.state.server.bodies.buffer),
     )
     grpc = GrpcFrontEnd(app.state.server) if settings.grpc_port is not None else None
     server = GracefulServer(config, settings, shutdown, metrics_config(settings), grpc)

@@ -129,7 +129,10 @@ class ServerSettings(BaseSettings):
         default=60.0, gt=0, description="seconds for a request's body to arrive"
     )
     write_timeout_s: Annotated[float, Flag("write-timeout")] = Field(
-        default=60.0, gt=0, description="seconds a client may leave an answer unread before its connection is dropped"
+        default=30.0,
+        gt=0,
+        description="seconds a client may leave an answer undrained (its socket full) before its connection is "
+        "dropped and the answer's bytes come back to the budget",
     )
     grpc_max_connection_age_s: Annotated[float, Flag("grpc-max-connection-age")] = Field(
         default=60.0,

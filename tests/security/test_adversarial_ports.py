@@ -1,6 +1,9 @@
 """The adversarial client suite against every listening port of the real processes: each attack
-of testsupport/adversary.py, held against each port, must leave the port's health answered
-within 1 s, its process's memory and threads bounded. A new port is one entry of `PORTS`."""
+of testsupport/adversary.py, held against each port, must leave the port's health answered as
+its pod's liveness probe asks (never failureThreshold checks in a row over timeoutSeconds: the
+kubelet would restart it), another client's ordinary request served, its process's memory under
+its limit and its threads bounded. The probes are read from what the operator and the chart
+render. A new port is one entry of `PORTS`."""
 
 from __future__ import annotations
 
@@ -17,17 +20,35 @@ import pytest
 import tritonclient.grpc as triton
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.builders.vllm import FRONT
+from inference_operator.builders.adapters import SIDECAR
+from inference_operator.builders.vllm import CONTAINER, FRONT
 from inference_operator.models import parse_spec
+from tests.chart import helm
 from testsupport import adversary, adversary_h2
 from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command
+from testsupport.stand_in_engine import ANSWER_PATH
 
 pytestmark = pytest.mark.slow
 
-#: The model server's memory limit here: its body budgets are sized from it.
+#: The model server's and the activator's memory limit here: their budgets are sized from it.
 MEMORY_LIMIT = 512 * adversary.MiB
+#: The served model: embedding-like, y = x[N,4] @ W[4,256], its answer ~85x its request.
+OUTPUTS = 256
+ANSWER_ROWS = 4096
+
+
+def infer_request(rows: int) -> bytes:
+    """A KServe v2 inference request for `rows` rows of the served model."""
+    values = ",".join(["0.123456"] * (4 * rows))
+    body = f'{{"inputs":[{{"name":"x","datatype":"FP32","shape":[{rows},4],"data":[{values}]}}]}}'.encode()
+    return adversary.request("POST", "/v2/models/tiny/infer", body, Content_Type="application/json")
+
+
+def completion_request(path: str, prompt: str) -> bytes:
+    body = b'{"model":"tiny","prompt":"' + prompt.encode() + b'","max_tokens":1}'
+    return adversary.request("POST", path, body, Content_Type="application/json")
 
 
 @dataclass(frozen=True)
@@ -42,7 +63,7 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     times its requests (x[N, 4] @ W[4, 256]), for the attacks that leave answers unread."""
     adversary.raise_fd_limit()
     repo = tmp_path_factory.mktemp("adversary") / "repo"
-    affine_model(repo / "1" / "model.onnx", np.ones((4, 256), np.float32), np.zeros(256, np.float32))
+    affine_model(repo / "1" / "model.onnx", np.ones((4, OUTPUTS), np.float32), np.zeros(OUTPUTS, np.float32))
     port, metrics_port, grpc_port = free_port(), free_port(), free_port()
     flags = ["--model-name", "tiny", "--no-watch", "--log-level", "warning", "--intra-op-threads", "1"]
     flags += ["--metrics-port", str(metrics_port), "--memory-limit-bytes", str(MEMORY_LIMIT)]
@@ -51,6 +72,10 @@ def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     log = Path(tmp_path_factory.mktemp("adversary-log")) / "server.log"
     command = serve_command(repo, port, *flags)
     with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/health/ready") as process:
+        # Its pools (parse, inference) start on first use: started here, they are not the attack's threads.
+        target = adversary.Target("model server HTTP", "127.0.0.1", port, "/health/live", process.pid)
+        for _ in range(3):
+            assert adversary.exchange(target, infer_request(ANSWER_ROWS), timeout=30) == "200"
         yield Running(process.pid, {"http": port, "metrics": metrics_port, "grpc": grpc_port})
 
 
@@ -68,19 +93,45 @@ def adapters_sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
         yield Running(p.pid, {"adapters": port})
 
 
+def rendered_pod(spec: dict[str, Any]) -> dict[str, Any]:
+    objects = {obj["kind"]: obj for obj in build_all(Owner("tiny", "default", "uid-1", parse_spec(spec)))}
+    pod: dict[str, Any] = objects["Deployment"]["spec"]["template"]["spec"]
+    return pod
+
+
 def rendered_vllm_pod() -> dict[str, Any]:
     """The pod the operator renders for a LoRA vLLM service: its front's args are what the
     suite runs."""
-    spec = parse_spec(
+    return rendered_pod(
         {
             "model": {"uri": "hf://org/tiny-llama"},
             "runtime": {"engine": "vllm", "maxModelLen": 256, "lora": {"maxLoras": 1, "maxLoraRank": 8}},
             "resources": {"gpu": {"count": 0}},
         }
     )
-    objects = {obj["kind"]: obj for obj in build_all(Owner("tiny", "default", "uid-1", spec))}
-    pod: dict[str, Any] = objects["Deployment"]["spec"]["template"]["spec"]
-    return pod
+
+
+def liveness(pod: dict[str, Any], container: str | None = None) -> adversary.Probe:
+    """The probe that judges `container` in a rendered pod (the first container without a name):
+    its liveness probe (the kubelet restarts it), or, a container without one (the adapters
+    sidecar), its readiness probe (the kubelet takes the pod out of its Service)."""
+    containers = pod["containers"] + pod.get("initContainers", [])
+    chosen = containers[0] if container is None else next(c for c in containers if c["name"] == container)
+    return adversary.Probe.of(chosen.get("livenessProbe") or chosen["readinessProbe"])
+
+
+def model_server_probe() -> adversary.Probe:
+    return liveness(rendered_pod({"model": {"uri": "pvc://models/tiny"}, "resources": {"gpu": {"count": 0}}}))
+
+
+def activator_probe() -> adversary.Probe:
+    """The activator's liveness probe, as the chart renders it."""
+    if not helm.available():
+        pytest.skip("Helm is not installed: the activator's probe is the chart's")
+    deployment = next(
+        o for o in helm.render({}) if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-activator")
+    )
+    return liveness(deployment["spec"]["template"]["spec"], "activator")
 
 
 def rendered_front_command(upstream: int, port: int) -> list[str]:
@@ -139,7 +190,14 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
     "model-server-http": (
         "model_server",
         lambda s: adversary.Target(
-            "model server HTTP", "127.0.0.1", s.ports["http"], "/health/live", s.pid, "/v2/models/tiny/infer"
+            "model server HTTP",
+            "127.0.0.1",
+            s.ports["http"],
+            "/health/live",
+            s.pid,
+            "/v2/models/tiny/infer",
+            answer_request=infer_request(ANSWER_ROWS),
+            ordinary_request=infer_request(1),
         ),
     ),
     "model-server-grpc": (
@@ -160,19 +218,43 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
     ),
     "adapters-sidecar": (
         "adapters_sidecar",
-        lambda s: adversary.Target("adapters sidecar", "127.0.0.1", s.ports["adapters"], "/health/live", s.pid),
+        lambda s: adversary.Target(
+            "adapters sidecar",
+            "127.0.0.1",
+            s.ports["adapters"],
+            "/health/live",
+            s.pid,
+            answer_request=adversary.request("GET", "/adapters"),
+            ordinary_request=adversary.request("GET", "/adapters"),
+        ),
     ),
     # vLLM's own port listens on loopback only; the front is the vLLM pod's port. Its health
     # path here is vLLM's, through the front: the whole way in must stay answerable.
     "vllm-front": (
         "vllm_front",
-        lambda s: adversary.Target("vLLM front", "127.0.0.1", s.ports["front"], "/health", s.pid, "/v1/completions"),
+        lambda s: adversary.Target(
+            "vLLM front",
+            "127.0.0.1",
+            s.ports["front"],
+            "/health",
+            s.pid,
+            "/v1/completions",
+            answer_request=completion_request(ANSWER_PATH, "x" * 20_000),
+            ordinary_request=completion_request("/v1/completions", "hello"),
+        ),
     ),
     # Where a service's requests go while it is at zero (model_server/activator/).
     "activator": (
         "activator",
         lambda s: adversary.Target(
-            "activator", "127.0.0.1", s.ports["activator"], "/healthz", s.pid, "/v1/completions"
+            "activator",
+            "127.0.0.1",
+            s.ports["activator"],
+            "/healthz",
+            s.pid,
+            "/v1/completions",
+            answer_request=completion_request(ANSWER_PATH, "x" * 20_000),
+            ordinary_request=completion_request("/v1/completions", "hello"),
         ),
     ),
     "activator-metrics": (
@@ -184,6 +266,26 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
 
 #: The ports that speak gRPC: held to the attacks in their HTTP/2 shape, and to large messages.
 GRPC_PORTS = frozenset({"model-server-grpc"})
+
+#: What each port's process is judged by: the liveness probe of its container, as rendered
+#: (the model server's HTTP, gRPC and metrics ports are one process with one probe; the vLLM
+#: front's health path is vLLM's own, so the vLLM container's probe), and its memory limit.
+PROBES: dict[str, Callable[[], adversary.Probe]] = {
+    "model-server-http": model_server_probe,
+    "model-server-grpc": model_server_probe,
+    "model-server-metrics": model_server_probe,
+    "adapters-sidecar": lambda: liveness(rendered_vllm_pod(), SIDECAR),
+    "vllm-front": lambda: liveness(rendered_vllm_pod(), CONTAINER),
+    "activator": activator_probe,
+    "activator-metrics": activator_probe,
+}
+MEMORY_LIMITS: dict[str, int | None] = {
+    "model-server-http": MEMORY_LIMIT,
+    "model-server-grpc": MEMORY_LIMIT,
+    "model-server-metrics": MEMORY_LIMIT,
+    "activator": MEMORY_LIMIT,
+    "activator-metrics": MEMORY_LIMIT,
+}
 
 CASES = [
     (port, attack)
@@ -197,10 +299,12 @@ def test_the_port_stays_answerable_with_bounded_memory_and_threads(
     request: pytest.FixtureRequest, port: str, attack: str
 ) -> None:
     fixture, make = PORTS[port]
+    probe = PROBES[port]()
     target = make(request.getfixturevalue(fixture))
-    report = adversary.attack(target, attack)
+    report = adversary.attack(target, attack, probe)
     print(report.summary())
-    assert report.problems(adversary.Bounds()) == []
+    bounds = adversary.Bounds(probe, rss_limit_bytes=MEMORY_LIMITS.get(port), another_client=port not in GRPC_PORTS)
+    assert report.problems(bounds) == []
 
 
 @pytest.mark.parametrize("attack", ["zero window", "never reading"])
@@ -228,3 +332,22 @@ def test_grpc_answers_nobody_reads_leave_room_for_another_clients_call(model_ser
         np.testing.assert_array_equal(answer, np.full((2, 256), 4, np.float32))
     assert all(lives)
     assert peak < MEMORY_LIMIT, f"resident memory {peak / adversary.MiB:.0f} MiB, over the limit"
+
+
+def test_every_port_is_judged_by_its_rendered_probe() -> None:
+    """One source of truth: a port without a probe would be judged by nothing."""
+    assert set(PROBES) == set(PORTS)
+    for port, probe in PROBES.items():
+        judged = probe()
+        assert judged.timeout_s >= 1 and judged.failure_threshold >= 1, port
+
+
+def test_the_kubelet_counts_consecutive_failures_only() -> None:
+    """Slow checks apart are no restart; failureThreshold slow ones in a row are."""
+    probe = adversary.Probe(timeout_s=3, failure_threshold=3)
+    report = adversary.Report("t", "a", health=[0.1, 4.0, None, 0.2, 3.5, 0.1, None, 0.1], served_checks=1)
+    assert report.failures_in_a_row(probe) == 2
+    assert report.problems(adversary.Bounds(probe)) == []
+    report.health += [None, 3.1, 9.0]
+    assert report.failures_in_a_row(probe) == 3
+    assert "the kubelet restarts after 3" in " ".join(report.problems(adversary.Bounds(probe)))

@@ -17,7 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_server.bodies import BodyDecoder, MemoryBudget, ReadBudget, RequestBody, estimate_parse_bytes
+from model_server.bodies import (
+    AnswerBudget,
+    BodyDecoder,
+    MemoryBudget,
+    ReadBudget,
+    RequestBody,
+    estimate_parse_bytes,
+)
 from model_server.errors import Busy, PayloadTooLarge
 from model_server.settings import ServerSettings, detect_memory_limit
 from testsupport import payloads
@@ -272,6 +279,37 @@ async def test_read_budget_grants_only_safe_chunks_and_headers_alone_hold_nothin
     for reader in idle:
         budget.close(reader)
     assert budget.free == 100 and not budget._readers
+
+
+async def test_answers_are_held_in_the_read_budget_only_where_every_body_can_still_finish():
+    budget = ReadBudget(100)
+    upload = budget.open(60)
+    await budget.take(upload, 20, timeout=1)  # 40 still to come
+    assert budget.hold(30) and budget.free == 50
+    assert not budget.hold(11)  # 39 left: the upload could not finish (an answer may never come back)
+    assert budget.free == 50
+    await budget.take(upload, 40, timeout=1)  # the upload's last bytes still fit
+    budget.unhold(30)
+    assert not budget.hold(101)  # never more than the whole
+    waiting = asyncio.create_task(budget.take(budget.open(100), 90, timeout=2))
+    await asyncio.sleep(0)
+    assert not budget.hold(1)  # a waiting chunk goes first
+    budget.close(upload)
+    await waiting
+    assert budget.free == 10
+
+
+def test_one_client_holds_at_most_its_share_of_the_answers():
+    answers = AnswerBudget(ReadBudget(100), share=0.5)
+    assert answers.hold("10.0.0.1", 30) and not answers.spent("10.0.0.1")
+    assert not answers.hold("10.0.0.1", 30)  # 60 over its 50
+    assert answers.hold("10.0.0.1", 20) and answers.spent("10.0.0.1")
+    assert answers.hold("10.0.0.2", 50)  # the other half is another client's
+    assert answers.budget.free == 0 and not answers.hold("10.0.0.3", 1)
+    answers.release("10.0.0.1", 50)
+    assert not answers.spent("10.0.0.1") and answers.held == {"10.0.0.2": 50}
+    answers.release("10.0.0.2", 50)
+    assert answers.budget.free == 100 and not answers.held
 
 
 def all_can_finish(readers: list[tuple[int, int]], free: int) -> bool:

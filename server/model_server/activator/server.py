@@ -762,7 +762,7 @@ def serve(config: ActivatorConfig) -> int:
         )
     server = ActivatorServer(
         # Every held request ends by its wait; a stream still relayed then is cut off.
-        server_config(activator, config, int(config.max_wait_seconds) + 20),
+        server_config(activator, config, int(config.max_wait_seconds) + 20, activator.bodies.budget),
         activator,
         metrics,
     )

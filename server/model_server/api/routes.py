@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..bodies import RequestBody
+from ..bodies import CLIENT_GONE, RequestBody
 from ..errors import ClientClosed, ServerError
 from ..metrics import RequestTracker
 from ..protocol_simple import SimpleRequest, SimpleResponse
@@ -46,9 +46,14 @@ class InferenceRoute:
 
 def request_body(request: Request) -> RequestBody:
     """The body as the data plane reads it (a client gone mid-body raises ClientDisconnect,
-    which `serve` answers as `ClientClosed`)."""
+    which `serve` answers as `ClientClosed`), and whether its client has gone, where the
+    transport says (http_protocol.py)."""
     length = request.headers.get("content-length")
-    return RequestBody(int(length) if length is not None and length.isdigit() else None, request.body, request.stream)
+    size = int(length) if length is not None and length.isdigit() else None
+    gone = request.scope.get("extensions", {}).get(CLIENT_GONE)
+    if gone is None:
+        return RequestBody(size, request.body, request.stream)
+    return RequestBody(size, request.body, request.stream, gone)
 
 
 async def _v2(state: AppState, request: Request, params: dict[str, str], tracker: RequestTracker) -> Answer:
