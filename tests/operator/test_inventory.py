@@ -1,0 +1,115 @@
+"""Owned objects as an inventory: every object the operator makes for a service carries the
+service's labels and a role, and one prune, by those labels and the service's uid, removes what
+is owned and no longer wanted (whatever its kind, name or version), and nothing else."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from inference_operator.builders import Owner, build_all
+from inference_operator.builders.activator import ActivatorEndpoints, build_activator_slice
+from inference_operator.builders.canary import arm_service, canary_deployment
+from inference_operator.builders.common import ROLE_LABEL, STATUS_ROLES, Role, inventory_selector, role_of
+from inference_operator.models import parse_spec
+from inference_operator.settings import MANAGER
+from testsupport.crd import apply_defaults, crd_schema
+
+NS, NAME = "ml", "llama"
+SPEC_SCHEMA = crd_schema()["properties"]["spec"]
+
+
+def owner(raw: dict, name: str = NAME, uid: str = "u-1") -> Owner:
+    return Owner(name=name, namespace=NS, uid=uid, spec=parse_spec(apply_defaults(SPEC_SCHEMA, copy.deepcopy(raw))))
+
+
+def spec(**extra: object) -> dict:
+    return {"model": {"uri": "pvc://models/llama", "name": "llama"}, "runtime": {"engine": "vllm"}, **extra}
+
+
+POOLED = spec(
+    replicas=2,
+    routing={"inferencePool": True, "httpRoute": {"parentRefs": [{"name": "gw"}]}},
+    adapters=[{"name": "sql", "uri": "hf://org/sql-lora"}],
+)
+AT_ZERO = spec(
+    routing={"httpRoute": {"parentRefs": [{"name": "gw"}]}},
+    autoscaling={"minReplicas": 0, "maxReplicas": 3, "metric": "requestsWaiting", "target": 4, "scaleToZero": {}},
+)
+
+
+def roles(objects: list[dict]) -> dict[tuple[str, str], str]:
+    return {(o["kind"], o["metadata"]["name"]): o["metadata"]["labels"][ROLE_LABEL] for o in objects}
+
+
+def test_every_owned_object_carries_the_services_labels_and_its_role() -> None:
+    built = build_all(owner(POOLED)) + build_all(owner(AT_ZERO))
+    assert roles(built) == {
+        ("ConfigMap", NAME): "predictor",
+        ("Deployment", NAME): "predictor",
+        ("Service", NAME): "predictor",
+        ("Service", f"{NAME}-private"): "activator",
+        ("PodDisruptionBudget", NAME): "predictor",
+        ("ServiceAccount", f"{NAME}-epp"): "endpoint-picker",
+        ("RoleBinding", f"{NAME}-epp"): "endpoint-picker",
+        ("Deployment", f"{NAME}-epp"): "endpoint-picker",
+        ("Service", f"{NAME}-epp"): "endpoint-picker",
+        ("InferencePool", NAME): "predictor",
+        ("HTTPRoute", NAME): "predictor",
+    }
+    selector = dict(term.split("=") for term in inventory_selector(NAME).split(","))
+    for obj in built:
+        labels = obj["metadata"]["labels"]
+        assert labels.items() >= selector.items(), obj["metadata"]["name"]
+        assert role_of(obj, NAME) == Role(labels[ROLE_LABEL])
+    assert selector["app.kubernetes.io/managed-by"] == MANAGER
+
+
+def test_a_canarys_objects_and_the_activators_slice_are_labelled_as_theirs() -> None:
+    built = build_all(owner(AT_ZERO))
+    deployment = next(o for o in built if o["kind"] == "Deployment" and o["metadata"]["name"] == NAME)
+    service = next(o for o in built if o["kind"] == "Service" and o["metadata"]["name"] == NAME)
+    arms = [canary_deployment(deployment, 1), arm_service(service, "stable"), arm_service(service, "canary")]
+    assert roles(arms) == {
+        ("Deployment", f"{NAME}-canary"): "canary",
+        ("Service", f"{NAME}-stable"): "canary",
+        ("Service", f"{NAME}-canary"): "canary",
+    }
+    # The stable Deployment's own label is untouched by the copy.
+    assert deployment["metadata"]["labels"][ROLE_LABEL] == "predictor"
+    endpoints = ActivatorEndpoints(("10.0.0.9",), 8080)
+    assert roles([build_activator_slice(owner(AT_ZERO), endpoints)]) == {
+        ("EndpointSlice", f"{NAME}-activator"): "activator"
+    }
+
+
+def test_the_role_is_on_the_objects_never_on_their_pods_or_selectors() -> None:
+    """A label added to a pod template would roll every service's pods on upgrade; one added to a
+    selector would make its Deployment unappliable (selectors are immutable)."""
+    for obj in build_all(owner(POOLED)) + build_all(owner(AT_ZERO)):
+        template = (obj.get("spec") or {}).get("template") or {}
+        assert ROLE_LABEL not in ((template.get("metadata") or {}).get("labels") or {})
+        selector = (obj.get("spec") or {}).get("selector") or {}
+        assert ROLE_LABEL not in (selector.get("matchLabels") or selector)
+
+
+@pytest.mark.parametrize(
+    ("name", "component", "role"),
+    [
+        (NAME, "predictor", Role.PREDICTOR),
+        (f"{NAME}-epp", "endpoint-picker", Role.ENDPOINT_PICKER),
+        (f"{NAME}-canary", "predictor", None),
+        ("other", "predictor", None),
+    ],
+)
+def test_an_object_an_older_version_made_without_a_role_is_still_placed(
+    name: str, component: str, role: Role | None
+) -> None:
+    legacy = {"metadata": {"name": name, "labels": {"app.kubernetes.io/component": component}}}
+    assert role_of(legacy, NAME) == role
+
+
+def test_the_status_counts_the_serving_roles_only() -> None:
+    assert Role.PREDICTOR in STATUS_ROLES and Role.PREFILL in STATUS_ROLES and Role.DECODE in STATUS_ROLES
+    assert Role.CANARY not in STATUS_ROLES and Role.ENDPOINT_PICKER not in STATUS_ROLES
