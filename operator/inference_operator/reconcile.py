@@ -24,11 +24,8 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from .builders import Owner, build_all
-from .builders.activator import private_service_name
-from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_name, arm_service, arm_services_fit, canary_deployment
-from .builders.common import SPEC_HASH_ANNOTATION
-from .builders.endpoint_picker import OBJECT_KINDS as PICKER_OBJECTS
-from .builders.endpoint_picker import PICKER_ONLY_KINDS, picker_name
+from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_service, arm_services_fit, canary_deployment
+from .builders.common import SPEC_HASH_ANNOTATION, Role, inventory_selector, role_of
 from .builders.http_route import weighted
 from .credentials import CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
@@ -38,7 +35,6 @@ from .kinds import (
     KINDS,
     SECRET,
     SERVICE,
-    SERVICE_ACCOUNT,
     WORKLOAD_KINDS,
     Kind,
     in_apply_order,
@@ -236,12 +232,7 @@ def reconcile(
         result.changes.append(apply_step(api, step, result, owner.name)[0])
     if first:
         return result
-    kept = {kind_of_object(obj) for obj in wanted} | set(missing)
-    result.changes.extend(prune(api, owner, kept))
-    result.changes.extend(prune_endpoint_picker(api, owner, wanted))
-    result.changes.extend(prune_private_service(api, owner, wanted))
-    if rollout is not None or state is not None:
-        result.changes.extend(prune_canary(api, owner, wanted))
+    result.changes.extend(prune(api, owner, wanted))
     return result
 
 
@@ -259,7 +250,7 @@ def rollout_arms(
     """`wanted` with the Deployments a canary rollout asks for: the stable one on the revision
     it runs until the candidate is promoted, the candidate beside it while it is judged (and,
     behind a route that can address each arm, the arms' Services and the route's weights)."""
-    index = next((i for i, obj in enumerate(wanted) if _is_deployment_of(obj, owner.name)), None)
+    index = next((i for i, obj in enumerate(wanted) if _is_predictor_deployment(obj, owner.name)), None)
     if index is None:
         return wanted, None
     desired = wanted[index]
@@ -323,31 +314,12 @@ def _unhashed(obj: JsonObject) -> JsonObject:
     return manifest
 
 
-# The objects a canary adds beside the service's own, as (kind, track).
-ARM_OBJECTS = ((DEPLOYMENT, CANARY), (SERVICE, STABLE), (SERVICE, CANARY))
-
-
-def prune_canary(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
-    """Delete the canary's objects once no rollout wants them (promoted, rolled back, aborted)."""
-    wanted_names = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
-    deleted = []
-    for kind, track in ARM_OBJECTS:
-        name = arm_name(owner.name, track)
-        if (kind.kind, name) in wanted_names:
-            continue
-        ref = Ref.to(kind, owner.namespace, name)
-        live = api.get(ref)
-        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind.kind, name))
-    return deleted
-
-
 def desired_objects(
     api: KubeApi, owner: Owner, policy: CredentialPolicy
 ) -> tuple[list[JsonObject], CredentialsRefused | None]:
     """What the spec asks for, hashed and in the table's apply order, less the kinds that would
     hand out a credential the policy refuses (and that refusal, to report)."""
-    built = (with_revision(obj) if _is_deployment_of(obj, owner.name) else obj for obj in build_all(owner))
+    built = (with_revision(obj) if _is_predictor_deployment(obj, owner.name) else obj for obj in build_all(owner))
     wanted = in_apply_order(with_hash(obj) for obj in built)
     secret = lambda name: api.get(Ref.to(SECRET, owner.namespace, name))  # noqa: E731
     if refused := model_refusal(owner.spec, policy, secret):
@@ -435,50 +407,33 @@ def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -
     return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else ""), live
 
 
-def prune(api: KubeApi, owner: Owner, kept: set[Kind]) -> list[Change]:
-    """Delete this InferenceService's objects of owned kinds it no longer wants (never another's)."""
+def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
+    """Delete what this InferenceService owns and no longer wants, whatever its role or name.
+
+    The inventory is read by label, one list per owned kind: every object the operator makes for
+    a service carries its instance and managed-by labels (every version has set both, so an
+    object made before roles were labelled is found too), and is judged by (kind, name) against
+    the desired set. Only an object whose ownerReferences name this service's uid is deleted:
+    one a person made with the same labels, or another service's, never is. Kinds another path
+    keeps (`Kind.reconciled`: the activator's slices) and kinds the cluster does not serve are
+    not listed. Deleted in the reverse of the apply order: a route before the Service it leads
+    to, the pods before the rights they use.
+    """
+    keep = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
+    selector = inventory_selector(owner.name)
     deleted = []
-    for kind in KINDS:
-        if not kind.owned or not kind.reconciled or kind in kept or kind in PICKER_ONLY_KINDS or not _served(api, kind):
+    for kind in reversed(KINDS):
+        if not kind.owned or not kind.reconciled or not _served(api, kind):
             continue
-        ref = Ref.to(kind, owner.namespace, owner.name)
-        live = api.get(ref)
-        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind.kind, owner.name))
+        for live in api.list_objects(kind.api_version, kind.kind, owner.namespace, selector):
+            name = live["metadata"]["name"]
+            if (kind.kind, name) in keep or not owned_by(live, owner.uid):
+                continue
+            if api.delete(Ref.to(kind, owner.namespace, name)):
+                deleted.append(Change(Action.DELETED, kind.kind, name))
     return deleted
 
 
-def _is_deployment_of(obj: JsonObject, name: str) -> bool:
-    """The service's own Deployment (not its endpoint picker's)."""
-    return bool(obj["kind"] == DEPLOYMENT.kind and obj["metadata"]["name"] == name)
-
-
-def prune_endpoint_picker(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
-    """Delete the endpoint picker the operator deployed once none is wanted (the pool is off, or
-    an external picker is named). Its ServiceAccount, created first, says whether there is one:
-    one read per reconcile, whatever the service's routing."""
-    name = picker_name(owner)
-    if any(obj["kind"] == SERVICE_ACCOUNT.kind and obj["metadata"]["name"] == name for obj in wanted):
-        return []
-    account = api.get(Ref.to(SERVICE_ACCOUNT, owner.namespace, name))
-    if account is None or not owned_by(account, owner.uid):
-        return []
-    deleted = []
-    for kind in reversed(PICKER_OBJECTS):  # the pods before the rights they use
-        ref = Ref.to(kind, owner.namespace, name)
-        live = account if kind == SERVICE_ACCOUNT else api.get(ref)
-        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind.kind, name))
-    return deleted
-
-
-def prune_private_service(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
-    """Delete NAME-private once scale to zero is off (NAME-activator goes with it: scale_to_zero.py)."""
-    name = private_service_name(owner.name)
-    if any(obj["kind"] == SERVICE.kind and obj["metadata"]["name"] == name for obj in wanted):
-        return []
-    ref = Ref.to(SERVICE, owner.namespace, name)
-    live = api.get(ref)
-    if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-        return [Change(Action.DELETED, SERVICE.kind, name)]
-    return []
+def _is_predictor_deployment(obj: JsonObject, name: str) -> bool:
+    """The service's own Deployment, the one a canary rollout revises (not its picker's)."""
+    return bool(obj["kind"] == DEPLOYMENT.kind and role_of(obj, name) == Role.PREDICTOR)

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import copy
 
+import kubernetes
 import pytest
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.activator import ActivatorEndpoints, build_activator_slice
 from inference_operator.builders.canary import arm_service, canary_deployment
 from inference_operator.builders.common import ROLE_LABEL, STATUS_ROLES, Role, inventory_selector, role_of
+from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
+from inference_operator.reconcile import Action, reconcile, with_hash
 from inference_operator.settings import MANAGER
+from testsupport.cluster import Cluster
 from testsupport.crd import apply_defaults, crd_schema
 
 NS, NAME = "ml", "llama"
@@ -113,3 +117,104 @@ def test_an_object_an_older_version_made_without_a_role_is_still_placed(
 def test_the_status_counts_the_serving_roles_only() -> None:
     assert Role.PREDICTOR in STATUS_ROLES and Role.PREFILL in STATUS_ROLES and Role.DECODE in STATUS_ROLES
     assert Role.CANARY not in STATUS_ROLES and Role.ENDPOINT_PICKER not in STATUS_ROLES
+
+
+# ---------------------------------------------------------------- the one prune, on the emulator
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> KubeApi:
+    return KubeApi(kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig)), timeout=10)
+
+
+PLAIN = spec(replicas=1)
+DEPLOYMENT = Ref("apps/v1", "Deployment", NS, NAME)
+SERVICE = Ref("v1", "Service", NS, NAME)
+
+
+def left_behind(kind: str, name: str, owner_uid: str | None, role: str | None = None) -> dict:
+    """An object of this service's labels, as another version, another service or a person left it."""
+    base = next(
+        o for o in build_all(owner(PLAIN)) if o["kind"] == ("Deployment" if kind == "Deployment" else "Service")
+    )
+    obj = copy.deepcopy(base)
+    if kind == "ServiceAccount":
+        obj = {"apiVersion": "v1", "kind": kind, "metadata": obj["metadata"]}
+    obj["metadata"]["name"] = name
+    if owner_uid is None:
+        del obj["metadata"]["ownerReferences"]
+    else:
+        obj["metadata"]["ownerReferences"][0]["uid"] = owner_uid
+    if role is None:
+        del obj["metadata"]["labels"][ROLE_LABEL]
+    else:
+        obj["metadata"]["labels"][ROLE_LABEL] = role
+    if kind == "Deployment":
+        obj["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] = name  # its own pods
+        obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] = name
+    return obj
+
+
+def names(api: KubeApi, kind: str, api_version: str) -> set[str]:
+    return {o["metadata"]["name"] for o in api.list_objects(api_version, kind, NS, inventory_selector(NAME))}
+
+
+def test_an_owned_object_no_longer_wanted_is_pruned_whatever_its_role_or_name(api: KubeApi) -> None:
+    """A canary Deployment while no rollout is recorded, and a workload of a role this version
+    does not build (a router a later version made): one prune removes both."""
+    reconcile(api, owner(PLAIN))
+    for obj in (
+        left_behind("Deployment", f"{NAME}-canary", "u-1", "canary"),
+        left_behind("Deployment", f"{NAME}-router", "u-1", "router"),
+        left_behind("Service", f"{NAME}-router", "u-1", "router"),
+    ):
+        api.apply(obj)
+    result = reconcile(api, owner(PLAIN))
+    assert {(c.kind, c.name) for c in result.writes if c.action == Action.DELETED} == {
+        ("Deployment", f"{NAME}-canary"),
+        ("Deployment", f"{NAME}-router"),
+        ("Service", f"{NAME}-router"),
+    }
+    assert names(api, "Deployment", "apps/v1") == {NAME} and names(api, "Service", "v1") == {NAME}
+    assert reconcile(api, owner(PLAIN)).writes == []
+
+
+def test_another_services_object_or_one_made_by_hand_is_never_touched(api: KubeApi) -> None:
+    """Same labels and the names the operator would give them: not owned by this uid, not ours."""
+    reconcile(api, owner(PLAIN))
+    foreign = [
+        left_behind("Deployment", f"{NAME}-canary", None, "canary"),  # made by hand
+        left_behind("Service", f"{NAME}-private", "u-2", "activator"),  # another service's
+        left_behind("ServiceAccount", f"{NAME}-epp", None, None),
+        left_behind("Deployment", f"{NAME}-epp", "u-2", None),
+    ]
+    for obj in foreign:
+        api.apply(obj)
+    result = reconcile(api, owner(PLAIN))
+    assert result.writes == []
+    for obj in foreign:
+        assert api.get(Ref.of(obj)) is not None, obj["metadata"]["name"]
+
+
+def test_an_object_an_older_version_made_without_a_role_is_adopted_or_pruned(api: KubeApi) -> None:
+    """What the service still wants is labelled by the next apply (and then left alone); what it
+    no longer wants is found by its ownerReference and deleted, role or no role."""
+    older = [with_hash(left_behind(kind, NAME, "u-1", None)) for kind in ("Deployment", "Service")]
+    older[0]["spec"]["selector"] = build_all(owner(PLAIN))[0]["spec"]["selector"]  # the selector it had
+    older[0]["spec"]["template"]["metadata"]["labels"] = build_all(owner(PLAIN))[0]["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    for obj in older:
+        api.apply(obj)
+    old_picker = left_behind("Deployment", f"{NAME}-epp", "u-1", None)
+    api.apply(old_picker)
+    assert ROLE_LABEL not in api.get(DEPLOYMENT)["metadata"]["labels"]
+    result = reconcile(api, owner(PLAIN))
+    assert {(c.kind, c.name, c.action) for c in result.writes} == {
+        ("Deployment", NAME, Action.UPDATED),
+        ("Service", NAME, Action.UPDATED),
+        ("Deployment", f"{NAME}-epp", Action.DELETED),
+    }
+    assert api.get(DEPLOYMENT)["metadata"]["labels"][ROLE_LABEL] == "predictor"
+    assert api.get(SERVICE)["metadata"]["labels"][ROLE_LABEL] == "predictor"
+    assert reconcile(api, owner(PLAIN)).writes == []

@@ -48,6 +48,15 @@ class RecordingApi:
         self.read.append((ref.kind, ref.name))
         return copy.deepcopy(self.objects.get((ref.kind, ref.name)))
 
+    def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict]:
+        self.read.append((kind, ""))
+        wanted = dict(term.split("=", 1) for term in selector.split(","))
+        return [
+            copy.deepcopy(obj)
+            for (k, _), obj in self.objects.items()
+            if k == kind and (obj["metadata"].get("labels") or {}).items() >= wanted.items()
+        ]
+
     def serves(self, api_version: str, plural: str) -> bool:
         return True
 
@@ -137,7 +146,8 @@ def test_a_first_reconcile_reads_only_what_it_applies_and_prunes_nothing() -> No
     assert sorted(api.read) == sorted(applied)
     assert {c.kind for c in result.writes} == {kind for kind, _ in applied}
     # Any later reconcile looks for what the service no longer wants, and deletes it.
-    stale = {"metadata": {"name": "resnet", "ownerReferences": [{"uid": "u-1"}]}}
+    labels = {"app.kubernetes.io/instance": "resnet", "app.kubernetes.io/managed-by": MANAGER}
+    stale = {"metadata": {"name": "resnet", "labels": labels, "ownerReferences": [{"uid": "u-1"}]}}
     api = RecordingApi({("HorizontalPodAutoscaler", "resnet"): stale})
     rc.reconcile(api, owner(PLAIN))
     assert len(api.read) > len(applied) and api.deleted == ["HorizontalPodAutoscaler"]
