@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from .builders import Owner, build_all
 from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_service, arm_services_fit, canary_deployment
-from .builders.common import SPEC_HASH_ANNOTATION, Role, inventory_selector, role_of
+from .builders.common import SPEC_HASH_ANNOTATION, STATUS_ROLES, Role, inventory_selector, role_of
 from .builders.http_route import weighted
 from .credentials import CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
@@ -83,8 +83,8 @@ class Change:
 @dataclass
 class Result:
     changes: list[Change] = field(default_factory=list)
-    # The live workload (the Deployment, or the LeaderWorkerSet of a multi-node service).
-    deployment: JsonObject | None = None
+    # The live workloads (Deployments, LeaderWorkerSets) by role, as their applies answered.
+    workloads: dict[Role, JsonObject] = field(default_factory=dict)
     # Wanted kinds the cluster does not serve (an add-on is missing): not applied.
     unavailable: list[Kind] = field(default_factory=list)
     # Something left out on purpose (a refused Prometheus credential): reported, then retried.
@@ -95,6 +95,11 @@ class Result:
     @property
     def writes(self) -> list[Change]:
         return [c for c in self.changes if c.action != Action.UNCHANGED]
+
+    @property
+    def serving(self) -> dict[Role, JsonObject]:
+        """The workloads the service's status counts (`STATUS_ROLES`): not a canary's, nor the picker's."""
+        return {role: obj for role, obj in self.workloads.items() if role in STATUS_ROLES}
 
 
 class ForeignObjectError(Exception):
@@ -394,16 +399,17 @@ def _made_by_this_apply(live: JsonObject | None) -> bool:
 
 
 def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -> tuple[Change, JsonObject | None]:
-    """Carry out one step (a replaced object is deleted first); record the live (stable)
-    Deployment. Returns the change and the object as the API server answered it."""
+    """Carry out one step (a replaced object is deleted first); record a workload by its role.
+    Returns the change and the object as the API server answered it."""
     live = step.live
     if step.action == Action.REPLACED:
         api.delete(step.ref)
         live = None
     if step.action != Action.UNCHANGED:
         live = api.apply(keep_foreign_replicas(step.desired, live))
-    if step.ref.kind in WORKLOAD_KINDS and step.ref.name == owner_name:
-        result.deployment = live
+    role = role_of(step.desired, owner_name) if step.ref.kind in WORKLOAD_KINDS else None
+    if role is not None and live is not None:
+        result.workloads[role] = live
     return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else ""), live
 
 

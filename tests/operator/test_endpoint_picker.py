@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from inference_operator.builders import Owner, build_all, build_deployment, build_service
-from inference_operator.builders.common import selector_labels
+from inference_operator.builders.common import Role, selector_labels
 from inference_operator.builders.endpoint_picker import (
     CLUSTER_ROLE,
     GRPC_PORT,
@@ -265,7 +265,7 @@ def test_the_picker_is_created_then_pruned_when_the_pool_goes_or_an_external_pic
         (r.kind, r.name) for r in PICKER_REFS
     }
     assert all(api.get(ref) is not None for ref in [*PICKER_REFS, POOL])
-    assert result.deployment is not None and result.deployment["metadata"]["name"] == NAME
+    assert result.workloads[Role.PREDICTOR]["metadata"]["name"] == NAME
     again = reconcile(api, owner(spec()))
     assert again.writes == []
 

@@ -13,10 +13,12 @@ from inference_operator.builders import Owner, build_all
 from inference_operator.builders.activator import ActivatorEndpoints, build_activator_slice
 from inference_operator.builders.canary import arm_service, canary_deployment
 from inference_operator.builders.common import ROLE_LABEL, STATUS_ROLES, Role, inventory_selector, role_of
+from inference_operator.handlers.shared import by_label
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
 from inference_operator.reconcile import Action, reconcile, with_hash
 from inference_operator.settings import MANAGER
+from inference_operator.status import READY, Rollout, compute_status, find_condition, status_changes
 from testsupport.cluster import Cluster
 from testsupport.crd import apply_defaults, crd_schema
 
@@ -103,8 +105,10 @@ def test_the_role_is_on_the_objects_never_on_their_pods_or_selectors() -> None:
     [
         (NAME, "predictor", Role.PREDICTOR),
         (f"{NAME}-epp", "endpoint-picker", Role.ENDPOINT_PICKER),
-        (f"{NAME}-canary", "predictor", None),
+        (f"{NAME}-canary", "predictor", Role.CANARY),
+        (f"{NAME}-private", "predictor", Role.ACTIVATOR),
         ("other", "predictor", None),
+        (NAME, "operator", None),
     ],
 )
 def test_an_object_an_older_version_made_without_a_role_is_still_placed(
@@ -218,3 +222,47 @@ def test_an_object_an_older_version_made_without_a_role_is_adopted_or_pruned(api
     assert api.get(DEPLOYMENT)["metadata"]["labels"][ROLE_LABEL] == "predictor"
     assert api.get(SERVICE)["metadata"]["labels"][ROLE_LABEL] == "predictor"
     assert reconcile(api, owner(PLAIN)).writes == []
+
+
+# ---------------------------------------------------------------- status and repair by role
+
+
+def rollout(ready: int, desired: int = 1) -> Rollout:
+    done = ready >= desired
+    return Rollout(done, "successfully rolled out" if done else "waiting", desired, desired, ready, desired, ready)
+
+
+def test_the_status_of_several_workloads_is_ready_only_when_each_role_is_and_names_the_short_one() -> None:
+    short = compute_status(None, {"prefill": rollout(1), "decode": rollout(0, 2)}, 3, now="t")
+    ready = find_condition(short["conditions"], READY)
+    assert ready is not None and ready["status"] == "False"
+    assert "decode 0/2 replicas ready" in ready["message"] and "prefill 1/1 replicas ready" in ready["message"]
+    assert (short["replicas"], short["readyReplicas"]) == (3, 1)  # one line in kubectl get ris
+    assert [(r["role"], r["ready"]) for r in short["roles"]] == [("decode", False), ("prefill", True)]
+    assert "decode: waiting" in (find_condition(short["conditions"], "Progressing") or {})["message"]
+    both = compute_status(short, {"prefill": rollout(1), "decode": rollout(2, 2)}, 3, now="t")
+    assert (find_condition(both["conditions"], READY) or {})["status"] == "True"
+
+
+def test_a_service_of_one_workload_reads_as_it_always_has() -> None:
+    alone = compute_status(None, {"predictor": rollout(1, 2)}, 1, now="t")
+    assert alone == compute_status(None, rollout(1, 2), 1, now="t")
+    assert alone["roles"] is None  # absent: a merge patch of None writes nothing new
+    assert status_changes({"replicas": 2}, alone).keys() == {"conditions", "readyReplicas", "updatedReplicas"}
+
+
+def test_repair_finds_the_workloads_the_status_counts_by_label(api: KubeApi) -> None:
+    """Not by the owner's name: a canary's, another service's and a hand-made one are not counted."""
+    reconcile(api, owner(PLAIN))
+    for obj in (
+        left_behind("Deployment", f"{NAME}-canary", "u-1", "canary"),
+        left_behind("Deployment", f"{NAME}-decode", "u-1", "decode"),
+        left_behind("Deployment", f"{NAME}-prefill", "u-2", "prefill"),
+        left_behind("Deployment", f"{NAME}-router", None, "router"),
+    ):
+        api.apply(obj)
+    found = by_label(api, ("apps/v1", "Deployment"), NS, NAME, "u-1")()
+    assert {role: obj["metadata"]["name"] for role, obj in found.items() if obj} == {
+        Role.PREDICTOR: NAME,
+        Role.DECODE: f"{NAME}-decode",
+    }

@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from inference_operator import reconcile as rc
 from inference_operator.builders import Owner, build_all
+from inference_operator.builders.common import Role
 from inference_operator.k8s import Ref
 from inference_operator.kinds import APPLY_ORDER, BY_KEY, KINDS, in_apply_order
 from inference_operator.models import parse_spec
@@ -168,7 +169,7 @@ def test_a_new_service_is_created_without_a_dry_run_its_deployment_last() -> Non
     assert not [kind for kind, dry in api.applied if dry]
     assert [kind for kind, _ in api.applied] == [k for k in kinds if k != "Deployment"] + ["Deployment"]
     assert [c.kind for c in result.writes] == kinds  # reported in the table's order
-    assert result.deployment is not None and result.deployment["kind"] == "Deployment"
+    assert result.workloads[Role.PREDICTOR]["kind"] == "Deployment"
 
 
 @pytest.mark.parametrize("refused", ["PodDisruptionBudget", "Deployment"])

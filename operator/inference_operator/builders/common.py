@@ -51,20 +51,28 @@ STATUS_ROLES = frozenset({Role.PREDICTOR, Role.PREFILL, Role.DECODE, Role.ROUTER
 
 def role_of(obj: JsonObject, owner_name: str) -> Role | None:
     """An owned object's role: its label, or, for an object an older version made without one,
-    what its name and component said then (NAME's own objects and NAME-epp's; None for the rest,
-    none of which the status counts). The next reconcile labels what it still wants."""
+    what its name and component said then (None: not one an older version made). The next
+    reconcile labels what it still wants."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     if (role := labels.get(ROLE_LABEL)) in ROLES:
         return Role(role)
     component = labels.get("app.kubernetes.io/component")
     if component == "endpoint-picker":
         return Role.ENDPOINT_PICKER
-    if component == COMPONENT and (obj.get("metadata") or {}).get("name") == owner_name:
-        return Role.PREDICTOR
-    return None
+    if component != COMPONENT:
+        return None
+    return LEGACY_NAMES.get(str((obj.get("metadata") or {}).get("name")).removeprefix(owner_name))
 
 
 ROLES = frozenset(str(role) for role in Role)
+# What an older version named its objects of each role, after NAME (builders/canary.py, activator.py).
+LEGACY_NAMES = {
+    "": Role.PREDICTOR,
+    "-canary": Role.CANARY,
+    "-stable": Role.CANARY,
+    "-private": Role.ACTIVATOR,
+    "-activator": Role.ACTIVATOR,
+}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from ..prometheus.clients import CLIENT_ERRORS, PrometheusClients, client_proble
 from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError
 from ..rollout import COMMAND_ANNOTATION, Check, Command, Phase, Progress, RolloutState, advance
-from ..status import compute_status, deployment_rollout, now_iso
+from ..status import Rollout, compute_status, deployment_rollout, now_iso
 from .daemons import Daemon, Tick, service_daemon
 from .shared import announce_writes, as_body, isvc_ref, normal_event, publish, reconcile_checked, rollout_problem
 
@@ -116,7 +116,7 @@ def _apply_rollout_step(
         publish(memo, ref, lambda fresh: settled)
     announce_writes(isvc, result.writes)
     if (problem := rollout_problem(step.state)) is not None:
-        deployment_state = deployment_rollout(result.deployment)
+        deployment_state: dict[str, Rollout] = {role: deployment_rollout(o) for role, o in result.serving.items()}
         publish(
             memo,
             ref,

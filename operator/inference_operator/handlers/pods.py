@@ -22,11 +22,12 @@ from .shared import (
     POD_ROLES,
     announce_pods,
     announce_readiness,
+    by_ref,
     isvc_ref,
     observe,
     publish,
     serves_at_zero,
-    workload_ref,
+    workload_refs,
 )
 
 
@@ -57,7 +58,8 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logg
             return None  # nothing to say and nothing to clear: one read, no write
         if status.get("observedGeneration") != generation:
             return None  # a reconcile of this generation is under way and reads the pods itself
-        state, pods = observe(api, workload_ref(fresh), status.get("selector"))
+        workloads = by_ref(api, workload_refs(fresh))
+        state, pods = observe(api, workloads, meta["namespace"], status.get("selector"))
         problem = spec_problem(status, KEPT_PROBLEMS)
         return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
 

@@ -13,9 +13,9 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .. import credentials, metrics, ownership, policy, scale_to_zero
-from ..builders.common import COMPONENT, SPEC_HASH_ANNOTATION
+from ..builders.common import SPEC_HASH_ANNOTATION, STATUS_ROLES, Role, role_of
 from ..jsontypes import JsonObject
-from ..k8s import KubeApi, Ref
+from ..k8s import KubeApi
 from ..kinds import INFERENCE_SERVICE, KINDS, WORKLOAD_KINDS
 from ..models import SpecError, parse_spec
 from ..reconcile import Action, ApplyRefused, ForeignObjectError, Result
@@ -26,6 +26,7 @@ from .shared import (
     KEPT_PROBLEMS,
     announce_pods,
     announce_readiness,
+    by_label,
     follow_activator,
     isvc_ref,
     normal_event,
@@ -38,6 +39,8 @@ from .shared import (
 # At most this many drift repairs of one InferenceService's objects per window; more wait,
 # so a fight with another controller costs a few writes a minute, not a write storm.
 REPAIR_BURST = 3
+# The workloads whose events the status follows.
+MIRRORED_ROLES = STATUS_ROLES | {Role.CANARY}
 REPAIR_WINDOW_SECONDS = 30.0
 
 
@@ -123,15 +126,15 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
     owner_ref = _controller_owner(body)
     if owner_ref is None:
         return
-    # The service's pods (stable or canary arm), not its endpoint picker's: only they make its status.
-    labels = body["metadata"].get("labels") or {}
-    is_deployment = body.get("kind") in WORKLOAD_KINDS and labels.get("app.kubernetes.io/component") == COMPONENT
+    # The workloads its status counts, or a canary's (whose pods it covers): not the picker's.
+    role = role_of(dict(body), owner_ref["name"])
+    is_deployment = body.get("kind") in WORKLOAD_KINDS and role in MIRRORED_ROLES
     why = f"{body.get('kind')} deleted" if event["type"] == "DELETED" else _suspect(body)
     if why is None and not is_deployment:
         return
     # The service's own workload at a version its status already has, or that the reconcile
     # which applied it is about to read: no news, no read.
-    own = body["metadata"]["name"] == owner_ref["name"]
+    own = role in STATUS_ROLES
     versions: SeenWorkloads | None = memo.get("seen_workloads")
     if why is None and own and versions is not None and not versions.is_news(dict(body)):
         return
@@ -151,8 +154,8 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
                 _repair_times(memo, (namespace, owner_ref["name"])).append(time.monotonic())
         if not is_deployment:
             return
-        # The workload named after the service (a canary's event too: status is the stable's).
-        workload = Ref(body["apiVersion"], body["kind"], namespace, owner_ref["name"])
+        # The workloads the status counts, by label (a canary's event too: status is the stable's).
+        workloads = by_label(api, (body["apiVersion"], body["kind"]), namespace, owner_ref["name"], owner_ref["uid"])
         seen: list[JsonObject] = []  # the service as the status write read it, if still the owner
 
         def mirrored(fresh: JsonObject) -> JsonObject | None:
@@ -165,7 +168,7 @@ async def owned_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, lo
                 # workload after this event (it waits for this write, or this for it).
                 return None
             problem = refused or spec_problem(status, KEPT_PROBLEMS)
-            state, pods = observe(api, workload, status.get("selector"))
+            state, pods = observe(api, workloads, namespace, status.get("selector"))
             return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
 
         key = (namespace, owner_ref["name"])

@@ -79,6 +79,17 @@ class AdapterStatus(StatusModel):
     pods: list[AdapterPodStatus] | None = Field(None, description="Per replica (the first 16).")
 
 
+class RoleStatus(StatusModel):
+    """One workload of a service of several (prefill, decode, router): which one is short."""
+
+    role: str = Field(description="The workload's role (its inference.rocm.dev/role label).")
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    updated_replicas: int | None = None
+    ready: bool | None = Field(None, description="Every replica this role asks for is ready.")
+    message: str | None = Field(None, description="Its rollout, as kubectl rollout status says it.")
+
+
 class InferenceServiceStatus(StatusModel):
     """`status` of an InferenceService (schema only: status.py writes it as plain mappings)."""
 
@@ -95,4 +106,9 @@ class InferenceServiceStatus(StatusModel):
     rollout: RolloutStatus | None = None
     adapters: list[AdapterStatus] | None = Field(
         None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
+    )
+    roles: list[RoleStatus] | None = Field(
+        None,
+        description="A service of several workloads: each role's replicas (absent for one workload).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["role"]},
     )
