@@ -229,6 +229,25 @@ def group_rollout(lws: JsonObject) -> Rollout:
     return replace(counts, done=True, message="successfully rolled out")
 
 
+def _ready(
+    state: Rollout, problem: Problem | None, pods: Problem | None, serves_at_zero: bool
+) -> tuple[bool, Reason, str]:
+    """The Ready condition's status, reason and message (`compute_status`)."""
+    if state.is_ready:
+        return True, Reason.MINIMUM_REPLICAS_AVAILABLE, state.ready_message
+    if state is NOT_CREATED:
+        return (
+            (False, problem.reason, problem.message) if problem else (False, Reason.REPLICAS_NOT_READY, state.message)
+        )
+    if state.desired == 0 and serves_at_zero and not problem:
+        return True, Reason.SCALED_TO_ZERO, "scaled to zero replicas: a request wakes it and waits for a replica"
+    if state.desired == 0:
+        return False, Reason.SCALED_TO_ZERO, state.ready_message
+    if pods is not None:
+        return False, pods.reason, f"{state.ready_message}: {pods.message}"
+    return False, Reason.REPLICAS_NOT_READY, state.ready_message
+
+
 def compute_status(
     previous: JsonObject | None,
     state: Rollout | Mapping[str, Rollout],
@@ -256,21 +275,7 @@ def compute_status(
     conditions = list((previous or {}).get("conditions") or [])
     problem = problem or pods or state.problem
 
-    if state.is_ready:
-        ready = (True, Reason.MINIMUM_REPLICAS_AVAILABLE, state.ready_message)
-    elif state is NOT_CREATED:
-        ready = (
-            (False, problem.reason, problem.message) if problem else (False, Reason.REPLICAS_NOT_READY, state.message)
-        )
-    elif state.desired == 0 and serves_at_zero and not problem:
-        ready = (True, Reason.SCALED_TO_ZERO, "scaled to zero replicas: a request wakes it and waits for a replica")
-    elif state.desired == 0:
-        ready = (False, Reason.SCALED_TO_ZERO, state.ready_message)
-    elif pods is not None:
-        ready = (False, pods.reason, f"{state.ready_message}: {pods.message}")
-    else:
-        ready = (False, Reason.REPLICAS_NOT_READY, state.ready_message)
-    conditions = set_condition(conditions, READY, *ready, now, generation)
+    conditions = set_condition(conditions, READY, *_ready(state, problem, pods, serves_at_zero), now, generation)
 
     if problem and problem.reason in BLOCKING_PROBLEMS:
         conditions = set_condition(conditions, PROGRESSING, False, Reason.BLOCKED, problem.message, now, generation)

@@ -27,11 +27,10 @@ from .shared import (
     follow_activator,
     isvc_ref,
     normal_event,
-    observe,
     publish,
     reconcile_checked,
+    refresh_status,
     rollout_problem,
-    serves_at_zero,
 )
 
 
@@ -121,9 +120,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
     shown = problem or rollout_problem(result.rollout)
 
     def compute(fresh: JsonObject) -> JsonObject:
-        state, pods = observe(memo.api, workloads, namespace, selector)
-        zero = serves_at_zero(fresh)
-        return compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
+        return refresh_status(memo.api, fresh, workloads, shown, generation=generation, selector=selector) | extra
 
     def follow(status: JsonObject) -> None:
         follow_activator(memo, body, owner, status, logger)

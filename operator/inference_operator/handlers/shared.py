@@ -33,9 +33,11 @@ from ..status import (
     SPEC_PROBLEMS,
     Problem,
     Rollout,
+    compute_status,
     condition_status,
     deployment_rollout,
     find_condition,
+    spec_problem,
     status_changes,
 )
 
@@ -172,6 +174,30 @@ def observe(
     pods = api.list_objects(*POD.key, namespace, pod_selector) if pod_selector else []
     states: dict[str, Rollout] = {role: deployment_rollout(obj) for role, obj in live.items()}
     return states, status_pods.pods_problem(pods, POD_ROLES)
+
+
+def refresh_status(
+    api: KubeApi,
+    fresh: JsonObject,
+    workloads: Workloads,
+    problem: Problem | None,
+    *,
+    generation: int | None = None,
+    selector: str | None = None,
+) -> JsonObject:
+    """The status `fresh` (the service as its status write read it) should have now: its
+    workloads and pods read here, inside the write (`status_lock`), and `problem` (the
+    reconcile's, or `kept_problem`). The one way every handler makes a status; `generation` and
+    `selector` are the reconcile's when it is writing its own (else the status's)."""
+    status = fresh.get("status") or {}
+    generation = fresh["metadata"].get("generation") if generation is None else generation
+    state, pods = observe(api, workloads, fresh["metadata"]["namespace"], selector or status.get("selector"))
+    return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
+
+
+def kept_problem(fresh: JsonObject) -> Problem | None:
+    """The problem `fresh`'s status holds that news of its workloads must not clear."""
+    return spec_problem(fresh.get("status"), KEPT_PROBLEMS)
 
 
 def by_ref(api: KubeApi, refs: Mapping[Role, Ref]) -> Workloads:
