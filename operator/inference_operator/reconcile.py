@@ -91,6 +91,8 @@ class Result:
     problem: Problem | None = None
     # Where a canary rollout stands (None: the service rolls its Deployment the usual way).
     rollout: RolloutState | None = None
+    # What the service owns once this reconcile is done (`inventory`): status.inventory.
+    inventory: list[str] = field(default_factory=list)
 
     @property
     def writes(self) -> list[Change]:
@@ -211,13 +213,16 @@ def reconcile(
     now: float | None = None,
     *,
     first: bool = False,
+    pruned: list[str] | None = None,
 ) -> Result:
     """Apply the desired set if anything differs; delete owned kinds no longer wanted.
 
     Wanted kinds the cluster does not serve are skipped and listed in the result; the rest
     is still applied, so a service whose autoscaler add-on is missing still serves. With a
     canary strategy, `rollout` (status.rollout) says which revision each Deployment runs.
-    `first` (see `never_reconciled`): nothing to prune, and no read looks for it.
+    `first` (see `never_reconciled`): nothing to prune, and no read looks for it. `pruned` (see
+    `pruned_inventory`): what a finished reconcile of this generation left; when the desired set
+    is that, there is nothing to prune either.
     """
     wanted, refusal = desired_objects(api, owner, policy)
     wanted, state = rollout_arms(api, owner, wanted, rollout, time.time() if now is None else now)
@@ -229,16 +234,41 @@ def reconcile(
     steps = [_take_over(api, plan_write(obj, api.get(Ref.of(obj)), owner.uid)) for obj in wanted]
     result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
     result.rollout = state
+    result.inventory = inventory(wanted)
     if first and all(step.action == Action.CREATED for step in steps):
         create_all(api, steps, result, owner.name)
         return result
     dry_run(api, steps)
     for step in steps:
         result.changes.append(apply_step(api, step, result, owner.name)[0])
-    if first:
+    if first or pruned == result.inventory:
         return result
     result.changes.extend(prune(api, owner, wanted))
     return result
+
+
+def inventory(wanted: list[JsonObject]) -> list[str]:
+    """The desired set as `Kind/name`, sorted: what the service owns once a reconcile is done."""
+    return sorted(f"{obj['kind']}/{obj['metadata']['name']}" for obj in wanted)
+
+
+def pruned_inventory(generation: int | None, status: JsonObject | None) -> list[str] | None:
+    """What a finished reconcile of this generation left (status.inventory), when that is all
+    the service can own: then a resync whose desired set is the same has nothing to prune, and
+    lists nothing (a restart of the operator costs no list per owned kind and service).
+
+    None, so the prune lists the inventory by label, when the status records none (an older
+    version's, or none finished: whatever was made since is not in it), when it is of another
+    generation (a reconcile cut short after its applies and before its status, then the spec
+    changed back, would otherwise leave what it made), or while a canary rollout is recorded
+    (its analysis reconciles arms in and out without writing this record)."""
+    status = status or {}
+    recorded = status.get("inventory")
+    if recorded is None or generation is None or status.get("observedGeneration") != generation:
+        return None
+    if status.get("rollout") is not None:
+        return None
+    return [str(entry) for entry in recorded]
 
 
 def never_reconciled(generation: int | None, status: JsonObject | None) -> bool:

@@ -16,7 +16,7 @@ from inference_operator.builders.common import ROLE_LABEL, STATUS_ROLES, Role, i
 from inference_operator.handlers.shared import by_label
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
-from inference_operator.reconcile import Action, reconcile, with_hash
+from inference_operator.reconcile import Action, pruned_inventory, reconcile, with_hash
 from inference_operator.settings import MANAGER
 from inference_operator.status import READY, Rollout, compute_status, find_condition, status_changes
 from testsupport.cluster import Cluster
@@ -266,3 +266,35 @@ def test_repair_finds_the_workloads_the_status_counts_by_label(api: KubeApi) -> 
         Role.PREDICTOR: NAME,
         Role.DECODE: f"{NAME}-decode",
     }
+
+
+# ---------------------------------------------------------------- what a finished reconcile left
+
+
+def test_a_resync_of_what_a_finished_reconcile_left_lists_nothing(api: KubeApi, cluster: Cluster) -> None:
+    """status.inventory says what the last reconcile of this generation left: the same desired
+    set again has nothing to prune, and costs no list; a different one is pruned by label."""
+    done = reconcile(api, owner(PLAIN))
+    assert done.inventory == [f"Deployment/{NAME}", f"Service/{NAME}"]
+    before = len(list(cluster.emulator))
+    assert reconcile(api, owner(PLAIN), pruned=done.inventory).writes == []
+    assert not [r for r in list(cluster.emulator)[before:] if r.name is None]  # no list
+    api.apply(left_behind("Deployment", f"{NAME}-canary", "u-1", "canary"))
+    grown = reconcile(api, owner(spec(replicas=2)), pruned=done.inventory)  # another set: a PDB
+    assert ("Deployment", f"{NAME}-canary", Action.DELETED) in {(c.kind, c.name, c.action) for c in grown.writes}
+
+
+@pytest.mark.parametrize(
+    ("status", "pruned"),
+    [
+        ({"observedGeneration": 3, "inventory": ["Service/x"]}, ["Service/x"]),
+        ({"observedGeneration": 3}, None),  # an older version's status: list by label
+        ({"observedGeneration": 2, "inventory": ["Service/x"]}, None),  # not this generation's
+        ({"observedGeneration": 3, "inventory": ["Service/x"], "rollout": {"phase": "Stable"}}, None),  # a canary
+        (None, None),
+    ],
+)
+def test_only_a_record_of_this_generation_without_a_canary_spares_the_lists(
+    status: dict | None, pruned: list[str] | None
+) -> None:
+    assert pruned_inventory(3, status) == pruned

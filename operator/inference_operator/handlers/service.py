@@ -115,6 +115,7 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
     workloads = by_ref(memo.api, {role: Ref.of(obj) for role, obj in result.serving.items()})
     selector = selector_string(owner)
     extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector}
+    extra["inventory"] = result.inventory
     extra |= rollout_status(result)
     _announce_rollout(body, RolloutState.from_status(body.get("status")), result.rollout)
     shown = problem or rollout_problem(result.rollout)

@@ -25,7 +25,7 @@ from ..k8s import KubeApi, Ref
 from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, POD
 from ..models import parse_spec
 from ..reasons import Reason
-from ..reconcile import Action, Change, Result, never_reconciled, owned_by, reconcile
+from ..reconcile import Action, Change, Result, never_reconciled, owned_by, pruned_inventory, reconcile
 from ..rollout import Phase, RolloutState
 from ..status import (
     DEGRADED,
@@ -266,7 +266,8 @@ def reconcile_checked(memo: kopf.Memo, isvc: kopf.Body | JsonObject) -> tuple[Ow
     policy.check(owner.spec, operator_config.pod_policy, owner.namespace)
     state = RolloutState.from_status(status)
     first = never_reconciled(meta.get("generation"), status)
-    return owner, reconcile(memo.api, owner, operator_config.credentials, state, first=first)
+    pruned = pruned_inventory(meta.get("generation"), status)
+    return owner, reconcile(memo.api, owner, operator_config.credentials, state, first=first, pruned=pruned)
 
 
 def rollout_problem(rollout: RolloutState | None) -> Problem | None:

@@ -107,6 +107,10 @@ class InferenceServiceStatus(StatusModel):
     adapters: list[AdapterStatus] | None = Field(
         None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
     )
+    inventory: list[str] | None = Field(
+        None,
+        description="The objects the service owns (Kind/name), as its last reconcile of observedGeneration left them.",
+    )
     roles: list[RoleStatus] | None = Field(
         None,
         description="A service of several workloads: each role's replicas (absent for one workload).",
