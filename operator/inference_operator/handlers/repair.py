@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from .. import credentials, metrics, ownership, policy, scale_to_zero
 from ..builders.common import SPEC_HASH_ANNOTATION, STATUS_ROLES, Role, role_of
 from ..jsontypes import JsonObject
-from ..k8s import KubeApi
+from ..k8s import KubeApi, Ref
 from ..kinds import INFERENCE_SERVICE, KINDS, WORKLOAD_KINDS
 from ..models import SpecError, parse_spec
 from ..reconcile import Action, ApplyRefused, ForeignObjectError, Result
@@ -24,9 +24,11 @@ from ..settings import MANAGER
 from ..status import Problem
 from .bookkeeping import SeenWorkloads
 from .shared import (
+    Workloads,
     announce_pods,
     announce_readiness,
     by_label,
+    by_ref,
     follow_activator,
     isvc_ref,
     kept_problem,
@@ -200,8 +202,16 @@ async def mirror(
     activator; `isvc` is the repair's read, still current (a repair writes no status)."""
     api: KubeApi = memo.api
     body, owner_ref, namespace = owned.body, owned.owner_ref, owned.namespace
-    # The workloads the status counts, by label (a canary's event too: status is the stable's).
-    workloads = by_label(api, (body["apiVersion"], body["kind"]), namespace, owner_ref["name"], owner_ref["uid"])
+    listed = by_label(api, (body["apiVersion"], body["kind"]), namespace, owner_ref["name"], owner_ref["uid"])
+
+    def workloads(fresh: JsonObject) -> Workloads:
+        """The workloads the status counts: this event's own when it is one and the status lists
+        no several (`status.roles`: one read, as many as the events at a restart), else those
+        found by label (a canary's event: the status is the stable's)."""
+        if owned.role in STATUS_ROLES and not (fresh.get("status") or {}).get("roles"):
+            return by_ref(api, {owned.role: Ref(body["apiVersion"], body["kind"], namespace, body["metadata"]["name"])})
+        return listed
+
     seen: list[JsonObject] = []  # the service as the status write read it, if still the owner
 
     def mirrored(fresh: JsonObject) -> JsonObject | None:
@@ -214,7 +224,7 @@ async def mirror(
             # A reconcile of this generation is under way: its status write reads the
             # workload after this event (it waits for this write, or this for it).
             return None
-        return refresh_status(api, fresh, workloads, refused or kept_problem(fresh))
+        return refresh_status(api, fresh, workloads(fresh), refused or kept_problem(fresh))
 
     def follow(status: JsonObject) -> None:
         """The activator's slice, from the status as it stands after this write (or as the
