@@ -24,11 +24,8 @@ from dataclasses import dataclass, field
 from kubernetes.client.exceptions import ApiException
 
 from .builders import Owner, build_all
-from .builders.activator import private_service_name
-from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_name, arm_service, arm_services_fit, canary_deployment
-from .builders.common import SPEC_HASH_ANNOTATION
-from .builders.endpoint_picker import OBJECT_KINDS as PICKER_OBJECTS
-from .builders.endpoint_picker import PICKER_ONLY_KINDS, picker_name
+from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_service, arm_services_fit, canary_deployment
+from .builders.common import SPEC_HASH_ANNOTATION, STATUS_ROLES, Role, inventory_selector, role_of
 from .builders.http_route import weighted
 from .credentials import CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
@@ -38,7 +35,6 @@ from .kinds import (
     KINDS,
     SECRET,
     SERVICE,
-    SERVICE_ACCOUNT,
     WORKLOAD_KINDS,
     Kind,
     in_apply_order,
@@ -87,18 +83,25 @@ class Change:
 @dataclass
 class Result:
     changes: list[Change] = field(default_factory=list)
-    # The live workload (the Deployment, or the LeaderWorkerSet of a multi-node service).
-    deployment: JsonObject | None = None
+    # The live workloads (Deployments, LeaderWorkerSets) by role, as their applies answered.
+    workloads: dict[Role, JsonObject] = field(default_factory=dict)
     # Wanted kinds the cluster does not serve (an add-on is missing): not applied.
     unavailable: list[Kind] = field(default_factory=list)
     # Something left out on purpose (a refused Prometheus credential): reported, then retried.
     problem: Problem | None = None
     # Where a canary rollout stands (None: the service rolls its Deployment the usual way).
     rollout: RolloutState | None = None
+    # What the service owns once this reconcile is done (`inventory`): status.inventory.
+    inventory: list[str] = field(default_factory=list)
 
     @property
     def writes(self) -> list[Change]:
         return [c for c in self.changes if c.action != Action.UNCHANGED]
+
+    @property
+    def serving(self) -> dict[Role, JsonObject]:
+        """The workloads the service's status counts (`STATUS_ROLES`): not a canary's, nor the picker's."""
+        return {role: obj for role, obj in self.workloads.items() if role in STATUS_ROLES}
 
 
 class ForeignObjectError(Exception):
@@ -210,13 +213,16 @@ def reconcile(
     now: float | None = None,
     *,
     first: bool = False,
+    pruned: list[str] | None = None,
 ) -> Result:
     """Apply the desired set if anything differs; delete owned kinds no longer wanted.
 
     Wanted kinds the cluster does not serve are skipped and listed in the result; the rest
     is still applied, so a service whose autoscaler add-on is missing still serves. With a
     canary strategy, `rollout` (status.rollout) says which revision each Deployment runs.
-    `first` (see `never_reconciled`): nothing to prune, and no read looks for it.
+    `first` (see `never_reconciled`): nothing to prune, and no read looks for it. `pruned` (see
+    `pruned_inventory`): what a finished reconcile of this generation left; when the desired set
+    is that, there is nothing to prune either.
     """
     wanted, refusal = desired_objects(api, owner, policy)
     wanted, state = rollout_arms(api, owner, wanted, rollout, time.time() if now is None else now)
@@ -228,21 +234,41 @@ def reconcile(
     steps = [_take_over(api, plan_write(obj, api.get(Ref.of(obj)), owner.uid)) for obj in wanted]
     result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
     result.rollout = state
+    result.inventory = inventory(wanted)
     if first and all(step.action == Action.CREATED for step in steps):
         create_all(api, steps, result, owner.name)
         return result
     dry_run(api, steps)
     for step in steps:
         result.changes.append(apply_step(api, step, result, owner.name)[0])
-    if first:
+    if first or pruned == result.inventory:
         return result
-    kept = {kind_of_object(obj) for obj in wanted} | set(missing)
-    result.changes.extend(prune(api, owner, kept))
-    result.changes.extend(prune_endpoint_picker(api, owner, wanted))
-    result.changes.extend(prune_private_service(api, owner, wanted))
-    if rollout is not None or state is not None:
-        result.changes.extend(prune_canary(api, owner, wanted))
+    result.changes.extend(prune(api, owner, wanted))
     return result
+
+
+def inventory(wanted: list[JsonObject]) -> list[str]:
+    """The desired set as `Kind/name`, sorted: what the service owns once a reconcile is done."""
+    return sorted(f"{obj['kind']}/{obj['metadata']['name']}" for obj in wanted)
+
+
+def pruned_inventory(generation: int | None, status: JsonObject | None) -> list[str] | None:
+    """What a finished reconcile of this generation left (status.inventory), when that is all
+    the service can own: then a resync whose desired set is the same has nothing to prune, and
+    lists nothing (a restart of the operator costs no list per owned kind and service).
+
+    None, so the prune lists the inventory by label, when the status records none (an older
+    version's, or none finished: whatever was made since is not in it), when it is of another
+    generation (a reconcile cut short after its applies and before its status, then the spec
+    changed back, would otherwise leave what it made), or while a canary rollout is recorded
+    (its analysis reconciles arms in and out without writing this record)."""
+    status = status or {}
+    recorded = status.get("inventory")
+    if recorded is None or generation is None or status.get("observedGeneration") != generation:
+        return None
+    if status.get("rollout") is not None:
+        return None
+    return [str(entry) for entry in recorded]
 
 
 def never_reconciled(generation: int | None, status: JsonObject | None) -> bool:
@@ -259,7 +285,7 @@ def rollout_arms(
     """`wanted` with the Deployments a canary rollout asks for: the stable one on the revision
     it runs until the candidate is promoted, the candidate beside it while it is judged (and,
     behind a route that can address each arm, the arms' Services and the route's weights)."""
-    index = next((i for i, obj in enumerate(wanted) if _is_deployment_of(obj, owner.name)), None)
+    index = next((i for i, obj in enumerate(wanted) if _is_predictor_deployment(obj, owner.name)), None)
     if index is None:
         return wanted, None
     desired = wanted[index]
@@ -323,31 +349,12 @@ def _unhashed(obj: JsonObject) -> JsonObject:
     return manifest
 
 
-# The objects a canary adds beside the service's own, as (kind, track).
-ARM_OBJECTS = ((DEPLOYMENT, CANARY), (SERVICE, STABLE), (SERVICE, CANARY))
-
-
-def prune_canary(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
-    """Delete the canary's objects once no rollout wants them (promoted, rolled back, aborted)."""
-    wanted_names = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
-    deleted = []
-    for kind, track in ARM_OBJECTS:
-        name = arm_name(owner.name, track)
-        if (kind.kind, name) in wanted_names:
-            continue
-        ref = Ref.to(kind, owner.namespace, name)
-        live = api.get(ref)
-        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind.kind, name))
-    return deleted
-
-
 def desired_objects(
     api: KubeApi, owner: Owner, policy: CredentialPolicy
 ) -> tuple[list[JsonObject], CredentialsRefused | None]:
     """What the spec asks for, hashed and in the table's apply order, less the kinds that would
     hand out a credential the policy refuses (and that refusal, to report)."""
-    built = (with_revision(obj) if _is_deployment_of(obj, owner.name) else obj for obj in build_all(owner))
+    built = (with_revision(obj) if _is_predictor_deployment(obj, owner.name) else obj for obj in build_all(owner))
     wanted = in_apply_order(with_hash(obj) for obj in built)
     secret = lambda name: api.get(Ref.to(SECRET, owner.namespace, name))  # noqa: E731
     if refused := model_refusal(owner.spec, policy, secret):
@@ -422,63 +429,47 @@ def _made_by_this_apply(live: JsonObject | None) -> bool:
 
 
 def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -> tuple[Change, JsonObject | None]:
-    """Carry out one step (a replaced object is deleted first); record the live (stable)
-    Deployment. Returns the change and the object as the API server answered it."""
+    """Carry out one step (a replaced object is deleted first); record a workload by its role.
+    Returns the change and the object as the API server answered it."""
     live = step.live
     if step.action == Action.REPLACED:
         api.delete(step.ref)
         live = None
     if step.action != Action.UNCHANGED:
         live = api.apply(keep_foreign_replicas(step.desired, live))
-    if step.ref.kind in WORKLOAD_KINDS and step.ref.name == owner_name:
-        result.deployment = live
+    role = role_of(step.desired, owner_name) if step.ref.kind in WORKLOAD_KINDS else None
+    if role is not None and live is not None:
+        result.workloads[role] = live
     return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else ""), live
 
 
-def prune(api: KubeApi, owner: Owner, kept: set[Kind]) -> list[Change]:
-    """Delete this InferenceService's objects of owned kinds it no longer wants (never another's)."""
+def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
+    """Delete what this InferenceService owns and no longer wants, whatever its role or name.
+
+    The inventory is read by label, one list per owned kind: every object the operator makes for
+    a service carries its instance and managed-by labels (every version has set both, so an
+    object made before roles were labelled is found too), and is judged by (kind, name) against
+    the desired set. Only an object whose ownerReferences name this service's uid is deleted:
+    one a person made with the same labels, or another service's, never is. Kinds another path
+    keeps (`Kind.reconciled`: the activator's slices) and kinds the cluster does not serve are
+    not listed. Deleted in the reverse of the apply order: a route before the Service it leads
+    to, the pods before the rights they use.
+    """
+    keep = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
+    selector = inventory_selector(owner.name)
     deleted = []
-    for kind in KINDS:
-        if not kind.owned or not kind.reconciled or kind in kept or kind in PICKER_ONLY_KINDS or not _served(api, kind):
+    for kind in reversed(KINDS):
+        if not kind.owned or not kind.reconciled or not _served(api, kind):
             continue
-        ref = Ref.to(kind, owner.namespace, owner.name)
-        live = api.get(ref)
-        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind.kind, owner.name))
+        for live in api.list_objects(kind.api_version, kind.kind, owner.namespace, selector):
+            name = live["metadata"]["name"]
+            if (kind.kind, name) in keep or not owned_by(live, owner.uid):
+                continue
+            if api.delete(Ref.to(kind, owner.namespace, name)):
+                deleted.append(Change(Action.DELETED, kind.kind, name))
     return deleted
 
 
-def _is_deployment_of(obj: JsonObject, name: str) -> bool:
-    """The service's own Deployment (not its endpoint picker's)."""
-    return bool(obj["kind"] == DEPLOYMENT.kind and obj["metadata"]["name"] == name)
-
-
-def prune_endpoint_picker(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
-    """Delete the endpoint picker the operator deployed once none is wanted (the pool is off, or
-    an external picker is named). Its ServiceAccount, created first, says whether there is one:
-    one read per reconcile, whatever the service's routing."""
-    name = picker_name(owner)
-    if any(obj["kind"] == SERVICE_ACCOUNT.kind and obj["metadata"]["name"] == name for obj in wanted):
-        return []
-    account = api.get(Ref.to(SERVICE_ACCOUNT, owner.namespace, name))
-    if account is None or not owned_by(account, owner.uid):
-        return []
-    deleted = []
-    for kind in reversed(PICKER_OBJECTS):  # the pods before the rights they use
-        ref = Ref.to(kind, owner.namespace, name)
-        live = account if kind == SERVICE_ACCOUNT else api.get(ref)
-        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind.kind, name))
-    return deleted
-
-
-def prune_private_service(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
-    """Delete NAME-private once scale to zero is off (NAME-activator goes with it: scale_to_zero.py)."""
-    name = private_service_name(owner.name)
-    if any(obj["kind"] == SERVICE.kind and obj["metadata"]["name"] == name for obj in wanted):
-        return []
-    ref = Ref.to(SERVICE, owner.namespace, name)
-    live = api.get(ref)
-    if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-        return [Change(Action.DELETED, SERVICE.kind, name)]
-    return []
+def _is_predictor_deployment(obj: JsonObject, name: str) -> bool:
+    """The service's own Deployment, the one a canary rollout revises (not its picker's)."""
+    return bool(obj["kind"] == DEPLOYMENT.kind and role_of(obj, name) == Role.PREDICTOR)

@@ -9,6 +9,7 @@ InferenceService never says "complete" while kubectl still says "waiting".
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from .jsontypes import JsonObject
@@ -58,17 +59,62 @@ class Rollout:
     updated: int = 0
     available: int = 0
     problem: Problem | None = None
+    # A service of several workloads: each role's own state (its counts are their sums).
+    roles: tuple[tuple[str, Rollout], ...] = ()
 
     @property
     def is_ready(self) -> bool:
+        if self.roles:
+            return all(state.is_ready for _, state in self.roles)
         return self.desired > 0 and self.ready >= self.desired
 
     @property
     def ready_message(self) -> str:
+        if self.roles:  # which role is short, in the one message `kubectl get` shows
+            return ", ".join(f"{role} {state.ready_message}" for role, state in self.roles)
         return "scaled to zero replicas" if self.desired == 0 else f"{self.ready}/{self.desired} replicas ready"
+
+    def role_status(self) -> list[JsonObject] | None:
+        """`status.roles`: each workload's counts, for a service of several (None: one, or none)."""
+        if not self.roles:
+            return None
+        return [
+            {
+                "role": role,
+                "replicas": state.replicas,
+                "readyReplicas": state.ready,
+                "updatedReplicas": state.updated,
+                "ready": state.is_ready,
+                "message": state.message,
+            }
+            for role, state in self.roles
+        ]
 
 
 NOT_CREATED = Rollout(done=False, message="Deployment not created yet")
+
+
+def of_roles(states: Mapping[str, Rollout]) -> Rollout:
+    """One state for the service from its workloads' by role: a single workload's as it is (a
+    service of one workload reads as it always has); several summed, done and ready only when
+    each is, the first problem and the messages of those not done named by role."""
+    if not states:
+        return NOT_CREATED
+    if len(states) == 1:
+        return next(iter(states.values()))
+    roles = tuple(sorted(states.items()))
+    pending = [f"{role}: {state.message}" for role, state in roles if not state.done]
+    return Rollout(
+        done=not pending,
+        message="; ".join(pending) or "successfully rolled out",
+        desired=sum(state.desired for _, state in roles),
+        replicas=sum(state.replicas for _, state in roles),
+        ready=sum(state.ready for _, state in roles),
+        updated=sum(state.updated for _, state in roles),
+        available=sum(state.available for _, state in roles),
+        problem=next((state.problem for _, state in roles if state.problem is not None), None),
+        roles=roles,
+    )
 
 
 def now_iso() -> str:
@@ -183,9 +229,28 @@ def group_rollout(lws: JsonObject) -> Rollout:
     return replace(counts, done=True, message="successfully rolled out")
 
 
+def _ready(
+    state: Rollout, problem: Problem | None, pods: Problem | None, serves_at_zero: bool
+) -> tuple[bool, Reason, str]:
+    """The Ready condition's status, reason and message (`compute_status`)."""
+    if state.is_ready:
+        return True, Reason.MINIMUM_REPLICAS_AVAILABLE, state.ready_message
+    if state is NOT_CREATED:
+        return (
+            (False, problem.reason, problem.message) if problem else (False, Reason.REPLICAS_NOT_READY, state.message)
+        )
+    if state.desired == 0 and serves_at_zero and not problem:
+        return True, Reason.SCALED_TO_ZERO, "scaled to zero replicas: a request wakes it and waits for a replica"
+    if state.desired == 0:
+        return False, Reason.SCALED_TO_ZERO, state.ready_message
+    if pods is not None:
+        return False, pods.reason, f"{state.ready_message}: {pods.message}"
+    return False, Reason.REPLICAS_NOT_READY, state.ready_message
+
+
 def compute_status(
     previous: JsonObject | None,
-    state: Rollout,
+    state: Rollout | Mapping[str, Rollout],
     generation: int | None,
     problem: Problem | None = None,
     now: str | None = None,
@@ -193,6 +258,9 @@ def compute_status(
     serves_at_zero: bool = False,
 ) -> JsonObject:
     """The status conditions and replica counts for the current state of the world.
+
+    `state`: the workload's, or the workloads' by role (`of_roles`): Ready only when every role
+    is, the message naming each role's count, and `status.roles` listing them.
 
     `serves_at_zero`: the service scales to zero (autoscaling.scaleToZero), so zero replicas is
     Ready (the activator answers and wakes it), not an outage.
@@ -203,24 +271,11 @@ def compute_status(
     specific than the Deployment's own verdict, and seconds rather than minutes after the cause.
     """
     now = now or now_iso()
+    state = state if isinstance(state, Rollout) else of_roles(state)
     conditions = list((previous or {}).get("conditions") or [])
     problem = problem or pods or state.problem
 
-    if state.is_ready:
-        ready = (True, Reason.MINIMUM_REPLICAS_AVAILABLE, state.ready_message)
-    elif state is NOT_CREATED:
-        ready = (
-            (False, problem.reason, problem.message) if problem else (False, Reason.REPLICAS_NOT_READY, state.message)
-        )
-    elif state.desired == 0 and serves_at_zero and not problem:
-        ready = (True, Reason.SCALED_TO_ZERO, "scaled to zero replicas: a request wakes it and waits for a replica")
-    elif state.desired == 0:
-        ready = (False, Reason.SCALED_TO_ZERO, state.ready_message)
-    elif pods is not None:
-        ready = (False, pods.reason, f"{state.ready_message}: {pods.message}")
-    else:
-        ready = (False, Reason.REPLICAS_NOT_READY, state.ready_message)
-    conditions = set_condition(conditions, READY, *ready, now, generation)
+    conditions = set_condition(conditions, READY, *_ready(state, problem, pods, serves_at_zero), now, generation)
 
     if problem and problem.reason in BLOCKING_PROBLEMS:
         conditions = set_condition(conditions, PROGRESSING, False, Reason.BLOCKED, problem.message, now, generation)
@@ -245,6 +300,7 @@ def compute_status(
         "replicas": state.replicas,
         "readyReplicas": state.ready,
         "updatedReplicas": state.updated,
+        "roles": state.role_status(),  # None, so absent, for a service of one workload
     }
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from inference_operator.builders import Owner
 from inference_operator.builders.canary import TRACK_LABEL
+from inference_operator.builders.common import Role
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
 from inference_operator.reconcile import Action, Change, reconcile
@@ -87,7 +88,7 @@ def test_a_canary_runs_beside_the_stable_revision_and_is_promoted(api: KubeApi) 
     service = api.get(Ref("v1", "Service", NS, NAME))
     assert TRACK_LABEL not in service["spec"]["selector"]
     assert set(service["spec"]["selector"].items()) <= set(canary["spec"]["template"]["metadata"]["labels"].items())
-    assert started.deployment is not None and started.deployment["metadata"]["name"] == NAME
+    assert started.workloads[Role.PREDICTOR]["metadata"]["name"] == NAME
 
     # The autoscaler resizes the stable arm during the canary; the stable template stays.
     grown = reconcile(api, owner("2", replicas=9), rollout=replace(state, step=1, weight=50), now=T0 + 30)
@@ -164,7 +165,8 @@ def test_a_rolling_service_reads_nothing_more(api: KubeApi, cluster: Cluster) ->
     result = reconcile(api, owner("1", strategy="rolling"), rollout=None, now=T0 + 1)
     reads = [r for r in list(cluster.emulator)[before:] if r.resource and r.resource.plural == "deployments"]
     assert result.writes == [] and result.rollout is None
-    assert [r.name for r in reads] == [NAME]  # the one Deployment, not a canary as well
+    # The one Deployment by name (not a canary as well), and the inventory's one list of them.
+    assert [r.name for r in reads] == [NAME, None]
 
 
 def test_the_state_is_kept_by_status_alone() -> None:

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from inference_operator.builders import Owner, build_all, build_deployment, build_service
-from inference_operator.builders.common import selector_labels
+from inference_operator.builders.common import Role, selector_labels
 from inference_operator.builders.endpoint_picker import (
     CLUSTER_ROLE,
     GRPC_PORT,
@@ -23,7 +23,7 @@ from inference_operator.builders.endpoint_picker import (
 from inference_operator.config import OperatorConfig
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import SpecError, parse_spec
-from inference_operator.reconcile import Action, Change, prune_endpoint_picker, reconcile
+from inference_operator.reconcile import Action, Change, prune, reconcile
 from inference_operator.settings import ENDPOINT_PICKER_IMAGE_ENV, Images
 from testsupport.cluster import Cluster
 from testsupport.crd import ROOT, addon_errors, apply_defaults, crd_schema, validate_custom_resource
@@ -265,7 +265,7 @@ def test_the_picker_is_created_then_pruned_when_the_pool_goes_or_an_external_pic
         (r.kind, r.name) for r in PICKER_REFS
     }
     assert all(api.get(ref) is not None for ref in [*PICKER_REFS, POOL])
-    assert result.deployment is not None and result.deployment["metadata"]["name"] == NAME
+    assert result.workloads[Role.PREDICTOR]["metadata"]["name"] == NAME
     again = reconcile(api, owner(spec()))
     assert again.writes == []
 
@@ -292,5 +292,5 @@ def test_another_services_picker_is_never_pruned(api: KubeApi) -> None:
     off = spec()
     off["routing"] = {}
     other = Owner(name=NAME, namespace=NS, uid="u-2", spec=owner(off).spec)  # same name, not the owner
-    assert prune_endpoint_picker(api, other, build_all(other)) == []
+    assert prune(api, other, build_all(other)) == []
     assert all(api.get(ref) is not None for ref in PICKER_REFS)

@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from inference_operator import reconcile as rc
 from inference_operator.builders import Owner, build_all
+from inference_operator.builders.common import Role
 from inference_operator.k8s import Ref
 from inference_operator.kinds import APPLY_ORDER, BY_KEY, KINDS, in_apply_order
 from inference_operator.models import parse_spec
@@ -47,6 +48,15 @@ class RecordingApi:
     def get(self, ref: Ref) -> dict | None:
         self.read.append((ref.kind, ref.name))
         return copy.deepcopy(self.objects.get((ref.kind, ref.name)))
+
+    def list_objects(self, api_version: str, kind: str, namespace: str, selector: str) -> list[dict]:
+        self.read.append((kind, ""))
+        wanted = dict(term.split("=", 1) for term in selector.split(","))
+        return [
+            copy.deepcopy(obj)
+            for (k, _), obj in self.objects.items()
+            if k == kind and (obj["metadata"].get("labels") or {}).items() >= wanted.items()
+        ]
 
     def serves(self, api_version: str, plural: str) -> bool:
         return True
@@ -137,7 +147,8 @@ def test_a_first_reconcile_reads_only_what_it_applies_and_prunes_nothing() -> No
     assert sorted(api.read) == sorted(applied)
     assert {c.kind for c in result.writes} == {kind for kind, _ in applied}
     # Any later reconcile looks for what the service no longer wants, and deletes it.
-    stale = {"metadata": {"name": "resnet", "ownerReferences": [{"uid": "u-1"}]}}
+    labels = {"app.kubernetes.io/instance": "resnet", "app.kubernetes.io/managed-by": MANAGER}
+    stale = {"metadata": {"name": "resnet", "labels": labels, "ownerReferences": [{"uid": "u-1"}]}}
     api = RecordingApi({("HorizontalPodAutoscaler", "resnet"): stale})
     rc.reconcile(api, owner(PLAIN))
     assert len(api.read) > len(applied) and api.deleted == ["HorizontalPodAutoscaler"]
@@ -158,7 +169,7 @@ def test_a_new_service_is_created_without_a_dry_run_its_deployment_last() -> Non
     assert not [kind for kind, dry in api.applied if dry]
     assert [kind for kind, _ in api.applied] == [k for k in kinds if k != "Deployment"] + ["Deployment"]
     assert [c.kind for c in result.writes] == kinds  # reported in the table's order
-    assert result.deployment is not None and result.deployment["kind"] == "Deployment"
+    assert result.workloads[Role.PREDICTOR]["kind"] == "Deployment"
 
 
 @pytest.mark.parametrize("refused", ["PodDisruptionBudget", "Deployment"])

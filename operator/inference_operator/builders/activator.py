@@ -23,7 +23,7 @@ from datetime import datetime
 from ..jsontypes import JsonObject
 from ..kinds import ENDPOINT_SLICE, SERVICE
 from ..models import NAME_MAX_LENGTH, ScaleToZeroSpec, SpecError
-from .common import Owner, object_meta, serving_labels
+from .common import Owner, Role, object_meta, serving_labels
 from .service import HTTP_PORT
 
 # The EndpointSlice controller keeps slices with its own managed-by value; kube-proxy reads all.
@@ -97,7 +97,7 @@ def build_private_service(owner: Owner) -> JsonObject:
     check_names(owner.name)
     return {
         **SERVICE.header(),
-        "metadata": object_meta(owner, private_service_name(owner.name)),
+        "metadata": object_meta(owner, private_service_name(owner.name), role=Role.ACTIVATOR),
         "spec": {
             "type": "ClusterIP",
             "selector": serving_labels(owner),
@@ -125,6 +125,7 @@ def build_activator_slice(owner: Owner, activator: ActivatorEndpoints) -> JsonOb
         owner,
         slice_name(owner.name),
         {ROUTE_ANNOTATION: json.dumps(route_settings(scaling.scale_to_zero))},
+        role=Role.ACTIVATOR,
     )
     meta["labels"] = {**meta["labels"], SERVICE_NAME_LABEL: owner.name, MANAGED_BY_LABEL: MANAGED_BY}
     return {

@@ -12,7 +12,7 @@ import copy
 
 from ..jsontypes import JsonObject
 from ..models import NAME_MAX_LENGTH, RolloutStrategy
-from .common import Owner
+from .common import ROLE_LABEL, Owner, Role
 
 TRACK_LABEL = "inference.rocm.dev/track"
 CANARY = "canary"
@@ -40,6 +40,7 @@ def canary_deployment(desired: JsonObject, replicas: int) -> JsonObject:
     canary = copy.deepcopy(desired)
     meta = canary["metadata"]
     meta["name"] = arm_name(meta["name"], CANARY)
+    meta["labels"] = {**meta["labels"], ROLE_LABEL: str(Role.CANARY)}
     canary["spec"]["selector"]["matchLabels"][TRACK_LABEL] = CANARY
     canary["spec"]["template"]["metadata"]["labels"][TRACK_LABEL] = CANARY
     canary["spec"]["replicas"] = replicas
@@ -50,5 +51,6 @@ def arm_service(service: JsonObject, track: str) -> JsonObject:
     """The service's Service narrowed to one arm's pods: NAME-stable or NAME-canary."""
     arm = copy.deepcopy(service)
     arm["metadata"]["name"] = arm_name(arm["metadata"]["name"], track)
+    arm["metadata"]["labels"] = {**arm["metadata"]["labels"], ROLE_LABEL: str(Role.CANARY)}
     arm["spec"]["selector"][TRACK_LABEL] = track
     return arm

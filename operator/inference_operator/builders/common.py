@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from ..jsontypes import JsonObject
@@ -12,6 +13,66 @@ from ..settings import MANAGER, FetchSettings, GpuDefaults, Images, NetworkPolic
 COMPONENT = "predictor"
 SPEC_HASH_ANNOTATION = "inference.rocm.dev/spec-hash"
 OWNER_LABEL = "inference.rocm.dev/inference-service"
+ROLE_LABEL = "inference.rocm.dev/role"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+
+class Role(enum.StrEnum):
+    """What part of an InferenceService an owned object belongs to: its `inference.rocm.dev/role`
+    label, on the object's own metadata (`kubectl get deploy,svc -l inference.rocm.dev/role=canary`).
+
+    The label names the object, not its pods: `app.kubernetes.io/component` stays what the pods
+    are (`predictor`, `endpoint-picker`), since it is in the immutable selectors of Deployments
+    and in the Service's, and the stable and canary arms' pods must both match it.
+    """
+
+    # The model's pods and what serves, scales and guards them: the workload (Deployment or
+    # LeaderWorkerSet), NAME's Service, PDB, HPA or KEDA objects, NetworkPolicy, the adapters'
+    # ConfigMap, the claim template, the InferencePool, the HTTPRoute.
+    PREDICTOR = "predictor"
+    # What a canary rollout adds while it runs: NAME-canary's Deployment, the arms' Services.
+    CANARY = "canary"
+    # Scale to zero's way in and out of the activator: NAME-private, NAME-activator's slice.
+    ACTIVATOR = "activator"
+    # The InferencePool's endpoint picker the operator runs (NAME-epp and its rights).
+    ENDPOINT_PICKER = "endpoint-picker"
+    # A service of several workloads (prefill/decode disaggregation behind a router).
+    PREFILL = "prefill"
+    DECODE = "decode"
+    ROUTER = "router"
+
+
+# The roles whose workloads the service's status counts: every one must be ready for it to be
+# Ready. A canary is judged by its analysis (the status is the stable arm's), the picker by the
+# gateway that asks it.
+STATUS_ROLES = frozenset({Role.PREDICTOR, Role.PREFILL, Role.DECODE, Role.ROUTER})
+
+
+def role_of(obj: JsonObject, owner_name: str) -> Role | None:
+    """An owned object's role: its label, or, for an object an older version made without one,
+    what its name and component said then (None: not one an older version made). The next
+    reconcile labels what it still wants."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if (role := labels.get(ROLE_LABEL)) in ROLES:
+        return Role(role)
+    component = labels.get("app.kubernetes.io/component")
+    if component == "endpoint-picker":
+        return Role.ENDPOINT_PICKER
+    if component != COMPONENT:
+        return None
+    return LEGACY_NAMES.get(str((obj.get("metadata") or {}).get("name")).removeprefix(owner_name))
+
+
+ROLES = frozenset(str(role) for role in Role)
+# What an older version named its objects of each role, after NAME (builders/canary.py, activator.py).
+LEGACY_NAMES = {
+    "": Role.PREDICTOR,
+    "-canary": Role.CANARY,
+    "-stable": Role.CANARY,
+    "-private": Role.ACTIVATOR,
+    "-activator": Role.ACTIVATOR,
+}
 
 
 @dataclass(frozen=True)
@@ -106,12 +167,19 @@ def workload_ref(owner: Owner) -> JsonObject:
 
 
 def standard_labels(owner: Owner) -> dict[str, str]:
+    """The labels of the predictor's pods and, with a role, of every owned object."""
     return {
         **selector_labels(owner),
-        "app.kubernetes.io/managed-by": MANAGER,
+        MANAGED_BY_LABEL: MANAGER,
         "app.kubernetes.io/part-of": "rocm-inference",
         OWNER_LABEL: owner.name,
     }
+
+
+def inventory_selector(owner_name: str) -> str:
+    """Every object the operator made for one service, whatever its role or version (these two
+    labels have been on each since the first one): what the prune lists."""
+    return f"{INSTANCE_LABEL}={owner_name},{MANAGED_BY_LABEL}={MANAGER}"
 
 
 def selector_string(owner: Owner) -> str:
@@ -129,11 +197,13 @@ def owner_reference(owner: Owner) -> JsonObject:
     }
 
 
-def object_meta(owner: Owner, name: str | None = None, annotations: JsonObject | None = None) -> JsonObject:
+def object_meta(
+    owner: Owner, name: str | None = None, annotations: JsonObject | None = None, role: Role = Role.PREDICTOR
+) -> JsonObject:
     meta = {
         "name": name or owner.name,
         "namespace": owner.namespace,
-        "labels": standard_labels(owner),
+        "labels": {**standard_labels(owner), ROLE_LABEL: str(role)},
         "ownerReferences": [owner_reference(owner)],
     }
     if annotations:

@@ -41,7 +41,7 @@ from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT, ENDPOINT_PICKER_CONFIG, INFERENCE_POOL, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from ..models import NAME_MAX_LENGTH, ScorerWeights, SpecError
 from ..settings import MANAGER
-from .common import OWNER_LABEL, Owner, object_meta
+from .common import OWNER_LABEL, ROLE_LABEL, Owner, Role, object_meta
 
 # The ClusterRole the chart ships for every picker (files/rbac/endpoint-picker.yaml); the
 # operator may bind it (and nothing else) by this name.
@@ -62,7 +62,7 @@ SCORERS = {
     "kv_cache_utilization": "kv-cache-utilization-scorer",
     "lora_affinity": "lora-affinity-scorer",
 }
-# What a picker consists of, in apply order; reconcile prunes these by name.
+# What a picker consists of, in apply order.
 OBJECT_KINDS = (SERVICE_ACCOUNT, ROLE_BINDING, DEPLOYMENT, SERVICE)
 # Kinds the operator writes only for a picker (never an object named NAME).
 PICKER_ONLY_KINDS = frozenset(OBJECT_KINDS[:2])
@@ -93,6 +93,7 @@ def _meta(owner: Owner) -> JsonObject:
         "app.kubernetes.io/managed-by": MANAGER,
         "app.kubernetes.io/part-of": "rocm-inference",
         OWNER_LABEL: owner.name,
+        ROLE_LABEL: str(Role.ENDPOINT_PICKER),
     }
     return {**object_meta(owner, picker_name(owner)), "labels": labels}
 

@@ -16,14 +16,25 @@ import kopf
 from .. import credentials, metrics, policy
 from ..analysis import AnalysisRefused, analysis_client, measure
 from ..jsontypes import JsonObject
+from ..k8s import Ref
 from ..models import CanarySpec, InferenceServiceSpec, RolloutStrategy, SpecError
 from ..prometheus.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from ..reasons import Reason
 from ..reconcile import ApplyRefused, ForeignObjectError
 from ..rollout import COMMAND_ANNOTATION, Check, Command, Phase, Progress, RolloutState, advance
-from ..status import compute_status, deployment_rollout, now_iso
+from ..status import now_iso
 from .daemons import Daemon, Tick, service_daemon
-from .shared import announce_writes, as_body, isvc_ref, normal_event, publish, reconcile_checked, rollout_problem
+from .shared import (
+    announce_writes,
+    as_body,
+    by_ref,
+    isvc_ref,
+    normal_event,
+    publish,
+    reconcile_checked,
+    refresh_status,
+    rollout_problem,
+)
 
 ROLLOUT_EVENTS = {
     Reason.CANARY_STEP: "stepped",
@@ -116,14 +127,8 @@ def _apply_rollout_step(
         publish(memo, ref, lambda fresh: settled)
     announce_writes(isvc, result.writes)
     if (problem := rollout_problem(step.state)) is not None:
-        deployment_state = deployment_rollout(result.deployment)
-        publish(
-            memo,
-            ref,
-            lambda fresh: compute_status(
-                fresh.get("status"), deployment_state, fresh["metadata"].get("generation"), problem
-            ),
-        )
+        workloads = by_ref(memo.api, {role: Ref.of(obj) for role, obj in result.serving.items()})
+        publish(memo, ref, lambda fresh: refresh_status(memo.api, fresh, workloads, problem))
     if step.event is not None:
         reason, message = step.event
         metrics.ROLLOUTS.labels(meta["namespace"], meta["name"], ROLLOUT_EVENTS[reason]).inc()

@@ -16,17 +16,17 @@ from ..jsontypes import JsonObject
 from ..k8s import KubeApi
 from ..kinds import POD
 from ..settings import MANAGER
-from ..status import DEGRADED, compute_status, find_condition, spec_problem
+from ..status import DEGRADED, find_condition
 from .shared import (
-    KEPT_PROBLEMS,
     POD_ROLES,
     announce_pods,
     announce_readiness,
+    by_ref,
     isvc_ref,
-    observe,
+    kept_problem,
     publish,
-    serves_at_zero,
-    workload_ref,
+    refresh_status,
+    workload_refs,
 )
 
 
@@ -57,9 +57,7 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logg
             return None  # nothing to say and nothing to clear: one read, no write
         if status.get("observedGeneration") != generation:
             return None  # a reconcile of this generation is under way and reads the pods itself
-        state, pods = observe(api, workload_ref(fresh), status.get("selector"))
-        problem = spec_problem(status, KEPT_PROBLEMS)
-        return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
+        return refresh_status(api, fresh, by_ref(api, workload_refs(fresh)), kept_problem(fresh))
 
     try:
         previous, new_status = await asyncio.to_thread(publish, memo, ref, compute)

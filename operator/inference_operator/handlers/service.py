@@ -23,14 +23,14 @@ from .bookkeeping import ProcessDiffBaseStorage, SeenWorkloads
 from .shared import (
     announce_pods,
     announce_writes,
+    by_ref,
     follow_activator,
     isvc_ref,
     normal_event,
-    observe,
     publish,
     reconcile_checked,
+    refresh_status,
     rollout_problem,
-    serves_at_zero,
 )
 
 
@@ -103,25 +103,25 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
     if problem is not None:
         _give_up(memo, body, ref, generation, problem, logger, recheck)
     seen: SeenWorkloads | None = memo.get("seen_workloads")
-    if seen is not None:  # its event, if it brings this version, has no news (repair.py)
-        seen.saw(result.deployment)
+    if seen is not None:  # their events, if they bring these versions, have no news (repair.py)
+        for workload in result.serving.values():
+            seen.saw(workload)
 
     announce_writes(body, result.writes)
     tracing.record_writes(result.writes)
     problem = result.problem
     if result.unavailable:
         problem = Problem(Reason.API_UNAVAILABLE, "; ".join(unavailable_message(k) for k in result.unavailable))
-    workload = Ref.of(result.deployment) if result.deployment is not None else None
+    workloads = by_ref(memo.api, {role: Ref.of(obj) for role, obj in result.serving.items()})
     selector = selector_string(owner)
     extra = {"observedGeneration": generation, "url": service_url(owner), "selector": selector}
+    extra["inventory"] = result.inventory
     extra |= rollout_status(result)
     _announce_rollout(body, RolloutState.from_status(body.get("status")), result.rollout)
     shown = problem or rollout_problem(result.rollout)
 
     def compute(fresh: JsonObject) -> JsonObject:
-        state, pods = observe(memo.api, workload, selector)
-        zero = serves_at_zero(fresh)
-        return compute_status(fresh.get("status"), state, generation, shown, pods=pods, serves_at_zero=zero) | extra
+        return refresh_status(memo.api, fresh, workloads, shown, generation=generation, selector=selector) | extra
 
     def follow(status: JsonObject) -> None:
         follow_activator(memo, body, owner, status, logger)

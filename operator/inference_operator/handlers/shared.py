@@ -10,13 +10,13 @@ bookkeeping.py, the spec kopf last handled); losing it is harmless.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import kopf
 
 from .. import config, credentials, policy, scale_to_zero, status_pods
-from ..builders.common import Owner
+from ..builders.common import STATUS_ROLES, Owner, Role, inventory_selector, role_of
 from ..builders.model_server import CONTAINER as SERVER_CONTAINER
 from ..builders.storage import FETCH_CONTAINER
 from ..builders.vllm import CONTAINER as VLLM_CONTAINER
@@ -25,7 +25,7 @@ from ..k8s import KubeApi, Ref
 from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, POD
 from ..models import parse_spec
 from ..reasons import Reason
-from ..reconcile import Action, Change, Result, never_reconciled, reconcile
+from ..reconcile import Action, Change, Result, never_reconciled, owned_by, pruned_inventory, reconcile
 from ..rollout import Phase, RolloutState
 from ..status import (
     DEGRADED,
@@ -33,9 +33,11 @@ from ..status import (
     SPEC_PROBLEMS,
     Problem,
     Rollout,
+    compute_status,
     condition_status,
     deployment_rollout,
     find_condition,
+    spec_problem,
     status_changes,
 )
 
@@ -160,21 +162,71 @@ def status_lock(memo: kopf.Memo, ref: Ref) -> threading.Lock:
     return locks.of(ref.namespace, ref.name)
 
 
-def observe(api: KubeApi, workload: Ref | None, pod_selector: str | None) -> tuple[Rollout, Problem | None]:
-    """The service's workload and pods as they are now, read inside the status write (see
-    `status_lock`): never the copy an apply answered, which predates its controller's news."""
-    live = api.get(workload) if workload is not None else None
-    pods = api.list_objects(*POD.key, workload.namespace, pod_selector) if workload and pod_selector else []
-    return deployment_rollout(live), status_pods.pods_problem(pods, POD_ROLES)
+Workloads = Callable[[], Mapping[Role, JsonObject | None]]
 
 
-def workload_ref(isvc: JsonObject) -> Ref:
-    """The Deployment named after the service, or its LeaderWorkerSet when it spans nodes."""
+def observe(
+    api: KubeApi, workloads: Workloads, namespace: str, pod_selector: str | None
+) -> tuple[dict[str, Rollout], Problem | None]:
+    """The service's workloads (by role) and pods as they are now, read inside the status write
+    (see `status_lock`): never the copies an apply answered, which predate their controllers' news."""
+    live = workloads()
+    pods = api.list_objects(*POD.key, namespace, pod_selector) if pod_selector else []
+    states: dict[str, Rollout] = {role: deployment_rollout(obj) for role, obj in live.items()}
+    return states, status_pods.pods_problem(pods, POD_ROLES)
+
+
+def refresh_status(
+    api: KubeApi,
+    fresh: JsonObject,
+    workloads: Workloads,
+    problem: Problem | None,
+    *,
+    generation: int | None = None,
+    selector: str | None = None,
+) -> JsonObject:
+    """The status `fresh` (the service as its status write read it) should have now: its
+    workloads and pods read here, inside the write (`status_lock`), and `problem` (the
+    reconcile's, or `kept_problem`). The one way every handler makes a status; `generation` and
+    `selector` are the reconcile's when it is writing its own (else the status's)."""
+    status = fresh.get("status") or {}
+    generation = fresh["metadata"].get("generation") if generation is None else generation
+    state, pods = observe(api, workloads, fresh["metadata"]["namespace"], selector or status.get("selector"))
+    return compute_status(status, state, generation, problem, pods=pods, serves_at_zero=serves_at_zero(fresh))
+
+
+def kept_problem(fresh: JsonObject) -> Problem | None:
+    """The problem `fresh`'s status holds that news of its workloads must not clear."""
+    return spec_problem(fresh.get("status"), KEPT_PROBLEMS)
+
+
+def by_ref(api: KubeApi, refs: Mapping[Role, Ref]) -> Workloads:
+    """The workloads read by name (one read each), where a reconcile has just applied them."""
+    return lambda: {role: api.get(ref) for role, ref in refs.items()}
+
+
+def by_label(api: KubeApi, kind: tuple[str, str], namespace: str, owner_name: str, owner_uid: str) -> Workloads:
+    """The service's workloads of one kind that its status counts, found by the inventory's
+    labels and its role (one list): whatever their names, never another service's."""
+
+    def read() -> Mapping[Role, JsonObject | None]:
+        found: dict[Role, JsonObject | None] = {}
+        for obj in api.list_objects(*kind, namespace, inventory_selector(owner_name)):
+            role = role_of(obj, owner_name)
+            if role in STATUS_ROLES and owned_by(obj, owner_uid):
+                found[role] = {**obj, "apiVersion": kind[0], "kind": kind[1]}
+        return found
+
+    return read
+
+
+def workload_refs(isvc: JsonObject) -> dict[Role, Ref]:
+    """The predictor's Deployment, or its LeaderWorkerSet when it spans nodes (named after the
+    service, as the builders name it)."""
     meta = isvc["metadata"]
     nodes = ((((isvc.get("spec") or {}).get("resources") or {}).get("gpu")) or {}).get("nodes") or 1
-    if int(nodes) > 1:
-        return Ref.to(LEADER_WORKER_SET, meta["namespace"], meta["name"])
-    return Ref.to(DEPLOYMENT, meta["namespace"], meta["name"])
+    kind = LEADER_WORKER_SET if int(nodes) > 1 else DEPLOYMENT
+    return {Role.PREDICTOR: Ref.to(kind, meta["namespace"], meta["name"])}
 
 
 def announce_pods(isvc: kopf.Body | JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
@@ -214,7 +266,8 @@ def reconcile_checked(memo: kopf.Memo, isvc: kopf.Body | JsonObject) -> tuple[Ow
     policy.check(owner.spec, operator_config.pod_policy, owner.namespace)
     state = RolloutState.from_status(status)
     first = never_reconciled(meta.get("generation"), status)
-    return owner, reconcile(memo.api, owner, operator_config.credentials, state, first=first)
+    pruned = pruned_inventory(meta.get("generation"), status)
+    return owner, reconcile(memo.api, owner, operator_config.credentials, state, first=first, pruned=pruned)
 
 
 def rollout_problem(rollout: RolloutState | None) -> Problem | None:

@@ -110,6 +110,17 @@ class AdapterStatus(StatusModel):
     pods: list[AdapterPodStatus] | None = Field(None, description="Per replica (the first 16).")
 
 
+class RoleStatus(StatusModel):
+    """One workload of a service of several (prefill, decode, router): which one is short."""
+
+    role: str = Field(description="The workload's role (its inference.rocm.dev/role label).")
+    replicas: int | None = Field(None, description="The pods of this role's workload, as its own status counts them.")
+    ready_replicas: int | None = Field(None, description="Of those, the pods that are Ready.")
+    updated_replicas: int | None = Field(None, description="Of those, the pods of the workload's current revision.")
+    ready: bool | None = Field(None, description="Every replica this role asks for is ready.")
+    message: str | None = Field(None, description="Its rollout, as kubectl rollout status says it.")
+
+
 class InferenceServiceStatus(StatusModel):
     """The observed state of an InferenceService, written by the operator: its replicas, its
     address, its conditions, and what the autoscaler, a rollout and the adapters report."""
@@ -136,4 +147,13 @@ class InferenceServiceStatus(StatusModel):
         None,
         description="Each LoRA adapter of spec.adapters and how it stands on the replicas.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    inventory: list[str] | None = Field(
+        None,
+        description="The objects the service owns (Kind/name), as its last reconcile of observedGeneration left them.",
+    )
+    roles: list[RoleStatus] | None = Field(
+        None,
+        description="A service of several workloads: each role's replicas (absent for one workload).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["role"]},
     )
