@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -204,3 +205,34 @@ def test_an_authority_no_service_at_zero_has_is_not_found(activator: Activator) 
     client = activator.client("nobody.team-z.svc:9000")
     status, message = failure_of(lambda: client.is_server_live(client_timeout=30))
     assert status == "StatusCode.NOT_FOUND" and "nobody.team-z.svc" in message
+
+
+def test_on_sigterm_a_held_call_is_answered_before_the_process_exits(
+    api: tuple[FakeKubeApi, str], repo: Path, tmp_path: Path
+) -> None:
+    fake, url = api
+    port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "model_server", "activator", f"--kube-api={url}", "--host=127.0.0.1"]
+    command += [f"--port={port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}"]
+    command += ["--max-wait-seconds=120", "--drain-listen-seconds=0", f"--memory-limit-bytes={256 << 20}"]
+    with running(
+        command, env=env, log=tmp_path / "activator.log", ready_url=f"http://127.0.0.1:{port}/readyz"
+    ) as process:
+        draining = Activator(f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics")
+        http_port, upstream_grpc = free_port(), free_port()
+        authority = at_zero(fake, draining, "rolled", http_port, upstream_grpc)
+        client = draining.client(authority)
+        rows = RNG.standard_normal((1, 4)).astype(np.float32)
+        pending = in_background(lambda: client.infer("rolled", [rows_input(rows)], client_timeout=120))
+        eventually(lambda: draining.held("team-a", "rolled") == 1, timeout=20, what="the call to be held")
+        process.send_signal(signal.SIGTERM)
+        eventually(lambda: "closing the listener" in (tmp_path / "activator.log").read_text(), timeout=20)
+        assert process.poll() is None and not pending.done()  # the held call keeps the process
+        serve = serve_command(
+            repo, http_port, "--model-name", "rolled", "--grpc-port", str(upstream_grpc), "--no-watch"
+        )
+        with running(serve, log=tmp_path / "server.log"):
+            answer = pending.result(timeout=90)
+            np.testing.assert_allclose(answer.as_numpy("y"), rows @ WEIGHT + BIAS, rtol=1e-5, atol=1e-5)
+            assert process.wait(timeout=60) == 0
