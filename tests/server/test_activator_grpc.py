@@ -18,12 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import h2.config
+import h2.connection
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
+from model_server.activator.grpc_proxy import NotHttp2, scan
 from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command
@@ -236,3 +239,28 @@ def test_on_sigterm_a_held_call_is_answered_before_the_process_exits(
             answer = pending.result(timeout=90)
             np.testing.assert_allclose(answer.as_numpy("y"), rows @ WEIGHT + BIAS, rtol=1e-5, atol=1e-5)
             assert process.wait(timeout=60) == 0
+
+
+def _client_bytes(authority: str, fields: int = 0) -> tuple[bytes, bytes]:
+    """What a gRPC client writes first: (the preface and its SETTINGS, a call's HEADERS frames)."""
+    connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    connection.initiate_connection()
+    opening = connection.data_to_send()
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ServerLive")]
+    headers += [(":authority", authority), ("content-type", "application/grpc"), ("te", "trailers")]
+    headers += [(f"x-field-{n}", "v" * 64) for n in range(fields)]
+    connection.send_headers(1, headers)
+    return opening, connection.data_to_send()
+
+
+def test_the_authority_is_read_from_the_first_header_block_and_nothing_is_held_before_it() -> None:
+    opening, call = _client_bytes("llm.team-a.svc:9000")
+    assert scan(opening[:10], False, 65536) == (0, None)  # part of the preface: nothing goes on yet
+    assert scan(opening, False, 65536) == (len(opening), None)  # the preface and SETTINGS go on
+    assert scan(call[:-1], True, 65536) == (0, None)  # the block is kept until it is whole
+    assert scan(opening + call, False, 65536) == (len(opening + call), "llm.team-a.svc:9000")
+    with pytest.raises(NotHttp2, match="preface"):
+        scan(b"GET / HTTP/1.1\r\nHost: llm\r\n\r\n", False, 65536)
+    _, large = _client_bytes("llm", fields=200)
+    with pytest.raises(NotHttp2, match="metadata limit"):
+        scan(large, True, 4096)

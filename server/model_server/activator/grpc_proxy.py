@@ -11,7 +11,8 @@ is spliced to a `grpc.aio` server on loopback, and the client's bytes are read f
 (hyperframe) only until its first header block, whose `:authority` (hpack) is recorded for that
 loopback connection before the block goes on; the server finds a call's service from its peer's
 port. A gRPC channel names one authority, so every call of a connection goes to the service of
-its first. The rest of the connection is spliced unread.
+its first. The rest of the connection is relayed unread, at the transport level (a protocol per
+side, no task per connection), each side's reading paused while the other's writes are.
 
 Bounds, those of the model server's gRPC port (grpc_server.py): messages up to the largest HTTP
 body, 100 streams per connection, `max_connections` calls at once, 4 connections per call slot,
@@ -29,7 +30,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 import hpack
@@ -62,8 +63,6 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 #: Bytes a client may send before its first header block beyond the block itself: its SETTINGS,
 #: WINDOW_UPDATE and PING frames.
 PEEK_SLACK = 64 * 1024
-#: The most one splice reads at once: fewer turns of the loop for a large message's bytes.
-PUMP_BYTES = 256 * 1024
 #: Of the memory limit: messages being received at once (HTTP bodies have their own quarter).
 GRPC_RECEIVE_SHARE = 1 / 8
 #: Metadata the upstream call writes itself (or gRPC refuses from an application).
@@ -164,50 +163,55 @@ class NotHttp2(ValueError):
     """A connection that did not begin as gRPC's does (the preface, then frames)."""
 
 
-async def first_authority(
-    reader: asyncio.StreamReader, forward: Callable[[bytes], None], max_header_bytes: int
-) -> tuple[str, bytes]:
-    """Read the client's bytes up to its first header block, each frame before it handed to
-    `forward` as it is read; the block's `:authority` (or `host`) and the block's frames, for
-    the caller to forward once it has recorded the authority. NotHttp2 for anything else, or
-    more than the block and PEEK_SLACK."""
-    preface = await reader.readexactly(len(PREFACE))
-    if preface != PREFACE:
-        raise NotHttp2("not the HTTP/2 connection preface")
-    forward(preface)
-    budget = max_header_bytes + PEEK_SLACK
-    block, held = b"", b""
-    while True:
-        head = await reader.readexactly(9)
+def scan(buffer: bytes | bytearray, after_preface: bool, max_header_bytes: int) -> tuple[int, str | None]:
+    """How many bytes at the start of what a client sent (`buffer`, the preface first unless
+    `after_preface`) may go on before its first header block is whole, and that block's
+    `:authority` (or `host`) once it is: then the count runs to the block's end. NotHttp2 for
+    anything else than the preface and frames."""
+    offset = 0
+    if not after_preface:
+        if len(buffer) < len(PREFACE):
+            if not PREFACE.startswith(bytes(buffer)):
+                raise NotHttp2("not the HTTP/2 connection preface")
+            return 0, None
+        if bytes(buffer[: len(PREFACE)]) != PREFACE:
+            raise NotHttp2("not the HTTP/2 connection preface")
+        offset = len(PREFACE)
+    block, start, end, in_block = b"", offset, offset, False
+    while end + 9 <= len(buffer):
         try:
-            frame, length = Frame.parse_frame_header(memoryview(head))
+            frame, length = Frame.parse_frame_header(memoryview(bytes(buffer[end : end + 9])))
         except HyperframeError as exc:
             raise NotHttp2(f"a frame that is not one: {exc}") from None
-        budget -= 9 + length
-        if budget < 0:
-            raise NotHttp2("no header block within the bytes a client may send before one")
-        payload = await reader.readexactly(length)
-        if block or held:
-            if not isinstance(frame, ContinuationFrame):
-                raise NotHttp2("a header block interrupted")
-        elif not isinstance(frame, HeadersFrame):
-            forward(head + payload)
+        if end + 9 + length > len(buffer):
+            break
+        payload = memoryview(bytes(buffer[end + 9 : end + 9 + length]))
+        end += 9 + length
+        if not in_block and not isinstance(frame, HeadersFrame):
+            if isinstance(frame, ContinuationFrame):
+                raise NotHttp2("a CONTINUATION frame without its HEADERS")
+            start = end  # a frame before the block: it may go on
             continue
+        if in_block and not isinstance(frame, ContinuationFrame):
+            raise NotHttp2("a header block interrupted")
+        in_block = True
+        assert isinstance(frame, (HeadersFrame, ContinuationFrame))
         try:
-            frame.parse_body(memoryview(payload))
+            frame.parse_body(payload)
         except HyperframeError as exc:
             raise NotHttp2(f"a header frame that is not one: {exc}") from None
         block += frame.data
-        held += head + payload
+        if len(block) > max_header_bytes:
+            raise NotHttp2("a first header block larger than the metadata limit")
         if "END_HEADERS" in frame.flags:
-            break
-    try:
-        headers = hpack.Decoder(max_header_list_size=max_header_bytes).decode(block, raw=True)
-    except hpack.HPACKError as exc:
-        raise NotHttp2(f"a header block that does not decode: {exc}") from None
-    found = {bytes(name): bytes(value) for name, value in headers}
-    authority = found.get(b":authority") or found.get(b"host") or b""
-    return authority.decode("latin-1")[:255], held
+            try:
+                headers = hpack.Decoder(max_header_list_size=max_header_bytes).decode(block, raw=True)
+            except hpack.HPACKError as exc:
+                raise NotHttp2(f"a header block that does not decode: {exc}") from None
+            found = {bytes(name): bytes(value) for name, value in headers}
+            authority = found.get(b":authority") or found.get(b"host") or b""
+            return end, authority.decode("latin-1")[:255]
+    return start, None
 
 
 @dataclass
@@ -230,8 +234,8 @@ class GrpcPort:
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     _server: grpc.aio.Server | None = None
     _listener: asyncio.Server | None = None
-    _inner_port: int = 0
-    _connections: set[asyncio.Task[Any]] = field(default_factory=set)
+    inner_port: int = 0
+    connections: set[_Front] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.calls = CallTable(self.limits.max_connections)
@@ -248,10 +252,11 @@ class GrpcPort:
             for name in METHODS
         }
         server.add_registered_method_handlers(SERVICE, handlers)
-        self._inner_port = server.add_insecure_port("127.0.0.1:0")
+        self.inner_port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         self._server = server
-        self._listener = await asyncio.start_server(self._accept, self.host, self.port, limit=PUMP_BYTES)
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(lambda: _Front(self), self.host, self.port)
         self.port = self._listener.sockets[0].getsockname()[1]
         log.info("gRPC on :%d", self.port)
         return self.port
@@ -266,49 +271,13 @@ class GrpcPort:
         self.close_listener()
         if self._server is not None:
             await self._server.stop(grace_s)
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        for connection in list(self.connections):
+            connection.close()
         for channel in self.channels.values():
             await channel.close()
         self.channels.clear()
 
     # ------------------------------------------------------------------ the front
-
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._connections) >= self.limits.connections:
-            writer.transport.abort()  # as gRPC refuses past max_allowed_incoming_connections
-            return
-        task = asyncio.ensure_future(self._splice(reader, writer))
-        self._connections.add(task)
-        task.add_done_callback(self._connections.discard)
-
-    async def _splice(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peername = writer.get_extra_info("peername")
-        client = str(peername[0]) if peername else ""
-        inner_writer: asyncio.StreamWriter | None = None
-        key = 0
-        pumps: list[asyncio.Task[None]] = []
-        try:
-            inner_reader, inner_writer = await asyncio.open_connection("127.0.0.1", self._inner_port)
-            key = int(inner_writer.get_extra_info("sockname")[1])
-            self.peers[key] = peer = Peer(client)
-            pumps.append(asyncio.ensure_future(_pump(inner_reader, writer)))
-            async with asyncio.timeout(self.limits.header_timeout_s):
-                peer.authority, block = await first_authority(reader, inner_writer.write, self.limits.max_header_bytes)
-            inner_writer.write(block)
-            pumps.append(asyncio.ensure_future(_pump(reader, inner_writer)))
-            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        except (TimeoutError, NotHttp2, OSError, asyncio.IncompleteReadError) as exc:
-            log.debug("gRPC connection from %s closed: %s", client, exc)
-        finally:
-            for pump in pumps:
-                pump.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
-            self.peers.pop(key, None)
-            for each in (writer, inner_writer):
-                if each is not None:
-                    each.transport.abort()
 
     # ------------------------------------------------------------------ the calls
 
@@ -455,8 +424,123 @@ def _peer_port(peer: str) -> int:
     return 0
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Bytes one way until the reader's end, at the writer's pace."""
-    while data := await reader.read(PUMP_BYTES):
-        writer.write(data)
-        await writer.drain()
+class _Front(asyncio.Protocol):
+    """One client connection: its first bytes kept until its first header block is whole (its
+    authority recorded), then every byte relayed to its loopback connection as it comes, and
+    back; each side's reading paused while the other's writing is."""
+
+    def __init__(self, port: GrpcPort) -> None:
+        self.port = port
+        self.client = ""
+        self.transport: asyncio.Transport | None = None
+        self.inner: asyncio.Transport | None = None
+        self.key = 0
+        self.pending = bytearray()
+        self.after_preface = False
+        self.authority: str | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        if len(self.port.connections) >= self.port.limits.connections:
+            transport.abort()  # as gRPC refuses past max_allowed_incoming_connections
+            self.closed = True
+            return
+        self.port.connections.add(self)
+        peername = transport.get_extra_info("peername")
+        self.client = str(peername[0]) if peername else ""
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(self.port.limits.header_timeout_s, self.close)
+        connecting = loop.create_connection(lambda: _Back(self), "127.0.0.1", self.port.inner_port)
+        asyncio.ensure_future(connecting).add_done_callback(self._connected)
+
+    def _connected(self, done: asyncio.Future[tuple[asyncio.Transport, _Back]]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            self.close()
+            return
+        inner, _ = done.result()
+        if self.closed:
+            inner.abort()
+            return
+        self.inner = inner
+        self.key = int(inner.get_extra_info("sockname")[1])
+        self.port.peers[self.key] = Peer(self.client)
+        self._forward()
+
+    def data_received(self, data: bytes) -> None:
+        if self.authority is not None and self.inner is not None:
+            self.inner.write(data)
+            return
+        self.pending += data
+        if len(self.pending) > self.port.limits.max_header_bytes + PEEK_SLACK:
+            self.close()  # no header block within the bytes a client may send before one
+            return
+        self._forward()
+
+    def _forward(self) -> None:
+        """What may go on of the bytes kept; the authority recorded before its block goes."""
+        if self.inner is None or self.authority is not None:
+            return
+        try:
+            count, authority = scan(self.pending, self.after_preface, self.port.limits.max_header_bytes)
+        except NotHttp2 as exc:
+            log.debug("gRPC connection from %s closed: %s", self.client, exc)
+            self.close()
+            return
+        if count:
+            self.after_preface = True
+        if authority is not None:
+            self.authority = self.port.peers[self.key].authority = authority
+            if self.timer is not None:
+                self.timer.cancel()
+        self.inner.write(bytes(self.pending[:count]))
+        del self.pending[:count]
+        if authority is not None:
+            self.inner.write(bytes(self.pending))
+            self.pending = bytearray()
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.port.connections.discard(self)
+        self.port.peers.pop(self.key, None)
+        if self.timer is not None:
+            self.timer.cancel()
+        for transport in (self.transport, self.inner):
+            if transport is not None:
+                transport.abort()
+
+
+class _Back(asyncio.Protocol):
+    """The loopback connection of a `_Front`: the gRPC server's bytes back to the client."""
+
+    def __init__(self, front: _Front) -> None:
+        self.front = front
+
+    def data_received(self, data: bytes) -> None:
+        if self.front.transport is not None:
+            self.front.transport.write(data)
+
+    def pause_writing(self) -> None:
+        if self.front.transport is not None:
+            self.front.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.front.transport is not None:
+            self.front.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.front.close()
