@@ -223,9 +223,15 @@ def running_api(api: FakeKubeApi) -> Iterator[str]:
 
 
 def service(
-    namespace: str, name: str, cluster_ip: str, port: int, selector: dict[str, str] | None = None
+    namespace: str,
+    name: str,
+    cluster_ip: str,
+    port: int,
+    selector: dict[str, str] | None = None,
+    grpc_port: int | None = None,
 ) -> dict[str, Any]:
-    """A ClusterIP Service with one port named http."""
+    """A ClusterIP Service with one port named http (and one named grpc, with `grpc_port`)."""
+    grpc = [{"name": "grpc", "port": grpc_port, "targetPort": 9000, "protocol": "TCP", "appProtocol": "grpc"}]
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -235,7 +241,10 @@ def service(
             "clusterIP": cluster_ip,
             "clusterIPs": [cluster_ip],
             "selector": {"app": name.removesuffix("-private")} if selector is None else selector,
-            "ports": [{"name": "http", "port": port, "targetPort": 8000, "protocol": "TCP"}],
+            "ports": [
+                {"name": "http", "port": port, "targetPort": 8000, "protocol": "TCP"},
+                *(grpc if grpc_port is not None else []),
+            ],
         },
     }
 

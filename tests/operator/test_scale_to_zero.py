@@ -112,6 +112,43 @@ def test_the_activator_endpoints_are_its_ready_ipv4_addresses() -> None:
     assert not ActivatorEndpoints.from_slices([]).usable
 
 
+def grpc_owner(grpc_port: int | None = 9000) -> Owner:
+    runtime = {} if grpc_port is None else {"grpcPort": grpc_port}
+    spec = {"model": {"uri": "pvc://models/mlp"}, "replicas": 0, "autoscaling": SCALING, "runtime": runtime}
+    return Owner(name="mlp", namespace="ml", uid="u-1", spec=parse_spec(spec))
+
+
+def test_a_service_with_a_grpc_port_reaches_the_activators_grpc_port_at_zero() -> None:
+    activator = ActivatorEndpoints(("10.244.0.7",), 8012, 8013)
+    built = [obj for obj in build_all(grpc_owner()) if obj["kind"] == "Service"]
+    public, private = built
+    grpc = {"name": "grpc", "port": 9000, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
+    assert private["spec"]["ports"][1] == grpc  # the activator's way to the replicas' gRPC port
+    assert public["spec"]["ports"][-1]["name"] == "grpc"  # the name the slice's port pairs with
+    kubernetes_validate.validate(private, "1.33", strict=True)
+    piece = build_activator_slice(grpc_owner(), activator)
+    kubernetes_validate.validate(piece, "1.33", strict=True)
+    assert piece["ports"] == [
+        {"name": "http", "port": 8012, "protocol": "TCP"},
+        {"name": "grpc", "port": 8013, "protocol": "TCP", "appProtocol": "grpc"},
+    ]
+    # No gRPC port on the service, or none on the activator: the slice carries http alone.
+    for without in (build_activator_slice(grpc_owner(None), activator), build_activator_slice(grpc_owner(), ACTIVATOR)):
+        assert [p["name"] for p in without["ports"]] == ["http"]
+    slices = [
+        {
+            "addressType": "IPv4",
+            "ports": [
+                {"name": "http", "port": 8012},
+                {"name": "grpc", "port": 8013},
+                {"name": "metrics", "port": 9090},
+            ],
+            "endpoints": [{"addresses": ["10.244.0.7"], "conditions": {"ready": True}}],
+        }
+    ]
+    assert ActivatorEndpoints.from_slices(slices) == activator
+
+
 def test_a_name_too_long_for_the_derived_names_is_refused() -> None:
     check_names("a" * 53)
     with pytest.raises(SpecError, match="longer than 53"):

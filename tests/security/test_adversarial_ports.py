@@ -167,22 +167,25 @@ def vllm_front(vllm_engine: int, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="module")
-def activator(vllm_engine: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+def activator(vllm_engine: int, model_server: Running, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The scale-to-zero activator with its shipped limits, routing a service named `adversary`
-    (the Host every attack writes) to a ready engine: the uploads are read for that service."""
+    (the Host and :authority every attack writes) to a ready engine, its gRPC calls to the model
+    server's gRPC port: the uploads are read for that service."""
     adversary.raise_fd_limit()
     api = FakeKubeApi()
-    api.put_service(service("adv", "adversary", "10.96.0.10", 80))
-    api.put_service(service("adv", "adversary-private", "127.0.0.1", vllm_engine))
+    api.put_service(service("adv", "adversary", "10.96.0.10", 80, grpc_port=9000))
+    grpc_upstream = model_server.ports["grpc"]
+    api.put_service(service("adv", "adversary-private", "127.0.0.1", vllm_engine, grpc_port=grpc_upstream))
     api.put_slice(activator_slice("adv", "adversary", {"readyPath": "/health"}))
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, grpc_port = free_port(), free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     log = Path(tmp_path_factory.mktemp("adversary-activator")) / "activator.log"
     with running_api(api) as url:
         command = [sys.executable, "-m", "model_server", "activator", f"--kube-api={url}", "--host=127.0.0.1"]
         command += [f"--port={port}", f"--metrics-port={metrics_port}", f"--memory-limit-bytes={MEMORY_LIMIT}"]
+        command += [f"--grpc-port={grpc_port}"]
         with running(command, env=env, log=log, ready_url=f"http://127.0.0.1:{port}/readyz") as process:
-            yield Running(process.pid, {"activator": port, "metrics": metrics_port})
+            yield Running(process.pid, {"activator": port, "metrics": metrics_port, "grpc": grpc_port})
 
 
 #: Every listening port: the fixture that runs its process, and the target it makes of it.
@@ -257,6 +260,19 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
             ordinary_request=completion_request("/v1/completions", "hello"),
         ),
     ),
+    # The activator's gRPC port: calls of services with a gRPC port while they are at zero.
+    "activator-grpc": (
+        "activator",
+        lambda s: adversary.Target(
+            "activator gRPC",
+            "127.0.0.1",
+            s.ports["grpc"],
+            "/inference.GRPCInferenceService/ServerLive",
+            s.pid,
+            "/inference.GRPCInferenceService/ModelInfer",
+            protocol=adversary.GRPC,
+        ),
+    ),
     "activator-metrics": (
         "activator",
         lambda s: adversary.Target("activator metrics", "127.0.0.1", s.ports["metrics"], "/metrics", s.pid),
@@ -265,7 +281,7 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
 
 
 #: The ports that speak gRPC: held to the attacks in their HTTP/2 shape, and to large messages.
-GRPC_PORTS = frozenset({"model-server-grpc"})
+GRPC_PORTS = frozenset({"model-server-grpc", "activator-grpc"})
 
 #: What each port's process is judged by: the liveness probe of its container, as rendered
 #: (the model server's HTTP, gRPC and metrics ports are one process with one probe; the vLLM

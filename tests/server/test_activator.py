@@ -337,6 +337,7 @@ def activator_command(api_url: str, port: int, metrics_port: int, *flags: str) -
         f"--kube-api={api_url}",
         "--host=127.0.0.1",
         f"--port={port}",
+        "--grpc-port=0",  # HTTP alone (test_activator_grpc.py has the gRPC port)
         f"--metrics-port={metrics_port}",
         "--max-wait-seconds=60",
         f"--memory-limit-bytes={256 << 20}",

@@ -41,27 +41,30 @@ READY_PATH = "/health/ready"
 
 @dataclass(frozen=True)
 class ActivatorEndpoints:
-    """Where the activator pods listen: their ready addresses and the port."""
+    """Where the activator pods listen: their ready addresses, the HTTP port and the gRPC port
+    (0: the activator has none)."""
 
     addresses: tuple[str, ...]
     port: int
+    grpc_port: int = 0
 
     @classmethod
-    def from_slices(cls, slices: Sequence[JsonObject], port_name: str = "http") -> ActivatorEndpoints:
-        """The ready (and not terminating) addresses of the activator Service's slices."""
+    def from_slices(cls, slices: Sequence[JsonObject]) -> ActivatorEndpoints:
+        """The ready (and not terminating) addresses of the activator Service's slices, and its
+        ports named `http` and `grpc`."""
         addresses: set[str] = set()
-        port = 0
+        ports = {"http": 0, "grpc": 0}
         for item in slices:
             if item.get("addressType", "IPv4") != "IPv4":
                 continue  # the slice it is copied into is IPv4
             for entry in item.get("ports") or []:
-                if entry.get("name") == port_name and entry.get("port"):
-                    port = int(entry["port"])
+                if entry.get("name") in ports and entry.get("port"):
+                    ports[entry["name"]] = int(entry["port"])
             for endpoint in item.get("endpoints") or []:
                 conditions = endpoint.get("conditions") or {}
                 if conditions.get("ready") is not False and not conditions.get("terminating"):
                     addresses.update(endpoint.get("addresses") or [])
-        return cls(tuple(sorted(addresses)), port)
+        return cls(tuple(sorted(addresses)), ports["http"], ports["grpc"])
 
     @property
     def usable(self) -> bool:
@@ -93,16 +96,19 @@ def check_names(name: str) -> None:
 
 
 def build_private_service(owner: Owner) -> JsonObject:
-    """NAME-private: the pods' http port without the activator's slice (its upstream)."""
+    """NAME-private: the pods' http port (and grpc port, runtime.grpcPort) without the
+    activator's slice (its upstreams)."""
     check_names(owner.name)
+    ports: list[JsonObject] = [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}]
+    grpc_port = owner.spec.runtime.grpc_port
+    if grpc_port is not None:
+        ports.append(
+            {"name": "grpc", "port": grpc_port, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
+        )
     return {
         **SERVICE.header(),
         "metadata": object_meta(owner, private_service_name(owner.name), role=Role.ACTIVATOR),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": serving_labels(owner),
-            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
-        },
+        "spec": {"type": "ClusterIP", "selector": serving_labels(owner), "ports": ports},
     }
 
 
@@ -117,7 +123,9 @@ def route_settings(scale_to_zero: ScaleToZeroSpec) -> JsonObject:
 
 
 def build_activator_slice(owner: Owner, activator: ActivatorEndpoints) -> JsonObject:
-    """NAME-activator: NAME's traffic to the activator pods, on the Service's `http` port."""
+    """NAME-activator: NAME's traffic to the activator pods, on the Service's `http` port, and
+    on its `grpc` port when the service has one (runtime.grpcPort) and the activator listens
+    for gRPC: kube-proxy pairs a slice's ports with the Service's by name."""
     scaling = owner.spec.autoscaling
     assert scaling is not None and scaling.scale_to_zero is not None
     check_names(owner.name)
@@ -136,7 +144,14 @@ def build_activator_slice(owner: Owner, activator: ActivatorEndpoints) -> JsonOb
             {"addresses": [address], "conditions": {"ready": True, "serving": True, "terminating": False}}
             for address in activator.addresses
         ],
-        "ports": [{"name": "http", "port": activator.port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "port": activator.port, "protocol": "TCP"},
+            *(
+                [{"name": "grpc", "port": activator.grpc_port, "protocol": "TCP", "appProtocol": "grpc"}]
+                if owner.spec.runtime.grpc_port is not None and activator.grpc_port
+                else []
+            ),
+        ],
     }
 
 

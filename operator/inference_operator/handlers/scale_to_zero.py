@@ -55,7 +55,11 @@ async def activator_endpoints(body: kopf.Body, memo: kopf.Memo, logger: kopf.Log
         logger.warning("activator endpoints not followed: %s", exc)
         return
     logger.info(
-        "activator at %s:%d; %d slice(s) written", ",".join(endpoints.addresses) or "-", endpoints.port, len(changes)
+        "activator at %s:%d (gRPC :%d); %d slice(s) written",
+        ",".join(endpoints.addresses) or "-",
+        endpoints.port,
+        endpoints.grpc_port,
+        len(changes),
     )
 
 

@@ -39,6 +39,25 @@ class Held:
     next_may_go: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass(frozen=True)
+class Released:
+    """A held request on its way: the upstream, the event of the request before it (it goes once
+    that one has been handed over), and its own, set once it has been."""
+
+    upstream: str
+    before: asyncio.Event | None
+    next_may_go: asyncio.Event
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A held request not served: its HTTP status (GONE: the client left), why, and its Retry-After."""
+
+    status: int
+    message: str
+    retry_after: bool | int
+
+
 @dataclass(eq=False)
 class Gate:
     """One routed service: its requests held, its poller, its wakes."""

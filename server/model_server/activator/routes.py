@@ -31,6 +31,8 @@ WAKE_ANNOTATION = "inference.rocm.dev/wake"
 PRIVATE_SUFFIX = "-private"
 #: The port of S-private that leads to the replicas.
 HTTP_PORT_NAME = "http"
+#: The port of S-private that leads to the replicas' gRPC port (runtime.grpcPort), if they have one.
+GRPC_PORT_NAME = "grpc"
 #: A Service's name and a namespace's: DNS-1035 and DNS-1123 labels (both fit this).
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 #: A readiness path as the annotation may name it: absolute, plain characters, no authority.
@@ -97,6 +99,7 @@ class Route:
     hosts: frozenset[str]
     upstream: str
     policy: HoldPolicy
+    grpc_upstream: str | None = None  # `<ip>:<port>` of S-private's `grpc` port; None: it has none
 
 
 class RouteRefused(ValueError):
@@ -136,7 +139,9 @@ def route_for(
         )
     annotations = (slice_.get("metadata") or {}).get("annotations") or {}
     policy = policy_from_annotation(annotations.get(POLICY_ANNOTATION), caps)
-    return Route(key, service_hosts(key, cluster_domain, _cluster_ips(service)), upstream, policy)
+    hosts = service_hosts(key, cluster_domain, _cluster_ips(service))
+    grpc_address = _address(private, GRPC_PORT_NAME)
+    return Route(key, hosts, upstream, policy, grpc_address)
 
 
 def service_hosts(key: ServiceKey, cluster_domain: str, cluster_ips: Iterable[str]) -> frozenset[str]:
@@ -174,19 +179,25 @@ def _cluster_ips(service: Mapping[str, Any]) -> list[str]:
 
 
 def _upstream(private: Mapping[str, Any]) -> str | None:
-    """`http://<cluster IP>:<port named http>` of S-private: a Service of a kind kube-proxy
+    """`http://<cluster IP>:<port named http>` of S-private (see `_address`)."""
+    address = _address(private, HTTP_PORT_NAME)
+    return None if address is None else f"http://{address}"
+
+
+def _address(private: Mapping[str, Any], port_name: str) -> str | None:
+    """`<cluster IP>:<port named port_name>` of S-private: a Service of a kind kube-proxy
     serves, selecting pods (a Service without a selector could be pointed anywhere)."""
     spec = private.get("spec") or {}
     if spec.get("type", "ClusterIP") not in _SERVICE_TYPES or not spec.get("selector"):
         return None
     ips = _cluster_ips(private)
     ip = spec.get("clusterIP") if spec.get("clusterIP") in ips else (ips[0] if ips else None)
-    ports = [p for p in spec.get("ports") or [] if isinstance(p, Mapping) and p.get("name") == HTTP_PORT_NAME]
+    ports = [p for p in spec.get("ports") or [] if isinstance(p, Mapping) and p.get("name") == port_name]
     port = ports[0].get("port") if ports else None
     if ip is None or isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         return None
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}"
+    return f"{host}:{port}"
 
 
 def _is_ip(value: str) -> bool:

@@ -36,7 +36,6 @@ no held request, nor the record of how its wait ended.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -44,7 +43,6 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -70,14 +68,14 @@ from ..proxy import (
     stream,
     target,
 )
-from ..settings import ServerSettings, detect_memory_limit
-from .holding import REWAKE_S, Gate, Held, HeldRequests
+from .config import LIVE_PATH, READY_PATH, ActivatorConfig
+from .grpc_proxy import GrpcLimits, GrpcPort
+from .holding import REWAKE_S, Gate, Held, HeldRequests, Refusal, Released
 from .kube import SLICES, ApiError, ClientNamespaces, KubeApi, TokenFile, inference_service_path, service_path
 from .metrics import ActivatorMetrics
 from .routes import (
     SLICE_SELECTOR,
     WAKE_ANNOTATION,
-    HoldPolicy,
     Load,
     Route,
     RouteRefused,
@@ -89,9 +87,6 @@ from .routes import (
 
 log = logging.getLogger("model_server.activator")
 
-LIVE_PATH = "/healthz"
-READY_PATH = "/readyz"
-PROBE_PATHS = frozenset({LIVE_PATH, READY_PATH})
 #: How often a service's readiness is asked while requests wait for it.
 POLL_S = 0.25
 #: At most one wake patch per service this often (and again every REWAKE_S while requests wait).
@@ -105,66 +100,13 @@ CLIENT_LOOKUP_S = 5.0
 #: Slices whose Services are missing are tried again, and lingering routes ended, this often.
 HOUSEKEEPING_S = 2.0
 BACKOFF_S = (0.5, 30.0)
-#: Of the memory limit: bodies being read at once, and bodies held.
-READ_BUDGET_SHARE = 1 / 4
 #: Of the bodies being read at once: the most one namespace's may hold (at least one whole body).
 TENANT_READ_SHARE = 1 / 4
-HELD_BUDGET_SHARE = 3 / 8
-MAX_BODY_CEILING = 64 * 1024 * 1024
 #: How long one exposition of the metrics serves every scrape (a flood costs five a second).
 EXPOSITION_MAX_AGE_S = 0.2
 #: What a request that waited its whole wait is told to wait before it tries again.
 RETRY_AFTER_S = 5
 GONE = 499  # nginx's code for a client that left: counted, never sent
-_defaults = ServerSettings.model_fields
-
-
-@dataclass(frozen=True)
-class ActivatorConfig:
-    """The activator's flags. The hold limits are caps: a slice's annotation may only lower them."""
-
-    kube_api: str = ""  # "": in the cluster (KUBERNETES_SERVICE_HOST, the ServiceAccount's token)
-    kube_token_file: str = ""
-    kube_ca_file: str = ""
-    host: str = "0.0.0.0"
-    port: int = 8012
-    metrics_port: int = 9090  # 0: none
-    cluster_domain: str = "cluster.local"
-    max_wait_seconds: float = 600.0
-    max_held: int = 1000
-    max_held_bytes: int = 64 * 1024 * 1024
-    max_held_total: int = 2000
-    max_held_bytes_total: int = 0  # 0: from the memory limit
-    ready_path: str = "/health/ready"
-    drain_listen_seconds: float = 10.0
-    final_scrape_seconds: float = 0.0
-    linger_seconds: float = 60.0
-    memory_limit_bytes: int = 0  # 0: the cgroup limit
-    max_body_bytes: int = 0  # 0: from the memory limit
-    max_connections: int = 4096
-    max_header_bytes: int = _defaults["max_header_bytes"].default
-    header_timeout_s: float = _defaults["header_timeout_s"].default
-    body_timeout_s: float = _defaults["body_timeout_s"].default
-    write_timeout_s: float = _defaults["write_timeout_s"].default
-    keep_alive_timeout_s: int = _defaults["keep_alive_timeout_s"].default
-    body_wait_s: float = 10.0
-    connect_timeout_s: float = 2.0
-    response_start_timeout_s: float = 300.0
-    log_level: str = "info"
-
-    def caps(self) -> HoldPolicy:
-        return HoldPolicy(self.max_wait_seconds, self.max_held, self.max_held_bytes, self.ready_path)
-
-    def limits(self) -> tuple[int, int, int]:
-        """(the largest body, bodies being read at once, bodies held at once), in bytes."""
-        memory = self.memory_limit_bytes or detect_memory_limit()
-        reading = int(memory * READ_BUDGET_SHARE)
-        largest = self.max_body_bytes or min(MAX_BODY_CEILING, reading // 4)
-        held = self.max_held_bytes_total or int(memory * HELD_BUDGET_SHARE)
-        return largest, max(reading, largest), held
-
-    def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits.of(self, PROBE_PATHS)
 
 
 class Activator:
@@ -198,6 +140,8 @@ class Activator:
         self.draining = False
         self._client: httpx.AsyncClient | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Awaited at shutdown before the pollers stop: other ports' calls still held (the gRPC port).
+        self.before_shutdown: list[Callable[[], Awaitable[None]]] = []
 
     # ------------------------------------------------------------------ HTTP
 
@@ -227,32 +171,37 @@ class Activator:
             ready = self.synced and not self.draining and not self.starved
             await answer(send, 200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
             return
-        host = _host(scope)
-        found = self.table.lookup(host)
-        if isinstance(found, list):
-            found = await self._clients_own(found, scope)
+        found = await self.route_of(_host(scope), str((scope.get("client") or ("",))[0]))
         if isinstance(found, Route):
             gate = self.gates[found.key]
             code = await self.serve(gate, scope, receive, send)
             self.metrics.answered(found.key, code)
-        elif isinstance(found, list):
+        else:
+            await answer(send, 404, error_body(404, found))
+
+    async def route_of(self, host: str, client: str) -> Route | str:
+        """The route of a Host (or a gRPC call's :authority) from `client`'s address, or why none."""
+        found = self.table.lookup(host)
+        if isinstance(found, list):
+            found = await self._clients_own(found, client)
+        if isinstance(found, Route):
+            return found
+        if isinstance(found, list):
             name = found[0].name
-            message = (
+            return (
                 f"host {host!r} names services at zero in several namespaces, and the client is no pod of "
                 f"one of them: use {name}.<namespace>"
             )
-            await answer(send, 404, error_body(404, message))
-        else:
-            await answer(send, 404, error_body(404, f"no service is routed through the activator for host {host!r}"))
+        return f"no service is routed through the activator for host {host!r}"
 
-    async def _clients_own(self, claims: list[ServiceKey], scope: Scope) -> Route | list[ServiceKey]:
+    async def _clients_own(self, claims: list[ServiceKey], client: str) -> Route | list[ServiceKey]:
         """Of the services a short name claims in several namespaces, the one in the client's own
         namespace, as DNS resolves a short name (its search path); `claims` if the client is no
         pod of theirs (or the API server does not say in time)."""
         namespace = None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CLIENT_LOOKUP_S):
-                namespace = await self.client_namespaces.of(str((scope.get("client") or ("",))[0]))
+                namespace = await self.client_namespaces.of(client)
         for key in claims:
             if key.namespace == namespace and key in self.table.routes:
                 return self.table.routes[key]
@@ -260,8 +209,7 @@ class Activator:
 
     async def serve(self, gate: Gate, scope: Scope, receive: Receive, send: Send) -> int:
         """One request of a routed service: read, then held or passed on; the status answered."""
-        namespace = gate.route.key.namespace
-        share = self.shares.get(namespace) or self.shares.setdefault(namespace, ReadBudget(self.tenant_read_bytes))
+        share = self.namespace_share(gate.route.key.namespace)
         try:
             body = await self.bodies.read(scope, receive, share)
         except PayloadTooLarge as exc:
@@ -275,46 +223,77 @@ class Activator:
             return GONE
         self.read_refused = False
         try:
-            if gate.lingering_until is not None or gate.ready_until > self.clock():
+            if self.passes_on_now(gate):
                 return await self.forward(gate.route.upstream, scope, body, receive, send)
             return await self.hold(gate, scope, body, receive, send)
         finally:
             body.release()
 
     async def hold(self, gate: Gate, scope: Scope, body: Body, receive: Receive, send: Send) -> int:
-        key, policy, size = gate.route.key, gate.route.policy, len(body.data)
         client = str((scope.get("client") or ("",))[0])
+        waited = await self.wait_held(gate, client, len(body.data), body.release, lambda: _disconnected(receive))
+        if isinstance(waited, Released):
+            return await self.forward(waited.upstream, scope, body, receive, send, waited.before, waited.next_may_go)
+        if waited.status == GONE:
+            return GONE
+        await answer(send, waited.status, error_body(waited.status, waited.message), retry_after=waited.retry_after)
+        return waited.status
+
+    async def wait_held(
+        self,
+        gate: Gate,
+        client: str,
+        size: int,
+        on_held: Callable[[], None],
+        gone: Callable[[], Awaitable[None]] | None = None,
+    ) -> Released | Refusal:
+        """One request of `client` with `size` body bytes held for `gate`, whatever its transport:
+        released once a replica is Ready, or refused (the limits, its wait, a fairer claim, the
+        client gone: `gone` returns when it goes, or the caller's task is cancelled). `on_held`
+        is called once it is held (its bytes then count against the held limits)."""
+        key, policy = gate.route.key, gate.route.policy
         refusal = self.holding.make_room(gate, self.gates.values(), client, size)
         if refusal is not None:
             status, message = refusal
             self.metrics.waited(key, "refused", 0.0)
-            await answer(send, status, error_body(status, message), retry_after=status == 429)
-            return status
-        body.release()  # held now: its bytes count against the held limits, not the read budget
+            return Refusal(status, message, status == 429)
+        on_held()
         held = Held(size, self.clock(), asyncio.get_running_loop().create_future(), client)
         self.holding.take(gate, held)
         gate.wake_wanted = True
         if gate.poller is None:
             gate.poller = self._spawn(self.poll(gate))
-        outcome = await self._wait(held, policy.max_wait_seconds, receive)
+        try:
+            outcome = await self._wait(held, policy.max_wait_seconds, gone)
+        except asyncio.CancelledError:
+            self.holding.give_back(gate, held)
+            held.next_may_go.set()
+            self.metrics.waited(key, "gone", self.clock() - held.arrived)
+            raise
         waited = self.clock() - held.arrived
         if outcome == "served" and (released := held.released.result()) is not None:
             self.metrics.waited(key, "served", waited)
             upstream, before = released
-            return await self.forward(upstream, scope, body, receive, send, before, held.next_may_go)
+            return Released(upstream, before, held.next_may_go)
         self.holding.give_back(gate, held)
+        held.next_may_go.set()
         outcome = "refused" if outcome == "served" else outcome
         self.metrics.waited(key, outcome, waited)
         if outcome == "gone":
-            return GONE
+            return Refusal(GONE, "the client left", False)
         if outcome == "refused":
             message = "the activator holds as many requests as it may, most of them for your namespace or address"
-            await answer(send, 429, error_body(429, message + "; retry shortly"), retry_after=True)
-            return 429
+            return Refusal(429, message + "; retry shortly", True)
         retry = max(1, int(min(policy.max_wait_seconds, RETRY_AFTER_S)))
         message = f"the service did not become ready within {policy.max_wait_seconds:g}s; retry later"
-        await answer(send, 503, error_body(503, message), retry_after=retry)
-        return 503
+        return Refusal(503, message, retry)
+
+    def passes_on_now(self, gate: Gate) -> bool:
+        """A request of `gate` goes straight on: its route lingers, or a replica was just Ready."""
+        return gate.lingering_until is not None or gate.ready_until > self.clock()
+
+    def namespace_share(self, namespace: str) -> ReadBudget:
+        return self.shares.get(namespace) or self.shares.setdefault(namespace, ReadBudget(self.tenant_read_bytes))
 
     @property
     def starved(self) -> bool:
@@ -323,9 +302,9 @@ class Activator:
         operator sends the services' traffic to the other activator pods meanwhile)."""
         return self.read_refused and self.bodies.budget.free < self.bodies.max_body
 
-    async def _wait(self, held: Held, max_wait: float, receive: Receive) -> str:
+    async def _wait(self, held: Held, max_wait: float, client_gone: Callable[[], Awaitable[None]] | None) -> str:
         """Until released (served), the client leaves (gone), or the wait is over (timeout)."""
-        gone = asyncio.ensure_future(_disconnected(receive))
+        gone = asyncio.ensure_future(client_gone() if client_gone is not None else asyncio.Event().wait())
         remaining = held.arrived + max_wait - self.clock()
         try:
             waiting: set[asyncio.Future[Any]] = {held.released, gone}
@@ -589,6 +568,8 @@ class Activator:
                 background = [self._spawn(self.watch_slices()), self._spawn(self.housekeeping())]
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                for drain in self.before_shutdown:
+                    await drain()
                 for task in [*background, *self._tasks]:
                     task.cancel()
                 await asyncio.gather(*background, *self._tasks, return_exceptions=True)
@@ -648,6 +629,7 @@ class ActivatorServer(uvicorn.Server):
         super().__init__(config)
         self.activator = activator
         self.metrics = metrics
+        self.grpc: GrpcPort | None = None
         self._delay: threading.Timer | None = None
         self._metrics_listener: asyncio.Server | None = None
         # Its own connections: uvicorn's shutdown closes and waits for the main listener's only.
@@ -657,11 +639,23 @@ class ActivatorServer(uvicorn.Server):
         if self.metrics is not None:
             self._metrics_listener = await metrics_port.listen(self.metrics, self._metrics_state)
         await super().startup(sockets)
+        settings = self.activator.config
+        if settings.grpc_port and not self.should_exit:
+            self.grpc = GrpcPort(self.activator, GrpcLimits.of(settings), settings.host, settings.grpc_port)
+            await self.grpc.start()
+            grace = settings.max_wait_seconds + 20  # every held call ends by its wait
+            self.activator.before_shutdown.append(lambda: self._stop_grpc(grace))
         early = signals.take_received()
         if early is not None and not self.should_exit:
             self.handle_exit(early, None)
 
+    async def _stop_grpc(self, grace_s: float) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(grace_s)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc is not None:
+            self.grpc.close_listener()  # with the HTTP listener; its calls end before the pollers stop
         await super().shutdown(sockets)
         listener, self._metrics_listener = self._metrics_listener, None
         if listener is None:
@@ -686,46 +680,6 @@ class ActivatorServer(uvicorn.Server):
             return
         log.info("signal %d: closing the listener; exiting once no request is held or in flight", sig)
         super().handle_exit(sig, frame)
-
-
-def flag(field_name: str) -> str:
-    """`max_held_bytes` -> `--max-held-bytes`; seconds in `_s` drop it (`--write-timeout`), as the front's."""
-    return "--" + field_name.removesuffix("_s").replace("_", "-")
-
-
-HELP = {
-    "kube_api": "the API server's URL; empty: in the cluster (KUBERNETES_SERVICE_HOST, the ServiceAccount's files)",
-    "kube_token_file": "a bearer token file for --kube-api, read again when it changes",
-    "kube_ca_file": "the CA bundle of --kube-api",
-    "port": "the port the activator's EndpointSlices name",
-    "metrics_port": "Prometheus metrics; 0: none",
-    "cluster_domain": "hosts S.N.svc.<this> are routed too",
-    "max_wait_seconds": "the longest a request is held (a slice's maxWaitSeconds is capped by it)",
-    "max_held": "requests held per service (caps a slice's maxHeld)",
-    "max_held_bytes": "bytes of bodies held per service (caps a slice's maxHeldBytes)",
-    "max_held_total": "requests held for all services at once (a full pool is shared fairly among namespaces)",
-    "max_held_bytes_total": "bytes of bodies held for all services at once; 0: 3/8 of the memory limit",
-    "ready_path": "the replicas' readiness path when a slice names none (or one that is not a plain path)",
-    "drain_listen_seconds": "after SIGTERM, how long the listener stays open (unready) before it closes",
-    "final_scrape_seconds": "after SIGTERM, how long the metrics port answers once every request has ended "
-    "(a scrape interval: the scrape that sees how the last held requests ended)",
-    "linger_seconds": "after a slice is removed, how long its hosts are still proxied straight to the replicas",
-    "memory_limit_bytes": "0: the cgroup's; bodies being read take up to 1/4 of it",
-    "max_body_bytes": "the largest request body (413 above); 0: from the memory limit, at most 64 MiB",
-    "response_start_timeout_s": "the longest a replica may take to begin its answer (then 504)",
-}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per field of ActivatorConfig, of the field's type."""
-    for name, spec in ActivatorConfig.__dataclass_fields__.items():
-        default = spec.default
-        text = f"{HELP[name]} (default {default!r})" if name in HELP else f"default {default!r}"
-        parser.add_argument(flag(name), dest=name, type=type(default), default=default, help=text)
-
-
-def config_from_args(args: argparse.Namespace) -> ActivatorConfig:
-    return ActivatorConfig(**{name: getattr(args, name) for name in ActivatorConfig.__dataclass_fields__})
 
 
 def kube_api(config: ActivatorConfig) -> KubeApi:
