@@ -5,11 +5,11 @@ tests/operator/test_crd_descriptions.py holds the CRD file itself to the same ru
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.operator.test_crd_descriptions import properties
 from testsupport.cluster import wait_for
 from testsupport.crd import crd_schema
 from testsupport.envtest import ApiServer
@@ -31,17 +31,6 @@ def published_schema(apiserver: ApiServer) -> dict[str, Any] | None:
         if any(k.get("kind") == "InferenceService" for k in kinds) and "spec" in schema.get("properties", {}):
             return dict(schema)
     return None
-
-
-def properties(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    for name, sub in (node.get("properties") or {}).items():
-        here = f"{path}.{name}" if path else name
-        yield here, sub
-        yield from properties(sub, here)
-    if isinstance(node.get("items"), dict):
-        yield from properties(node["items"], f"{path}[]")
-    if isinstance(node.get("additionalProperties"), dict):
-        yield from properties(node["additionalProperties"], f"{path}{{}}")
 
 
 def shipped_description(path: str) -> str:
