@@ -12,6 +12,8 @@ from ..settings import MANAGER, FetchSettings, GpuDefaults, Images, NetworkPolic
 COMPONENT = "predictor"
 SPEC_HASH_ANNOTATION = "inference.rocm.dev/spec-hash"
 OWNER_LABEL = "inference.rocm.dev/inference-service"
+# routing.router: the router's objects are NAME-router (builders/router.py).
+ROUTER_SUFFIX = "-router"
 
 
 @dataclass(frozen=True)
@@ -142,4 +144,6 @@ def object_meta(owner: Owner, name: str | None = None, annotations: JsonObject |
 
 
 def service_url(owner: Owner) -> str:
-    return f"http://{owner.name}.{owner.namespace}.svc.cluster.local"
+    """The service's way in: its Service, or its router's with routing.router."""
+    name = owner.name + ROUTER_SUFFIX if owner.spec.routing.router is not None else owner.name
+    return f"http://{name}.{owner.namespace}.svc.cluster.local"
