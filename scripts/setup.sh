@@ -46,3 +46,6 @@ fi
 # vLLM's CPU build, in its own venv outside the repository, for the LLM integration test
 # (tests/llm): about 1.5 min the first time, seconds when it is already there.
 bash scripts/setup-vllm.sh >/dev/null
+# The vLLM project's router (vllm-router), in a venv of its own, for the router's process test and
+# bench/router_bench.py.
+bash scripts/setup-router.sh >/dev/null

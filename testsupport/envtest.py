@@ -28,6 +28,7 @@ import httpx
 import yaml
 
 from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
+from inference_operator.builders.router import CLUSTER_ROLE as ROUTER_CLUSTER_ROLE
 from inference_operator.jsontypes import JsonObject
 from testsupport.processes import free_port, stop
 from testsupport.waiting import eventually
@@ -231,14 +232,18 @@ def _write_rbac(server: ApiServer) -> None:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_USER},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
     }
-    # The ClusterRole the chart ships for the endpoint pickers the operator deploys and binds.
-    picker = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": PICKER_CLUSTER_ROLE},
-        "rules": yaml.safe_load((RBAC / "endpoint-picker.yaml").read_text()),
-    }
-    documents = [{**role, "rules": rules}, binding, picker]
+    # The ClusterRoles the chart ships for the endpoint pickers and routers the operator deploys
+    # and binds.
+    bound = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": yaml.safe_load((RBAC / f"{rules_file}.yaml").read_text()),
+        }
+        for name, rules_file in ((PICKER_CLUSTER_ROLE, "endpoint-picker"), (ROUTER_CLUSTER_ROLE, "router"))
+    ]
+    documents = [{**role, "rules": rules}, binding, *bound]
     server.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(documents))
 
 

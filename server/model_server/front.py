@@ -11,7 +11,9 @@ answer streams back as vLLM writes it (server-sent events pass chunk by chunk); 
 goes away closes the upstream request, and vLLM stops generating for nobody.
 
 Adapter management (vLLM's /v1/load_lora_adapter and kin) is refused here whoever asks: the
-adapters sidecar manages adapters over loopback, straight to vLLM. vLLM is told the real client
+adapters sidecar manages adapters over loopback, straight to vLLM. So are vLLM's scale-out
+control endpoints (/inference/..., an abort of any request), on where the router needs their
+render twins. vLLM is told the real client
 (X-Forwarded-For, replaced, never passed on), so its own guard (adapters/guard.py) still sees a
 remote client behind this proxy.
 
@@ -104,10 +106,23 @@ class FrontConfig:
         return ConnectionLimits.of(self, PROBE_PATHS)
 
 
+# vLLM's scale-out endpoints (--enable-scale-out, on with routing.router: the router reads each
+# prompt's tokens from /v1/completions/render and /v1/chat/completions/render) include token-level
+# generation and /inference/v1/abort_requests, which ends any client's request by its id. The
+# router needs neither: every path under /inference/, and any abort, is refused here.
+SCALE_OUT_REFUSED = ("/inference/", "abort")
+
+
+def is_scale_out_control(path: str) -> bool:
+    lowered = path.lower()
+    return any(word in lowered for word in SCALE_OUT_REFUSED)
+
+
 def is_refused_path(path: str) -> bool:
-    """Adapter management, however the path is encoded (each layer of %-encoding undone)."""
+    """Adapter management and vLLM's scale-out control, however the path is encoded (each layer
+    of %-encoding undone)."""
     for _ in range(4):
-        if is_management(path):
+        if is_management(path) or is_scale_out_control(path):
             return True
         decoded = unquote(path)
         if decoded == path:
@@ -184,7 +199,8 @@ class Front:
             else:
                 await answer(send, 503, error_body(503, "the engine is not healthy"), retry_after=True)
         elif is_refused_path(scope.get("raw_path", b"").decode("latin-1")) or is_refused_path(path):
-            await answer(send, 403, error_body(403, "adapters are managed by the operator (spec.adapters), not here"))
+            message = "adapters are managed by the operator (spec.adapters); vLLM's scale-out control is not served"
+            await answer(send, 403, error_body(403, message))
         else:
             await self.relay(scope, receive, send)
 

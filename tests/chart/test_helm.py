@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
+from inference_operator.builders.router import CLUSTER_ROLE as ROUTER_CLUSTER_ROLE
 from inference_operator.models import parse_spec
 from inference_operator.settings import DEFAULT_ALLOWED_URLS, Images
 from tests.chart import helm as h
@@ -26,7 +27,11 @@ from testsupport.crd import schema_errors
 
 def operator_cluster_roles(objects: list[dict]) -> list[dict]:
     roles = h.by_kind(objects, "ClusterRole")
-    return [r for r in roles if r["metadata"]["name"] != PICKER_CLUSTER_ROLE and not h.is_activator(r)]
+    return [
+        r
+        for r in roles
+        if r["metadata"]["name"] not in (PICKER_CLUSTER_ROLE, ROUTER_CLUSTER_ROLE) and not h.is_activator(r)
+    ]
 
 
 KUBERNETES_VERSIONS = ("1.33", kubernetes_validate.latest_version())
@@ -144,6 +149,11 @@ def test_default_install(chart_cluster: Cluster) -> None:
     assert PICKER_CLUSTER_ROLE not in {b["roleRef"]["name"] for b in h.by_kind(objects, "ClusterRoleBinding")}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["INFERENCE_OPERATOR_ENDPOINT_PICKER_IMAGE"] == Images().endpoint_picker
+    # The routers' ClusterRole: pods read, nothing else, bound by nothing the chart makes.
+    router = h.one(objects, "ClusterRole", ROUTER_CLUSTER_ROLE)
+    assert router["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    assert ROUTER_CLUSTER_ROLE not in {b["roleRef"]["name"] for b in h.by_kind(objects, "ClusterRoleBinding")}
+    assert env["INFERENCE_OPERATOR_ROUTER_IMAGE"] == Images().router
 
     peering = h.one(objects, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "rio-rocm-inference-operator"
@@ -210,9 +220,9 @@ def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: 
 def test_single_namespace_install_has_no_cluster_scoped_rbac(chart_cluster: Cluster) -> None:
     h.install(chart_cluster, h.values_of(h.CHART / "ci" / "namespaced-values.yaml"))
     objects = h.installed_objects(chart_cluster)
-    # Only the endpoint pickers' ClusterRole, which grants nothing until a RoleBinding names it.
+    # Only the pickers' and routers' ClusterRoles, which grant nothing until a RoleBinding names them.
     assert not operator_cluster_roles(objects) and not h.by_kind(objects, "ClusterRoleBinding")
-    assert h.one(objects, "ClusterRole", PICKER_CLUSTER_ROLE)
+    assert h.one(objects, "ClusterRole", PICKER_CLUSTER_ROLE) and h.one(objects, "ClusterRole", ROUTER_CLUSTER_ROLE)
     (role,) = h.by_kind(objects, "Role")
     assert role["metadata"]["namespace"] == "ml-team-a"
     assert "kopfpeerings" not in {res for r in role["rules"] for res in r["resources"]}

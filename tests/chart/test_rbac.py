@@ -34,6 +34,7 @@ from kopf.testing import KopfRunner
 from inference_operator import k8s
 from inference_operator.builders import OWNED_KINDS, Owner
 from inference_operator.builders.endpoint_picker import CLUSTER_ROLE as PICKER_CLUSTER_ROLE
+from inference_operator.builders.router import CLUSTER_ROLE as ROUTER_CLUSTER_ROLE
 from inference_operator.credentials import MODEL_SECRET_LABEL
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.kinds import kind_of
@@ -222,14 +223,17 @@ def test_namespaced_role_grants_what_the_code_needs_inside_namespaces() -> None:
     }
 
 
-def test_the_operator_binds_only_the_endpoint_pickers_cluster_role_and_holds_none_of_its_rights() -> None:
-    (bind,) = [rule for rule in rule_file("operator") if "bind" in rule["verbs"]]
-    assert bind == {
-        "apiGroups": ["rbac.authorization.k8s.io"],
-        "resources": ["clusterroles"],
-        "resourceNames": [PICKER_CLUSTER_ROLE],
-        "verbs": ["bind"],
-    }
+def test_the_operator_binds_only_the_pickers_and_routers_cluster_roles_and_holds_none_of_their_rights() -> None:
+    binds = [rule for rule in rule_file("operator") if "bind" in rule["verbs"]]
+    assert binds == [
+        {
+            "apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["clusterroles"],
+            "resourceNames": [role],
+            "verbs": ["bind"],
+        }
+        for role in (PICKER_CLUSTER_ROLE, ROUTER_CLUSTER_ROLE)
+    ]
     assert not [
         r for f in RBAC.glob("*.yaml") for r in rule_file(f.stem) if {"escalate", "impersonate"} & set(r["verbs"])
     ]
@@ -240,6 +244,10 @@ def test_the_operator_binds_only_the_endpoint_pickers_cluster_role_and_holds_non
     # for status), which the derived-needs tests above hold it to: never for the pickers.
     template = (h.CHART / "templates" / "endpoint-picker-rbac.yaml").read_text()
     assert f"name: {PICKER_CLUSTER_ROLE}\n" in template and '(list "endpoint-picker")' in template
+    # The routers: get, list and watch pods, nothing else (they find the replicas by label).
+    assert rules_permissions(rule_file("router")) == {("", "pods", verb) for verb in ("get", "list", "watch")}
+    template = (h.CHART / "templates" / "router-rbac.yaml").read_text()
+    assert f"name: {ROUTER_CLUSTER_ROLE}\n" in template and '(list "router")' in template
 
 
 def test_secrets_are_only_read_by_name() -> None:

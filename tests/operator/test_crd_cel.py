@@ -214,6 +214,30 @@ VIOLATIONS = [
         "spec.routing.endpointPicker.port",
         "metrics port",
     ),
+    ({"routing": {"router": {}}}, "spec.routing.router", "needs runtime.engine vllm"),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}, "inferencePool": True}},
+        "spec.routing.router",
+        "one or the other",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {"policy": "roundRobin"}},
+            "rollout": {"strategy": "canary", "canary": {"steps": [10], "analysis": {"maxLatencyMs": 5}}},
+        },
+        "spec.routing.router",
+        "canary's share of traffic",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1, "metric": "ttftP95Ms", "scaleToZero": {}},
+        },
+        "spec.routing.router",
+        "at zero they would fail",
+    ),
     ({"model": {"uri": "s3://b/m/", "sha256": "ab" * 32}}, "spec.model.sha256", "applies to http(s)://"),
     ({"rollout": {"strategy": "canary"}}, "spec.rollout.canary", "required with strategy: canary"),
     (

@@ -196,6 +196,27 @@ CEL_CASES = [
     ),
     ({"autoscaling": {"maxReplicas": 2, "target": 5, "metric": "ttftP95Ms"}}, "must be one the engine exports"),
     ({"routing": {"endpointPicker": {"name": "epp"}}}, "endpointPicker needs routing.inferencePool"),
+    ({"routing": {"router": {}}}, "routing.router needs runtime.engine vllm"),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}, "inferencePool": True}},
+        "routing.router and routing.inferencePool each choose the replica",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "rollout": {"strategy": "canary", "canary": {"steps": [10], "analysis": {"maxLatencyMs": 5}}},
+        },
+        "routing.router does not take a canary rollout yet",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1, "metric": "ttftP95Ms", "scaleToZero": {}},
+        },
+        "routing.router does not take autoscaling.scaleToZero yet",
+    ),
     (
         {"routing": {"inferencePool": True, "endpointPicker": {"name": "epp", "weights": {"queue": 1}}}},
         "weights configure the picker the operator deploys",

@@ -141,6 +141,13 @@ def test_every_example_is_accepted_and_realised(apiserver: ApiServer, operator: 
         assert degraded is not None, (name, obj.get("status"))
         # The only problem an example may report here is an add-on this bare API server lacks.
         assert degraded["status"] == "False" or degraded["reason"] == "ApiUnavailable", (name, degraded)
+        if ((obj.get("spec") or {}).get("routing") or {}).get("router") is not None:
+            # The router's RoleBinding to the chart's pod-reader role, made by an operator that may
+            # bind that role without holding its rights (RBAC's escalation check, for real).
+            binding = get(apiserver, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}-router")
+            assert binding is not None and binding["roleRef"]["name"] == "rocm-inference-router", name
+            assert get(apiserver, f"/apis/apps/v1/namespaces/{ns}/deployments/{name}-router") is not None, name
+            assert obj["status"]["url"] == f"http://{name}-router.{ns}.svc.cluster.local", obj["status"]
 
 
 def test_gpu_count_to_zero_leaves_no_gpu_field(apiserver: ApiServer, operator: Operator) -> None:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.canary import canary_deployment
 from inference_operator.builders.endpoint_picker import picker_name
+from inference_operator.builders.router import router_name
 from inference_operator.builders.storage import S3_USER_ENV
 from inference_operator.models import SpecError, parse_spec
 from inference_operator.validation import validate_custom_resource
@@ -66,6 +67,7 @@ def _vllm(**extra: Any) -> dict[str, Any]:
 FEATURES: dict[str, dict[str, Any]] = {
     "vllm-adapters-hf-cache-pool": _vllm(routing={"inferencePool": True}),
     "vllm-adapters-canary-route": _vllm(routing={"httpRoute": ROUTE}, rollout=CANARY),
+    "vllm-adapters-router-route": _vllm(routing={"router": {}, "httpRoute": ROUTE}),
     "vllm-adapters-no-cache": _vllm(
         model={"uri": "hf://org/llama", "huggingFace": HUB},
         scheduling={"automountServiceAccountToken": True},
@@ -112,6 +114,10 @@ def picker_trust(owner: Owner) -> Trust:
     return Trust(operator_images=frozenset({owner.images.endpoint_picker}))
 
 
+def router_trust(owner: Owner) -> Trust:
+    return Trust(operator_images=frozenset({owner.images.router}))
+
+
 def workloads(owner: Owner) -> list[dict[str, Any]]:
     """Every object with a pod template the operator may emit for `owner`, the canary's too."""
     objects = [o for o in build_all(owner) if any(True for _ in pod_specs(o))]
@@ -124,8 +130,13 @@ def workloads(owner: Owner) -> list[dict[str, Any]]:
 def problems(owner: Owner) -> list[str]:
     found = []
     for obj in workloads(owner):
-        is_picker = obj["metadata"]["name"] == picker_name(owner)
-        found += check_objects([obj], picker_trust(owner) if is_picker else trust_for(owner))
+        name = obj["metadata"]["name"]
+        if name == picker_name(owner):
+            found += check_objects([obj], picker_trust(owner))
+        elif name == router_name(owner):
+            found += check_objects([obj], router_trust(owner))
+        else:
+            found += check_objects([obj], trust_for(owner))
     return found
 
 
@@ -144,7 +155,7 @@ def test_every_feature_keeps_credentials_from_the_authors_code(spec: dict[str, A
 
 
 def test_the_feature_table_has_credential_holders_beside_the_authors_code() -> None:
-    """Not vacuous: the table renders a fetcher, a sidecar, a picker, a group and a canary."""
+    """Not vacuous: the table renders a fetcher, a sidecar, a picker, a router, a group and a canary."""
     containers: set[str] = set()
     kinds: set[str] = set()
     for spec in FEATURES.values():
@@ -152,7 +163,7 @@ def test_the_feature_table_has_credential_holders_beside_the_authors_code() -> N
             for where, pod in pod_specs(obj):
                 kinds.add(where.split()[0] + ("-canary" if where.endswith("-canary") else ""))
                 containers |= {c["name"] for c in [*pod.get("initContainers", []), *pod["containers"]]}
-    assert {"model-fetch", "adapters", "vllm", "model-server", "epp"} <= containers
+    assert {"model-fetch", "adapters", "vllm", "model-server", "epp", "router"} <= containers
     assert {"Deployment", "Deployment-canary", "LeaderWorkerSet"} <= kinds
 
 

@@ -161,13 +161,32 @@ def front(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "/v1/load_%6cora_adapter",
         "/v1/load_%256cora_adapter",  # encoded twice
         "/%2525252561dapters",  # deeper than any client needs
+        # vLLM's scale-out control (--enable-scale-out, with routing.router): nobody's to call.
+        "/inference/v1/abort_requests",
+        "/inference/v1/generate",
+        "/INFERENCE/v1/generate",
+        "/%69nference/v1/abort_requests",
+        "/v1/abort_requests",
     ],
 )
 def test_adapter_management_is_refused_however_it_is_spelled(path: str) -> None:
     assert is_refused_path(path)
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/models", "/metrics", "/health"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/models",
+        "/metrics",
+        "/health",
+        # What the router's cache-aware policy asks each replica for a prompt's tokens.
+        "/v1/completions/render",
+        "/v1/chat/completions/render",
+        "/tokenize",
+    ],
+)
 def test_the_openai_api_is_not_refused(path: str) -> None:
     assert not is_refused_path(path)
 

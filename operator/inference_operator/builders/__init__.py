@@ -18,6 +18,7 @@ from .keda import build_scaled_object, build_trigger_authentication
 from .leader_worker_set import build_leader_worker_set
 from .network_policy import build_network_policy, needs_network_policy
 from .pdb import build_pdb, needs_pdb
+from .router import build_router, deploys_router
 from .service import build_service
 
 
@@ -47,6 +48,8 @@ def build_all(owner: Owner) -> list[JsonObject]:
         if deploys_endpoint_picker(owner):
             objects += build_endpoint_picker(owner)
         objects.append(build_inference_pool(owner))
+    if deploys_router(owner):
+        objects += build_router(owner)  # after the Service of the pods it routes to
     if owner.spec.routing.http_route is not None:
         objects.append(build_http_route(owner))  # after the Service or pool it routes to
     return objects
@@ -65,6 +68,7 @@ __all__ = [
     "build_network_policy",
     "build_pdb",
     "build_resource_claim_template",
+    "build_router",
     "build_scaled_object",
     "build_service",
     "desired_replicas",

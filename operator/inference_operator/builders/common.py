@@ -74,6 +74,9 @@ LEGACY_NAMES = {
     "-activator": Role.ACTIVATOR,
 }
 
+# routing.router: the router's objects are NAME-router (builders/router.py).
+ROUTER_SUFFIX = "-router"
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -212,4 +215,6 @@ def object_meta(
 
 
 def service_url(owner: Owner) -> str:
-    return f"http://{owner.name}.{owner.namespace}.svc.cluster.local"
+    """The service's way in: its Service, or its router's with routing.router."""
+    name = owner.name + ROUTER_SUFFIX if owner.spec.routing.router is not None else owner.name
+    return f"http://{name}.{owner.namespace}.svc.cluster.local"

@@ -1,7 +1,8 @@
 """InferenceService (routing.httpRoute) → Gateway API HTTPRoute.
 
 The route sends its Gateways' requests for its hostnames to the service: to the Service, or
-to the InferencePool with `routing.inferencePool` (whose endpoint picker chooses the pod).
+to the InferencePool with `routing.inferencePool` (whose endpoint picker chooses the pod), or to
+the router's Service NAME-router with `routing.router`.
 While a canary runs behind a route, its backends become the two arms' Services, weighted
 by the step's percentage (`weighted`): the split is exact per request, whatever the sizes
 of the arms. With autoscaling.scaleToZero the route rewrites the Host to the Service's
@@ -17,7 +18,7 @@ from ..jsontypes import JsonObject
 from ..kinds import HTTP_ROUTE, INFERENCE_POOL, SERVICE
 from .activator import scales_to_zero
 from .canary import CANARY, STABLE, arm_name
-from .common import Owner, object_meta, service_url
+from .common import ROUTER_SUFFIX, Owner, object_meta, service_url
 from .service import HTTP_PORT
 
 
@@ -39,6 +40,8 @@ def build_http_route(owner: Owner) -> JsonObject:
         parents.append(ref)
     if owner.spec.routing.inference_pool:
         backend: JsonObject = {"group": INFERENCE_POOL.group, "kind": INFERENCE_POOL.kind, "name": owner.name}
+    elif owner.spec.routing.router is not None:
+        backend = _service_backend(owner.name + ROUTER_SUFFIX, 1)  # the router picks the pod
     else:
         backend = _service_backend(owner.name, 1)
     rule: JsonObject = {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [backend]}

@@ -130,6 +130,12 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
         args += lora_args(owner.spec)
     if runtime.tracing is not None:
         args.append(f"--otlp-traces-endpoint={runtime.tracing.endpoint}")
+    if owner.spec.routing.router is not None:
+        # The router's cache-aware policy reads each prompt's tokens from /v1/completions/render
+        # (and its chat twin), which vLLM serves only with its scale-out endpoints; without them
+        # every request goes to the first replica. The front refuses the rest of those endpoints
+        # (server/model_server/front.py: /inference/..., an abort of anyone's request).
+        args.append("--enable-scale-out")
     return args + list(runtime.args)
 
 

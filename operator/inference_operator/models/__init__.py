@@ -250,6 +250,12 @@ from .routing import (
     ParentRef as ParentRef,
 )
 from .routing import (
+    RouterPolicy as RouterPolicy,
+)
+from .routing import (
+    RouterSpec as RouterSpec,
+)
+from .routing import (
     RoutingSpec as RoutingSpec,
 )
 from .routing import (

@@ -120,6 +120,8 @@ class EngineTraits:
     max_model_len: bool = False
     # resources.gpu.nodes > 1: one replica spread over several nodes.
     multi_node: bool = False
+    # routing.router: the vLLM router in front of its replicas (it speaks the OpenAI API).
+    router: bool = False
 
 
 ENGINES: dict[Engine, EngineTraits] = {
@@ -145,6 +147,7 @@ ENGINES: dict[Engine, EngineTraits] = {
         lora=True,
         max_model_len=True,
         multi_node=True,
+        router=True,
     ),
 }
 DEFAULT_ENGINE = Engine.MODEL_SERVER

@@ -1,13 +1,14 @@
-"""Gateway routing to the pods: an InferencePool and its endpoint picker, an HTTPRoute."""
+"""Routing to the pods: an InferencePool and its endpoint picker, the vLLM router, an HTTPRoute."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
 from .base import SpecModel, cel, cel_rules
-from .names import HOSTNAME_PATTERN, DnsLabel, DnsSubdomain
+from .names import HOSTNAME_PATTERN, DnsLabel, DnsSubdomain, Quantity
 
 
 class ScorerWeights(SpecModel):
@@ -59,6 +60,55 @@ class EndpointPickerSpec(SpecModel):
     )
 
 
+class RouterPolicy(StrEnum):
+    """How the router picks a replica for a request (vllm-router's --policy)."""
+
+    CACHE_AWARE = "cacheAware"
+    ROUND_ROBIN = "roundRobin"
+    POWER_OF_TWO = "powerOfTwo"
+    CONSISTENT_HASH = "consistentHash"
+
+
+class RouterResourcesSpec(SpecModel):
+    """The router's container: requests equal limits, so it is never throttled below them."""
+
+    cpu: Quantity = Field("1", description="CPU of each router replica (request and limit).")
+    memory: Quantity = Field(
+        "1Gi", description="Memory of each router replica (request and limit): its prefix trees live in it."
+    )
+
+
+class RouterSpec(SpecModel):
+    """The vLLM project's router (vllm-router) in front of the replicas, deployed as NAME-router:
+    it finds the service's ready vLLM pods by label and sends each request to one of them by
+    `policy`; status.url and the HTTPRoute then lead to it."""
+
+    policy: RouterPolicy = Field(
+        RouterPolicy.CACHE_AWARE,
+        description="cacheAware: the replica that served the longest prefix of the prompt (its KV cache holds "
+        "it), unless the load is too uneven; roundRobin: each in turn; powerOfTwo: the less loaded of two drawn "
+        "at random; consistentHash: by a hash of the request's session or user.",
+    )
+    replicas: int = Field(
+        2, ge=1, le=32, description="Router replicas; with more than one, a PodDisruptionBudget keeps one up."
+    )
+    resources: RouterResourcesSpec = Field(
+        default_factory=RouterResourcesSpec, description="CPU and memory of each router replica."
+    )
+    request_timeout_seconds: int = Field(
+        600, ge=1, le=86400, description="How long the router waits for a replica's whole answer to a request."
+    )
+    max_concurrent_requests: int = Field(
+        256, ge=1, le=65536, description="Requests each router replica relays at once; the next ones queue."
+    )
+    queue_size: int = Field(
+        128,
+        ge=0,
+        le=65536,
+        description="Requests each router replica holds beyond maxConcurrentRequests; beyond it, 429 at once.",
+    )
+
+
 class ParentRef(SpecModel):
     """A Gateway the route attaches to (the Gateway's own allowedRoutes decide whether it may)."""
 
@@ -80,14 +130,23 @@ class HTTPRouteSpec(SpecModel):
 
 
 class RoutingSpec(SpecModel):
-    """Routing through a Gateway API gateway, besides the Service: an InferencePool with its
-    endpoint picker (load-aware routing for LLMs), and an HTTPRoute. Neither by default."""
+    """Routing to the pods besides the Service: through a Gateway API gateway (an InferencePool
+    with its endpoint picker for load-aware routing, and an HTTPRoute), or through the vLLM
+    router in front of the replicas. None of them by default."""
 
     model_config = ConfigDict(
-        json_schema_extra=cel(
-            "!has(self.endpointPicker) || (has(self.inferencePool) && self.inferencePool)",
-            "routing.endpointPicker needs routing.inferencePool: true",
-            ".endpointPicker",
+        json_schema_extra=cel_rules(
+            cel(
+                "!has(self.endpointPicker) || (has(self.inferencePool) && self.inferencePool)",
+                "routing.endpointPicker needs routing.inferencePool: true",
+                ".endpointPicker",
+            ),
+            cel(
+                "!has(self.router) || !has(self.inferencePool) || !self.inferencePool",
+                "routing.router and routing.inferencePool each choose the replica of every request: "
+                "use one or the other",
+                ".router",
+            ),
         )
     )
 
@@ -101,8 +160,13 @@ class RoutingSpec(SpecModel):
         description="The InferencePool's endpoint picker (needs inferencePool: true); unset, the operator deploys "
         "one as NAME-epp with the default weights.",
     )
+    router: RouterSpec | None = Field(
+        None,
+        description="Deploy the vLLM router (engine vllm) as NAME-router in front of the replicas: it sends each "
+        "request to a replica by its policy, by default the one whose prefix cache holds the prompt.",
+    )
     http_route: HTTPRouteSpec | None = Field(
         None,
         description="Emit a Gateway API HTTPRoute (gateway.networking.k8s.io/v1) to the service (or to its "
-        "InferencePool); a canary rollout then splits traffic by its weights.",
+        "InferencePool, or its router); a canary rollout then splits traffic by its weights.",
     )

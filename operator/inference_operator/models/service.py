@@ -45,6 +45,8 @@ _MULTI_NODE = (
 )
 _MULTI_NODE_ENGINES = engines_where(lambda traits: traits.multi_node)
 _ADAPTER_ENGINES = engines_where(lambda traits: traits.lora)
+_ROUTER_ENGINES = engines_where(lambda traits: traits.router)
+_ROUTER = "has(self.routing) && has(self.routing.router)"
 
 
 class InferenceServiceSpec(SpecModel):
@@ -116,6 +118,24 @@ class InferenceServiceSpec(SpecModel):
                 "autoscaling.scaleToZero holds requests at the Service, and an InferencePool's gateway sends them "
                 "to the pods directly: at zero they would fail; use routing.httpRoute or the Service",
                 ".autoscaling.scaleToZero",
+            ),
+            cel(
+                f"!({_ROUTER}) || ({cel_engine_in(_ROUTER_ENGINES, 'self.runtime')})",
+                f"routing.router needs runtime.engine {engine_names(_ROUTER_ENGINES)}",
+                ".routing.router",
+            ),
+            cel(
+                f"!({_ROUTER}) || !has(self.rollout) || !has(self.rollout.strategy)"
+                " || self.rollout.strategy != 'canary'",
+                "routing.router does not take a canary rollout yet: it spreads requests by prefix cache and load "
+                "over every ready replica, so the canary's share of traffic would not be the step's weight",
+                ".routing.router",
+            ),
+            cel(
+                f"!({_ROUTER}) || !has(self.autoscaling) || !has(self.autoscaling.scaleToZero)",
+                "routing.router does not take autoscaling.scaleToZero yet: the activator holds requests at the "
+                "Service, and the router sends them to the pods directly: at zero they would fail",
+                ".routing.router",
             ),
         )
     )
