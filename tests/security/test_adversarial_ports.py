@@ -293,6 +293,7 @@ PROBES: dict[str, Callable[[], adversary.Probe]] = {
     "adapters-sidecar": lambda: liveness(rendered_vllm_pod(), SIDECAR),
     "vllm-front": lambda: liveness(rendered_vllm_pod(), CONTAINER),
     "activator": activator_probe,
+    "activator-grpc": activator_probe,
     "activator-metrics": activator_probe,
 }
 MEMORY_LIMITS: dict[str, int | None] = {
@@ -300,6 +301,7 @@ MEMORY_LIMITS: dict[str, int | None] = {
     "model-server-grpc": MEMORY_LIMIT,
     "model-server-metrics": MEMORY_LIMIT,
     "activator": MEMORY_LIMIT,
+    "activator-grpc": MEMORY_LIMIT,
     "activator-metrics": MEMORY_LIMIT,
 }
 

@@ -26,7 +26,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from model_server.activator.grpc_proxy import NotHttp2, scan
+from model_server.activator.grpc_proxy import NotHttp2, UnreadAnswers, scan
 from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command
@@ -264,3 +264,18 @@ def test_the_authority_is_read_from_the_first_header_block_and_nothing_is_held_b
     _, large = _client_bytes("llm", fields=200)
     with pytest.raises(NotHttp2, match="metadata limit"):
         scan(large, True, 4096)
+
+
+def test_answers_not_yet_read_are_held_within_the_budget_and_a_connections_share() -> None:
+    """What a client that never opens its window leaves in the activator: counted until the
+    call is done, a connection at most a quarter, all of them at most the budget."""
+    unread = UnreadAnswers(total=100, shares=4)
+    first = unread.hold("ipv4:127.0.0.1:1", 20)
+    assert first is not None
+    assert unread.hold("ipv4:127.0.0.1:1", 10) is None  # 30 > its share of 25
+    others = [unread.hold(f"ipv4:127.0.0.1:{port}", 25) for port in (2, 3, 4)]
+    assert all(release is not None for release in others) and unread.in_use == 95
+    assert unread.hold("ipv4:127.0.0.1:5", 10) is None  # past the budget, whoever asks
+    first(None)
+    assert unread.hold("ipv4:127.0.0.1:5", 10) is not None and unread.held["ipv4:127.0.0.1:5"] == 10
+    assert "ipv4:127.0.0.1:1" not in unread.held

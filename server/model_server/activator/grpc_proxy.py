@@ -159,6 +159,38 @@ class GrpcLimits:
         return CONNECTIONS_PER_CALL_SLOT * self.max_connections
 
 
+class UnreadAnswers:
+    """Answers handed to the loopback server and not yet written to their client: gRPC reports a
+    call done only once its answer has left (or the call has ended), and a client that never
+    opens its flow-control window leaves it in the server's memory. They are counted here, at
+    most `total` bytes, a connection (a loopback peer: one client connection) at most `share`
+    of them; an answer that does not fit is refused, so memory is bounded by the budget, not by
+    calls times an answer's size."""
+
+    def __init__(self, total: int, shares: int = 4) -> None:
+        self.total = total
+        self.share = total // shares
+        self.held: dict[str, int] = {}
+        self.in_use = 0
+
+    def hold(self, peer: str, size: int) -> Callable[[object], None] | None:
+        """Count `size` bytes of `peer`'s answer; the callback that gives them back, or None if
+        they do not fit."""
+        held = self.held.get(peer, 0)
+        if held + size > self.share or self.in_use + size > self.total:
+            return None
+        self.held[peer] = held + size
+        self.in_use += size
+
+        def release(_: object) -> None:
+            left = self.held.pop(peer) - size
+            if left:
+                self.held[peer] = left
+            self.in_use -= size
+
+        return release
+
+
 class NotHttp2(ValueError):
     """A connection that did not begin as gRPC's does (the preface, then frames)."""
 
@@ -239,6 +271,7 @@ class GrpcPort:
 
     def __post_init__(self) -> None:
         self.calls = CallTable(self.limits.max_connections)
+        self.unread = UnreadAnswers(self.limits.receive_budget_bytes)
         self.probe_receivers = CallTable(PROBE_RECEIVERS, probe_slots=0)
         self.messages = MessageBudget(
             self.limits.receive_budget_bytes, self.limits.max_message_bytes, self.limits.body_wait_s
@@ -397,6 +430,14 @@ class GrpcPort:
         if trailing:
             context.set_trailing_metadata(tuple(trailing))
         assert isinstance(answer, bytes)
+        release = self.unread.hold(context.peer(), len(answer))
+        if release is None:
+            return _Failure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"answers not yet read by their clients hold the activator's {self.unread.total >> 20} MiB for them "
+                f"(a connection at most {self.unread.share >> 20} MiB); read them, then call again",
+            )
+        context.add_done_callback(cast(Any, release))  # the stubs type the callback as a class of theirs
         return answer
 
 
