@@ -539,6 +539,65 @@ def test_requests_at_zero_are_held_answered_and_survive_an_activator_rollout(
     )
 
 
+IDLE_GRPC = "idle-grpc"
+#: ModelInfer over grpcio and the server's own messages, as a client pod in the cluster runs it.
+GRPC_POD_CLIENT = """
+import grpc
+from model_server import grpc_predict_v2_pb2 as pb
+channel = grpc.insecure_channel({address!r})
+infer = channel.unary_unary(
+    "/inference.GRPCInferenceService/ModelInfer",
+    request_serializer=pb.ModelInferRequest.SerializeToString,
+    response_deserializer=pb.ModelInferResponse.FromString,
+)
+tensor = pb.ModelInferRequest.InferInputTensor(
+    name="x", datatype="FP32", shape=[1, 64], contents=pb.InferTensorContents(fp32_contents=[0.1] * 64)
+)
+answer = infer(pb.ModelInferRequest(model_name={model!r}, inputs=[tensor]), timeout=200)
+print(answer.model_name, len(answer.outputs))
+"""
+
+
+def test_grpc_calls_at_zero_are_held_and_answered(
+    node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
+) -> None:
+    """runtime.grpcPort with scale to zero: a gRPC-only client wakes the service. Triton's gRPC
+    client from the host and grpcio from a pod call ModelInfer on the Service's grpc port while
+    it is at zero; the calls are held by the activator, and answered once a replica is Ready."""
+    service = idle_service(files, prometheus, name=IDLE_GRPC)
+    service["spec"]["runtime"]["grpcPort"] = GRPC_PORT
+    apply(node, service)
+    selector = f"app.kubernetes.io/instance={IDLE_GRPC},app.kubernetes.io/component=predictor"
+    wait_ready_pods(node, NS, selector, 1, timeout=120)
+    wait_for(lambda: isvc(node, IDLE_GRPC)["spec"]["replicas"] == 0, timeout=120, interval=0.5, message="zero")
+    wait_for(lambda: not pods(node, NS, selector), timeout=120, interval=0.5, message="the idle pod gone")
+    piece = kubectl_json(node, "get", "endpointslice", f"{IDLE_GRPC}-activator", "-n", NS)
+    assert {port["name"] for port in piece["ports"]} == {"http", "grpc"}, piece["ports"]
+    cluster_address = kubectl_json(node, "get", "service", IDLE_GRPC, "-n", NS)["spec"]["clusterIP"]
+    address = f"{cluster_address}:{GRPC_PORT}"
+
+    answers: list[tuple[str, tuple[int, ...]]] = []
+
+    def from_the_host() -> None:
+        client = triton.InferenceServerClient(address)
+        tensor = triton.InferInput("x", [1, 64], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 64), 0.1, np.float32))
+        answer = client.infer(IDLE_GRPC, [tensor], client_timeout=200)
+        (output,) = answer.get_response().outputs
+        got = answer.as_numpy(output.name)
+        answers.append((answer.get_response().model_name, () if got is None else got.shape))
+
+    host = threading.Thread(target=from_the_host)
+    host.start()
+    script = GRPC_POD_CLIENT.format(address=address, model=IDLE_GRPC)
+    in_pod = run_client_pod(node, NS, "held-grpc", script, timeout=260)
+    host.join(timeout=260)
+    assert in_pod.split() == [IDLE_GRPC, "1"], in_pod
+    assert answers == [(IDLE_GRPC, (1, 1))], answers
+    assert isvc(node, IDLE_GRPC)["spec"]["replicas"] >= 1  # the calls woke it
+    node.kubectl("delete", "ris", IDLE_GRPC, "-n", NS, "--wait=false")
+
+
 def test_load_after_a_wake_scales_beyond_one(node: NodeCluster, release: dict) -> None:
     concurrency = 12
     load = Load([f"http://{service_address(node, IDLE)}/infer"], concurrency, max_seconds=90).start()
