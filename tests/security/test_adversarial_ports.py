@@ -61,6 +61,17 @@ class Running:
 def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     """The model server with its shipped limits, and a metrics port. Its model's answers are 64
     times its requests (x[N, 4] @ W[4, 256]), for the attacks that leave answers unread."""
+    yield from running_model_server(tmp_path_factory)
+
+
+@pytest.fixture
+def fresh_model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    """The same, started for one test: what it measures against the memory limit is its own
+    attack's, not what the module's earlier attacks left in the allocator."""
+    yield from running_model_server(tmp_path_factory)
+
+
+def running_model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     adversary.raise_fd_limit()
     repo = tmp_path_factory.mktemp("adversary") / "repo"
     affine_model(repo / "1" / "model.onnx", np.ones((4, OUTPUTS), np.float32), np.zeros(OUTPUTS, np.float32))
@@ -326,11 +337,13 @@ def test_the_port_stays_answerable_with_bounded_memory_and_threads(
 
 
 @pytest.mark.parametrize("attack", ["zero window", "never reading"])
-def test_grpc_answers_nobody_reads_leave_room_for_another_clients_call(model_server: Running, attack: str) -> None:
+def test_grpc_answers_nobody_reads_leave_room_for_another_clients_call(
+    fresh_model_server: Running, attack: str
+) -> None:
     """While the attack's connections hold answers they never read, another client's ModelInfer
     and ServerLive are answered, and the server stays under its memory limit."""
-    port = model_server.ports["grpc"]
-    target = PORTS["model-server-grpc"][1](model_server)
+    port = fresh_model_server.ports["grpc"]
+    target = PORTS["model-server-grpc"][1](fresh_model_server)
     run, scale = adversary_h2.ATTACKS[attack]
     client = triton.InferenceServerClient(f"127.0.0.1:{port}")
     rows = triton.InferInput("x", [2, 4], "FP32")
@@ -341,7 +354,7 @@ def test_grpc_answers_nobody_reads_leave_room_for_another_clients_call(model_ser
         for _ in range(5):  # through the attack's answers being made, refused and held
             answers.append(client.infer("tiny", [rows], client_timeout=10).as_numpy("y"))
             lives.append(client.is_server_live(client_timeout=10))
-            peak = max(peak, adversary.process_status(model_server.pid)[0])
+            peak = max(peak, adversary.process_status(fresh_model_server.pid)[0])
             time.sleep(0.3)
     finally:
         for connection in held:
