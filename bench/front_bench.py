@@ -9,7 +9,8 @@ level of concurrency runs every path in turn, the order rotating from round to r
 `--rounds`. A stream is a closed loop of streamed completions of `--tokens` tokens each
 (`ignore_eos`); per path and level: time to first token (p50, ms), tokens a second (all streams'
 tokens over the level's wall time), and inter-token latency (the mean gap between a stream's
-events, ms), and each against vLLM straight; and the CPU time the hop's own process spent per
+events, ms), and each against vLLM straight: the median of the rounds' ratios, each taken
+between runs a few seconds apart, so the machine's drift cancels; and the CPU time the hop's own process spent per
 token it relayed (from /proc: a figure the machine's other load does not skew as much).
 
     .venv/bin/python bench/front_bench.py                          # starts vLLM (a minute or two)
@@ -207,26 +208,32 @@ def main() -> None:
             paths["router"], pids["router"] = f"http://127.0.0.1:{port}", router.pid
         names = list(paths)
         results = {(n, s): Level() for n in names for s in levels}
+        ratios: dict[tuple[str, int], list[tuple[float, float, float]]] = {(n, s): [] for n in names for s in levels}
         for round_ in range(args.rounds):
             for streams in levels:
                 order = names[round_ % len(names) :] + names[: round_ % len(names)]
+                rows = {}
                 for name in order:
                     cpu = cpu_seconds(pids[name]) if name in pids else 0.0
                     level = asyncio.run(load(paths[name], streams, args.requests, args.tokens))
                     level.hop_cpu = cpu_seconds(pids[name]) - cpu if name in pids else 0.0
                     results[name, streams].add(level)
+                    rows[name] = level.row()
+                for name in names:
+                    row, base = rows[name], rows["vllm"]
+                    ratios[name, streams].append((row[0] / base[0], row[1] / base[1], row[2] / base[2]))
     print(
         f"vLLM (CPU build, tiny Llama), {args.tokens}-token streamed completions, {args.requests} per stream "
-        f"per round, {args.rounds} rounds interleaved; each path against vLLM straight:"
+        f"per round, {args.rounds} rounds interleaved; each path against vLLM straight (median of the rounds' ratios):"
     )
     table: dict[str, dict[str, list[float]]] = {}
     for streams in levels:
-        base = results["vllm", streams].row()
         for name in names:
             ttft, rate, itl = results[name, streams].row()
+            r_ttft, r_rate, r_itl = (statistics.median(r[i] for r in ratios[name, streams]) for i in range(3))
             hop = results[name, streams].hop_cpu / results[name, streams].tokens * 1e6
-            table.setdefault(name, {})[str(streams)] = [ttft, rate, itl, hop]
-            ratio = "" if name == "vllm" else f"   x{ttft / base[0]:.2f} x{rate / base[1]:.2f} x{itl / base[2]:.2f}"
+            table.setdefault(name, {})[str(streams)] = [ttft, rate, itl, hop, r_ttft, r_rate, r_itl]
+            ratio = "" if name == "vllm" else f"   x{r_ttft:.2f} x{r_rate:.2f} x{r_itl:.2f}"
             cost = f"   hop CPU {hop:5.0f} us/token" if name in pids else ""
             print(
                 f"  {streams:3d} streams  {name:9s} TTFT p50 {ttft:7.1f} ms  {rate:7.0f} tokens/s  "
