@@ -7,8 +7,10 @@ this process is the pod's way in. It serves with the model server's connection l
 (http_protocol.py: header bytes and fields on every request of a connection, header, body and
 write timeouts, a connection cap that closes idle connections first and keeps room for probes)
 and reads each body under one budget (proxy.BodyReader) before vLLM sees a byte of it. The
-answer streams back as vLLM writes it (server-sent events pass chunk by chunk); a client that
-goes away closes the upstream request, and vLLM stops generating for nobody.
+answer streams back as vLLM writes it, its bytes relayed as each read brings them, never parsed
+into events (proxy.Upstream: a stream's tokens pass at vLLM's pace for little CPU, which the pod
+shares with vLLM); a client that goes away closes the upstream request, even before vLLM's answer
+has begun, and vLLM stops generating for nobody.
 
 Adapter management (vLLM's /v1/load_lora_adapter and kin) is refused here whoever asks: the
 adapters sidecar manages adapters over loopback, straight to vLLM. So are vLLM's scale-out
@@ -47,12 +49,14 @@ from .proxy import (
     Body,
     BodyReader,
     ClientGone,
+    Upstream,
+    UpstreamError,
+    UpstreamTimeout,
     answer,
     error_body,
-    handed_over,
+    relay,
     request_headers,
     server_config,
-    stream,
     target,
 )
 from .settings import ServerSettings, detect_memory_limit
@@ -72,6 +76,8 @@ BODY_BUDGET_SHARE = 3 / 8
 MAX_BODY_CEILING = 64 * 1024 * 1024
 #: How long a readiness answer from vLLM is reused: probes of three containers every few seconds.
 READY_CACHE_S = 1.0
+#: How long vLLM may take to read a request's body.
+UPSTREAM_WRITE_TIMEOUT_S = 30.0
 _defaults = ServerSettings.model_fields
 
 
@@ -157,6 +163,9 @@ class Front:
         max_body, budget = config.body_limits()
         self.bodies = BodyReader(max_body, ReadBudget(budget), config.body_wait_s)
         self._client = client
+        self.upstream = Upstream(
+            config.upstream, connect_timeout_s=config.connect_timeout_s, write_timeout_s=UPSTREAM_WRITE_TIMEOUT_S
+        )
         self._ready_at = -READY_CACHE_S
         self._ready = False
         self._checking: asyncio.Future[None] | None = None
@@ -168,13 +177,10 @@ class Front:
 
     @property
     def client(self) -> httpx.AsyncClient:
-        """One pool of connections to vLLM, made on the serving loop."""
+        """vLLM's health, asked once a second (the relay has connections of its own: `upstream`)."""
         if self._client is None:
-            limits = httpx.Limits(max_connections=self.config.max_connections, max_keepalive_connections=64)
-            # No read timeout: a long completion writes nothing until it is done; the client's
-            # leaving (or this server's write timeout) is what ends a request that waits.
             timeout = httpx.Timeout(connect=self.config.connect_timeout_s, read=None, write=30.0, pool=30.0)
-            self._client = httpx.AsyncClient(base_url=self.config.upstream, limits=limits, timeout=timeout)
+            self._client = httpx.AsyncClient(base_url=self.config.upstream, timeout=timeout)
         return self._client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -230,6 +236,7 @@ class Front:
             elif message["type"] == "lifespan.shutdown":
                 if self._client is not None:
                     await self._client.aclose()
+                self.upstream.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -253,15 +260,13 @@ class Front:
             self._checking = None
 
     async def relay(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The request to vLLM once its body is whole; vLLM's answer back as it comes."""
+        """The request to vLLM once its body is whole; vLLM's answer back as it comes. No read
+        timeout: a long completion writes nothing until it is done; the client's leaving (or this
+        server's write timeout) is what ends a request that waits."""
         body: Body | None = None
         try:
             body = await self.bodies.read(scope, receive)
-            headers = [*request_headers(scope), (b"content-length", b"%d" % len(body.data))]
-            request = self.client.build_request(
-                scope["method"], target(scope), headers=headers, content=handed_over(body)
-            )
-            response = await self.client.send(request, stream=True)
+            connection = await self.upstream.send(scope["method"], target(scope), request_headers(scope), body)
         except PayloadTooLarge as exc:
             await answer(send, 413, error_body(413, str(exc)))
             return
@@ -270,10 +275,10 @@ class Front:
             return
         except ClientGone:
             return
-        except httpx.TimeoutException:
+        except UpstreamTimeout:
             await answer(send, 504, error_body(504, "the engine did not accept the request in time"))
             return
-        except httpx.HTTPError:
+        except UpstreamError:
             await answer(
                 send, 503, error_body(503, "the engine is not answering (starting or stopping)"), retry_after=True
             )
@@ -282,9 +287,9 @@ class Front:
             if body is not None:
                 body.release()
         try:
-            await stream(response, receive, send)
+            await relay(connection, receive, send)
         finally:
-            await response.aclose()
+            self.upstream.release(connection)
 
 
 # ---------------------------------------------------------------------- process edge

@@ -14,10 +14,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
+from urllib.parse import urlsplit
 
+import httptools
 import httpx
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -189,15 +192,6 @@ class BodyReader:
         return Body(bytes(data), close)
 
 
-async def handed_over(body: Body) -> AsyncIterator[bytes]:
-    """The body, written upstream once; then it is the upstream's to hold, and the budget has it
-    back (a non-streamed completion answers minutes later: its bytes here are long gone by then)."""
-    chunk = [body.data]
-    body.data = b""
-    yield chunk.pop()
-    body.release()
-
-
 async def stream(response: httpx.Response, receive: Receive, send: Send) -> bool:
     """The upstream's answer, chunk by chunk as it arrives, until it ends or the client leaves;
     whether it was relayed to its end."""
@@ -231,6 +225,278 @@ async def stream(response: httpx.Response, receive: Receive, send: Send) -> bool
         log.warning("the upstream's answer broke off: %s", relay.exception())
         return False
     return relay.done() and not relay.cancelled()
+
+
+# ---------------------------------------------------------------------- a lean upstream client
+
+#: Of an answer, what is read from the upstream ahead of a client that has not taken it yet.
+READ_AHEAD = 256 * 1024
+#: An idle connection to the upstream is reused for this long, well within uvicorn's keep-alive
+#: (5 s, vLLM's default): one the upstream may be closing is never written to.
+IDLE_REUSE_S = 2.0
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached, or broke off before the end of its answer."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream did not take the connection or the request in time."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One HTTP/1.1 connection to the upstream, its answers parsed by httptools (uvicorn's own
+    parser, in C). A stream's events are relayed as the bytes arrive, not parsed into events:
+    whatever one read holds is handed on as one piece, so a busy stream costs one wake-up per
+    read rather than per chunk, and reading pauses while `READ_AHEAD` bytes wait for the client."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+        self.keep_alive = False
+        self._head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pieces: list[bytes] = []
+        self._buffered = 0
+        self._error: UpstreamError | None = None
+        self.head_only = False  # the answer to a HEAD: its head is all of it
+        self._waiter: asyncio.Future[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._reading_paused = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's are not asyncio's classes)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._broken(UpstreamError(f"the upstream's answer is not HTTP: {exc}"))
+            return
+        if self._pieces or self.complete:
+            self._wake()
+        if self._buffered > READ_AHEAD and not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            self._broken(UpstreamError(f"the upstream closed the connection: {exc or 'end of stream'}"))
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
+
+    # httptools' callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.head_only:
+            self.complete, self.keep_alive = True, False
+        if not self._head.done():
+            self._head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        if self.complete:
+            return
+        self._pieces.append(body)
+        self._buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+
+    # the relay's side
+
+    def _broken(self, error: UpstreamError) -> None:
+        if not self._head.done():
+            self._head.set_exception(error)
+            self._head.exception()  # retrieved: nobody may be waiting for it
+        self._error = error
+        self._wake()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def write(self, head: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(head)
+        if body:
+            self.transport.write(body)
+
+    async def drain(self) -> None:
+        """Until the transport has (nearly) written what it holds."""
+        if self._drained is not None:
+            await self._drained
+
+    async def head(self) -> None:
+        """Until the answer's status and headers are in."""
+        await self._head
+
+    async def read(self) -> bytes:
+        """What has arrived of the answer's body since the last read, at least one byte; b"" at its end."""
+        while not self._pieces:
+            if self.complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+            self._waiter = None
+        pieces, self._pieces, self._buffered = self._pieces, [], 0
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed and not self._pieces
+
+    def close(self) -> None:
+        """Closed, the upstream's request with it (vLLM aborts a request whose client left)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Upstream:
+    """Connections to one upstream on HTTP/1.1 (vLLM's API server on the pod's loopback), kept
+    alive and reused one request at a time."""
+
+    def __init__(self, url: str, *, connect_timeout_s: float, write_timeout_s: float, max_idle: int = 64) -> None:
+        parts = urlsplit(url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.authority = parts.netloc.encode("latin-1")
+        self.connect_timeout_s = connect_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self.max_idle = max_idle
+        self._idle: list[UpstreamConnection] = []
+
+    async def _connection(self) -> UpstreamConnection:
+        now = time.monotonic()
+        while self._idle:
+            connection = self._idle.pop()
+            alive = connection.transport is not None and not connection.transport.is_closing()
+            if alive and not connection.closed and now - connection.idle_since < IDLE_REUSE_S:
+                connection._reset()
+                return connection
+            connection.close()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, protocol = await loop.create_connection(UpstreamConnection, self.host, self.port)
+        except TimeoutError:
+            raise UpstreamTimeout("the upstream did not take the connection in time") from None
+        except OSError as exc:
+            raise UpstreamError(f"the upstream is not answering: {exc}") from None
+        return protocol
+
+    async def send(
+        self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: Body
+    ) -> UpstreamConnection:
+        """The request written (its body handed over: the budget has it back once written); the
+        connection to read the answer from, and to `release` after."""
+        connection = await self._connection()
+        lines = [
+            b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method.encode("latin-1"), target.encode("latin-1"), self.authority)
+        ]
+        lines += [b"%s: %s\r\n" % pair for pair in headers]
+        lines.append(b"content-length: %d\r\n\r\n" % len(body.data))
+        data, body.data = body.data, b""
+        connection.head_only = method == "HEAD"
+        try:
+            connection.write(b"".join(lines), data)
+            del data
+            async with asyncio.timeout(self.write_timeout_s):
+                await connection.drain()
+        except RuntimeError as exc:  # (uvloop's transport, closed meanwhile)
+            connection.close()
+            raise UpstreamError(f"the upstream closed the connection: {exc}") from None
+        except TimeoutError:
+            connection.close()
+            raise UpstreamTimeout("the upstream did not take the request in time") from None
+        finally:
+            body.release()
+        return connection
+
+    def release(self, connection: UpstreamConnection) -> None:
+        """An answer read to its end leaves its connection for the next request; any other is closed."""
+        if connection.reusable() and len(self._idle) < self.max_idle:
+            connection.idle_since = time.monotonic()
+            self._idle.append(connection)
+        else:
+            connection.close()
+
+    def close(self) -> None:
+        for connection in self._idle:
+            connection.close()
+        self._idle.clear()
+
+
+async def relay(connection: UpstreamConnection, receive: Receive, send: Send) -> bool:
+    """The upstream's answer on `connection`, piece by piece as it arrives, until it ends or the
+    client leaves; whether it was relayed to its end. An upstream that breaks off before its
+    answer's head is a 503 to retry."""
+
+    async def pump() -> None:
+        try:
+            await connection.head()
+        except UpstreamError as exc:
+            log.warning("the upstream broke off before answering: %s", exc)
+            body = error_body(503, "the engine is not answering (starting or stopping)")
+            await answer(send, 503, body, retry_after=True)
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": connection.status,
+                "headers": response_headers(connection.headers),
+            }
+        )
+        while data := await connection.read():
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def client_gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    pumping, watch = asyncio.ensure_future(pump()), asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait({pumping, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (pumping, watch):
+            task.cancel()
+        for task in (pumping, watch):
+            with contextlib.suppress(asyncio.CancelledError, UpstreamError):
+                await task
+    if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
+        log.warning("the upstream's answer broke off: %s", pumping.exception())
+        return False
+    return pumping.done() and not pumping.cancelled()
 
 
 class ListenerConfig(Protocol):

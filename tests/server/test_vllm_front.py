@@ -28,7 +28,7 @@ import uvicorn
 
 from inference_operator.builders.vllm import PRE_STOP_SECONDS, pre_stop_command, pre_stop_script
 from model_server.front import is_pod_local, is_refused_path
-from model_server.proxy import error_body, request_headers, response_headers
+from model_server.proxy import READ_AHEAD, UpstreamConnection, error_body, request_headers, response_headers
 from testsupport.cluster import wait_for
 from testsupport.processes import free_port, running
 
@@ -43,6 +43,8 @@ class Upstream:
     seen: list[str] = field(default_factory=list)
     disconnects: list[str] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
+    #: What /v1/late waits on before its answer's head (a completion not streamed answers when done).
+    late: threading.Event = field(default_factory=threading.Event)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -66,6 +68,16 @@ class Upstream:
             await self._stream(path, receive, send)
         elif path == "/v1/big":
             await self._big(path, receive, send)
+        elif path == "/v1/late":
+            await self._late(path, receive, send)
+        elif path == "/v1/ragged":
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+            )
+            for piece in RAGGED:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+                await asyncio.sleep(0.005)
+            await send({"type": "http.response.body", "body": b""})
         else:
             await _json(send, {"path": path}, status=404)
 
@@ -85,6 +97,17 @@ class Upstream:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
         gone.cancel()
 
+    async def _late(self, path: str, receive: Any, send: Any) -> None:
+        """Nothing, not even the head, until the test opens `late`; ends early when the client goes."""
+        gone = asyncio.ensure_future(_disconnected(receive))
+        while not self.late.is_set():
+            if gone.done():
+                self.disconnects.append(path)
+                return
+            await asyncio.sleep(0.02)
+        gone.cancel()
+        await _json(send, {"done": True})
+
     async def _big(self, path: str, receive: Any, send: Any) -> None:
         """64 MiB, a MiB at a time, for a client that reads none of it."""
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
@@ -96,6 +119,10 @@ class Upstream:
             await send({"type": "http.response.body", "body": b"x" * 1024 * 1024, "more_body": True})
             await asyncio.sleep(0.05)
         await send({"type": "http.response.body", "body": b""})
+
+
+#: A stream written in pieces that split its events anywhere, several in one piece too.
+RAGGED = [b"da", b'ta: {"a": 1}\n', b'\ndata: {"b"', b": 2}\n\ndata: 3\n\ndata: 4\n\n", b"data: [DONE]\n\n"]
 
 
 async def _disconnected(receive: Any) -> None:
@@ -218,6 +245,77 @@ def test_errors_are_in_openais_shape() -> None:
     assert json.loads(error_body(503, "busy")) == {"error": {"message": "busy", "type": "server_error", "code": 503}}
 
 
+class _Transport:
+    """What UpstreamConnection asks of its transport, recorded."""
+
+    def __init__(self) -> None:
+        self.reading = True
+        self.aborted = False
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def _chunked(events: list[bytes]) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+
+def _relayed(arrivals: list[bytes]) -> tuple[list[bytes], _Transport]:
+    """What a relay reads from an upstream connection that receives `arrivals`, one read after each."""
+
+    async def run() -> tuple[list[bytes], _Transport]:
+        connection, transport = UpstreamConnection(), _Transport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        pieces = []
+        for data in arrivals:
+            connection.data_received(data)
+            while connection._pieces:
+                pieces.append(await connection.read())
+        assert await connection.read() == b"" and connection.reusable()
+        return pieces, transport
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 40, 1 << 20])
+def test_a_stream_is_relayed_byte_for_byte_however_its_reads_split_it(size: int) -> None:
+    events = [b'data: {"n": %d}\n\n' % n for n in range(12)] + [b"data: [DONE]\n\n"]
+    answer = _chunked(events)
+    pieces, _ = _relayed([answer[i : i + size] for i in range(0, len(answer), size)])
+    assert b"".join(pieces) == b"".join(events)
+
+
+def test_what_one_read_brings_is_relayed_as_one_piece_not_chunk_by_chunk() -> None:
+    """A busy stream costs the relay a wake-up and a write per read, not per event."""
+    events = [b"data: %d\n\n" % n for n in range(5)]
+    pieces, _ = _relayed([_chunked(events)])
+    assert pieces == [b"".join(events)]
+
+
+def test_reading_from_the_engine_pauses_while_the_client_has_not_taken_what_was_read() -> None:
+    async def run() -> list[bool]:
+        connection, transport = UpstreamConnection(), _Transport()
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        connection.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (READ_AHEAD * 3))
+        seen = []
+        connection.data_received(b"x" * READ_AHEAD)
+        seen.append(transport.reading)  # at the bound: still reading
+        connection.data_received(b"x")
+        seen.append(transport.reading)  # beyond it: paused
+        assert len(await connection.read()) == READ_AHEAD + 1
+        seen.append(transport.reading)  # taken: reading again
+        return seen
+
+    assert asyncio.run(run()) == [True, False, True]
+
+
 # ---------------------------------------------------------------------- the process
 
 
@@ -241,6 +339,29 @@ def test_a_client_that_leaves_ends_the_engines_request(front: str, upstream: Ups
     # The client's connection is closed here; vLLM's request must end too, not run on for nobody.
     wait_for(lambda: len(upstream.disconnects) > before or None, timeout=10, message="the engine to see the client go")
     upstream.gate.set()
+
+
+def test_a_client_that_leaves_before_the_answer_begins_ends_the_engines_request(front: str, upstream: Upstream) -> None:
+    """A completion not streamed sends nothing until it is done: its client's leaving must end
+    it too, not leave vLLM generating for nobody until then."""
+    upstream.late.clear()
+    before = len(upstream.disconnects)
+    host, port = front.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/late HTTP/1.1\r\nHost: front\r\ncontent-length: 2\r\n\r\n{}")
+        wait_for(lambda: "/v1/late" in upstream.seen or None, timeout=10, message="the engine to get the request")
+    try:
+        wait_for(
+            lambda: len(upstream.disconnects) > before or None, timeout=10, message="the engine to see the client go"
+        )
+    finally:
+        upstream.late.set()
+
+
+def test_a_stream_arrives_byte_for_byte_wherever_the_engine_split_it(front: str) -> None:
+    with httpx.Client(timeout=10) as client, client.stream("GET", f"{front}/v1/ragged") as response:
+        received = b"".join(response.iter_bytes())
+    assert received == b"".join(RAGGED)
 
 
 def test_management_never_reaches_the_engine(front: str, upstream: Upstream) -> None:
