@@ -22,6 +22,9 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# libfaketime: the real-apiserver tier's clock-step fault runs one operator replica under a
+# shifted clock (tests/realapi/test_clock_step_realapi.py; skipped without it).
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 # The real-pods tier (tests/pods) runs pods where the node binaries (kubelet, kube-proxy, ...) are
 # in the same directory, as root: then it needs a container runtime, CNI plugins, podman to build
 # the images, debootstrap for their Debian base, iptables and busybox-static (the pause image).

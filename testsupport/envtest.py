@@ -40,12 +40,16 @@ STAND_IN_CRDS = ROOT / "testsupport" / "crds"
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 DEFAULT_ASSETS = pathlib.Path("/usr/local/kubebuilder/bin")
 OPERATOR_USER = "inference-operator"
+# A second operator replica's user, bound to the same rules: with one user per replica, the
+# audit log says which replica made each write (tests/realapi/test_leader_faults_realapi.py).
+SECOND_OPERATOR_USER = "inference-operator-2"
+OPERATOR_USERS = (OPERATOR_USER, SECOND_OPERATOR_USER)
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 
 
 def audit_policy(reads: bool = False) -> JsonObject:
     """The operator's writes (and, with `reads`, every request it makes) at Metadata level."""
-    operator_rule: JsonObject = {"level": "Metadata", "users": [OPERATOR_USER]}
+    operator_rule: JsonObject = {"level": "Metadata", "users": list(OPERATOR_USERS)}
     if not reads:
         operator_rule["verbs"] = list(WRITE_VERBS)
     return {
@@ -123,6 +127,17 @@ SKIP_REASON = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Write:
+    """One write in the audit log: when the API server completed it (RFC 3339, its clock), by
+    whom, `resource[/subresource]:verb`, and the object's name."""
+
+    at: str
+    user: str
+    key: str
+    name: str
+
+
 @dataclasses.dataclass
 class ApiServer:
     url: str
@@ -134,6 +149,8 @@ class ApiServer:
     # How each was started (arguments, log), and the running process: what `restart` repeats.
     commands: dict[str, tuple[list[str], pathlib.Path]] = dataclasses.field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
+    # Tokens of users other than admin and OPERATOR_USER (SECOND_OPERATOR_USER's).
+    tokens: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def start(self) -> None:
         """etcd, then kube-apiserver, as `commands` says (their logs appended); ready on return."""
@@ -172,7 +189,7 @@ class ApiServer:
         """A kubeconfig for `admin` or the operator's user (TLS unverified: a self-signed server)."""
         path = self.work / f"kubeconfig-{user}.yaml"
         if not path.exists():
-            token = self.admin_token if user == "admin" else self.operator_token
+            token = {"admin": self.admin_token, OPERATOR_USER: self.operator_token}.get(user) or self.tokens[user]
             config = {
                 "apiVersion": "v1",
                 "kind": "Config",
@@ -203,6 +220,19 @@ class ApiServer:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result
 
+    def write_events(self, namespace: str | None = None) -> list[Write]:
+        """Every successful write of either operator user so far (in `namespace`, or anywhere), in
+        the order the API server completed them, timed by its clock."""
+        writes = []
+        if self.audit_log.exists():
+            for line in self.audit_log.read_text().splitlines():
+                event = json.loads(line)
+                ref = event.get("objectRef") or {}
+                if (namespace is None or ref.get("namespace") == namespace) and (key := write_key(event)):
+                    user = (event.get("user") or {}).get("username", "")
+                    writes.append(Write(event["stageTimestamp"], user, key, ref.get("name", "")))
+        return sorted(writes, key=lambda write: write.at)
+
     def operator_writes(self, namespace: str | None = None) -> Counter[str]:
         """Writes the operator made so far (in `namespace`, or anywhere), as
         `resource[/subresource]:verb`; dry runs left out."""
@@ -230,7 +260,7 @@ def _write_rbac(server: ApiServer) -> None:
         "kind": "ClusterRoleBinding",
         "metadata": {"name": OPERATOR_USER},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_USER},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": OPERATOR_USER}],
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u} for u in OPERATOR_USERS],
     }
     # The ClusterRoles the chart ships for the endpoint pickers and routers the operator deploys
     # and binds.
@@ -266,8 +296,11 @@ def running_apiserver(work: pathlib.Path, directory: pathlib.Path, audit_reads: 
     subprocess.run([openssl, "genrsa", "-out", str(work / "sa.key"), "2048"], check=True, capture_output=True)
     server = ApiServer(url="", work=work, admin_token="admin-" + os.urandom(8).hex(), operator_token="")
     server.operator_token = "operator-" + os.urandom(8).hex()
+    server.tokens = {SECOND_OPERATOR_USER: "operator-" + os.urandom(8).hex()}
+    users = {OPERATOR_USER: server.operator_token, **server.tokens}
     (work / "tokens.csv").write_text(
-        f'{server.admin_token},admin,admin,"system:masters"\n{server.operator_token},{OPERATOR_USER},{OPERATOR_USER}\n'
+        f'{server.admin_token},admin,admin,"system:masters"\n'
+        + "".join(f"{token},{user},{user}\n" for user, token in users.items())
     )
     (work / "audit-policy.yaml").write_text(yaml.safe_dump(audit_policy(audit_reads)))
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()

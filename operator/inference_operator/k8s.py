@@ -45,7 +45,9 @@ class Ref:
     def path(self, subresource: str | None = None, collection: bool = False) -> str:
         prefix = "/api" if "/" not in self.api_version else "/apis"
         plural = PLURALS[(self.api_version, self.kind)]
-        path = f"{prefix}/{self.api_version}/namespaces/{self.namespace}/{plural}"
+        # No namespace: a cluster-scoped object (a Node).
+        where = f"/namespaces/{self.namespace}" if self.namespace else ""
+        path = f"{prefix}/{self.api_version}{where}/{plural}"
         if not collection:
             path += f"/{self.name}"
             if subresource:

@@ -128,6 +128,8 @@ HTTP_ROUTE = Kind(
 SECRET = Kind("v1", "Secret", "secrets")
 # Read for status.adapters: which replicas to ask how their adapters stand.
 POD = Kind("v1", "Pod", "pods", listed=True)
+# Cluster-scoped, read by name: the node of a pod its controller marked not ready (status_pods.py).
+NODE = Kind("v1", "Node", "nodes")
 INFERENCE_SERVICE = Kind(API_VERSION, KIND, PLURAL)
 
 # Owned kinds in the order they are applied (a TriggerAuthentication before the ScaledObject
@@ -150,6 +152,7 @@ KINDS: tuple[Kind, ...] = (
     HTTP_ROUTE,
     SECRET,
     POD,
+    NODE,
     INFERENCE_SERVICE,
 )
 

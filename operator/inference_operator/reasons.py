@@ -53,6 +53,8 @@ class Reason(enum.StrEnum):
     OOM_KILLED = "OOMKilled"
     UNSCHEDULABLE = "Unschedulable"
     CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
+    # Replicas on a node whose kubelet stopped reporting (or reports it not ready).
+    NODE_NOT_READY = "NodeNotReady"
     # ScalingActive (the autoscaler's), or a credential refusal above.
     METRIC_AVAILABLE = "MetricAvailable"
     METRIC_UNAVAILABLE = "MetricUnavailable"

@@ -39,6 +39,7 @@ REASONS = (
     Reason.OOM_KILLED,
     Reason.UNSCHEDULABLE,
     Reason.CREATE_CONTAINER_CONFIG_ERROR,
+    Reason.NODE_NOT_READY,
 )
 
 # The kubelet's waiting reasons for an image it cannot get (one reason for all: they alternate).
@@ -243,3 +244,62 @@ def pods_problem(pods: list[JsonObject], roles: Roles) -> Problem | None:
     more = f" (and {others} more pod{'s' if others != 1 else ''})" if others else ""
     message = f"pod {name}: {problem.message}{more}"
     return Problem(problem.reason, message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "...")
+
+
+# --- Lost nodes -----------------------------------------------------------------------------------
+# A node whose kubelet stops reporting turns `Ready=Unknown` after the node controller's grace
+# period; the controller then marks the node's pods not ready (their containers' statuses, the
+# kubelet's last word, still say ready) and the EndpointSlice controller takes them out of the
+# service. The pods alone do not say why: the node does.
+
+
+def _condition(obj: JsonObject | None, kind: str) -> JsonObject | None:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
+def marked_not_ready(pod: JsonObject) -> bool:
+    """The pod is bound, not ready, and its containers' last reported state is ready: how the
+    node controller leaves the pods of a node it lost (a kubelet would have said why)."""
+    ready = _condition(pod, "Ready")
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(
+        _active(pod)
+        and (pod.get("spec") or {}).get("nodeName")
+        and ready is not None
+        and ready.get("status") != "True"
+        and statuses
+        and all(s.get("ready") for s in statuses)
+    )
+
+
+def suspect_nodes(pods: list[JsonObject]) -> list[str]:
+    """The nodes to read: those of pods marked not ready (`marked_not_ready`), sorted."""
+    return sorted({str(p["spec"]["nodeName"]) for p in pods if marked_not_ready(p)})
+
+
+def node_not_ready(node: JsonObject | None) -> str | None:
+    """Why `node` is not ready (its Ready condition's status and message), or None when it is
+    ready or unknown to us (a node that is gone is the pod garbage collector's to clean)."""
+    ready = _condition(node, "Ready")
+    if node is None or ready is None or ready.get("status") == "True":
+        return None
+    message = redact(str(ready.get("message") or ready.get("reason") or ""), limit=120)
+    return f"Ready={ready.get('status')}" + (f" ({message})" if message else "")
+
+
+def nodes_problem(pods: list[JsonObject], nodes: dict[str, JsonObject | None]) -> Problem | None:
+    """Which of `nodes` (read by `suspect_nodes`) are not ready, and how many of the service's
+    active pods are on each: its replicas there serve nothing."""
+    active = [p for p in pods if _active(p)]
+    lost = []
+    for name, node in sorted(nodes.items()):
+        why = node_not_ready(node)
+        if why is not None:
+            on = sum(1 for p in active if (p.get("spec") or {}).get("nodeName") == name)
+            lost.append(f"node {name} is not ready, {why}: {on} of {len(active)} replicas on it")
+    if not lost:
+        return None
+    message = "; ".join(lost)
+    return Problem(
+        Reason.NODE_NOT_READY, message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
+    )

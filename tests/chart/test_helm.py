@@ -211,10 +211,11 @@ def test_namespaced_install_uses_roles_in_the_watched_namespaces(chart_cluster: 
     peerings = h.by_kind(objects, "KopfPeering")
     assert sorted(p["metadata"]["namespace"] for p in peerings) == ["ml-team-a", "ml-team-b"]
     assert not h.by_kind(objects, "ClusterKopfPeering")
-    # Only the discovery reads are cluster-wide: no write verb in any ClusterRole.
+    # Only the discovery reads and a lost node's are cluster-wide: no write verb in any ClusterRole.
     (cluster_role,) = operator_cluster_roles(objects)
-    assert {v for r in cluster_role["rules"] for v in r["verbs"]} == {"list", "watch"}
-    assert {res for r in cluster_role["rules"] for res in r["resources"]} == {"customresourcedefinitions", "namespaces"}
+    assert {v for r in cluster_role["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    resources = {res for r in cluster_role["rules"] for res in r["resources"]}
+    assert resources == {"customresourcedefinitions", "namespaces", "nodes"}
 
 
 def test_single_namespace_install_has_no_cluster_scoped_rbac(chart_cluster: Cluster) -> None:

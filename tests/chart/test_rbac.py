@@ -211,7 +211,7 @@ def test_cluster_role_grants_what_the_code_needs_and_no_more() -> None:
 
 
 def test_namespaced_role_grants_what_the_code_needs_inside_namespaces() -> None:
-    cluster_scoped = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+    cluster_scoped = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces"), ("", "nodes")}
     needed = {p for p in derived_from_code() if p[:2] not in cluster_scoped}
     needed |= {("kopf.dev", "kopfpeerings", v) for v in KOPF_PEERING_VERBS}
     granted = namespaced_grant()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inference_operator import status as st
+from inference_operator import status_pods
 from inference_operator.reasons import Reason
 from inference_operator.status_pods import (
     Roles,
@@ -295,3 +296,56 @@ def test_redact_does_no_io(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "socket", refused)
     monkeypatch.setattr(socket, "create_connection", refused)
     assert all(SECRETS[name] not in redact(text) for name, text in LEAKS.items())
+
+
+# --- Lost nodes ---------------------------------------------------------------------------------
+
+
+def _bound(name: str, node: str, pod_ready: str, containers_ready: bool = True) -> dict:
+    return {
+        "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"nodeName": node},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": pod_ready}],
+            "containerStatuses": [{"name": "server", "ready": containers_ready, "state": {"running": {}}}],
+        },
+    }
+
+
+def _node(ready: str, message: str = "") -> dict:
+    return {"status": {"conditions": [{"type": "Ready", "status": ready, "message": message}]}}
+
+
+def test_pods_the_node_controller_marked_not_ready_point_at_their_node() -> None:
+    lost = _bound("a-1", "n2", "False")
+    assert status_pods.marked_not_ready(lost)
+    # Not ready because its container is not (starting, failing): the kubelet says why, not the node.
+    assert not status_pods.marked_not_ready(_bound("a-2", "n1", "False", containers_ready=False))
+    assert not status_pods.marked_not_ready(_bound("a-3", "n1", "True"))
+    assert status_pods.suspect_nodes([lost, _bound("a-3", "n1", "True")]) == ["n2"]
+
+
+def test_a_lost_node_is_named_with_the_replicas_on_it() -> None:
+    pods = [_bound("a-1", "n1", "True"), _bound("a-2", "n2", "False"), _bound("a-3", "n2", "False")]
+    problem = status_pods.nodes_problem(pods, {"n2": _node("Unknown", "Kubelet stopped posting node status.")})
+    assert problem is not None and problem.reason == "NodeNotReady"
+    assert problem.message == (
+        "node n2 is not ready, Ready=Unknown (Kubelet stopped posting node status.): 2 of 3 replicas on it"
+    )
+    # Back (or gone: the pod garbage collector's to clean), nothing to say.
+    assert status_pods.nodes_problem(pods, {"n2": _node("True")}) is None
+    assert status_pods.nodes_problem(pods, {"n2": None}) is None
+
+
+def test_a_node_the_operator_may_not_read_leaves_the_pods_problem_to_say() -> None:
+    """A single-namespace install reads no Nodes: a 403 is no status write failing."""
+    from kubernetes.client.exceptions import ApiException
+
+    from inference_operator.handlers import shared
+
+    class Forbidden:
+        def get(self, ref: object) -> None:
+            raise ApiException(status=403)
+
+    assert shared.read_node(Forbidden(), "n2") is None  # type: ignore[arg-type]

@@ -37,23 +37,32 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
 
 
 class Operator:
-    """The operator as a process (`inference-operator run -A`), as the operator's user."""
+    """The operator as a process (`inference-operator run -A`), as the operator's user (or
+    `user`), with `args` added to its command line and `env` to its environment."""
 
-    def __init__(self, server: ApiServer, log: pathlib.Path):
-        self.server, self.log = server, log
+    def __init__(
+        self,
+        server: ApiServer,
+        log: pathlib.Path,
+        user: str = OPERATOR_USER,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
+        self.server, self.log, self.user, self.args, self.env = server, log, user, args, env or {}
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = {"KUBECONFIG": str(self.server.kubeconfig(OPERATOR_USER)), "PATH": "/usr/bin:/bin"}
+        env = {"KUBECONFIG": str(self.server.kubeconfig(self.user)), "PATH": "/usr/bin:/bin"}
         env.update({k: v for k, v in __import__("os").environ.items() if k.startswith(("PYTHON", "HOME", "LANG"))})
         # The platform's registries: the examples' modelcar images come from ghcr.io/example/.
         env["INFERENCE_OPERATOR_POLICY_IMAGE_REGISTRIES"] = "ghcr.io/rocm-inference/,ghcr.io/example/"
         # NetworkPolicies on, as the chart installs it.
         env["INFERENCE_OPERATOR_NETWORK_POLICY"] = "true"
         env["INFERENCE_OPERATOR_NAMESPACE"] = "inference-system"
+        env.update(self.env)
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "inference_operator", "run", "-A", "--metrics-port", "0", "-v"],
+                [sys.executable, "-m", "inference_operator", "run", "-A", "--metrics-port", "0", "-v", *self.args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -64,6 +73,13 @@ class Operator:
         code = stop(self.process, timeout=20)
         self.process = None
         return code
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer ends a process: no cleanup, no goodbye to its peers."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+        self.process = None
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -45,7 +45,10 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logg
     name = (meta.get("labels") or {}).get(OWNER_LABEL)
     if not name:
         return
-    troubled = event["type"] != "DELETED" and status_pods.pod_problem_of(dict(body), POD_ROLES) is not None
+    pod = dict(body)
+    troubled = event["type"] != "DELETED" and (
+        status_pods.pod_problem_of(pod, POD_ROLES) is not None or status_pods.marked_not_ready(pod)
+    )
     api: KubeApi = memo.api
     ref = isvc_ref(meta["namespace"], name)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from .. import config, credentials, policy, scale_to_zero, status_pods
 from ..builders.common import STATUS_ROLES, Owner, Role, inventory_selector, role_of
@@ -22,7 +23,7 @@ from ..builders.storage import FETCH_CONTAINER
 from ..builders.vllm import CONTAINER as VLLM_CONTAINER
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
-from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, POD
+from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, NODE, POD
 from ..models import parse_spec
 from ..reasons import Reason
 from ..reconcile import Action, Change, Result, never_reconciled, owned_by, pruned_inventory, reconcile
@@ -173,7 +174,20 @@ def observe(
     live = workloads()
     pods = api.list_objects(*POD.key, namespace, pod_selector) if pod_selector else []
     states: dict[str, Rollout] = {role: deployment_rollout(obj) for role, obj in live.items()}
-    return states, status_pods.pods_problem(pods, POD_ROLES)
+    # A lost node first: its pods' container statuses are the kubelet's last word, not news.
+    nodes = {name: read_node(api, name) for name in status_pods.suspect_nodes(pods)}
+    return states, status_pods.nodes_problem(pods, nodes) or status_pods.pods_problem(pods, POD_ROLES)
+
+
+def read_node(api: KubeApi, name: str) -> JsonObject | None:
+    """The Node `name`, or None where the operator may not read Nodes (a single-namespace
+    install has no cluster-wide rights): its pods' problems are then said without it."""
+    try:
+        return api.get(Ref.to(NODE, "", name))
+    except ApiException as exc:
+        if exc.status == 403:
+            return None
+        raise
 
 
 def refresh_status(

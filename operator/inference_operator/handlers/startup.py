@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from .. import config, scale_to_zero, tracing
+from .. import config, peering, scale_to_zero, tracing
 from ..k8s import KubeApi, load_api_client
 from ..kinds import INFERENCE_SERVICE
 from .bookkeeping import ProcessDiffBaseStorage, SeenWorkloads, UnmarkedProgressStorage
@@ -45,8 +45,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if getattr(memo, "config", None) is None:
         memo.config = config.load()
     operator_config: config.OperatorConfig = memo.config
-    # HA: a priority of this replica's own and the keep-alive lifetime (settings.PeeringSettings).
+    # HA: a priority of this replica's own and the keep-alive lifetime (settings.PeeringSettings);
+    # peers judged alive by when this replica saw their keep-alives, not by their clocks (peering.py).
     operator_config.peering.apply(settings)
+    peering.install()
     if getattr(memo, "api", None) is None:
         memo.api = KubeApi(load_api_client(operator_config.kubeconfig))
     if "tracing" not in memo:
