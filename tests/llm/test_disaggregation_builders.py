@@ -302,3 +302,15 @@ def test_the_example_is_valid_and_renders_two_prefill_pods_of_2_gpus_and_one_dec
     assert built["ScaledObject", f"{name}-prefill"]["spec"]["minReplicaCount"] == 2
     assert kv_config(prefill)["kv_connector"] == "MoRIIOConnector"
     assert 2 * int(vllm(prefill)["resources"]["limits"]["amd.com/gpu"]) + 4 == 8  # one 8-GPU node
+
+
+def test_the_authors_args_keep_what_the_operator_sets_and_its_connector_env_wins() -> None:
+    raw = spec(
+        runtime={"engine": "vllm", "args": ["--enable-prefix-caching"], "env": [{"name": "UCX_TLS", "value": "tcp"}]}
+    )
+    prefill = objects(raw)["Deployment", PREFILL]
+    args = vllm(prefill)["args"]
+    assert args.index("--enable-prefix-caching") < args.index(next(a for a in args if a.startswith("--kv-transfer")))
+    assert env(prefill)["UCX_TLS"] == "tcp"
+    with pytest.raises(SpecError, match="may not set --kv-transfer-config"):
+        owner(spec(runtime={"engine": "vllm", "args": ["--kv-transfer-config={}"]}))

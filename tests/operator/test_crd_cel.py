@@ -338,6 +338,12 @@ VIOLATIONS = [
         "spec.routing.router",
         "one or the other",
     ),
+    (
+        {"runtime": {"engine": "vllm", "args": ["--kv-transfer-c={}"]}, "routing": {"router": {}}}
+        | {"disaggregation": {}},
+        "spec.runtime.args",
+        "may not set --kv-transfer-config",
+    ),
     ({"model": {"uri": "s3://b/m/", "sha256": "ab" * 32}}, "spec.model.sha256", "applies to http(s)://"),
     ({"rollout": {"strategy": "canary"}}, "spec.rollout.canary", "required with strategy: canary"),
     (

@@ -283,6 +283,11 @@ CEL_CASES = [
         "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
     ),
     (
+        {"runtime": {"engine": "vllm", "args": ["--kv-transfer-config.kv_role=kv_both"]}}
+        | {"routing": {"router": {}}, "disaggregation": {}},
+        "runtime.args may not set --kv-transfer-config with spec.disaggregation",
+    ),
+    (
         {"routing": {"inferencePool": True, "endpointPicker": {"name": "epp", "weights": {"queue": 1}}}},
         "weights configure the picker the operator deploys",
     ),

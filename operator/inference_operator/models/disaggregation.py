@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from .autoscaling import AutoscalingMode, AutoscalingSpec
-from .base import SpecModel, cel, cel_rules
+from .base import SpecModel, cel, cel_rules, cel_string, flag_prefixes
 from .engines import Metric, cel_engine_in, engine_names, engines_where
 from .resources import ResourcesSpec
 
@@ -171,6 +171,9 @@ class DisaggregationSpec(SpecModel):
 
 
 _PD = "has(self.disaggregation)"
+# vLLM's --kv-transfer-config (or an abbreviation, or its JSON-argument syntax `.key=`/`+`), which
+# the operator sets per role and connector.
+KV_TRANSFER_ARG_PATTERN = "^--(" + flag_prefixes("kv-transfer-config") + ")([.+=][\\s\\S]*)?$"
 _ROUTER_ENGINES = engines_where(lambda traits: traits.router)
 
 # Rules across the spec, part of InferenceServiceSpec's.
@@ -198,6 +201,13 @@ RULES = (
         "spec.disaggregation scales each role on its own: set disaggregation.prefill.autoscaling and "
         "disaggregation.decode.autoscaling instead of spec.autoscaling",
         ".disaggregation",
+    ),
+    cel(
+        f"!{_PD} || !has(self.runtime) || !has(self.runtime.args)"
+        f" || self.runtime.args.all(a, !a.matches({cel_string(KV_TRANSFER_ARG_PATTERN)}))",
+        "runtime.args may not set --kv-transfer-config with spec.disaggregation: the operator sets it for each "
+        "role and its connector",
+        ".runtime.args",
     ),
     cel(
         f"!{_PD} || !has(self.adapters) || size(self.adapters) == 0",
