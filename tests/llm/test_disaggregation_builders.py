@@ -193,11 +193,17 @@ def test_the_kv_ports_are_open_to_the_other_role_of_this_service_alone(
         role: built["Deployment", f"{NAME}-{role}"]["spec"]["template"]["metadata"]["labels"]
         for role in ("prefill", "decode")
     }
+    router_pods = built["Deployment", ROUTER]["spec"]["template"]["metadata"]["labels"]
+    stranger_router = next(o for o in stranger if o["kind"] == "Deployment" and o["metadata"]["name"] == "other-router")
+    assert not matches(
+        built["NetworkPolicy", PREFILL]["spec"]["ingress"][1]["from"][0]["podSelector"]["matchLabels"],
+        stranger_router["spec"]["template"]["metadata"]["labels"],
+    )
     for role, other in (("prefill", "decode"), ("decode", "prefill")):
         policy = built["NetworkPolicy", f"{NAME}-{role}"]["spec"]
         assert matches(policy["podSelector"]["matchLabels"], pods[role])
         assert not matches(policy["podSelector"]["matchLabels"], pods[other])
-        (rule,) = policy["ingress"]
+        rule, *router_rules = policy["ingress"]
         (peer,) = rule["from"]
         assert set(peer) == {"podSelector"}, "no namespaceSelector: the policy's own namespace alone"
         assert matches(peer["podSelector"]["matchLabels"], pods[other])
@@ -205,6 +211,15 @@ def test_the_kv_ports_are_open_to_the_other_role_of_this_service_alone(
         assert not any(matches(peer["podSelector"]["matchLabels"], labels) for labels in stranger_pods)
         assert rule["ports"] == [{"protocol": "TCP", **p} for p in ports]
         assert policy["policyTypes"] == ["Ingress"]
+        if role == "prefill":  # the bootstrap port, to this service's router alone
+            (router_rule,) = router_rules
+            (router_peer,) = router_rule["from"]
+            assert set(router_peer) == {"podSelector"}
+            assert matches(router_peer["podSelector"]["matchLabels"], router_pods)
+            assert not any(matches(router_peer["podSelector"]["matchLabels"], labels) for labels in pods.values())
+            assert router_rule["ports"] == [{"protocol": "TCP", **ports[0]}]
+        else:
+            assert router_rules == []
 
 
 def test_each_role_gets_its_own_gpus_replicas_tensor_parallelism_and_budget() -> None:

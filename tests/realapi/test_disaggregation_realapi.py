@@ -130,7 +130,7 @@ def test_roles_applied_owned_guarded_reported_and_pruned(apiserver: ApiServer, o
         assert policy is not None
         selected = policy["spec"]["podSelector"]["matchLabels"]
         assert selected.items() <= pods[role].items() and not selected.items() <= pods[other].items()
-        (rule,) = policy["spec"]["ingress"]
+        rule = policy["spec"]["ingress"][0]
         assert [set(peer) for peer in rule["from"]] == [{"podSelector"}]
         peer = rule["from"][0]["podSelector"]["matchLabels"]
         assert peer.items() <= pods[other].items() and not peer.items() <= pods[role].items()

@@ -50,7 +50,17 @@ from ..models import (
     SpecError,
 )
 from ..prometheus import promql
-from .common import MASTER_PORT, ROLE_LABEL, Owner, Role, engine_port, object_meta, selector_labels, serving_labels
+from .common import (
+    MASTER_PORT,
+    ROLE_LABEL,
+    Owner,
+    Role,
+    engine_port,
+    object_meta,
+    router_pod_labels,
+    selector_labels,
+    serving_labels,
+)
 from .deployment import build_deployment
 from .gpu import build_resource_claim_template, needs_claim_template, plan
 from .hpa import PROMQL_ANNOTATION, build_hpa
@@ -66,7 +76,7 @@ KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 
 NIXL_SIDE_CHANNEL_PORT = 5600
 # UCX's TCP transport listens on a port of this range (UCX_TCP_PORT_RANGE), not an ephemeral one.
-UCX_TCP_PORTS = (5601, 5616)
+UCX_TCP_PORTS = (5601, 5680)
 MORIIO_HANDSHAKE_PORT = 6301
 MORIIO_NOTIFY_PORT = 61005
 MOONCAKE_BOOTSTRAP_PORT = 8998
@@ -279,21 +289,28 @@ def needs_role_pdb(owner: Owner, role: Role) -> bool:
 
 def build_kv_network_policy(owner: Owner, role: Role) -> JsonObject:
     """The role's KV-transfer ports, open to the other role's pods of this service alone (a
-    podSelector without a namespaceSelector: the policy's own namespace alone)."""
+    podSelector without a namespaceSelector: the policy's own namespace alone); on prefill, the
+    bootstrap port to this service's router too (Mooncake's P/D mode asks it for the engine)."""
     other = Role.DECODE if role == Role.PREFILL else Role.PREFILL
-    ports = [ports.rule() for ports in role_connector(owner, role).ports]
+    wired = role_connector(owner, role)
+    ingress: list[JsonObject] = [
+        {
+            "from": [{"podSelector": {"matchLabels": {**selector_labels(owner), ROLE_LABEL: str(other)}}}],
+            "ports": [ports.rule() for ports in wired.ports],
+        }
+    ]
+    if role == Role.PREFILL:  # the port of vllm.ai/bootstrap-port, which the router may ask
+        bootstrap = PortRange(wired.side_channel_port, wired.side_channel_port).rule()
+        ingress.append(
+            {"from": [{"podSelector": {"matchLabels": router_pod_labels(owner.name)}}], "ports": [bootstrap]}
+        )
     return {
         **NETWORK_POLICY.header(),
         "metadata": object_meta(owner, role_name(owner, role), role=role),
         "spec": {
             "podSelector": {"matchLabels": {**selector_labels(owner), ROLE_LABEL: str(role)}},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"podSelector": {"matchLabels": {**selector_labels(owner), ROLE_LABEL: str(other)}}}],
-                    "ports": ports,
-                }
-            ],
+            "ingress": ingress,
         },
     }
 

@@ -35,7 +35,16 @@ from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT, NETWORK_POLICY, POD_DISRUPTION_BUDGET, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from ..models import NAME_MAX_LENGTH, RouterPolicy, RouterSpec, SpecError
 from ..settings import MANAGER, NAMESPACE_NAME_LABEL
-from .common import OWNER_LABEL, ROLE_LABEL, ROUTER_SUFFIX, Owner, Role, object_meta, serving_labels
+from .common import (
+    OWNER_LABEL,
+    ROLE_LABEL,
+    ROUTER_SUFFIX,
+    Owner,
+    Role,
+    object_meta,
+    router_pod_labels,
+    serving_labels,
+)
 from .disaggregation import disaggregated, pd_discovery_args
 from .network_policy import OPERATOR_POD_LABELS
 from .service import HTTP_PORT
@@ -80,11 +89,7 @@ def router_name(owner: Owner) -> str:
 
 def router_labels(owner: Owner) -> dict[str, str]:
     """The router's pod labels: apart from the model pods' (its own selector must not find it)."""
-    return {
-        "app.kubernetes.io/name": "vllm-router",
-        "app.kubernetes.io/instance": owner.name,
-        "app.kubernetes.io/component": COMPONENT,
-    }
+    return router_pod_labels(owner.name)
 
 
 def _spec(owner: Owner) -> RouterSpec:
