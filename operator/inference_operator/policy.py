@@ -22,7 +22,7 @@ Pure: no I/O; the environment is passed in.
 
 from __future__ import annotations
 
-from .models import HTTPRouteSpec, InferenceServiceSpec
+from .models import HTTPRouteSpec, InferenceServiceSpec, ResourcesSpec
 from .reasons import Reason
 from .settings import ANY, ANY_GROUP, PodPolicy
 
@@ -54,12 +54,23 @@ def violations(spec: InferenceServiceSpec, policy: PodPolicy, namespace: str = "
     for field, image in images:
         if image and not policy.image_allowed(image):
             found.append(f"{field} {image!r} is not from an allowed registry ({_list(policy.image_registries)})")
-    groups = spec.resources.gpu.supplemental_groups or []
-    if refused := [g for g in groups if not policy.group_allowed(g)]:
-        allowed = _list(tuple(_range_text(r) for r in policy.supplemental_groups))
-        found.append(f"resources.gpu.supplementalGroups {refused[0]} is not allowed (allowed: {allowed}; never 0)")
+    for field, resources in _resources(spec):
+        groups = resources.gpu.supplemental_groups or []
+        if refused := [g for g in groups if not policy.group_allowed(g)]:
+            allowed = _list(tuple(_range_text(r) for r in policy.supplemental_groups))
+            found.append(f"{field}.gpu.supplementalGroups {refused[0]} is not allowed (allowed: {allowed}; never 0)")
     if spec.routing.http_route is not None:
         found += _route_violations(spec.routing.http_route, policy, namespace)
+    return found
+
+
+def _resources(spec: InferenceServiceSpec) -> list[tuple[str, ResourcesSpec]]:
+    """Every pod's resources, by field: spec.resources, and each disaggregated role's own."""
+    found = [("resources", spec.resources)]
+    if (roles := spec.disaggregation) is not None:
+        for name, role in (("prefill", roles.prefill), ("decode", roles.decode)):
+            if role.resources is not None:
+                found.append((f"disaggregation.{name}.resources", role.resources))
     return found
 
 

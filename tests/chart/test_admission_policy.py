@@ -146,6 +146,23 @@ SPECS: dict[str, dict[str, Any]] = {
         f"groups {groups}": {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"supplementalGroups": groups}}}
         for groups in ([], [44], [109], [44, 992], [999], [1000], [1500], [1999], [2000], [44, 5], [4294967295])
     },
+    **{
+        f"{role} groups {groups}": {
+            "model": {"uri": "pvc://m"},
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {role: {"resources": {"gpu": {"supplementalGroups": groups}}}},
+        }
+        for role in ("prefill", "decode")
+        for groups in ([44], [999], [1500], [2000], [44, 5])
+    },
+    "roles-groups-and-pod-groups": {
+        "model": {"uri": "pvc://m"},
+        "runtime": {"engine": "vllm"},
+        "resources": {"gpu": {"supplementalGroups": [5]}},
+        "routing": {"router": {}},
+        "disaggregation": {"prefill": {"resources": {"gpu": {"supplementalGroups": [6]}}}, "decode": {}},
+    },
     "route-gateway": _route([GATEWAY], ["llm.example.com"]),
     "route-own-namespace": _route([{"name": "local"}], ["llm.example.com"]),
     "route-own-namespace-other": _route([{"name": "inference"}], ["llm.example.com"]),
@@ -232,6 +249,8 @@ def test_the_table_refuses_every_field_somewhere(chart_cluster: Cluster) -> None
         "runtime.image",
         "model.uri",
         "resources.gpu.supplementalGroups",
+        "disaggregation.prefill.resources.gpu.supplementalGroups",
+        "disaggregation.decode.resources.gpu.supplementalGroups",
     }
     _, pod_policy = installed(chart_cluster, VALUE_SETS["groups-routes"])
     messages = [m for spec in SPECS.values() for m in operator_messages(spec, pod_policy)]

@@ -63,6 +63,24 @@ def _full_spec() -> dict[str, Any]:
     return apply_defaults(SCHEMA["properties"]["spec"], spec)
 
 
+def _full_pd_spec() -> dict[str, Any]:
+    """A disaggregated spec with every optional field of spec.disaggregation set, valid, defaults
+    filled (apart from _full_spec: a disaggregated service takes no canary, pool or autoscaling)."""
+    role_resources = {"gpu": {"count": 2, "productName": "AMD_Instinct_MI300X", "supplementalGroups": [44]}}
+    scaling = {"mode": "keda", "minReplicas": 1, "maxReplicas": 4, "target": 200}
+    spec = {
+        "model": {"uri": "hf://org/llm"},
+        "runtime": {"engine": "vllm"},
+        "routing": {"router": {}},
+        "disaggregation": {
+            "prefill": {"replicas": 2, "resources": role_resources, "autoscaling": scaling | {"metric": "ttftP95Ms"}},
+            "decode": {"replicas": 1, "resources": role_resources, "autoscaling": scaling | {"metric": "kvCacheUsage"}},
+            "kvTransfer": {"connector": "moriio"},
+        },
+    }
+    return apply_defaults(SCHEMA["properties"]["spec"], spec)
+
+
 def _cr(spec: dict[str, Any], name: str = "resnet") -> dict[str, Any]:
     return {
         "apiVersion": "inference.rocm.dev/v1alpha1",
@@ -109,16 +127,22 @@ def _partials(node: dict[str, Any], full: Any) -> Iterator[Any]:
 @pytest.mark.parametrize(("path", "node", "rule"), RULES, ids=[p or "<root>" for p, _, _ in RULES])
 def test_rules_are_safe_on_partial_objects(path: str, node: dict[str, Any], rule: dict[str, Any]) -> None:
     full = _value_at(_cr(_full_spec()), path)
+    if full is None:
+        full = _value_at(_cr(_full_pd_spec()), path)
     assert full is not None, f"the full object has no {path}"
     for partial in _partials(node, full):
         problem = evaluate_rule(rule, partial, node)
         assert problem is None or "cannot be evaluated" not in problem, f"{path} on {partial}: {problem}"
 
 
-@pytest.mark.parametrize("document", [_cr(_full_spec()), *[yaml.safe_load(p.read_text()) for p in EXAMPLES]])
+@pytest.mark.parametrize(
+    "document", [_cr(_full_spec()), _cr(_full_pd_spec()), *[yaml.safe_load(p.read_text()) for p in EXAMPLES]]
+)
 def test_rules_hold_on_full_objects(document: dict[str, Any]) -> None:
     assert cel_errors(SCHEMA, apply_defaults(SCHEMA, document)) == []
 
+
+PD_SCALING = {"maxReplicas": 2, "target": 5}
 
 VIOLATIONS = [
     ({"resources": {"gpu": {"nodes": 2}}}, "spec.resources.gpu.nodes", "needs runtime.engine vllm"),
@@ -237,6 +261,88 @@ VIOLATIONS = [
         },
         "spec.routing.router",
         "at zero they would fail",
+    ),
+    ({"routing": {}, "disaggregation": {}}, "spec.disaggregation", "needs runtime.engine vllm"),
+    ({"runtime": {"engine": "vllm"}, "disaggregation": {}}, "spec.disaggregation", "needs routing.router"),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {},
+            "rollout": {"strategy": "canary", "canary": {"steps": [10], "analysis": {"maxLatencyMs": 5}}},
+        },
+        # the router's refusal, which a disaggregated service always has
+        "spec.routing.router",
+        "canary's share of traffic",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}, "disaggregation": {}}
+        | {"autoscaling": PD_SCALING | {"metric": "ttftP95Ms"}},
+        "spec.disaggregation",
+        "scales each role on its own",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {},
+            "adapters": [{"name": "a", "uri": "hf://o/a"}],
+        },
+        "spec.disaggregation",
+        "does not take spec.adapters",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}, "resources": {"gpu": {"nodes": 2}}}
+        | {"disaggregation": {}},
+        "spec.disaggregation",
+        "a role's replica is one pod",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {"disaggregation": {"decode": {"resources": {"gpu": {"nodes": 2}}}}},
+        "spec.disaggregation.decode.resources.gpu.nodes",
+        "is not disaggregated yet",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {"disaggregation": {"prefill": {"autoscaling": PD_SCALING | {"metric": "itlP95Ms"}}}},
+        "spec.disaggregation.prefill.autoscaling.metric",
+        "ttftP95Ms, requestsWaiting",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {"disaggregation": {"decode": {"autoscaling": PD_SCALING | {"metric": "ttftP95Ms"}}}},
+        "spec.disaggregation.decode.autoscaling.metric",
+        "itlP95Ms, kvCacheUsage",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {"disaggregation": {"decode": {"autoscaling": PD_SCALING | {"mode": "builtin"}}}},
+        "spec.disaggregation.decode.autoscaling.mode",
+        "needs mode hpa or keda",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {"disaggregation": {"prefill": {"autoscaling": PD_SCALING | {"minReplicas": 3}}}},
+        "spec.disaggregation.prefill.autoscaling.minReplicas",
+        "must be <= autoscaling.maxReplicas",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {"disaggregation": {"prefill": {"autoscaling": PD_SCALING | {"minReplicas": 0, "scaleToZero": {}}}}},
+        "spec.disaggregation.prefill.autoscaling.mode",
+        "scaleToZero needs mode builtin",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}, "inferencePool": True}, "disaggregation": {}},
+        "spec.routing.router",
+        "one or the other",
+    ),
+    (
+        {"runtime": {"engine": "vllm", "args": ["--kv-transfer-c={}"]}, "routing": {"router": {}}}
+        | {"disaggregation": {}},
+        "spec.runtime.args",
+        "may not set --kv-transfer-config",
     ),
     ({"model": {"uri": "s3://b/m/", "sha256": "ab" * 32}}, "spec.model.sha256", "applies to http(s)://"),
     ({"rollout": {"strategy": "canary"}}, "spec.rollout.canary", "required with strategy: canary"),

@@ -217,6 +217,76 @@ CEL_CASES = [
         },
         "routing.router does not take autoscaling.scaleToZero yet",
     ),
+    ({"routing": {}, "disaggregation": {}}, "spec.disaggregation needs runtime.engine vllm"),
+    ({"runtime": {"engine": "vllm"}, "disaggregation": {}}, "spec.disaggregation needs routing.router"),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {},
+            "resources": {"gpu": {"nodes": 2}},
+        },
+        "spec.disaggregation does not take resources.gpu.nodes above 1",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}, "disaggregation": {}}
+        | {"autoscaling": {"maxReplicas": 2, "target": 1, "metric": "ttftP95Ms"}},
+        "spec.disaggregation scales each role on its own",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {},
+            "adapters": [{"name": "a", "uri": "hf://o/a"}],
+        },
+        "spec.disaggregation does not take spec.adapters yet",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {"prefill": {"resources": {"gpu": {"nodes": 2}}}},
+        },
+        "a role's replica runs on one node",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {"decode": {"autoscaling": {"maxReplicas": 2, "target": 1, "mode": "builtin"}}},
+        },
+        "a role's autoscaling needs mode hpa or keda",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {"prefill": {"autoscaling": {"maxReplicas": 2, "target": 1, "metric": "itlP95Ms"}}},
+        },
+        "disaggregation.prefill.autoscaling.metric must be one of ttftP95Ms, requestsWaiting",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {"decode": {"autoscaling": {"maxReplicas": 2, "target": 1, "metric": "ttftP95Ms"}}},
+        },
+        "disaggregation.decode.autoscaling.metric must be one of itlP95Ms, kvCacheUsage",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {"decode": {"autoscaling": {"minReplicas": 3, "maxReplicas": 2, "target": 1}}},
+        },
+        "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
+    ),
+    (
+        {"runtime": {"engine": "vllm", "args": ["--kv-transfer-config.kv_role=kv_both"]}}
+        | {"routing": {"router": {}}, "disaggregation": {}},
+        "runtime.args may not set --kv-transfer-config with spec.disaggregation",
+    ),
     (
         {"routing": {"inferencePool": True, "endpointPicker": {"name": "epp", "weights": {"queue": 1}}}},
         "weights configure the picker the operator deploys",

@@ -116,6 +116,16 @@ def test_the_policy_refuses_at_admission_what_the_operator_would_refuse(
             {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"supplementalGroups": [44, 1000]}}},
             "resources.gpu.supplementalGroups 1000 is not allowed (allowed: 1-999; never 0)",
         ),
+        # A disaggregated role's own resources, judged as spec.resources is.
+        "decode-groups": (
+            {
+                "model": {"uri": "pvc://m"},
+                "runtime": {"engine": "vllm"},
+                "routing": {"router": {}},
+                "disaggregation": {"decode": {"resources": {"gpu": {"supplementalGroups": [44, 1000]}}}},
+            },
+            "disaggregation.decode.resources.gpu.supplementalGroups 1000 is not allowed (allowed: 1-999; never 0)",
+        ),
         # A parentRef without a namespace is the InferenceService's (CEL reads it as __namespace__).
         "gateway": (
             {"model": {"uri": "pvc://m"}, "routing": {"httpRoute": {"parentRefs": [{"name": "shared"}]}}},
@@ -146,6 +156,12 @@ def test_the_policy_refuses_at_admission_what_the_operator_would_refuse(
         "hub-vllm": {"model": {"uri": "hf://org/name"}, "runtime": {"engine": "vllm", "image": "vllm/vllm:v1"}},
         "oci-model": {"model": {"uri": "oci://ghcr.io/rocm-inference/models/resnet:1"}},
         "groups": {"model": {"uri": "pvc://m"}, "resources": {"gpu": {"supplementalGroups": [44, 992]}}},
+        "prefill-groups": {
+            "model": {"uri": "pvc://m"},
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {"prefill": {"resources": {"gpu": {"supplementalGroups": [44, 992]}}}},
+        },
         # Runs the policy's tracing expressions (its regexes, the port taken from the URL).
         "tracing": {
             "model": {"uri": "pvc://m"},

@@ -132,9 +132,13 @@ def test_every_example_is_accepted_and_realised(apiserver: ApiServer, operator: 
         names.append(doc["metadata"]["name"])
     for name in names:
         obj = wait_for(lambda n=name: observed(apiserver, ns, n), timeout=120, message=f"{name} reconciled")
-        # A multi-node example runs as a LeaderWorkerSet (its stand-in CRD is installed here).
-        assert deployment(apiserver, ns, name) is not None or leader_worker_set(apiserver, ns, name), name
-        assert service_obj(apiserver, ns, name) is not None, name
+        if "disaggregation" in obj["spec"]:  # two roles' workloads in place of NAME's
+            assert all(deployment(apiserver, ns, f"{name}-{role}") for role in ("prefill", "decode")), name
+            assert {r["role"] for r in obj["status"]["roles"]} == {"prefill", "decode", "router"}, name
+        else:
+            # A multi-node example runs as a LeaderWorkerSet (its stand-in CRD is installed here).
+            assert deployment(apiserver, ns, name) is not None or leader_worker_set(apiserver, ns, name), name
+            assert service_obj(apiserver, ns, name) is not None, name
         policy = get(apiserver, f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/{name}")
         assert policy is not None and policy["spec"]["policyTypes"] == ["Ingress"], name
         degraded = condition(obj, "Degraded")

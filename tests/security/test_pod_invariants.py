@@ -1,7 +1,8 @@
 """The pod invariant (testsupport/pod_invariants.py) over every pod the project renders.
 
 Every workload the operator emits (the Deployment, a LeaderWorkerSet's leader and worker
-templates, the canary's Deployment, the endpoint picker's Deployment) for specs drawn from the
+templates, the canary's Deployment, the endpoint picker's Deployment, a disaggregated service's
+prefill and decode Deployments, the router's) for specs drawn from the
 CRD's schema and for hand-picked specs that switch every feature on, and the chart's own pods:
 no container that holds a credential can be reached by the InferenceService author's code.
 The checker itself is shown to catch each kind of violation on hand-made bad pods.
@@ -80,6 +81,25 @@ FEATURES: dict[str, dict[str, Any]] = {
         adapters=[],
     ),
     "vllm-s3-adapters-only": _vllm(model={"uri": "s3://bucket/llama"}, adapters=[ADAPTERS[1]]),
+    # Prefill/decode disaggregation: both roles' pods fetch with the author's credentials beside
+    # them, and carry the connector's env and ports (no adapters: the CRD refuses them there).
+    "vllm-disaggregated-hf-cache": _vllm(
+        adapters=[],
+        runtime={"engine": "vllm", "env": copy.deepcopy(AUTHOR_ENV), "args": ["--trust-remote-code"]},
+        routing={"router": {}, "httpRoute": ROUTE},
+        disaggregation={
+            "prefill": {"replicas": 2, "resources": {"gpu": {"count": 2}}},
+            "decode": {"resources": {"gpu": {"count": 4, "allocation": "dra"}}},
+        },
+    ),
+    "vllm-disaggregated-s3-cpu": _vllm(
+        model={"uri": "s3://bucket/llama"},
+        adapters=[],
+        runtime={"engine": "vllm", "env": copy.deepcopy(AUTHOR_ENV)},
+        resources={"gpu": {"count": 0}},
+        routing={"router": {}},
+        disaggregation={"kvTransfer": {"connector": "nixl"}},
+    ),
     "model-server-s3-cache": {
         "model": {"uri": "s3://bucket/resnet.onnx", "cachePvc": "model-cache"},
         "runtime": {"env": copy.deepcopy(AUTHOR_ENV), "args": ["--log-level=debug"]},
@@ -158,13 +178,16 @@ def test_the_feature_table_has_credential_holders_beside_the_authors_code() -> N
     """Not vacuous: the table renders a fetcher, a sidecar, a picker, a router, a group and a canary."""
     containers: set[str] = set()
     kinds: set[str] = set()
+    names: set[str] = set()
     for spec in FEATURES.values():
         for obj in workloads(owner_of(spec)):
+            names.add(obj["metadata"]["name"])
             for where, pod in pod_specs(obj):
                 kinds.add(where.split()[0] + ("-canary" if where.endswith("-canary") else ""))
                 containers |= {c["name"] for c in [*pod.get("initContainers", []), *pod["containers"]]}
     assert {"model-fetch", "adapters", "vllm", "model-server", "epp", "router"} <= containers
     assert {"Deployment", "Deployment-canary", "LeaderWorkerSet"} <= kinds
+    assert {"llm-prefill", "llm-decode"} <= names
 
 
 def merged(drawn: Any, feature: Any) -> Any:

@@ -9,6 +9,7 @@ from .activator import build_private_service, scales_to_zero
 from .adapters import build_adapters_config_map, lora_enabled
 from .common import Owner, multi_node, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
+from .disaggregation import build_disaggregation, disaggregated
 from .endpoint_picker import build_endpoint_picker, deploys_endpoint_picker
 from .gpu import build_resource_claim_template, needs_claim_template
 from .hpa import build_hpa
@@ -22,8 +23,8 @@ from .router import build_router, deploys_router
 from .service import build_service
 
 
-def build_all(owner: Owner) -> list[JsonObject]:
-    """Every object the InferenceService should have right now, in apply order."""
+def _predictor(owner: Owner) -> list[JsonObject]:
+    """NAME's workload and what serves, guards and scales it."""
     objects = []
     if needs_claim_template(owner):
         objects.append(build_resource_claim_template(owner))  # before the pods that reference it
@@ -44,6 +45,16 @@ def build_all(owner: Owner) -> list[JsonObject]:
         if auth := build_trigger_authentication(owner):
             objects.append(auth)  # before the ScaledObject that refers to it
         objects.append(build_scaled_object(owner))
+    return objects
+
+
+def build_all(owner: Owner) -> list[JsonObject]:
+    """Every object the InferenceService should have right now, in apply order."""
+    if disaggregated(owner):  # the prefill and decode roles instead of NAME
+        objects = [build_network_policy(owner)] if needs_network_policy(owner) else []
+        objects += build_disaggregation(owner)
+    else:
+        objects = _predictor(owner)
     if owner.spec.routing.inference_pool:
         if deploys_endpoint_picker(owner):
             objects += build_endpoint_picker(owner)

@@ -78,6 +78,16 @@ LEGACY_NAMES = {
 ROUTER_SUFFIX = "-router"
 
 
+def router_pod_labels(owner_name: str) -> dict[str, str]:
+    """The router's pod labels (builders/router.py), apart from the model pods' (its own
+    selector must not find it); here for the policies that let it in (disaggregation.py)."""
+    return {
+        "app.kubernetes.io/name": "vllm-router",
+        "app.kubernetes.io/instance": owner_name,
+        "app.kubernetes.io/component": "router",
+    }
+
+
 @dataclass(frozen=True)
 class Owner:
     """The InferenceService an object belongs to: enough to name, label and own it.

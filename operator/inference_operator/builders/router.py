@@ -17,6 +17,9 @@ What the router is told, and why (flags of vllm-router 0.1.17, `vllm-router --he
   (the pods' `runtime.port`: vLLM's front, which bounds bodies and refuses adapter management;
   the router reaches vLLM through it like any client). It keeps the pods that are ready.
 - `--policy`: the spec's, in the router's own spelling (POLICY_FLAGS).
+- With spec.disaggregation, P/D mode instead of `--selector`: `--vllm-pd-disaggregation`,
+  `--prefill-selector` and `--decode-selector` (each role's pods), `--kv-connector` (the roles'),
+  from disaggregation.py.
 - Bounds: `--max-payload-size` (a request body), `--max-concurrent-requests` and `--queue-size`
   (beyond both, 429 at once), `--queue-timeout-secs`, `--request-timeout-secs`.
 - `--prometheus-port`/`--prometheus-host`: its own metrics on a port apart from the requests'.
@@ -32,7 +35,17 @@ from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT, NETWORK_POLICY, POD_DISRUPTION_BUDGET, ROLE_BINDING, SERVICE, SERVICE_ACCOUNT
 from ..models import NAME_MAX_LENGTH, RouterPolicy, RouterSpec, SpecError
 from ..settings import MANAGER, NAMESPACE_NAME_LABEL
-from .common import OWNER_LABEL, ROLE_LABEL, ROUTER_SUFFIX, Owner, Role, object_meta, serving_labels
+from .common import (
+    OWNER_LABEL,
+    ROLE_LABEL,
+    ROUTER_SUFFIX,
+    Owner,
+    Role,
+    object_meta,
+    router_pod_labels,
+    serving_labels,
+)
+from .disaggregation import disaggregated, pd_discovery_args
 from .network_policy import OPERATOR_POD_LABELS
 from .service import HTTP_PORT
 
@@ -76,11 +89,7 @@ def router_name(owner: Owner) -> str:
 
 def router_labels(owner: Owner) -> dict[str, str]:
     """The router's pod labels: apart from the model pods' (its own selector must not find it)."""
-    return {
-        "app.kubernetes.io/name": "vllm-router",
-        "app.kubernetes.io/instance": owner.name,
-        "app.kubernetes.io/component": COMPONENT,
-    }
+    return router_pod_labels(owner.name)
 
 
 def _spec(owner: Owner) -> RouterSpec:
@@ -113,8 +122,7 @@ def router_args(owner: Owner) -> list[str]:
         f"--port={PORT}",
         f"--policy={POLICY_FLAGS[spec.policy]}",
         "--service-discovery",
-        "--selector",
-        *discovery_selector(owner),
+        *(pd_discovery_args(owner) if disaggregated(owner) else ["--selector", *discovery_selector(owner)]),
         f"--service-discovery-namespace={owner.namespace}",
         f"--service-discovery-port={owner.spec.runtime.port}",
         "--prometheus-host=0.0.0.0",

@@ -18,6 +18,7 @@ contracts in pyproject.toml hold them to it):
     autoscaling  spec.autoscaling, scale to zero included
     routing      spec.routing: InferencePool, endpoint picker, HTTPRoute
     rollout      spec.rollout: rolling or canary
+    disaggregation  spec.disaggregation: the prefill and decode roles, the KV connector
     service      InferenceServiceSpec, its rules across parts, and parse_spec
     status       the status schema
 
@@ -53,6 +54,18 @@ from .base import (
 )
 from .base import (
     cel_rules as cel_rules,
+)
+from .disaggregation import (
+    DecodeSpec as DecodeSpec,
+)
+from .disaggregation import (
+    DisaggregationSpec as DisaggregationSpec,
+)
+from .disaggregation import (
+    KvConnector as KvConnector,
+)
+from .disaggregation import (
+    PrefillSpec as PrefillSpec,
 )
 from .engines import (
     DEFAULT_ENGINE as DEFAULT_ENGINE,

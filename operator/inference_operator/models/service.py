@@ -10,6 +10,8 @@ from pydantic import ConfigDict, Field, field_validator
 from ..jsontypes import JsonObject
 from .autoscaling import AutoscalingSpec
 from .base import SpecModel, cel, cel_rules, cel_string
+from .disaggregation import RULES as DISAGGREGATION_RULES
+from .disaggregation import DisaggregationSpec
 from .engines import (
     DEFAULT_ENGINE,
     ENGINES,
@@ -137,6 +139,7 @@ class InferenceServiceSpec(SpecModel):
                 "Service, and the router sends them to the pods directly: at zero they would fail",
                 ".routing.router",
             ),
+            *DISAGGREGATION_RULES,
         )
     )
 
@@ -162,6 +165,12 @@ class InferenceServiceSpec(SpecModel):
         "running replicas without a restart, and loaded by a new replica before it turns Ready. Their state "
         "per replica is in status.adapters.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    disaggregation: DisaggregationSpec | None = Field(
+        None,
+        description="Prefill/decode disaggregation (engine vllm, with routing.router): NAME-prefill computes "
+        "prompts, NAME-decode generates, a KV connector moves the cache between them, each role with its own "
+        "replicas, resources and autoscaling.",
     )
 
     @field_validator("adapters")

@@ -87,13 +87,21 @@ def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def selector(namespace: str, model: str, model_label: str = "model") -> str:
-    return "{namespace=" + _quote(namespace) + "," + model_label + "=" + _quote(model) + "}"
+def selector(namespace: str, model: str, model_label: str = "model", pods: str | None = None) -> str:
+    """The service's series; with `pods`, those of the pods whose name matches it (a role's)."""
+    matched = ",pod=~" + _quote(pods) if pods is not None else ""
+    return "{namespace=" + _quote(namespace) + "," + model_label + "=" + _quote(model) + matched + "}"
 
 
-def _engine_selector(engine: Engine, namespace: str, model: str) -> str:
+def _engine_selector(engine: Engine, namespace: str, model: str, pods: str | None = None) -> str:
     """The service's series of `engine`, by that engine's model label."""
-    return selector(namespace, model, SERIES[engine].model_label)
+    return selector(namespace, model, SERIES[engine].model_label, pods)
+
+
+def workload_pods(workload: str) -> str:
+    """A Deployment's pods by name (WORKLOAD-<template hash>-<suffix>), as the `pod` target label
+    of the Prometheus Operator's and most scrape configs gives them."""
+    return f"{workload}-[a-z0-9]+-[a-z0-9]+"
 
 
 def _quantile_ms(histogram: str, quantile: float, sel: str, present: str, window_seconds: int) -> str:
@@ -140,26 +148,30 @@ def gpu_utilization(namespace: str, model: str, window_seconds: int) -> str:
     )
 
 
-def requests_waiting(namespace: str, model: str, window_seconds: int) -> str:
+def requests_waiting(namespace: str, model: str, window_seconds: int, pods: str | None = None) -> str:
     """Requests queued in vLLM's scheduler per pod (not yet running), averaged over the window."""
-    return _per_pod_mean(VLLM_WAITING, selector(namespace, model, VLLM_MODEL_LABEL), window_seconds)
+    return _per_pod_mean(VLLM_WAITING, selector(namespace, model, VLLM_MODEL_LABEL, pods), window_seconds)
 
 
-def kv_cache_usage(namespace: str, model: str, window_seconds: int) -> str:
+def kv_cache_usage(namespace: str, model: str, window_seconds: int, pods: str | None = None) -> str:
     """KV-cache use in percent (vLLM exports a 0..1 fraction), averaged over pods and window."""
-    return "100 * " + _per_pod_mean(VLLM_KV_CACHE, selector(namespace, model, VLLM_MODEL_LABEL), window_seconds)
+    return "100 * " + _per_pod_mean(VLLM_KV_CACHE, selector(namespace, model, VLLM_MODEL_LABEL, pods), window_seconds)
 
 
-def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int) -> str:
+def metric_query(metric: Metric, namespace: str, model: str, window_seconds: int, pods: str | None = None) -> str:
+    """The metric over the service's pods, or, with `pods` (a regex of pod names), over those
+    alone: a disaggregated service's role, whose pods serve the same model as the other role's."""
     if metric in LATENCIES:
         histogram, quantile = LATENCIES[metric]
         engine = exporter(metric)
-        sel = _engine_selector(engine, namespace, model)
+        sel = _engine_selector(engine, namespace, model, pods)
         return _quantile_ms(histogram, quantile, sel, SERIES[engine].scraped[0], window_seconds)
     if metric == Metric.REQUESTS_WAITING:
-        return requests_waiting(namespace, model, window_seconds)
+        return requests_waiting(namespace, model, window_seconds, pods)
     if metric == Metric.KV_CACHE_USAGE:
-        return kv_cache_usage(namespace, model, window_seconds)
+        return kv_cache_usage(namespace, model, window_seconds, pods)
+    if pods is not None:
+        raise ValueError(f"metric {metric!r} is not read per role")
     if metric == Metric.QUEUE_DEPTH:
         return queue_depth(namespace, model, window_seconds)
     if metric == Metric.RPS:
