@@ -26,6 +26,7 @@ from ..k8s import KubeApi, Ref
 from ..kinds import INFERENCE_SERVICE
 from ..models import (
     DEFAULT_ENGINE,
+    ENGINES,
     AutoscalingSpec,
     Engine,
     InferenceServiceSpec,
@@ -53,8 +54,12 @@ class Queries:
 
 
 def queries_for(scaling: AutoscalingSpec, namespace: str, model: str, engine: Engine = DEFAULT_ENGINE) -> Queries:
+    # The spec's engine reads the metric from its own series (the CRD has it export the metric).
+    exports = scaling.metric in ENGINES[engine].traits.metrics
     return Queries(
-        value=promql.metric_query(scaling.metric, namespace, model, scaling.window_seconds),
+        value=promql.metric_query(
+            scaling.metric, namespace, model, scaling.window_seconds, engine if exports else None
+        ),
         latency_p95=promql.request_latency_ms(engine, namespace, model, scaling.window_seconds),
         age=promql.data_age_seconds(namespace, model, engine),
     )

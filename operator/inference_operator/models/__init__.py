@@ -76,9 +76,6 @@ from .engines import (
     Engine as Engine,
 )
 from .engines import (
-    EngineTraits as EngineTraits,
-)
-from .engines import (
     Metric as Metric,
 )
 from .model import (

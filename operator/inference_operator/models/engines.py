@@ -11,10 +11,9 @@ from ..engines import DEFAULT_ENGINE as DEFAULT_ENGINE
 from ..engines import ENGINES as ENGINES
 from ..engines.base import Engine as Engine
 from ..engines.base import Metric as Metric
-from ..engines.base import ReservedArgs, Traits
+from ..engines.base import ReservedArgs
+from ..engines.base import Traits as Traits
 from .base import flag_prefixes
-
-EngineTraits = Traits
 
 DEFAULT_IMAGE = "ghcr.io/rocm-inference/model-server:0.1.0"
 # vLLM's ROCm build of its OpenAI-compatible server; the operator's --vllm-image overrides it.
@@ -85,7 +84,7 @@ OPERATOR_ENV = (
 ENGINES_TRAITS: dict[Engine, Traits] = {engine: serving.traits for engine, serving in ENGINES.items()}
 
 
-def engines_where(trait: Callable[[EngineTraits], bool]) -> tuple[Engine, ...]:
+def engines_where(trait: Callable[[Traits], bool]) -> tuple[Engine, ...]:
     return tuple(engine for engine, traits in ENGINES_TRAITS.items() if trait(traits))
 
 
@@ -94,7 +93,7 @@ def metrics_in_order(metrics: Collection[Metric]) -> list[Metric]:
     return [metric for metric in Metric if metric in metrics]
 
 
-def metrics_per_engine(allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
+def metrics_per_engine(allowed: Callable[[Traits], Collection[Metric]]) -> str:
     """`a, b or c for modelServer; d or e for vllm`: a rule's message, a field's description."""
 
     def listed(engine: Engine) -> str:

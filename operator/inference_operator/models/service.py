@@ -14,8 +14,8 @@ from .engines import (
     DEFAULT_ENGINE,
     ENGINES,
     MULTI_NODE_ARGS,
-    EngineTraits,
     Metric,
+    Traits,
     cel_engine_in,
     engine_names,
     engines_where,
@@ -30,7 +30,7 @@ from .routing import RoutingSpec
 from .runtime import RuntimeSpec
 
 
-def _per_engine(field: str, allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
+def _per_engine(field: str, allowed: Callable[[Traits], Collection[Metric]]) -> str:
     """CEL: `field` is among what the spec's engine allows (`e1 ? field in [..] : ... default's`)."""
     rule = f"{field} in [{', '.join(repr(m.value) for m in metrics_in_order(allowed(ENGINES[DEFAULT_ENGINE].traits)))}]"
     for engine in reversed([e for e in ENGINES if e != DEFAULT_ENGINE]):
