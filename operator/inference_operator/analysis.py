@@ -33,7 +33,7 @@ def prometheus_url(spec: InferenceServiceSpec, canary: CanarySpec) -> str:
 def analysis_metric(spec: InferenceServiceSpec, canary: CanarySpec) -> Metric:
     if canary.analysis.metric is not None:
         return canary.analysis.metric
-    return ENGINES[spec.runtime.engine].canary_metrics[0]
+    return ENGINES[spec.runtime.engine].traits.canary_metrics[0]
 
 
 def check_allowed(url: str, policy: CredentialPolicy) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
-from .models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, Engine, GpuAllocation, ResourceNaming
+from .models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, ENGINES, Engine, GpuAllocation, ResourceNaming
 
 if TYPE_CHECKING:  # `render` runs without kopf installed
     import kopf
@@ -79,7 +79,8 @@ class Images:
 
     def serving(self, engine: Engine) -> str:
         """The image an engine's serving container runs where the spec names none."""
-        return {Engine.MODEL_SERVER: self.model_server, Engine.VLLM: self.vllm}[engine]
+        image: str = getattr(self, ENGINES[engine].image_setting)
+        return image
 
     @property
     def all(self) -> tuple[str, str]:

@@ -21,7 +21,7 @@ K8S_VERSION = "1.33"
 def owner(**autoscaling) -> Owner:
     # vLLM's metrics need the vllm engine (the model server does not export them).
     metric = Metric(autoscaling.get("metric", Metric.LATENCY_P95_MS))
-    engine = Engine.VLLM if metric in ENGINES[Engine.VLLM].metrics else Engine.MODEL_SERVER
+    engine = Engine.VLLM if metric in ENGINES[Engine.VLLM].traits.metrics else Engine.MODEL_SERVER
     spec = parse_spec(
         {
             "model": {"uri": "pvc://models/resnet50", "name": "resnet-50"},
@@ -135,7 +135,7 @@ def test_autoscaler_hpa_is_valid_autoscaling_v2(metric: Metric) -> None:
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "resnet"}
     (spec,) = hpa["spec"]["metrics"]
     # Series carry the model as `model` (model server) or `model_name` (vLLM).
-    label = "model_name" if metric in ENGINES[Engine.VLLM].metrics else "model"
+    label = "model_name" if metric in ENGINES[Engine.VLLM].traits.metrics else "model"
     service_wide = (
         Metric.LATENCY_P95_MS,
         Metric.LATENCY_P99_MS,

@@ -30,7 +30,7 @@ def test_autoscaler_selector_quotes_label_values() -> None:
 def test_autoscaler_every_metric_has_a_query_selecting_the_service(metric: Metric) -> None:
     query = promql.metric_query(metric, "ml", "resnet", 60)
     # vLLM labels its series with model_name (its served model name).
-    label = "model_name" if metric in ENGINES[Engine.VLLM].metrics else "model"
+    label = "model_name" if metric in ENGINES[Engine.VLLM].traits.metrics else "model"
     assert f'{{namespace="ml",{label}="resnet"}}' in query
     assert "[60s]" in query
 

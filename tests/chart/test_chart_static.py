@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 import inference_operator
 from inference_operator import metrics
-from inference_operator.prometheus import promql
+from inference_operator.engines import vllm as vllm_engine
 from model_server.activator.metrics import ActivatorMetrics
 from tests.chart import helm as h
 
@@ -63,9 +63,9 @@ def registry_series(registry: CollectorRegistry) -> set[str]:
 
 
 def vllm_series() -> set[str]:
-    """vLLM's series as the operator's own queries name them (prometheus/promql.py)."""
-    series = {promql.VLLM_WAITING, promql.VLLM_RUNNING, promql.VLLM_KV_CACHE}
-    for name in (promql.VLLM_TTFT, promql.VLLM_ITL, promql.VLLM_E2E):
+    """vLLM's series as the operator's own queries name them (engines/vllm.py)."""
+    series = {vllm_engine.VLLM_WAITING, vllm_engine.VLLM_RUNNING, vllm_engine.VLLM_KV_CACHE}
+    for name in (vllm_engine.VLLM_TTFT, vllm_engine.VLLM_ITL, vllm_engine.VLLM_E2E):
         series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     return series
 
@@ -300,8 +300,8 @@ def test_dashboard_queries_known_metrics_and_shows_what_operators_need() -> None
     # the LLM path (time to first token, inter-token latency, queue, KV cache) and rollouts
     assert (
         vllm_series()
-        - {f"{promql.VLLM_E2E}_{s}" for s in ("bucket", "sum", "count")}
-        - {f"{h}_{s}" for h in (promql.VLLM_TTFT, promql.VLLM_ITL) for s in ("sum", "count")}
+        - {f"{vllm_engine.VLLM_E2E}_{s}" for s in ("bucket", "sum", "count")}
+        - {f"{h}_{s}" for h in (vllm_engine.VLLM_TTFT, vllm_engine.VLLM_ITL) for s in ("sum", "count")}
         <= used
     )
     assert "inference_operator_rollouts_total" in used

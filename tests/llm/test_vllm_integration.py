@@ -27,6 +27,7 @@ import time
 import httpx
 import pytest
 
+from inference_operator.engines import vllm as vllm_engine
 from inference_operator.models import Metric
 from inference_operator.prometheus import promql
 from tests.autoscaler.conftest import Target, running_prometheus
@@ -156,7 +157,13 @@ def test_vllm_serves_the_rendered_command_line_and_continues_a_sampled_trace(
     assert (request_span.trace_id, request_span.parent_id) == (TRACE_ID, PARENT_SPAN_ID)
     assert request_span.attributes["gen_ai.usage.completion_tokens"] == 4
     # vLLM exported the metrics the autoscaler reads, under the served model name.
-    for name in (promql.VLLM_TTFT, promql.VLLM_ITL, promql.VLLM_E2E, promql.VLLM_WAITING, promql.VLLM_KV_CACHE):
+    for name in (
+        vllm_engine.VLLM_TTFT,
+        vllm_engine.VLLM_ITL,
+        vllm_engine.VLLM_E2E,
+        vllm_engine.VLLM_WAITING,
+        vllm_engine.VLLM_KV_CACHE,
+    ):
         assert name in metrics_text and f'model_name="{MODEL}"' in metrics_text, name
 
 

@@ -1,9 +1,6 @@
-"""The engine table: every engine has its entry in each of the three tables (the spec's rules,
-its Prometheus series, its pod), and what the rules and queries derive from them holds.
-
-A third engine is an entry in `models.ENGINES`, `prometheus.promql.SERIES` and
-`builders.engines.PODS` (and its default image, `settings.Images.serving`); these tests fail
-until it has all of them.
+"""The engine registry: every engine is one object (`inference_operator.engines.ENGINES`) with its
+traits, series and scaling names, and a pod the builders make (`builders.engines.PODS`, found by
+the serving container the engine names); what the rules and queries derive from it holds.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ import pytest
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.engines import PODS
 from inference_operator.cel_rules import evaluate_rule
+from inference_operator.engines.base import Quantile
 from inference_operator.models import DEFAULT_ENGINE, ENGINES, Engine, Metric, parse_spec
 from inference_operator.models.engines import cel_engine_in
 from inference_operator.prometheus import promql
@@ -23,16 +21,18 @@ from inference_operator.settings import Images
 
 @pytest.mark.parametrize("engine", list(Engine))
 def test_every_engine_has_an_entry_in_every_table(engine: Engine) -> None:
-    assert engine in ENGINES and engine in promql.SERIES and engine in PODS
+    assert engine in ENGINES and ENGINES[engine].engine == engine and ENGINES[engine].container in PODS
     assert Images(model_server="ms", vllm="vl").serving(engine) in {"ms", "vl"}
 
 
 def test_each_metric_is_exported_by_exactly_one_engine_and_has_a_query() -> None:
-    exported = [metric for traits in ENGINES.values() for metric in traits.metrics]
+    exported = [metric for serving in ENGINES.values() for metric in serving.traits.metrics]
     assert sorted(exported) == sorted(Metric), "a metric no engine exports, or two engines export"
-    for engine, traits in ENGINES.items():
-        label = promql.SERIES[engine].model_label
-        for metric in traits.metrics:
+    for engine, serving in ENGINES.items():
+        label = serving.series.model_label
+        # Each metric it exports is read from its series and named for an HPA.
+        assert set(serving.series.metrics) == set(serving.scaling_names) == serving.traits.metrics
+        for metric in serving.traits.metrics:
             assert promql.exporter(metric) == engine
             # The query selects the engine's own model label (the GPU gauge carries none itself,
             # and is matched through a series that does).
@@ -41,17 +41,22 @@ def test_each_metric_is_exported_by_exactly_one_engine_and_has_a_query() -> None
 
 @pytest.mark.parametrize("engine", list(Engine))
 def test_a_canary_is_judged_on_latencies_its_engine_exports(engine: Engine) -> None:
-    traits = ENGINES[engine]
+    serving = ENGINES[engine]
+    traits = serving.traits
     assert traits.canary_metrics and set(traits.canary_metrics) <= traits.metrics
     for metric in traits.canary_metrics:
+        source = serving.series.metrics[metric]
+        assert isinstance(source, Quantile), metric
         query = promql.canary_latency_ms(metric, "ns", "m", "svc", 60)
-        assert f'{promql.SERIES[engine].model_label}="m"' in query and promql.LATENCIES[metric][0] in query
+        assert f'{serving.series.model_label}="m"' in query and source.histogram in query
 
 
 @pytest.mark.parametrize("engine", list(Engine))
 def test_engine_independent_queries_read_only_the_engines_series(engine: Engine) -> None:
-    series = promql.SERIES[engine]
-    others = {name for other, s in promql.SERIES.items() if other != engine for name in (*s.holding, s.answered)}
+    series = ENGINES[engine].series
+    others = {
+        name for other, o in ENGINES.items() if other != engine for name in (*o.series.holding, o.series.answered)
+    }
     others -= {*series.holding, series.answered, *series.scraped}
     queries = [
         promql.recent_requests(engine, "ns", "m", 60),
@@ -76,7 +81,8 @@ def test_the_cel_test_of_an_engine_set_treats_an_unset_engine_as_the_default(cho
 
 @pytest.mark.parametrize(("engine", "grpc"), list(itertools.product(Engine, [False, True])))
 def test_each_engines_pod_carries_what_its_entry_says(engine: Engine, grpc: bool) -> None:
-    traits = ENGINES[engine]
+    traits = ENGINES[engine].traits
+    pod_part = PODS[ENGINES[engine].container]
     runtime: dict[str, object] = {"engine": engine.value}
     if grpc and traits.grpc:
         runtime["grpcPort"] = 8081
@@ -85,9 +91,10 @@ def test_each_engines_pod_carries_what_its_entry_says(engine: Engine, grpc: bool
     deployment, service = (o for o in build_all(owner) if o["kind"] in {"Deployment", "Service"})
     pod = deployment["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == owner.images.serving(engine)
-    assert pod["terminationGracePeriodSeconds"] == PODS[engine].termination_grace_seconds
+    assert pod["containers"][0]["name"] == ENGINES[engine].container
+    assert pod["terminationGracePeriodSeconds"] == pod_part.termination_grace_seconds
     sidecars = [c["name"] for c in pod.get("initContainers", []) if c.get("restartPolicy") == "Always"]
-    assert len(sidecars) == len(PODS[engine].sidecars(owner, {}))
+    assert len(sidecars) == len(pod_part.sidecars(owner, {}))
     metrics = next(p for p in service["spec"]["ports"] if p["name"] == "metrics")
     assert metrics["targetPort"] == ("http" if traits.metrics_on_api_port else "metrics")
     scraped = int(deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"])

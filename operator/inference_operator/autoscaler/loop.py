@@ -25,6 +25,8 @@ from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
 from ..kinds import INFERENCE_SERVICE
 from ..models import (
+    DEFAULT_ENGINE,
+    ENGINES,
     AutoscalingSpec,
     Engine,
     InferenceServiceSpec,
@@ -51,9 +53,13 @@ class Queries:
     age: str
 
 
-def queries_for(scaling: AutoscalingSpec, namespace: str, model: str, engine: Engine = Engine.MODEL_SERVER) -> Queries:
+def queries_for(scaling: AutoscalingSpec, namespace: str, model: str, engine: Engine = DEFAULT_ENGINE) -> Queries:
+    # The spec's engine reads the metric from its own series (the CRD has it export the metric).
+    exports = scaling.metric in ENGINES[engine].traits.metrics
     return Queries(
-        value=promql.metric_query(scaling.metric, namespace, model, scaling.window_seconds),
+        value=promql.metric_query(
+            scaling.metric, namespace, model, scaling.window_seconds, engine if exports else None
+        ),
         latency_p95=promql.request_latency_ms(engine, namespace, model, scaling.window_seconds),
         age=promql.data_age_seconds(namespace, model, engine),
     )
@@ -166,7 +172,7 @@ class Autoscaler:
         return await self._clients.get(scaling.prometheus_url, scaling.prometheus_auth)
 
     async def _observe(
-        self, scaling: AutoscalingSpec, model: str, ready: int | None, engine: Engine = Engine.MODEL_SERVER
+        self, scaling: AutoscalingSpec, model: str, ready: int | None, engine: Engine = DEFAULT_ENGINE
     ) -> tuple[Observation, float | None, CredentialsRefused | None]:
         q = queries_for(scaling, self.namespace, model, engine)
         at = self.clock()

@@ -48,7 +48,7 @@ STATUS_PATH = "/adapters"
 def lora_enabled(spec: InferenceServiceSpec) -> bool:
     """LoRA is on for a vLLM service with adapters or runtime.lora: turning it on rolls the pods
     once; adapters added after that do not."""
-    return ENGINES[spec.runtime.engine].lora and (bool(spec.adapters) or spec.runtime.lora is not None)
+    return ENGINES[spec.runtime.engine].traits.lora and (bool(spec.adapters) or spec.runtime.lora is not None)
 
 
 def sidecar_port(spec: InferenceServiceSpec) -> int:

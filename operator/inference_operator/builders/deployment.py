@@ -8,7 +8,7 @@ from ..models import AutoscalingMode, InferenceServiceSpec
 from .adapters import adapter_volumes, adapters_sidecar, lora_enabled
 from .canary import STABLE, TRACK_LABEL, labels_stable_pods
 from .common import Owner, object_meta, selector_labels, standard_labels
-from .engines import PODS, metrics_port
+from .engines import metrics_port, pod_of
 from .gpu import GpuWiring, gpu_wiring
 from .storage import model_storage
 
@@ -61,7 +61,6 @@ def pod_labels(owner: Owner) -> dict[str, str]:
 
 def build_deployment(owner: Owner) -> JsonObject:
     spec = owner.spec
-    runtime = spec.runtime
     gpus = gpu_wiring(owner)
     env = _env(spec, gpus)
     fetch_env = _env(spec, GpuWiring())  # the init container gets no GPU
@@ -79,7 +78,7 @@ def build_deployment(owner: Owner) -> JsonObject:
     if lora_enabled(spec):
         volumes += adapter_volumes(owner)
         init_containers = [*init_containers, adapters_sidecar(owner, fetch_env, _container_security())]
-    engine = PODS[runtime.engine]
+    engine = pod_of(owner)
     container = engine.container(owner, env, _resources(spec, gpus), mounts)
     init_containers = [*init_containers, *engine.sidecars(owner, _container_security())]
     container["securityContext"] = _container_security()

@@ -323,7 +323,12 @@ def _scaler(owner: Owner, role: Role) -> list[JsonObject]:
         return []
     name = role_name(owner, role)
     query = promql.metric_query(
-        scaling.metric, owner.namespace, owner.model_name, scaling.window_seconds, promql.workload_pods(name)
+        scaling.metric,
+        owner.namespace,
+        owner.model_name,
+        scaling.window_seconds,
+        owner.spec.runtime.engine,
+        pods=promql.workload_pods(name),
     )
     if scaling.mode == AutoscalingMode.HPA:
         hpa = _as_role(build_hpa(part), owner, role)

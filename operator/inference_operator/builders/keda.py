@@ -25,7 +25,9 @@ def build_scaled_object(owner: Owner) -> JsonObject:
     assert scaling is not None
     metadata = {
         "serverAddress": scaling.prometheus_url,
-        "query": promql.metric_query(scaling.metric, owner.namespace, owner.model_name, scaling.window_seconds),
+        "query": promql.metric_query(
+            scaling.metric, owner.namespace, owner.model_name, scaling.window_seconds, owner.spec.runtime.engine
+        ),
         "threshold": _threshold(scaling.target),
         # An empty answer means the pods are not scraped: an error, not a reason to scale down.
         "ignoreNullValues": "false",

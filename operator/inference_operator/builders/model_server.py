@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 
+from ..engines.model_server import MODEL_SERVER
 from ..jsontypes import JsonObject
 from .common import Owner
 from .compile_cache import MIGRAPHX, MIOPEN, CompileCache, compile_cache
 from .storage import MODEL_DIR, TERMINATION_LOG
 from .tracing import resource_env
 
-CONTAINER = "model-server"
+CONTAINER = MODEL_SERVER.container
 # What the server compiles (compile_cache.py): on the cache claim, or in the pod's /tmp volume.
 COMPILE_CACHE_DIR = "/var/cache/model-server"
 COMPILE_CACHE_PREFIX = "model-server-cache"

@@ -17,7 +17,7 @@ HTTP_PORT = 80
 
 def build_service(owner: Owner) -> JsonObject:
     runtime = owner.spec.runtime
-    metrics_target = "http" if ENGINES[runtime.engine].metrics_on_api_port else "metrics"
+    metrics_target = "http" if ENGINES[runtime.engine].traits.metrics_on_api_port else "metrics"
     return {
         **SERVICE.header(),
         "metadata": object_meta(owner),

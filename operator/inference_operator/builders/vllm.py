@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 from decimal import Decimal
 
+from ..engines.vllm import VLLM
 from ..jsontypes import JsonObject
 from ..models import TracingSpec
 from .adapters import lora_args, lora_enabled, lora_env, vllm_mounts
@@ -25,7 +26,7 @@ from .compile_cache import AITER, MIOPEN, TRITON, CompileCache, compile_cache
 from .storage import quantity_value
 from .tracing import resource_env
 
-CONTAINER = "vllm"
+CONTAINER = VLLM.container
 # vLLM's compiled graphs and kernels (VLLM_CACHE_ROOT): half of a CPU start is torch.compile.
 COMPILE_CACHE_DIR = "/var/cache/vllm"
 # Without a cache claim: the pod's /tmp volume, which outlives the container's restarts.
@@ -69,6 +70,9 @@ def under_init(command: list[str]) -> list[str]:
 # The module rather than the `vllm` CLI: the same in every image, whatever the distribution's name.
 ENGINE_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 COMMAND = under_init(ENGINE_COMMAND)
+# A multi-node group's workers: the CLI (`vllm serve --headless`); the API server module the
+# leader runs has no headless mode.
+WORKER_COMMAND = under_init(["python3", "-m", "vllm.entrypoints.cli.main", "serve"])
 HEALTH_PATH = "/health"
 # vLLM finishes the generations it is streaming when it stops; a long completion takes a while.
 VLLM_TERMINATION_GRACE_SECONDS = 60

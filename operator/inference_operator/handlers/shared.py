@@ -18,13 +18,11 @@ from kubernetes.client.exceptions import ApiException
 
 from .. import config, credentials, policy, scale_to_zero, status_pods
 from ..builders.common import STATUS_ROLES, Owner, Role, inventory_selector, role_of
-from ..builders.model_server import CONTAINER as SERVER_CONTAINER
 from ..builders.storage import FETCH_CONTAINER
-from ..builders.vllm import CONTAINER as VLLM_CONTAINER
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
 from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, NODE, POD
-from ..models import parse_spec
+from ..models import ENGINES, parse_spec
 from ..reasons import Reason
 from ..reconcile import Action, Change, Result, never_reconciled, owned_by, pruned_inventory, reconcile
 from ..rollout import Phase, RolloutState
@@ -46,7 +44,7 @@ from ..status import (
 # rolled back stays Degraded until the spec changes; the stable revision serves meanwhile).
 KEPT_PROBLEMS = (*SPEC_PROBLEMS, Reason.API_ERROR, *credentials.REFUSALS, Reason.ROLLED_BACK)
 # The containers of a model pod whose failures status_pods tells apart.
-POD_ROLES = status_pods.Roles(fetch=FETCH_CONTAINER, servers=(SERVER_CONTAINER, VLLM_CONTAINER))
+POD_ROLES = status_pods.Roles(fetch=FETCH_CONTAINER, servers=tuple(engine.container for engine in ENGINES.values()))
 
 
 def normal_event(body: kopf.Body | JsonObject, reason: Reason | Action, message: str) -> None:

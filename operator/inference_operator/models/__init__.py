@@ -86,28 +86,7 @@ from .engines import (
     OPERATOR_FLAGS as OPERATOR_FLAGS,
 )
 from .engines import (
-    VLLM_ARG_PATTERN as VLLM_ARG_PATTERN,
-)
-from .engines import (
-    VLLM_ARGS_MESSAGE as VLLM_ARGS_MESSAGE,
-)
-from .engines import (
-    VLLM_MULTI_NODE_ARG_PATTERN as VLLM_MULTI_NODE_ARG_PATTERN,
-)
-from .engines import (
-    VLLM_MULTI_NODE_FLAGS as VLLM_MULTI_NODE_FLAGS,
-)
-from .engines import (
-    VLLM_RESERVED_ARG_PATTERN as VLLM_RESERVED_ARG_PATTERN,
-)
-from .engines import (
-    VLLM_RESERVED_FLAGS as VLLM_RESERVED_FLAGS,
-)
-from .engines import (
     Engine as Engine,
-)
-from .engines import (
-    EngineTraits as EngineTraits,
 )
 from .engines import (
     Metric as Metric,

@@ -1,18 +1,18 @@
-"""What serves the model (the bundled model server or vLLM): the engine table (what each engine
-exports and supports), and the flags and variables the operator sets on its command line (which
-runtime.args and runtime.env may therefore not set).
-
-An engine is one entry here (`ENGINES`), one in the PromQL layer (`prometheus.promql.SERIES`: the
-names of its series) and one among the builders (`builders.engines.PODS`: its containers);
-tests/operator/test_engine_table.py holds every engine to all three.
+"""What serves the model, as the spec sees it: the engines' traits (inference_operator.engines)
+turned into the CRD's per-engine rules, and the flags and variables the operator sets on the
+command line (which runtime.args and runtime.env may therefore not set).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from enum import StrEnum
 
+from ..engines import DEFAULT_ENGINE as DEFAULT_ENGINE
+from ..engines import ENGINES as ENGINES
+from ..engines.base import Engine as Engine
+from ..engines.base import Metric as Metric
+from ..engines.base import ReservedArgs
+from ..engines.base import Traits as Traits
 from .base import flag_prefixes
 
 DEFAULT_IMAGE = "ghcr.io/rocm-inference/model-server:0.1.0"
@@ -81,80 +81,11 @@ OPERATOR_ENV = (
 )
 
 
-class Engine(StrEnum):
-    """What serves the model: the bundled model server, or vLLM for LLMs."""
-
-    MODEL_SERVER = "modelServer"
-    VLLM = "vllm"
+ENGINES_TRAITS: dict[Engine, Traits] = {engine: serving.traits for engine, serving in ENGINES.items()}
 
 
-class Metric(StrEnum):
-    LATENCY_P95_MS = "latencyP95Ms"
-    LATENCY_P99_MS = "latencyP99Ms"
-    QUEUE_DEPTH = "queueDepth"
-    RPS = "rps"
-    GPU_UTILIZATION = "gpuUtilization"
-    # vLLM's own metrics (engine: vllm).
-    TTFT_P95_MS = "ttftP95Ms"
-    ITL_P95_MS = "itlP95Ms"
-    E2E_LATENCY_P95_MS = "e2eLatencyP95Ms"
-    REQUESTS_WAITING = "requestsWaiting"
-    KV_CACHE_USAGE = "kvCacheUsage"
-
-
-@dataclass(frozen=True)
-class EngineTraits:
-    """What the spec may ask of one engine; the CRD's rules and the builders read it here."""
-
-    # The scaling metrics it exports: a metric of another engine would never have data.
-    metrics: frozenset[Metric]
-    # The latencies a canary can be judged on (a quantile in ms); the first is the default.
-    canary_metrics: tuple[Metric, ...]
-    # It answers /metrics on its API port (no separate metrics port in the pod).
-    metrics_on_api_port: bool = False
-    # runtime.grpcPort: it serves the Open Inference Protocol over gRPC.
-    grpc: bool = False
-    # runtime.lora and spec.adapters: LoRA adapters loaded at run time.
-    lora: bool = False
-    # runtime.maxModelLen: a context length to cap.
-    max_model_len: bool = False
-    # resources.gpu.nodes > 1: one replica spread over several nodes.
-    multi_node: bool = False
-    # routing.router: the vLLM router in front of its replicas (it speaks the OpenAI API).
-    router: bool = False
-
-
-ENGINES: dict[Engine, EngineTraits] = {
-    Engine.MODEL_SERVER: EngineTraits(
-        metrics=frozenset(
-            {Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS, Metric.QUEUE_DEPTH, Metric.RPS, Metric.GPU_UTILIZATION}
-        ),
-        canary_metrics=(Metric.LATENCY_P95_MS, Metric.LATENCY_P99_MS),
-        grpc=True,
-    ),
-    Engine.VLLM: EngineTraits(
-        metrics=frozenset(
-            {
-                Metric.TTFT_P95_MS,
-                Metric.ITL_P95_MS,
-                Metric.E2E_LATENCY_P95_MS,
-                Metric.REQUESTS_WAITING,
-                Metric.KV_CACHE_USAGE,
-            }
-        ),
-        canary_metrics=(Metric.TTFT_P95_MS, Metric.ITL_P95_MS, Metric.E2E_LATENCY_P95_MS),
-        metrics_on_api_port=True,
-        lora=True,
-        max_model_len=True,
-        multi_node=True,
-        router=True,
-    ),
-}
-DEFAULT_ENGINE = Engine.MODEL_SERVER
-
-
-def engines_where(trait: Callable[[EngineTraits], bool]) -> tuple[Engine, ...]:
-    return tuple(engine for engine, traits in ENGINES.items() if trait(traits))
+def engines_where(trait: Callable[[Traits], bool]) -> tuple[Engine, ...]:
+    return tuple(engine for engine, traits in ENGINES_TRAITS.items() if trait(traits))
 
 
 def metrics_in_order(metrics: Collection[Metric]) -> list[Metric]:
@@ -162,11 +93,11 @@ def metrics_in_order(metrics: Collection[Metric]) -> list[Metric]:
     return [metric for metric in Metric if metric in metrics]
 
 
-def metrics_per_engine(allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
+def metrics_per_engine(allowed: Callable[[Traits], Collection[Metric]]) -> str:
     """`a, b or c for modelServer; d or e for vllm`: a rule's message, a field's description."""
 
     def listed(engine: Engine) -> str:
-        names = [m.value for m in metrics_in_order(allowed(ENGINES[engine]))]
+        names = [m.value for m in metrics_in_order(allowed(ENGINES_TRAITS[engine]))]
         return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
     return "; ".join(f"{listed(engine)} for {engine.value}" for engine in ENGINES)
@@ -191,44 +122,25 @@ def cel_engine_in(engines: tuple[Engine, ...], runtime: str = "self") -> str:
     return " && ".join([*guards, test])
 
 
-# vLLM flags the operator sets from the spec (or that would move the server off its port, or
-# read more flags from a file): runtime.args may not set them, nor an abbreviation of them
-# (vLLM's argument parser accepts unambiguous prefixes and `_` for `-`).
-VLLM_RESERVED_FLAGS = (
-    "model",
-    "served-model-name",
-    "tensor-parallel-size",
-    "max-model-len",
-    "host",
-    "port",
-    "uds",
-    "config",
-    # LoRA: sized by runtime.lora, adapters from spec.adapters, and the guard of their endpoints.
-    "enable-lora",
-    "max-loras",
-    "max-lora-rank",
-    "lora-modules",
-    "middleware",
-    # Trace export: runtime.tracing.
-    "otlp-traces-endpoint",
-)
-VLLM_ARG_PATTERN = r"^--[A-Za-z0-9][-_A-Za-z0-9.+]*(=[\s\S]*)?$"
-# vLLM flags a multi-node replica (resources.gpu.nodes > 1) sets: the pipeline across nodes and
-# the multiprocessing bootstrap between them; runtime.args may not set them there.
-VLLM_MULTI_NODE_FLAGS = (
-    "pipeline-parallel-size",
-    "distributed-executor-backend",
-    "nnodes",
-    "node-rank",
-    "master-addr",
-    "master-port",
-    "headless",
-    "data-parallel-size",
-)
+def _args_pattern(flags: tuple[str, ...]) -> str:
+    """One `--flag` or `--flag=value` naming (a prefix of) one of `flags`; `.key`/`+` are the JSON-
+    argument syntax of vLLM-style parsers for the same flag. Shared with the CRD's CEL rule."""
+    return "^--(" + "|".join(flag_prefixes(f) for f in flags) + ")([.+=][\\s\\S]*)?$"
 
 
-# One `--flag` or `--flag=value` naming (a prefix of) a reserved flag; `.key`/`+` are vLLM's
-# JSON-argument syntax for the same flag. Shared with the CRD's CEL rule.
-VLLM_RESERVED_ARG_PATTERN = "^--(" + "|".join(flag_prefixes(f) for f in VLLM_RESERVED_FLAGS) + ")([.+=][\\s\\S]*)?$"
-VLLM_ARGS_MESSAGE = "runtime.args for engine vllm"
-VLLM_MULTI_NODE_ARG_PATTERN = "^--(" + "|".join(flag_prefixes(f) for f in VLLM_MULTI_NODE_FLAGS) + ")([.+=][\\s\\S]*)?$"
+# The engines whose runtime.args are checked by form, with the pattern of the flags they keep.
+CHECKED_ARGS: dict[Engine, tuple[ReservedArgs, str]] = {
+    engine: (serving.args, _args_pattern(serving.args.flags))
+    for engine, serving in ENGINES.items()
+    if serving.args is not None
+}
+# The engines that run on several nodes, with the pattern of the flags a group sets.
+MULTI_NODE_ARGS: dict[Engine, tuple[tuple[str, ...], str]] = {
+    engine: (serving.multi_node_flags, _args_pattern(serving.multi_node_flags))
+    for engine, serving in ENGINES.items()
+    if serving.multi_node_flags
+}
+
+
+def args_message(engine: Engine) -> str:
+    return f"runtime.args for engine {engine.value}"

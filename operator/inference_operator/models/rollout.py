@@ -25,7 +25,9 @@ class CanaryAnalysis(SpecModel):
         description="Latency judged (a quantile in milliseconds), one the engine exports: "
         + metrics_per_engine(lambda traits: traits.canary_metrics)
         + ". Unset: "
-        + ", ".join(f"{traits.canary_metrics[0].value} for {engine.value}" for engine, traits in ENGINES.items())
+        + ", ".join(
+            f"{serving.traits.canary_metrics[0].value} for {engine.value}" for engine, serving in ENGINES.items()
+        )
         + ".",
     )
     max_latency_ms: float = Field(

@@ -9,14 +9,12 @@ from pydantic import ConfigDict, Field
 
 from .base import SpecModel, cel, cel_list, cel_rules, cel_string, prefixes_pattern
 from .engines import (
+    CHECKED_ARGS,
     DEFAULT_ENGINE,
     OPERATOR_ENV,
     OPERATOR_FLAGS,
-    VLLM_ARG_PATTERN,
-    VLLM_ARGS_MESSAGE,
-    VLLM_RESERVED_ARG_PATTERN,
-    VLLM_RESERVED_FLAGS,
     Engine,
+    args_message,
     cel_engine_in,
     engine_names,
     engines_where,
@@ -87,7 +85,6 @@ def _default_providers() -> list[ExecutionProvider]:
 _LORA = engines_where(lambda traits: traits.lora)
 _GRPC = engines_where(lambda traits: traits.grpc)
 _MAX_MODEL_LEN = engines_where(lambda traits: traits.max_model_len)
-_IS_VLLM = cel_engine_in((Engine.VLLM,))
 
 # The LoRA ranks vLLM accepts (--max-lora-rank).
 LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
@@ -212,12 +209,16 @@ class RuntimeSpec(SpecModel):
                 f"runtime.maxModelLen applies to engine {engine_names(_MAX_MODEL_LEN)} only",
                 ".maxModelLen",
             ),
-            cel(
-                f"!({_IS_VLLM}) || !has(self.args) || self.args.all(a, a.matches({cel_string(VLLM_ARG_PATTERN)})"
-                f" && !a.matches({cel_string(VLLM_RESERVED_ARG_PATTERN)}))",
-                f"{VLLM_ARGS_MESSAGE}: each entry is --flag or --flag=value, and none may set a flag the operator sets "
-                f"({', '.join('--' + f for f in VLLM_RESERVED_FLAGS)}, or an abbreviation)",
-                ".args",
+            *(
+                cel(
+                    f"!({cel_engine_in((engine,))}) || !has(self.args)"
+                    f" || self.args.all(a, a.matches({cel_string(args.pattern)})"
+                    f" && !a.matches({cel_string(reserved)}))",
+                    f"{args_message(engine)}: each entry is --flag or --flag=value, and none may set a flag the "
+                    f"operator sets ({', '.join('--' + f for f in args.flags)}, or an abbreviation)",
+                    ".args",
+                )
+                for engine, (args, reserved) in CHECKED_ARGS.items()
             ),
         )
     )

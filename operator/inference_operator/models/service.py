@@ -15,10 +15,9 @@ from .disaggregation import DisaggregationSpec
 from .engines import (
     DEFAULT_ENGINE,
     ENGINES,
-    VLLM_MULTI_NODE_ARG_PATTERN,
-    VLLM_MULTI_NODE_FLAGS,
-    EngineTraits,
+    MULTI_NODE_ARGS,
     Metric,
+    Traits,
     cel_engine_in,
     engine_names,
     engines_where,
@@ -33,11 +32,11 @@ from .routing import RoutingSpec
 from .runtime import RuntimeSpec
 
 
-def _per_engine(field: str, allowed: Callable[[EngineTraits], Collection[Metric]]) -> str:
+def _per_engine(field: str, allowed: Callable[[Traits], Collection[Metric]]) -> str:
     """CEL: `field` is among what the spec's engine allows (`e1 ? field in [..] : ... default's`)."""
-    rule = f"{field} in [{', '.join(repr(m.value) for m in metrics_in_order(allowed(ENGINES[DEFAULT_ENGINE])))}]"
+    rule = f"{field} in [{', '.join(repr(m.value) for m in metrics_in_order(allowed(ENGINES[DEFAULT_ENGINE].traits)))}]"
     for engine in reversed([e for e in ENGINES if e != DEFAULT_ENGINE]):
-        listed = ", ".join(repr(m.value) for m in metrics_in_order(allowed(ENGINES[engine])))
+        listed = ", ".join(repr(m.value) for m in metrics_in_order(allowed(ENGINES[engine].traits)))
         rule = f"({cel_engine_in((engine,), 'self.runtime')}) ? {field} in [{listed}] : {rule}"
     return rule
 
@@ -100,13 +99,16 @@ class InferenceServiceSpec(SpecModel):
                 "resources.gpu.nodes above 1 does not take a canary rollout or adapters yet",
                 ".resources.gpu.nodes",
             ),
-            cel(
-                f"{_MULTI_NODE} && has(self.runtime) && has(self.runtime.args)"
-                f" ? self.runtime.args.all(a, !a.matches({cel_string(VLLM_MULTI_NODE_ARG_PATTERN)})) : true",
-                "runtime.args may not set what a multi-node replica sets: "
-                + ", ".join("--" + f for f in VLLM_MULTI_NODE_FLAGS)
-                + " (or an abbreviation)",
-                ".runtime.args",
+            *(
+                cel(
+                    f"{_MULTI_NODE} && has(self.runtime) && has(self.runtime.args)"
+                    f" ? self.runtime.args.all(a, !a.matches({cel_string(pattern)})) : true",
+                    "runtime.args may not set what a multi-node replica sets: "
+                    + ", ".join("--" + f for f in flags)
+                    + " (or an abbreviation)",
+                    ".runtime.args",
+                )
+                for flags, pattern in MULTI_NODE_ARGS.values()
             ),
             cel(
                 "!has(self.adapters) || size(self.adapters) == 0"

@@ -1,0 +1,170 @@
+"""What every engine is to the operator: its key (`Engine`), the scaling metrics a spec may name
+(`Metric`), and the one interface an engine implements (`ServingEngine`), made of small frozen
+parts: what the spec may ask of it (`Traits`), the series it exports (`Series`), the flags its
+command line keeps for the operator (`ReservedArgs`).
+
+This package is the bottom of the operator's pure core: the spec model derives its per-engine
+CEL rules from it, the PromQL layer its queries, the builders their objects; it imports none of
+them, so an engine is declared once and read everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+
+class Engine(StrEnum):
+    """What serves the model: the bundled model server, or vLLM for LLMs."""
+
+    MODEL_SERVER = "modelServer"
+    VLLM = "vllm"
+
+
+class Metric(StrEnum):
+    LATENCY_P95_MS = "latencyP95Ms"
+    LATENCY_P99_MS = "latencyP99Ms"
+    QUEUE_DEPTH = "queueDepth"
+    RPS = "rps"
+    GPU_UTILIZATION = "gpuUtilization"
+    # vLLM's own metrics (engine: vllm).
+    TTFT_P95_MS = "ttftP95Ms"
+    ITL_P95_MS = "itlP95Ms"
+    E2E_LATENCY_P95_MS = "e2eLatencyP95Ms"
+    REQUESTS_WAITING = "requestsWaiting"
+    KV_CACHE_USAGE = "kvCacheUsage"
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the spec may ask of one engine; the CRD's rules and the builders read it here."""
+
+    # The scaling metrics it exports: a metric of another engine would never have data.
+    metrics: frozenset[Metric]
+    # The latencies a canary can be judged on (a quantile in ms); the first is the default.
+    canary_metrics: tuple[Metric, ...]
+    # It answers /metrics on its API port (no separate metrics port in the pod).
+    metrics_on_api_port: bool = False
+    # runtime.grpcPort: it serves the Open Inference Protocol over gRPC.
+    grpc: bool = False
+    # runtime.lora and spec.adapters: LoRA adapters loaded at run time.
+    lora: bool = False
+    # runtime.maxModelLen: a context length to cap.
+    max_model_len: bool = False
+    # resources.gpu.nodes > 1: one replica spread over several nodes.
+    multi_node: bool = False
+    # routing.router: the vLLM router in front of its replicas (it speaks the OpenAI API).
+    router: bool = False
+    # It serves the OpenAI API (/v1/*) and counts tokens.
+    openai_api: bool = False
+
+
+# --- how a scaling metric is read from an engine's series ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Quantile:
+    """A latency in ms: a quantile of a histogram in seconds."""
+
+    histogram: str
+    quantile: float
+
+
+@dataclass(frozen=True)
+class PodGauge:
+    """A gauge summed per pod, averaged over the window and over the pods, times `scale`."""
+
+    gauge: str
+    scale: int = 1
+
+
+@dataclass(frozen=True)
+class PodRate:
+    """A counter's rate per pod, averaged over the pods."""
+
+    counter: str
+
+
+@dataclass(frozen=True)
+class GpuGauge:
+    """A per-GPU gauge without the model's label, matched to the service's pods on the scrape
+    target through series that carry it (`on`)."""
+
+    gauge: str
+    on: tuple[str, ...]
+
+
+MetricSource = Quantile | PodGauge | PodRate | GpuGauge
+
+
+@dataclass(frozen=True)
+class ScalingName:
+    """The name prometheus-adapter is expected to serve a metric under for an HPA: an External
+    metric (service-wide, a Value target) or a Pods metric (per pod, an AverageValue target);
+    `by_model`: selected by the engine's model label."""
+
+    name: str
+    external: bool
+    by_model: bool = True
+
+
+@dataclass(frozen=True)
+class Series:
+    """The series of one engine that the engine-independent queries read."""
+
+    # The label its series name the served model by.
+    model_label: str
+    # The histogram of its request latency in seconds (vLLM: end to end), for status.
+    request_latency: str
+    # A counter of the requests it answered (a histogram's `_count`, or a counter).
+    answered: str
+    # Gauges that add up to the requests it holds now.
+    holding: tuple[str, ...]
+    # Series exported from the first scrape on, first the one always there: whether, and how
+    # recently, the service is scraped at all.
+    scraped: tuple[str, ...]
+    # Each scaling metric it exports: where it is read from.
+    metrics: Mapping[Metric, MetricSource] = field(default_factory=dict)
+    # Its answers counted by status `code`, for a canary's error ratio; None: it counts none,
+    # and its canaries are judged on latency alone.
+    answers_by_code: str | None = None
+
+
+@dataclass(frozen=True)
+class ReservedArgs:
+    """runtime.args for an engine whose command line is `--flag` or `--flag=value` tokens: the
+    form of one token, and the flags the operator sets (no prefix of which the spec may set)."""
+
+    pattern: str
+    flags: tuple[str, ...]
+
+
+class ServingEngine(Protocol):
+    """One engine, whole: every table of the operator that once had a row per engine reads it."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def traits(self) -> Traits: ...
+    @property
+    def series(self) -> Series: ...
+    # Its scaling metrics as an HPA names them (autoscaling.mode: hpa).
+    @property
+    def scaling_names(self) -> Mapping[Metric, ScalingName]: ...
+    # The image setting (settings.Images' field) its serving container runs when the spec names none.
+    @property
+    def image_setting(self) -> str: ...
+    # The serving container's name: the one the pods' status reads, the one a multi-node group extends.
+    @property
+    def container(self) -> str: ...
+    # runtime.args it checks by form (None: the operator's own flags alone, models.runtime).
+    @property
+    def args(self) -> ReservedArgs | None: ...
+    # The flags a multi-node replica sets (runtime.args may not set them there); empty: one node only.
+    @property
+    def multi_node_flags(self) -> tuple[str, ...]: ...
+    def multi_node_args(self, nodes: int, rank: str, master_address: str, master_port: int) -> list[str]:
+        """The serving command line's arguments for member `rank` of a group of `nodes`."""
+        ...

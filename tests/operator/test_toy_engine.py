@@ -1,0 +1,120 @@
+"""A third engine, defined here alone: one object implementing `ServingEngine`, its registry
+entry, and the pod part that makes its container. The same builders render it a valid
+Deployment, Service and HPA without a line of theirs naming it: what differs between engines
+is asked of the engine object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import kubernetes_validate
+import pytest
+
+from inference_operator.builders import Owner, build_all
+from inference_operator.builders.engines import PODS, EnginePod
+from inference_operator.builders.storage import MODEL_DIR
+from inference_operator.engines import ENGINES
+from inference_operator.engines.base import Metric, PodGauge, ReservedArgs, ScalingName, Series, Traits
+from inference_operator.jsontypes import JsonObject
+from inference_operator.models import parse_spec
+from inference_operator.settings import Images
+
+TOY = "toy"
+QUEUE = "toy_queue_length"
+
+
+@dataclass(frozen=True)
+class Toy:
+    """An engine that serves on its API port and exports one gauge, its queue."""
+
+    engine: str = TOY
+    traits: Traits = Traits(
+        metrics=frozenset({Metric.QUEUE_DEPTH}), canary_metrics=(Metric.QUEUE_DEPTH,), metrics_on_api_port=True
+    )
+    series: Series = Series(
+        model_label="served_model",
+        request_latency="toy_latency_seconds",
+        answered="toy_answers_total",
+        holding=(QUEUE,),
+        scraped=(QUEUE,),
+        metrics={Metric.QUEUE_DEPTH: PodGauge(QUEUE)},
+    )
+    scaling_names: Mapping[Metric, ScalingName] = field(
+        default_factory=lambda: {Metric.QUEUE_DEPTH: ScalingName(QUEUE, external=False)}
+    )
+    image_setting: str = "model_server"
+    container: str = "toy-server"
+    args: ReservedArgs | None = None
+    multi_node_flags: tuple[str, ...] = ()
+
+    def multi_node_args(self, nodes: int, rank: str, master_address: str, master_port: int) -> list[str]:
+        raise ValueError("one node")
+
+
+def toy_container(owner: Owner, env: list[JsonObject], resources: JsonObject, mounts: list[JsonObject]) -> JsonObject:
+    runtime = owner.spec.runtime
+    return {
+        "name": Toy.container,
+        "image": owner.image,
+        "args": [f"--model={MODEL_DIR}", f"--port={runtime.port}"],
+        "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
+        "env": env,
+        "resources": resources,
+        "volumeMounts": mounts,
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}},
+    }
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Toy]:
+    engine = Toy()
+    monkeypatch.setitem(ENGINES, TOY, engine)  # type: ignore[arg-type]
+    monkeypatch.setitem(PODS, engine.container, EnginePod(engine.container, toy_container, 17))
+    yield engine
+
+
+def toy_owner(spec: dict[str, object]) -> Owner:
+    """A spec of the toy engine: the CRD knows only the engines of `Engine`, so the spec is
+    parsed as the default engine's and then given the toy one."""
+    parsed = parse_spec(spec)
+    runtime = parsed.runtime.model_copy(update={"engine": TOY})
+    return Owner("svc", "ml", "u-1", parsed.model_copy(update={"runtime": runtime}), Images(model_server="reg/toy:1"))
+
+
+def test_a_toy_engine_renders_a_valid_deployment_through_the_same_builders(toy: Toy) -> None:
+    owner = toy_owner({"model": {"uri": "pvc://models/m"}, "resources": {"gpu": {"count": 1}}})
+    objects = {o["kind"]: o for o in build_all(owner)}
+    deployment = objects["Deployment"]
+    for obj in objects.values():
+        kubernetes_validate.validate(obj, "1.33", strict=True)
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == toy.container and container["image"] == "reg/toy:1"
+    assert container["args"] == [f"--model={MODEL_DIR}", "--port=8080"]
+    assert pod["terminationGracePeriodSeconds"] == 17
+    assert "amd.com/gpu" in container["resources"]["limits"]  # the pod every engine shares: GPUs, model, security
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert any(c["name"] == "model-fetch" or "model" in c["name"] for c in pod.get("initContainers", [])) or any(
+        v.get("persistentVolumeClaim") for v in pod["volumes"]
+    )
+    # Its trait: metrics on the API port, for the Service and the scrape annotation alike.
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == str(owner.spec.runtime.port)
+    metrics = next(p for p in objects["Service"]["spec"]["ports"] if p["name"] == "metrics")
+    assert metrics["targetPort"] == "http"
+
+
+def test_a_toy_engine_scales_on_its_own_series(toy: Toy) -> None:
+    owner = toy_owner(
+        {
+            "model": {"uri": "pvc://models/m"},
+            "autoscaling": {"mode": "hpa", "metric": "queueDepth", "target": 4, "minReplicas": 1, "maxReplicas": 3},
+        }
+    )
+    hpa = next(o for o in build_all(owner) if o["kind"] == "HorizontalPodAutoscaler")
+    kubernetes_validate.validate(hpa, "1.33", strict=True)
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["pods"]["metric"] == {"name": QUEUE, "selector": {"matchLabels": {"served_model": "svc"}}}
+    assert f"{QUEUE}{{" in hpa["metadata"]["annotations"]["inference.rocm.dev/promql"]
