@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="Where a service's requests go while it has no ready replica (see model_server/activator/).",
     )
-    from .activator.config import add_arguments as add_activator_arguments
+    from inference_activator.config import add_arguments as add_activator_arguments
 
     add_activator_arguments(activator)
 
@@ -85,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return serve_front(config_from_args(args))
     if args.command == "activator":
-        from .activator.config import config_from_args as activator_config
-        from .activator.server import serve as serve_activator
+        from inference_activator.config import config_from_args as activator_config
+        from inference_activator.server import serve as serve_activator
 
         return serve_activator(activator_config(args))
     try:

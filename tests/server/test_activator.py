@@ -27,10 +27,10 @@ import httpx
 import pytest
 import uvicorn
 
-from model_server.activator.holding import Gate, Held, HeldRequests
-from model_server.activator.kube import ClientNamespaces, KubeApi, TokenFile
-from model_server.activator.metrics import ActivatorMetrics
-from model_server.activator.routes import (
+from inference_activator.holding import Gate, Held, HeldRequests
+from inference_activator.kube import ClientNamespaces, KubeApi, TokenFile
+from inference_activator.metrics import ActivatorMetrics
+from inference_activator.routes import (
     HoldPolicy,
     Load,
     RouteRefused,

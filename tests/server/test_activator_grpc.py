@@ -26,7 +26,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from model_server.activator.grpc_proxy import NotHttp2, UnreadAnswers, scan
+from inference_activator.grpc_proxy import NotHttp2, UnreadAnswers, scan
 from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command

@@ -37,7 +37,7 @@ import hpack
 from hyperframe.exceptions import HyperframeError
 from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame
 
-from ..grpc_server import (
+from model_server.grpc_server import (
     CONNECTIONS_PER_CALL_SLOT,
     LOOKAHEAD_BYTES,
     MAX_MESSAGE_BYTES,
@@ -50,7 +50,8 @@ from ..grpc_server import (
     Refused,
     Reservation,
 )
-from ..settings import detect_memory_limit
+from model_server.settings import detect_memory_limit
+
 from .config import ActivatorConfig
 from .holding import Gate, Refusal, Released
 from .routes import Route

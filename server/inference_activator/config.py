@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..http_protocol import ConnectionLimits
-from ..settings import ServerSettings, detect_memory_limit
+from model_server.http_protocol import ConnectionLimits
+from model_server.settings import ServerSettings, detect_memory_limit
+
 from .routes import HoldPolicy
 
 LIVE_PATH = "/healthz"

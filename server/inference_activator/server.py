@@ -53,11 +53,11 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from .. import metrics_port, signals
-from ..bodies import ReadBudget
-from ..errors import Busy, PayloadTooLarge
-from ..http_protocol import ConnectionLimits, LimitedHttpProtocol
-from ..proxy import (
+from model_server import metrics_port, signals
+from model_server.bodies import ReadBudget
+from model_server.errors import Busy, PayloadTooLarge
+from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from model_server.proxy import (
     Body,
     BodyReader,
     ClientGone,
@@ -68,6 +68,7 @@ from ..proxy import (
     stream,
     target,
 )
+
 from .config import LIVE_PATH, READY_PATH, ActivatorConfig
 from .grpc_proxy import GrpcLimits, GrpcPort
 from .holding import REWAKE_S, Gate, Held, HeldRequests, Refusal, Released
