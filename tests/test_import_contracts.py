@@ -53,7 +53,8 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     _append(server / "storage" / "web.py", "from .. import dataplane")  # the fetcher importing the server
     _append(server / "adapters" / "guard.py", "import httpx")  # vLLM's guard importing beyond the standard library
     _append(server / "repository.py", "from . import quantize")  # the server importing one of the programs
-    _append(server / "front.py", "from inference_activator import routes")  # one program importing another
+    front = tree / "server" / "vllm_front"
+    _append(front / "server.py", "from inference_activator import routes")  # one program importing another
     result = _lint(tree)
     assert result.returncode != 0
     report = " ".join(result.stdout.split())
@@ -71,4 +72,4 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     assert "model_server.storage is not allowed to import model_server.dataplane" in report
     assert "model_server.adapters.guard is not allowed to import httpx" in report
     assert "model_server.repository is not allowed to import model_server.quantize" in report
-    assert "model_server.front is not allowed to import inference_activator" in report
+    assert "vllm_front is not allowed to import inference_activator" in report

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         description="The port a vLLM pod's Service targets (see model_server/front.py).",
     )
-    from .front import add_arguments as add_front_arguments
+    from vllm_front.server import add_arguments as add_front_arguments
 
     add_front_arguments(front)
 
@@ -80,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_cli(args)
     if args.command == "front":
-        from .front import config_from_args
-        from .front import serve as serve_front
+        from vllm_front.server import config_from_args
+        from vllm_front.server import serve as serve_front
 
         return serve_front(config_from_args(args))
     if args.command == "activator":

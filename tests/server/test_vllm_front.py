@@ -27,10 +27,10 @@ import pytest
 import uvicorn
 
 from inference_operator.builders.vllm import PRE_STOP_SECONDS, pre_stop_command, pre_stop_script
-from model_server.front import is_pod_local, is_refused_path
 from model_server.proxy import error_body, request_headers, response_headers
 from testsupport.cluster import wait_for
 from testsupport.processes import free_port, running
+from vllm_front.server import is_pod_local, is_refused_path
 
 MAX_BODY = 1024 * 1024
 

@@ -38,12 +38,12 @@ import httpx
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
-from . import signals
-from .adapters.guard import is_management
-from .bodies import ReadBudget
-from .errors import Busy, PayloadTooLarge
-from .http_protocol import ConnectionLimits, LimitedHttpProtocol
-from .proxy import (
+from model_server import signals
+from model_server.adapters.guard import is_management
+from model_server.bodies import ReadBudget
+from model_server.errors import Busy, PayloadTooLarge
+from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from model_server.proxy import (
     Body,
     BodyReader,
     ClientGone,
@@ -55,7 +55,7 @@ from .proxy import (
     stream,
     target,
 )
-from .settings import ServerSettings, detect_memory_limit
+from model_server.settings import ServerSettings, detect_memory_limit
 
 log = logging.getLogger("model_server.front")
 
