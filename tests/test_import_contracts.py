@@ -50,11 +50,12 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     _append(tree / "server" / "model_server" / "batching.py", "import starlette")  # the core importing HTTP
     _append(tree / "server" / "model_server" / "tensors.py", "from . import dataplane")  # a layer importing upwards
     server = tree / "server" / "model_server"
+    programs = tree / "server"
     _append(server / "storage" / "web.py", "from .. import dataplane")  # the fetcher importing the server
-    _append(server / "adapters" / "guard.py", "import httpx")  # vLLM's guard importing beyond the standard library
+    _append(programs / "adapters_sidecar" / "guard.py", "import httpx")  # vLLM's guard importing beyond the stdlib
     _append(server / "repository.py", "from . import quantize")  # the server importing one of the programs
-    front = tree / "server" / "vllm_front"
-    _append(front / "server.py", "from inference_activator import routes")  # one program importing another
+    # One program importing another.
+    _append(programs / "vllm_front" / "server.py", "from inference_activator import routes")
     result = _lint(tree)
     assert result.returncode != 0
     report = " ".join(result.stdout.split())
@@ -70,6 +71,6 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     assert "model_server.batching is not allowed to import starlette" in report
     assert "model_server.tensors is not allowed to import model_server.dataplane" in report
     assert "model_server.storage is not allowed to import model_server.dataplane" in report
-    assert "model_server.adapters.guard is not allowed to import httpx" in report
+    assert "adapters_sidecar.guard is not allowed to import httpx" in report
     assert "model_server.repository is not allowed to import model_server.quantize" in report
     assert "vllm_front is not allowed to import inference_activator" in report

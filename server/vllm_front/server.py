@@ -38,8 +38,8 @@ import httpx
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
+from adapters_sidecar.guard import is_management
 from model_server import signals
-from model_server.adapters.guard import is_management
 from model_server.bodies import ReadBudget
 from model_server.errors import Busy, PayloadTooLarge
 from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol

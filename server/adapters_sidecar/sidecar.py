@@ -18,9 +18,10 @@ from typing import Any
 
 import httpx
 
-from ..storage.errors import ExitCode, FetchError
-from ..storage.fetching import fetch
-from ..storage.limits import Limits
+from model_server.storage.errors import ExitCode, FetchError
+from model_server.storage.fetching import fetch
+from model_server.storage.limits import Limits
+
 from .desired import (
     Adapter,
     Load,

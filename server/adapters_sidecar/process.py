@@ -18,11 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .. import signals
-from ..http_protocol import ConnectionLimits, LimitedHttpProtocol
-from ..storage.errors import FetchError
-from ..storage.limits import Limits, parse_size
-from ..storage.trust import trust_ca_bundle
+from model_server import signals
+from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from model_server.storage.errors import FetchError
+from model_server.storage.limits import Limits, parse_size
+from model_server.storage.trust import trust_ca_bundle
+
 from . import guard
 from .sidecar import Engine, Sidecar
 
