@@ -51,7 +51,7 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     _append(tree / "server" / "model_server" / "tensors.py", "from . import dataplane")  # a layer importing upwards
     server = tree / "server" / "model_server"
     programs = tree / "server"
-    _append(server / "storage" / "web.py", "from .. import dataplane")  # the fetcher importing the server
+    _append(programs / "model_fetcher" / "web.py", "from model_server import dataplane")  # the fetcher using the server
     _append(programs / "adapters_sidecar" / "guard.py", "import httpx")  # vLLM's guard importing beyond the stdlib
     _append(server / "repository.py", "from . import quantize")  # the server importing one of the programs
     # One program importing another.
@@ -70,7 +70,7 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     assert "inference_operator.policy -> detect_secrets" in report
     assert "model_server.batching is not allowed to import starlette" in report
     assert "model_server.tensors is not allowed to import model_server.dataplane" in report
-    assert "model_server.storage is not allowed to import model_server.dataplane" in report
+    assert "model_fetcher is not allowed to import model_server.dataplane" in report
     assert "adapters_sidecar.guard is not allowed to import httpx" in report
     assert "model_server.repository is not allowed to import model_server.quantize" in report
     assert "vllm_front is not allowed to import inference_activator" in report

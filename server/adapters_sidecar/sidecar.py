@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 
-from model_server.storage.errors import ExitCode, FetchError
-from model_server.storage.fetching import fetch
-from model_server.storage.limits import Limits
+from model_fetcher.errors import ExitCode, FetchError
+from model_fetcher.fetching import fetch
+from model_fetcher.limits import Limits
 
 from .desired import (
     Adapter,

@@ -22,8 +22,8 @@ from adapters_sidecar import process as process_module
 from adapters_sidecar import sidecar as sidecar_module
 from adapters_sidecar.desired import Load, Unload, adapter_dir, plan, read_desired
 from adapters_sidecar.sidecar import Engine, Sidecar
-from model_server.storage.errors import FetchError
-from model_server.storage.limits import Limits
+from model_fetcher.errors import FetchError
+from model_fetcher.limits import Limits
 from tests.http_stub import QuietHandler, serving
 from testsupport.processes import free_port, running, stop, wait_http
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import signals
+from model_server import signals
 
 if __name__ == "__main__":  # the init container's process, before the imports that take a while
     signals.exit_on_stop_signal("fetch")
