@@ -1,4 +1,5 @@
-"""`python -m model_server.adapters ...`: the adapters sidecar's process (see process.py).
+"""`python -m adapters_sidecar ...`: the adapters sidecar's process (see process.py; its pods
+run it as `python -m model_server.adapters`, which calls run() here).
 
 Its first act, before the imports that take a while, is a SIGTERM handler that ends it at
 once (main() then remembers one, uvicorn handles it once serving); as PID 1 it would otherwise
@@ -11,10 +12,14 @@ import sys
 
 from model_server import signals
 
-if __name__ == "__main__":  # the container's PID 1, before the imports that take a while
-    signals.exit_on_stop_signal("adapters sidecar")
 
-from .process import main  # noqa: E402
+def run() -> int:
+    """The process: the SIGTERM handler first, then the imports that take a while, then main()."""
+    signals.exit_on_stop_signal("adapters sidecar")
+    from .process import main
+
+    return main()
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

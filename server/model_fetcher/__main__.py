@@ -1,4 +1,5 @@
-"""`python -m model_server.storage URI DIR`: the model-fetch init container's process.
+"""`python -m model_fetcher URI DIR`: the model-fetch init container's process (its pods run it
+as `python -m model_server.storage`, which calls run() here).
 
 Its first act, before the imports that take a while, is a SIGTERM handler: as PID 1 the
 process would otherwise ignore a SIGTERM sent meanwhile and hold the pod for its whole grace
@@ -11,10 +12,14 @@ import sys
 
 from model_server import signals
 
-if __name__ == "__main__":  # the init container's process, before the imports that take a while
-    signals.exit_on_stop_signal("fetch")
 
-from .cli import main  # noqa: E402
+def run() -> int:
+    """The process: the SIGTERM handler first, then the imports that take a while, then main()."""
+    signals.exit_on_stop_signal("fetch")
+    from .cli import main
+
+    return main()
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
