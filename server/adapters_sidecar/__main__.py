@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from model_server import signals
+from bounded_http import signals
 
 
 def run() -> int:

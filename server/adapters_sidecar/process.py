@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from bounded_http import signals
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
 from model_fetcher.errors import FetchError
 from model_fetcher.limits import Limits, parse_size
 from model_fetcher.trust import trust_ca_bundle
-from model_server import signals
-from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol
 
 from . import guard
 from .sidecar import Engine, Sidecar

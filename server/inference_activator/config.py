@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from model_server.http_protocol import ConnectionLimits
+from bounded_http.http_protocol import ConnectionLimits
 from model_server.settings import ServerSettings, detect_memory_limit
 
 from .routes import HoldPolicy

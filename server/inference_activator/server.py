@@ -53,11 +53,9 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from model_server import metrics_port, signals
-from model_server.bodies import ReadBudget
-from model_server.errors import Busy, PayloadTooLarge
-from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol
-from model_server.proxy import (
+from bounded_http import metrics_port, signals
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from bounded_http.proxy import (
     Body,
     BodyReader,
     ClientGone,
@@ -68,6 +66,8 @@ from model_server.proxy import (
     stream,
     target,
 )
+from model_server.bodies import ReadBudget
+from model_server.errors import Busy, PayloadTooLarge
 
 from .config import LIVE_PATH, READY_PATH, ActivatorConfig
 from .grpc_proxy import GrpcLimits, GrpcPort

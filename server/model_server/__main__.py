@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from . import signals
+from bounded_http import signals
 
 if sys.argv[1:2] in (["serve"], ["front"], ["activator"]):
     # Before the imports that take a while: as PID 1, a SIGTERM meanwhile would be lost.

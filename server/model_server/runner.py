@@ -21,11 +21,12 @@ from types import FrameType
 import uvicorn
 from prometheus_client import REGISTRY
 
-from . import metrics_port, signals
+from bounded_http import metrics_port, signals
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
+
 from .app import create_app
 from .caches import prepare_compile_caches
 from .grpc_server import GrpcFrontEnd
-from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 from .lifecycle import Shutdown
 from .settings import ServerSettings
 

@@ -39,11 +39,9 @@ import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
 from adapters_sidecar.guard import is_management
-from model_server import signals
-from model_server.bodies import ReadBudget
-from model_server.errors import Busy, PayloadTooLarge
-from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol
-from model_server.proxy import (
+from bounded_http import signals
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from bounded_http.proxy import (
     Body,
     BodyReader,
     ClientGone,
@@ -55,6 +53,8 @@ from model_server.proxy import (
     stream,
     target,
 )
+from model_server.bodies import ReadBudget
+from model_server.errors import Busy, PayloadTooLarge
 from model_server.settings import ServerSettings, detect_memory_limit
 
 log = logging.getLogger("model_server.front")

@@ -26,8 +26,8 @@ import httpx
 import pytest
 import uvicorn
 
+from bounded_http.proxy import error_body, request_headers, response_headers
 from inference_operator.builders.vllm import PRE_STOP_SECONDS, pre_stop_command, pre_stop_script
-from model_server.proxy import error_body, request_headers, response_headers
 from testsupport.cluster import wait_for
 from testsupport.processes import free_port, running
 from vllm_front.server import is_pod_local, is_refused_path

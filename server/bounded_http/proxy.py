@@ -22,8 +22,9 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .bodies import ReadBudget, read_body
-from .errors import Busy, PayloadTooLarge
+from model_server.bodies import ReadBudget, read_body
+from model_server.errors import Busy, PayloadTooLarge
+
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 
 log = logging.getLogger("model_server.proxy")
