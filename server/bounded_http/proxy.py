@@ -22,9 +22,8 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from model_server.bodies import ReadBudget, read_body
-from model_server.errors import Busy, PayloadTooLarge
-
+from .budgets import ReadBudget, read_body
+from .errors import Busy, PayloadTooLarge
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 
 log = logging.getLogger("model_server.proxy")

@@ -54,6 +54,8 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from bounded_http import metrics_port, signals
+from bounded_http.budgets import ReadBudget
+from bounded_http.errors import Busy, PayloadTooLarge
 from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
 from bounded_http.proxy import (
     Body,
@@ -66,8 +68,6 @@ from bounded_http.proxy import (
     stream,
     target,
 )
-from model_server.bodies import ReadBudget
-from model_server.errors import Busy, PayloadTooLarge
 
 from .config import LIVE_PATH, READY_PATH, ActivatorConfig
 from .grpc_proxy import GrpcLimits, GrpcPort

@@ -4,9 +4,24 @@ a status code and headers. `str(exc)` is the client-facing message."""
 
 from __future__ import annotations
 
+from bounded_http.errors import Busy, Overloaded, PayloadTooLarge, ServerError
 
-class ServerError(Exception):
-    """Base class of the errors a client is told about (anything else is an internal error)."""
+__all__ = [
+    "BackendInputError",
+    "Busy",
+    "ClientClosed",
+    "InvalidInput",
+    "ModelLoadError",
+    "ModelNotFound",
+    "ModelNotReady",
+    "Overloaded",
+    "PayloadTooLarge",
+    "QueueFull",
+    "ServerError",
+    "ShuttingDown",
+    "UnprocessableInput",
+    "UnsupportedMediaType",
+]
 
 
 class InvalidInput(ServerError):
@@ -15,10 +30,6 @@ class InvalidInput(ServerError):
 
 class UnprocessableInput(ServerError):
     """The request body does not match the request schema."""
-
-
-class PayloadTooLarge(ServerError):
-    """The body, or the memory its parse would take, is over the server's limit."""
 
 
 class ClientClosed(ServerError):
@@ -39,23 +50,8 @@ class ModelNotReady(ServerError):
     """The model is known but not loaded (yet)."""
 
 
-class Overloaded(ServerError):
-    """Backpressure: the caller should retry after `retry_after_s`."""
-
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_s = max(1, retry_after_s)
-
-
 class QueueFull(Overloaded):
     """The batcher's queue is full."""
-
-
-class Busy(Overloaded):
-    """Other large bodies hold the parse budget for longer than a request may wait."""
-
-    def __init__(self) -> None:
-        super().__init__("the server is busy parsing other large request bodies; retry shortly")
 
 
 class ShuttingDown(ServerError):

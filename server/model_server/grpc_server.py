@@ -43,11 +43,12 @@ from typing import Any, TypeVar, cast
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from bounded_http.budgets import MemoryBudget
+
 from . import __version__
 from . import grpc_predict_v2_pb2 as pb
 from .api.common import AppState
 from .api.errors import CLIENT_CLOSED, INTERNAL_ERROR, status_of
-from .bodies import MemoryBudget
 from .dataplane import submit
 from .discovery import version_key
 from .errors import Busy, ModelNotFound, ServerError

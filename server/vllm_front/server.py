@@ -40,6 +40,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from adapters_sidecar.guard import is_management
 from bounded_http import signals
+from bounded_http.budgets import ReadBudget
+from bounded_http.errors import Busy, PayloadTooLarge
 from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
 from bounded_http.proxy import (
     Body,
@@ -53,8 +55,6 @@ from bounded_http.proxy import (
     stream,
     target,
 )
-from model_server.bodies import ReadBudget
-from model_server.errors import Busy, PayloadTooLarge
 from model_server.settings import ServerSettings, detect_memory_limit
 
 log = logging.getLogger("model_server.front")

@@ -20,7 +20,9 @@ from fastapi import FastAPI, Request
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..bodies import CLIENT_GONE, RequestBody
+from bounded_http.budgets import CLIENT_GONE
+
+from ..bodies import RequestBody
 from ..errors import ClientClosed, ServerError
 from ..metrics import RequestTracker
 from ..protocol_simple import SimpleRequest, SimpleResponse
