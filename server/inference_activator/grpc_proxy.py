@@ -37,6 +37,7 @@ import hpack
 from hyperframe.exceptions import HyperframeError
 from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame
 
+from bounded_http.limits import detect_memory_limit
 from model_server.grpc_server import (
     CONNECTIONS_PER_CALL_SLOT,
     LOOKAHEAD_BYTES,
@@ -50,7 +51,6 @@ from model_server.grpc_server import (
     Refused,
     Reservation,
 )
-from model_server.settings import detect_memory_limit
 
 from .config import ActivatorConfig
 from .holding import Gate, Refusal, Released

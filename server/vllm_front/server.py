@@ -39,10 +39,11 @@ import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
 from adapters_sidecar.guard import is_management
-from bounded_http import signals
+from bounded_http import limits, signals
 from bounded_http.budgets import ReadBudget
 from bounded_http.errors import Busy, PayloadTooLarge
 from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from bounded_http.limits import detect_memory_limit
 from bounded_http.proxy import (
     Body,
     BodyReader,
@@ -55,7 +56,6 @@ from bounded_http.proxy import (
     stream,
     target,
 )
-from model_server.settings import ServerSettings, detect_memory_limit
 
 log = logging.getLogger("model_server.front")
 
@@ -72,7 +72,6 @@ BODY_BUDGET_SHARE = 3 / 8
 MAX_BODY_CEILING = 64 * 1024 * 1024
 #: How long a readiness answer from vLLM is reused: probes of three containers every few seconds.
 READY_CACHE_S = 1.0
-_defaults = ServerSettings.model_fields
 
 
 @dataclass(frozen=True)
@@ -84,12 +83,12 @@ class FrontConfig:
     port: int = 8000
     memory_limit_bytes: int = 0  # 0: the cgroup limit
     max_body_bytes: int = 0  # 0: from the memory limit
-    max_connections: int = _defaults["max_connections"].default
-    max_header_bytes: int = _defaults["max_header_bytes"].default
-    header_timeout_s: float = _defaults["header_timeout_s"].default
-    body_timeout_s: float = _defaults["body_timeout_s"].default
-    write_timeout_s: float = _defaults["write_timeout_s"].default
-    keep_alive_timeout_s: int = _defaults["keep_alive_timeout_s"].default
+    max_connections: int = limits.MAX_CONNECTIONS
+    max_header_bytes: int = limits.MAX_HEADER_BYTES
+    header_timeout_s: float = limits.HEADER_TIMEOUT_S
+    body_timeout_s: float = limits.BODY_TIMEOUT_S
+    write_timeout_s: float = limits.WRITE_TIMEOUT_S
+    keep_alive_timeout_s: int = limits.KEEP_ALIVE_TIMEOUT_S
     body_wait_s: float = 10.0
     connect_timeout_s: float = 2.0
     drain_timeout_s: float = 30.0
