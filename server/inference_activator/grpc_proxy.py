@@ -37,8 +37,7 @@ import hpack
 from hyperframe.exceptions import HyperframeError
 from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame
 
-from bounded_http.limits import detect_memory_limit
-from model_server.grpc_server import (
+from bounded_http.grpc_calls import (
     CONNECTIONS_PER_CALL_SLOT,
     LOOKAHEAD_BYTES,
     MAX_MESSAGE_BYTES,
@@ -51,6 +50,7 @@ from model_server.grpc_server import (
     Refused,
     Reservation,
 )
+from bounded_http.limits import detect_memory_limit
 
 from .config import ActivatorConfig
 from .holding import Gate, Refusal, Released

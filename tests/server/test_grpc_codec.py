@@ -12,6 +12,7 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import service_pb2 as triton_pb
 
+from bounded_http.grpc_calls import CallTable, MessageBudget, Refused
 from model_server import grpc_predict_v2_pb2 as pb
 from model_server.errors import InvalidInput, PayloadTooLarge
 from model_server.grpc_codec import (
@@ -21,7 +22,7 @@ from model_server.grpc_codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from model_server.grpc_server import Answers, CallTable, MessageBudget, Refused
+from model_server.grpc_server import Answers
 from model_server.tensors import MAX_BYTES_ELEMENTS
 from testsupport.grpc_codegen import OUTPUTS, generate
 
