@@ -1,12 +1,17 @@
 """What can go wrong serving a request, as types that say what happened, not how a transport
-reports it: the core raises them and knows nothing of HTTP; `api/errors.py` alone maps each to
-a status code and headers. `str(exc)` is the client-facing message."""
+reports it, and each one's status (`status_of`): an HTTP status code, which the REST port
+answers with its headers and body (api/errors.py), the gRPC port maps to its own code
+(grpc_server.py) and the request metrics count, so the two transports cannot disagree on what a
+failure is. `str(exc)` is the client-facing message."""
 
 from __future__ import annotations
 
 from bounded_http.errors import Busy, Overloaded, PayloadTooLarge, ServerError
 
 __all__ = [
+    "CLIENT_CLOSED",
+    "INTERNAL_ERROR",
+    "STATUS",
     "BackendInputError",
     "Busy",
     "ClientClosed",
@@ -21,6 +26,7 @@ __all__ = [
     "ShuttingDown",
     "UnprocessableInput",
     "UnsupportedMediaType",
+    "status_of",
 ]
 
 
@@ -69,3 +75,31 @@ class BackendInputError(ServerError):
 
 class ModelLoadError(Exception):
     """A model version could not be loaded or warmed up."""
+
+
+#: nginx's "client closed request": counted as the client's doing, never sent.
+CLIENT_CLOSED = 499
+INTERNAL_ERROR = 500
+
+STATUS: dict[type[ServerError], int] = {
+    InvalidInput: 400,
+    BackendInputError: 400,
+    ModelNotFound: 404,
+    PayloadTooLarge: 413,
+    UnsupportedMediaType: 415,
+    UnprocessableInput: 422,
+    Overloaded: 429,
+    Busy: 503,  # the parse budget, not the queue: another replica may have room
+    ClientClosed: CLIENT_CLOSED,
+    ModelNotReady: 503,
+    ShuttingDown: 503,
+}
+
+
+def status_of(exc: ServerError) -> int:
+    """The status of `exc`'s type, or of its nearest ancestor in the table."""
+    for cls in type(exc).__mro__:
+        status = STATUS.get(cls)
+        if status is not None:
+            return status
+    return INTERNAL_ERROR

@@ -59,12 +59,10 @@ from bounded_http.grpc_calls import (
 
 from . import __version__
 from . import grpc_predict_v2_pb2 as pb
-from .api.common import AppState
-from .api.errors import CLIENT_CLOSED, INTERNAL_ERROR, status_of
-from .dataplane import submit
 from .discovery import version_key
-from .errors import ModelNotFound, ServerError
-from .grpc_codec import check_requested_outputs, decode_infer_request, encode_infer_response
+from .errors import CLIENT_CLOSED, INTERNAL_ERROR, ModelNotFound, ServerError, status_of
+from .grpc_codec import decode_infer_request, encode_infer_response
+from .state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ CALL_BYTES = 16 * 1024
 #: connections whose clients never read leave room for another client's message.
 CONNECTION_SHARES = 4
 
-#: An error's gRPC status, from its HTTP status (the one table of error types is api/errors.py).
+#: An error's gRPC status, from its status (the one table of error types is errors.py).
 GRPC_STATUS_OF_HTTP: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
@@ -355,16 +353,14 @@ class InferenceService:
         return response
 
     async def model_infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """Counted in the request metrics under the HTTP status REST would have answered."""
+        """Decoded here, then served by the data plane as REST's infer is (DataPlane.predict);
+        counted in the request metrics under the status REST would have answered."""
         with self.state.metrics.track(self.settings.name) as tracker:
             try:
-                self.state.dataplane.check_model(request.model_name)
+                dataplane = self.state.dataplane
+                dataplane.check_model(request.model_name)
                 decoded = decode_infer_request(request)
-                served = self.state.repository.resolve(decoded.version)
-                tracker.version = served.version
-                if decoded.outputs:
-                    check_requested_outputs(decoded.outputs, [spec.name for spec in served.outputs])
-                outputs = await submit(served, decoded.inputs)
+                served, outputs = await dataplane.predict(decoded.version, decoded.inputs, decoded.outputs, tracker)
                 return encode_infer_response(decoded, self.settings.name, served.version, outputs, self.answer_limit)
             except ServerError as exc:
                 tracker.code = status_of(exc)

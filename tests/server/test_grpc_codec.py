@@ -14,10 +14,10 @@ from tritonclient.grpc import service_pb2 as triton_pb
 
 from bounded_http.grpc_calls import CallTable, MessageBudget, Refused
 from model_server import grpc_predict_v2_pb2 as pb
+from model_server.dataplane import check_requested_outputs
 from model_server.errors import InvalidInput, PayloadTooLarge
 from model_server.grpc_codec import (
     CONTENTS_FIELD,
-    check_requested_outputs,
     decode_contents,
     decode_infer_request,
     encode_infer_response,

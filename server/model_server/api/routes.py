@@ -23,12 +23,13 @@ from starlette.responses import Response
 from bounded_http.budgets import CLIENT_GONE
 
 from ..bodies import RequestBody
-from ..errors import ClientClosed, ServerError
+from ..errors import CLIENT_CLOSED, INTERNAL_ERROR, ClientClosed, ServerError, status_of
 from ..metrics import RequestTracker
 from ..protocol_simple import SimpleRequest, SimpleResponse
 from ..protocol_v2 import Answer, InferenceRequest
-from .common import INFER_ERRORS, AppState, documented_body
-from .errors import CLIENT_CLOSED, INTERNAL_ERROR, error_response, status_of
+from ..state import AppState
+from .common import INFER_ERRORS, documented_body
+from .errors import error_response
 
 #: The binary tensor extension's header: how many bytes of the body are its JSON header.
 HEADER_LENGTH = "inference-header-content-length"
