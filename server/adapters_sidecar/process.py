@@ -77,7 +77,7 @@ def status_app(sidecar: Sidecar) -> Starlette:
 
 
 def status_server(sidecar: Sidecar, host: str, port: int) -> uvicorn.Server:
-    """The status port, bounded like the model server's (model_server.http_protocol)."""
+    """The status port, bounded like the model server's (bounded_http.http_protocol)."""
     config = uvicorn.Config(
         status_app(sidecar),
         host=host,

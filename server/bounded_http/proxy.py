@@ -26,7 +26,7 @@ from .budgets import ReadBudget, read_body
 from .errors import Busy, PayloadTooLarge
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 
-log = logging.getLogger("model_server.proxy")
+log = logging.getLogger("bounded_http.proxy")
 
 #: A connection's own headers (RFC 9110 7.6.1) and the proxy's, never passed on either way.
 HOP_BY_HOP = frozenset(

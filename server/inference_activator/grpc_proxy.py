@@ -56,7 +56,7 @@ from .config import ActivatorConfig
 from .holding import Gate, Refusal, Released
 from .routes import Route
 
-log = logging.getLogger("model_server.activator.grpc")
+log = logging.getLogger("inference_activator.grpc")
 
 #: The calls passed on: the protocol's (KServe's and Triton's `inference.GRPCInferenceService`).
 METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")

@@ -86,7 +86,7 @@ from .routes import (
     slice_service,
 )
 
-log = logging.getLogger("model_server.activator")
+log = logging.getLogger("inference_activator")
 
 #: How often a service's readiness is asked while requests wait for it.
 POLL_S = 0.25

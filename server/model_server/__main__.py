@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         "front",
         help="a bounded reverse proxy in front of vLLM's loopback port",
         allow_abbrev=False,
-        description="The port a vLLM pod's Service targets (see model_server/front.py).",
+        description="The port a vLLM pod's Service targets (see vllm_front/server.py).",
     )
     from vllm_front.server import add_arguments as add_front_arguments
 
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "activator",
         help="hold the requests of services scaled to zero until a replica is ready",
         allow_abbrev=False,
-        description="Where a service's requests go while it has no ready replica (see model_server/activator/).",
+        description="Where a service's requests go while it has no ready replica (see inference_activator/).",
     )
     from inference_activator.config import add_arguments as add_activator_arguments
 

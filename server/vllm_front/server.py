@@ -4,7 +4,7 @@ vLLM's API server (uvicorn's httptools protocol under FastAPI) bounds neither co
 header fields nor bodies: 300 connections of 10,000 header fields each grew it 219-347 MiB, and
 1,000 uploads stalled after 300 KiB grew it 303-349 MiB. So vLLM listens on loopback only, and
 this process is the pod's way in. It serves with the model server's connection limits
-(http_protocol.py: header bytes and fields on every request of a connection, header, body and
+(bounded_http/http_protocol.py: header bytes and fields on every request of a connection, header, body and
 write timeouts, a connection cap that closes idle connections first and keeps room for probes)
 and reads each body under one budget (proxy.BodyReader) before vLLM sees a byte of it. The
 answer streams back as vLLM writes it (server-sent events pass chunk by chunk); a client that
@@ -14,7 +14,7 @@ Adapter management (vLLM's /v1/load_lora_adapter and kin) is refused here whoeve
 adapters sidecar manages adapters over loopback, straight to vLLM. So are vLLM's scale-out
 control endpoints (/inference/..., an abort of any request), on where the router needs their
 render twins. vLLM is told the real client
-(X-Forwarded-For, replaced, never passed on), so its own guard (adapters/guard.py) still sees a
+(X-Forwarded-For, replaced, never passed on), so its own guard (adapters_sidecar/guard.py) still sees a
 remote client behind this proxy.
 
 It runs in the model server's image as a native sidecar: it starts before vLLM and stops after
@@ -57,7 +57,7 @@ from bounded_http.proxy import (
     target,
 )
 
-log = logging.getLogger("model_server.front")
+log = logging.getLogger("vllm_front")
 
 LIVE_PATH = "/health/live"
 READY_PATH = "/health/ready"

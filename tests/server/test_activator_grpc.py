@@ -1,4 +1,4 @@
-"""The activator's gRPC port (model_server/activator/grpc_proxy.py) as the chart runs it, in
+"""The activator's gRPC port (inference_activator/grpc_proxy.py) as the chart runs it, in
 front of a real model server with its gRPC port, against the small API server
 (testsupport/fake_kube_api.py): Triton's gRPC client, naming the service by its authority, is
 held while the service is at zero, wakes it, and gets the model's own answer once the replica

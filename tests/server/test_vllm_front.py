@@ -1,4 +1,4 @@
-"""The front of a vLLM pod (model_server/front.py), run as the pod runs it, in front of a stand-in
+"""The front of a vLLM pod (vllm_front/server.py), run as the pod runs it, in front of a stand-in
 vLLM: streams pass chunk by chunk, a client that leaves ends vLLM's request, adapter management
 is refused however it is spelled, vLLM learns the real client, oversized bodies and unread
 answers are cut off, and an engine that is down gets a 503 the client can retry."""

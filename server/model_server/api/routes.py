@@ -50,7 +50,7 @@ class InferenceRoute:
 def request_body(request: Request) -> RequestBody:
     """The body as the data plane reads it (a client gone mid-body raises ClientDisconnect,
     which `serve` answers as `ClientClosed`), and whether its client has gone, where the
-    transport says (http_protocol.py)."""
+    transport says (bounded_http/http_protocol.py)."""
     length = request.headers.get("content-length")
     size = int(length) if length is not None and length.isdigit() else None
     gone = request.scope.get("extensions", {}).get(CLIENT_GONE)
