@@ -1,5 +1,6 @@
-"""CONTRIBUTING.md's map names every module of the shipped packages and of testsupport, so a
-newcomer finds each one there (and a new module is not done until it is placed on the map)."""
+"""CONTRIBUTING.md's map names every module of the shipped packages (the operator and each of
+the server's programs) and of testsupport, so a newcomer finds each one there (and a new module
+is not done until it is placed on the map)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = [ROOT / "operator" / "inference_operator", ROOT / "server" / "model_server", ROOT / "testsupport"]
+SERVER = ("model_server", "bounded_http", "inference_activator", "vllm_front", "adapters_sidecar", "model_fetcher")
+OPERATOR, TESTSUPPORT = ROOT / "operator" / "inference_operator", ROOT / "testsupport"
+PACKAGES = [OPERATOR, *(ROOT / "server" / name for name in SERVER), TESTSUPPORT]
 GENERATED = re.compile(r"_pb2\.pyi?$")
 
 

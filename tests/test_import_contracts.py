@@ -50,10 +50,14 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     _append(tree / "server" / "model_server" / "batching.py", "import starlette")  # the core importing HTTP
     _append(tree / "server" / "model_server" / "tensors.py", "from . import dataplane")  # a layer importing upwards
     server = tree / "server" / "model_server"
-    _append(server / "storage" / "web.py", "from .. import dataplane")  # the fetcher importing the server
-    _append(server / "adapters" / "guard.py", "import httpx")  # vLLM's guard importing beyond the standard library
+    programs = tree / "server"
+    _append(programs / "model_fetcher" / "web.py", "from model_server import dataplane")  # the fetcher using the server
+    _append(programs / "adapters_sidecar" / "guard.py", "import httpx")  # vLLM's guard importing beyond the stdlib
     _append(server / "repository.py", "from . import quantize")  # the server importing one of the programs
-    _append(server / "front.py", "from .activator import routes")  # one program importing another
+    _append(server / "grpc_server.py", "from .api import errors")  # gRPC answering through the HTTP layer
+    _append(programs / "bounded_http" / "limits.py", "import vllm_front")  # the shared package importing a program
+    # One program importing another.
+    _append(programs / "vllm_front" / "server.py", "from inference_activator import routes")
     result = _lint(tree)
     assert result.returncode != 0
     report = " ".join(result.stdout.split())
@@ -68,7 +72,9 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     assert "inference_operator.policy -> detect_secrets" in report
     assert "model_server.batching is not allowed to import starlette" in report
     assert "model_server.tensors is not allowed to import model_server.dataplane" in report
-    assert "model_server.storage is not allowed to import model_server.dataplane" in report
-    assert "model_server.adapters.guard is not allowed to import httpx" in report
+    assert "model_fetcher is not allowed to import model_server" in report
+    assert "adapters_sidecar.guard is not allowed to import httpx" in report
     assert "model_server.repository is not allowed to import model_server.quantize" in report
-    assert "model_server.front is not allowed to import model_server.activator" in report
+    assert "model_server.grpc_server is not allowed to import model_server.api" in report
+    assert "bounded_http is not allowed to import vllm_front" in report
+    assert "vllm_front is not allowed to import inference_activator" in report

@@ -20,7 +20,7 @@ def run(code: str) -> subprocess.CompletedProcess:
 
 
 def test_model_server_needs_no_operator_libraries() -> None:
-    programs = "model_server.storage.cli, model_server.adapters.process"  # the fetcher, the adapters sidecar
+    programs = "model_fetcher.cli, adapters_sidecar.process"  # the fetcher, the adapters sidecar
     result = run(f"import model_server.app, model_server.__main__, {programs}; print('ok')")
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
 

@@ -65,7 +65,7 @@ def targets(pods: list[JsonObject], port: int, path: str) -> list[Target]:
 
 
 def uri_digest(uri: str) -> str:
-    """The sidecar's name for a uri (model_server.adapters.desired.digest; tests hold the two equal)."""
+    """The sidecar's name for a uri (adapters_sidecar.desired.digest; tests hold the two equal)."""
     return hashlib.sha256(uri.encode()).hexdigest()[:12]
 
 

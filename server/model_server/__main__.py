@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from . import signals
+from bounded_http import signals
 
 if sys.argv[1:2] in (["serve"], ["front"], ["activator"]):
     # Before the imports that take a while: as PID 1, a SIGTERM meanwhile would be lost.
@@ -36,9 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
         "front",
         help="a bounded reverse proxy in front of vLLM's loopback port",
         allow_abbrev=False,
-        description="The port a vLLM pod's Service targets (see model_server/front.py).",
+        description="The port a vLLM pod's Service targets (see vllm_front/server.py).",
     )
-    from .front import add_arguments as add_front_arguments
+    from vllm_front.server import add_arguments as add_front_arguments
 
     add_front_arguments(front)
 
@@ -46,9 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         "activator",
         help="hold the requests of services scaled to zero until a replica is ready",
         allow_abbrev=False,
-        description="Where a service's requests go while it has no ready replica (see model_server/activator/).",
+        description="Where a service's requests go while it has no ready replica (see inference_activator/).",
     )
-    from .activator.config import add_arguments as add_activator_arguments
+    from inference_activator.config import add_arguments as add_activator_arguments
 
     add_activator_arguments(activator)
 
@@ -80,13 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_cli(args)
     if args.command == "front":
-        from .front import config_from_args
-        from .front import serve as serve_front
+        from vllm_front.server import config_from_args
+        from vllm_front.server import serve as serve_front
 
         return serve_front(config_from_args(args))
     if args.command == "activator":
-        from .activator.config import config_from_args as activator_config
-        from .activator.server import serve as serve_activator
+        from inference_activator.config import config_from_args as activator_config
+        from inference_activator.server import serve as serve_activator
 
         return serve_activator(activator_config(args))
     try:

@@ -19,7 +19,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from . import __version__
 from .api import health, routes, v2
-from .api.common import BODY_MODELS, AppState
+from .api.common import BODY_MODELS
 from .api.errors import install_error_handlers
 from .bodies import BodyDecoder
 from .dataplane import DataPlane
@@ -31,6 +31,7 @@ from .metrics import ServerMetrics
 from .middleware import BodySizeLimit, ContainErrors
 from .repository import ModelRepository
 from .settings import ServerSettings
+from .state import AppState
 from .tracing import from_settings as tracing_from_settings
 
 log = logging.getLogger(__name__)

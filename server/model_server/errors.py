@@ -1,12 +1,33 @@
 """What can go wrong serving a request, as types that say what happened, not how a transport
-reports it: the core raises them and knows nothing of HTTP; `api/errors.py` alone maps each to
-a status code and headers. `str(exc)` is the client-facing message."""
+reports it, and each one's status (`status_of`): an HTTP status code, which the REST port
+answers with its headers and body (api/errors.py), the gRPC port maps to its own code
+(grpc_server.py) and the request metrics count, so the two transports cannot disagree on what a
+failure is. `str(exc)` is the client-facing message."""
 
 from __future__ import annotations
 
+from bounded_http.errors import Busy, Overloaded, PayloadTooLarge, ServerError
 
-class ServerError(Exception):
-    """Base class of the errors a client is told about (anything else is an internal error)."""
+__all__ = [
+    "CLIENT_CLOSED",
+    "INTERNAL_ERROR",
+    "STATUS",
+    "BackendInputError",
+    "Busy",
+    "ClientClosed",
+    "InvalidInput",
+    "ModelLoadError",
+    "ModelNotFound",
+    "ModelNotReady",
+    "Overloaded",
+    "PayloadTooLarge",
+    "QueueFull",
+    "ServerError",
+    "ShuttingDown",
+    "UnprocessableInput",
+    "UnsupportedMediaType",
+    "status_of",
+]
 
 
 class InvalidInput(ServerError):
@@ -15,10 +36,6 @@ class InvalidInput(ServerError):
 
 class UnprocessableInput(ServerError):
     """The request body does not match the request schema."""
-
-
-class PayloadTooLarge(ServerError):
-    """The body, or the memory its parse would take, is over the server's limit."""
 
 
 class ClientClosed(ServerError):
@@ -39,23 +56,8 @@ class ModelNotReady(ServerError):
     """The model is known but not loaded (yet)."""
 
 
-class Overloaded(ServerError):
-    """Backpressure: the caller should retry after `retry_after_s`."""
-
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_s = max(1, retry_after_s)
-
-
 class QueueFull(Overloaded):
     """The batcher's queue is full."""
-
-
-class Busy(Overloaded):
-    """Other large bodies hold the parse budget for longer than a request may wait."""
-
-    def __init__(self) -> None:
-        super().__init__("the server is busy parsing other large request bodies; retry shortly")
 
 
 class ShuttingDown(ServerError):
@@ -73,3 +75,31 @@ class BackendInputError(ServerError):
 
 class ModelLoadError(Exception):
     """A model version could not be loaded or warmed up."""
+
+
+#: nginx's "client closed request": counted as the client's doing, never sent.
+CLIENT_CLOSED = 499
+INTERNAL_ERROR = 500
+
+STATUS: dict[type[ServerError], int] = {
+    InvalidInput: 400,
+    BackendInputError: 400,
+    ModelNotFound: 404,
+    PayloadTooLarge: 413,
+    UnsupportedMediaType: 415,
+    UnprocessableInput: 422,
+    Overloaded: 429,
+    Busy: 503,  # the parse budget, not the queue: another replica may have room
+    ClientClosed: CLIENT_CLOSED,
+    ModelNotReady: 503,
+    ShuttingDown: 503,
+}
+
+
+def status_of(exc: ServerError) -> int:
+    """The status of `exc`'s type, or of its nearest ancestor in the table."""
+    for cls in type(exc).__mro__:
+        status = STATUS.get(cls)
+        if status is not None:
+            return status
+    return INTERNAL_ERROR

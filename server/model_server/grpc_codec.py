@@ -10,7 +10,6 @@ The message classes are generated from grpc_predict_v2.proto (testsupport/grpc_c
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,16 +121,6 @@ def decode_contents(name: str, datatype: str, shape: tuple[int, ...], contents: 
             raise InvalidInput(f"input '{name}' is {datatype}: its values must lie in [{info.min}, {info.max}]")
     typed: np.ndarray = wide.astype(dtype, copy=False).reshape(shape)
     return typed
-
-
-def check_requested_outputs(wanted: Sequence[str], known: Sequence[str]) -> None:
-    """Refuse an output asked for twice or one the model does not have."""
-    repeated = sorted(name for name, count in Counter(wanted).items() if count > 1)
-    if repeated:
-        raise InvalidInput(f"output(s) {repeated} requested more than once")
-    unknown = [name for name in wanted if name not in known]
-    if unknown:
-        raise InvalidInput(f"unknown output(s) {unknown}; model outputs are {list(known)}")
 
 
 def encode_infer_response(

@@ -37,48 +37,41 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from bounded_http.grpc_calls import (
+    CONNECTIONS_PER_CALL_SLOT,
+    LOOKAHEAD_BYTES,
+    MAX_MESSAGE_BYTES,
+    MAX_STREAMS_PER_CONNECTION,
+    PROBE_RECEIVERS,
+    PROBES,
+    SERVICE,
+    CallTable,
+    MessageBudget,
+    Refused,
+    Reservation,
+)
+
 from . import __version__
 from . import grpc_predict_v2_pb2 as pb
-from .api.common import AppState
-from .api.errors import CLIENT_CLOSED, INTERNAL_ERROR, status_of
-from .bodies import MemoryBudget
-from .dataplane import submit
 from .discovery import version_key
-from .errors import Busy, ModelNotFound, ServerError
-from .grpc_codec import check_requested_outputs, decode_infer_request, encode_infer_response
+from .errors import CLIENT_CLOSED, INTERNAL_ERROR, ModelNotFound, ServerError, status_of
+from .grpc_codec import decode_infer_request, encode_infer_response
+from .state import AppState
 
 log = logging.getLogger(__name__)
 
-SERVICE = "inference.GRPCInferenceService"
-#: HTTP/2 streams one connection may have open at once (the common default of HTTP/2 servers).
-MAX_STREAMS_PER_CONNECTION = 100
-#: gRPC connections per call slot (max_connections calls): gRPC refuses connections beyond its
-#: limit, where the HTTP port closes its idlest connection instead, so the limit must leave room
-#: for the idle connections of clients that hold channels open (2,000 idle ones took 26-38 MiB).
-CONNECTIONS_PER_CALL_SLOT = 4
-#: Calls to the probe methods admitted beyond the call limit.
-PROBE_SLOTS = 16
-PROBES = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 #: Probes whose request has no fields: answered without reading it, so they wait for nothing (a
 #: message sent anyway stays unread, its stream holding at most the lookahead).
 UNREAD = frozenset({"ServerLive", "ServerReady"})
-#: grpc's message sizes are C ints.
-MAX_MESSAGE_BYTES = (1 << 31) - 1
-#: Bytes gRPC's core reads ahead on a stream whose call has not asked for its message (its default,
-#: pinned: with BDP probing off it stays there; on, the windows grew until 100 calls of 19 MiB
-#: with 2 asking at once still took 1.2 GiB).
-LOOKAHEAD_BYTES = 64 * 1024
 #: What a received message costs until its call is answered, in multiples of its size: the message
 #: and the tensors decoded from it (protobuf's bytes fields are copied out).
 RECEIVED_COPIES = 2
-#: ModelReady calls receiving their message at once, beside the message budget (it is a name).
-PROBE_RECEIVERS = 4
 #: What an answer costs until it has left, in multiples of its size: the serialized message the
 #: handler hands over and gRPC's core's copy of it, both kept until the message is written.
 ANSWER_COPIES = 2
@@ -89,7 +82,7 @@ CALL_BYTES = 16 * 1024
 #: connections whose clients never read leave room for another client's message.
 CONNECTION_SHARES = 4
 
-#: An error's gRPC status, from its HTTP status (the one table of error types is api/errors.py).
+#: An error's gRPC status, from its status (the one table of error types is errors.py).
 GRPC_STATUS_OF_HTTP: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     404: grpc.StatusCode.NOT_FOUND,
@@ -109,10 +102,6 @@ def grpc_status_of(exc: ServerError) -> grpc.StatusCode:
 # ---------------------------------------------------------------------- admission
 
 
-class Refused(Exception):
-    """No slot for a new call: every call in progress has its message and is being served."""
-
-
 @dataclass(frozen=True)
 class Failure:
     """How a call ends when it is not answered: its status and the message that says why."""
@@ -127,100 +116,6 @@ class Ended(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
         self.failure = Failure(code, details)
-
-
-@dataclass(eq=False)
-class Call:
-    """One call in progress: its task (to end it) and whether its message has arrived."""
-
-    task: asyncio.Task[Any] | None
-    waiting: bool = True
-    evicted: bool = False
-    probe: bool = False
-
-
-@dataclass
-class CallTable:
-    """The calls in progress, at most `limit` (+ `probe_slots` for probes). At the limit, a new
-    call ends the one that has waited longest for its message (never a probe: a flood of calls
-    whose message does not come would end the kubelet's); with none waiting it is refused."""
-
-    limit: int
-    probe_slots: int = PROBE_SLOTS
-    calls: dict[Call, None] = field(default_factory=dict)  # in arrival order
-
-    def enter(self, probe: bool) -> Call:
-        if len(self.calls) >= self.limit:
-            oldest = next((call for call in self.calls if call.waiting and not call.probe), None)
-            if oldest is not None:
-                self.evict(oldest)
-            elif not probe or len(self.calls) >= self.limit + self.probe_slots:
-                raise Refused(f"the server is at its limit of {self.limit} calls in progress; retry shortly")
-        call = Call(asyncio.current_task(), probe=probe)
-        self.calls[call] = None
-        return call
-
-    def evict(self, call: Call) -> None:
-        self.calls.pop(call, None)
-        call.evicted = True
-        if call.task is not None:
-            call.task.cancel()
-
-    def leave(self, call: Call) -> None:
-        self.calls.pop(call, None)
-
-
-class Reservation:
-    """Bytes a call holds of the message budget."""
-
-    def __init__(self, budget: MemoryBudget, held: int) -> None:
-        self.budget = budget
-        self.held = held
-
-    def keep(self, size: int) -> None:
-        """Hold only `size` (at most what is held); the rest goes back."""
-        kept = max(0, min(size, self.held))
-        self.budget.release(self.held - kept)
-        self.held = kept
-
-    def become(self, size: int) -> bool:
-        """Hold exactly `size`: what is held beyond it goes back, and more is taken only if it is
-        free now (what it counts is already in memory: waiting would only hold it longer)."""
-        if size <= self.held:
-            self.keep(size)
-            return True
-        if not self.budget.take_now(size - self.held):
-            return False
-        self.held = size
-        return True
-
-    def release(self) -> None:
-        self.keep(0)
-
-
-class MessageBudget:
-    """Memory for messages being received: each call reserves the largest message before it asks
-    for its own, first come first served, and is refused after `wait_s` without one."""
-
-    def __init__(self, total: int, message_limit: int, wait_s: float) -> None:
-        self.memory = MemoryBudget(max(total, message_limit))
-        self.message_limit = message_limit
-        self.wait_s = wait_s
-        self.waiting = 0
-
-    async def reserve(self) -> Reservation:
-        self.waiting += 1
-        try:
-            await self.memory.acquire(self.message_limit, self.wait_s)
-        except Busy:
-            raise Refused(
-                f"the server is receiving other messages up to its budget of {self.memory.total >> 20} MiB "
-                f"(each call reserves the largest message, {self.message_limit >> 20} MiB, until its own has "
-                "come); retry shortly"
-            ) from None
-        finally:
-            self.waiting -= 1
-        return Reservation(self.memory, self.message_limit)
 
 
 class Answers:
@@ -458,16 +353,14 @@ class InferenceService:
         return response
 
     async def model_infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """Counted in the request metrics under the HTTP status REST would have answered."""
+        """Decoded here, then served by the data plane as REST's infer is (DataPlane.predict);
+        counted in the request metrics under the status REST would have answered."""
         with self.state.metrics.track(self.settings.name) as tracker:
             try:
-                self.state.dataplane.check_model(request.model_name)
+                dataplane = self.state.dataplane
+                dataplane.check_model(request.model_name)
                 decoded = decode_infer_request(request)
-                served = self.state.repository.resolve(decoded.version)
-                tracker.version = served.version
-                if decoded.outputs:
-                    check_requested_outputs(decoded.outputs, [spec.name for spec in served.outputs])
-                outputs = await submit(served, decoded.inputs)
+                served, outputs = await dataplane.predict(decoded.version, decoded.inputs, decoded.outputs, tracker)
                 return encode_infer_response(decoded, self.settings.name, served.version, outputs, self.answer_limit)
             except ServerError as exc:
                 tracker.code = status_of(exc)

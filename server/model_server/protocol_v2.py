@@ -6,7 +6,6 @@ transport: the HTTP routes pass the body and the header length in."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,20 +155,6 @@ def decode_inputs(req: InferenceRequest, binary: bytes | memoryview) -> dict[str
     if offset != len(binary):
         raise InvalidInput(f"{len(binary) - offset} bytes of binary data belong to no input")
     return arrays
-
-
-def check_requested_outputs(req: InferenceRequest, known: list[str]) -> None:
-    """Refuse an output asked for twice (each would be encoded again: a small request for a
-    huge answer) or one the model does not have."""
-    wanted = req.outputs
-    if not wanted:
-        return
-    repeated = sorted(n for n, count in Counter(o.name for o in wanted).items() if count > 1)
-    if repeated:
-        raise InvalidInput(f"output(s) {repeated} requested more than once")
-    unknown = [o.name for o in wanted if o.name not in known]
-    if known and unknown:
-        raise InvalidInput(f"unknown output(s) {unknown}; model outputs are {known}")
 
 
 def encode_response(

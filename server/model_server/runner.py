@@ -1,7 +1,7 @@
 """Process edge: uvicorn with graceful SIGTERM handling and the metrics port.
 
 The metrics port is a second listener of the same server, on the same loop, with the same
-connection limits (http_protocol.py): prometheus_client's own server started a thread per
+connection limits (bounded_http/http_protocol.py): prometheus_client's own server started a thread per
 connection with no timeout, and 1,000 half-sent requests made 1,000 threads.
 
 SIGTERM -> readiness turns false at once -> (optional `shutdown_delay_s` while
@@ -21,11 +21,12 @@ from types import FrameType
 import uvicorn
 from prometheus_client import REGISTRY
 
-from . import metrics_port, signals
+from bounded_http import metrics_port, signals
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
+
 from .app import create_app
 from .caches import prepare_compile_caches
 from .grpc_server import GrpcFrontEnd
-from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 from .lifecycle import Shutdown
 from .settings import ServerSettings
 
@@ -165,7 +166,7 @@ def serve(settings: ServerSettings) -> int:
         timeout_graceful_shutdown=settings.drain_timeout_s,  # type: ignore[arg-type]
         timeout_keep_alive=settings.keep_alive_timeout_s,
         lifespan="on",
-        # Answers waiting for their clients are held in the request bodies' budget (http_protocol.py).
+        # Answers waiting for their clients are held in the request bodies' budget (bounded_http/http_protocol.py).
         http=LimitedHttpProtocol.with_limits(connection_limits(settings), app.state.server.bodies.buffer),
     )
     grpc = GrpcFrontEnd(app.state.server) if settings.grpc_port is not None else None

@@ -9,14 +9,15 @@ bounds and help live on the field, and pydantic alone validates what was given.
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from bounded_http import limits
 
 #: Provider preference when none is configured: most to least specialised.
 DEFAULT_PROVIDERS = (
@@ -123,13 +124,13 @@ class ServerSettings(BaseSettings):
         default=0, ge=0, description="memory for parsing large bodies at once; 0 = 2/5 of the memory limit"
     )
     header_timeout_s: Annotated[float, Flag("header-timeout")] = Field(
-        default=10.0, gt=0, description="seconds for a request's headers to arrive"
+        default=limits.HEADER_TIMEOUT_S, gt=0, description="seconds for a request's headers to arrive"
     )
     body_timeout_s: Annotated[float, Flag("body-timeout")] = Field(
-        default=60.0, gt=0, description="seconds for a request's body to arrive"
+        default=limits.BODY_TIMEOUT_S, gt=0, description="seconds for a request's body to arrive"
     )
     write_timeout_s: Annotated[float, Flag("write-timeout")] = Field(
-        default=30.0,
+        default=limits.WRITE_TIMEOUT_S,
         gt=0,
         description="seconds a client may leave an answer undrained (its socket full) before its connection is "
         "dropped and the answer's bytes come back to the budget",
@@ -143,15 +144,15 @@ class ServerSettings(BaseSettings):
         "with its connection within both",
     )
     keep_alive_timeout_s: Annotated[int, Flag("keep-alive-timeout")] = Field(
-        default=75,
+        default=limits.KEEP_ALIVE_TIMEOUT_S,
         ge=1,
         description="seconds an idle kept-alive connection stays open: longer than the idle timeout of "
         "proxies and clients in front (nginx 60 s), so that they close it, never in the middle of "
         "sending it a request",
     )
-    max_header_bytes: int = Field(default=64 * 1024, ge=1024, description="431 above this")
+    max_header_bytes: int = Field(default=limits.MAX_HEADER_BYTES, ge=1024, description="431 above this")
     max_connections: int = Field(
-        default=1024,
+        default=limits.MAX_CONNECTIONS,
         ge=1,
         description="at this many, a new connection closes the one idle longest (else one still sending its headers); "
         "beyond it, probes only",
@@ -208,7 +209,7 @@ class ServerSettings(BaseSettings):
     def _size_from_memory(self) -> ServerSettings:
         """Body and parse limits that fit the pod: see `bodies.estimate_parse_bytes`."""
         if not self.memory_limit_bytes:
-            self.memory_limit_bytes = detect_memory_limit()
+            self.memory_limit_bytes = limits.detect_memory_limit()
         if not self.parse_memory_bytes:
             self.parse_memory_bytes = max(16 << 20, self.memory_limit_bytes * 2 // 5)
         if not self.max_body_bytes:
@@ -253,22 +254,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif metavar := _metavar(info.annotation):
             kwargs["metavar"] = metavar
         parser.add_argument(f"--{flag_name(field)}", **kwargs)
-
-
-CGROUP_MEMORY_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
-
-
-def detect_memory_limit(files: Sequence[str] = CGROUP_MEMORY_FILES) -> int:
-    """The container's memory limit (cgroup v2, then v1), else the machine's RAM."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for name in files:
-        try:
-            text = Path(name).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and 0 < int(text) < ram:
-            return int(text)
-    return ram
 
 
 VISIBLE_DEVICE_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")

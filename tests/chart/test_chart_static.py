@@ -16,9 +16,9 @@ from kopf._cogs.structs import references
 from prometheus_client import CollectorRegistry
 
 import inference_operator
+from inference_activator.metrics import ActivatorMetrics
 from inference_operator import metrics
 from inference_operator.engines import vllm as vllm_engine
-from model_server.activator.metrics import ActivatorMetrics
 from tests.chart import helm as h
 
 SCHEMA = json.loads((h.CHART / "values.schema.json").read_text())

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from adapters_sidecar.desired import digest
 from inference_operator.handlers import adapters as adapter_handlers
-from model_server.adapters.desired import digest
 from tests.http_stub import QuietHandler, serving
 from testsupport.cluster import Cluster, condition, inference_service, wait_for
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from adapters_sidecar.desired import digest  # the sidecar's own: the operator must match it
 from inference_operator import adapter_watch
 from inference_operator.adapter_status import (
     MAX_REPLICAS_LISTED,
@@ -23,7 +24,6 @@ from inference_operator.adapter_status import (
 )
 from inference_operator.builders.common import Owner
 from inference_operator.models import parse_spec
-from model_server.adapters.desired import digest  # the sidecar's own: the operator must match it
 from tests.http_stub import QuietHandler, serving
 
 SPEC = parse_spec(

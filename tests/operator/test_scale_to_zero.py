@@ -396,7 +396,7 @@ def test_both_engines_pods_answer_the_ready_path_the_activator_polls() -> None:
     """The activator asks NAME-private for READY_PATH: the model server and a vLLM pod's front
     both answer it, so a vLLM service scales to zero the same way."""
     from inference_operator.builders.activator import READY_PATH
-    from model_server.front import READY_PATH as FRONT_READY
+    from vllm_front.server import READY_PATH as FRONT_READY
 
     assert FRONT_READY == READY_PATH
     server_paths = {getattr(route, "path", None) for route in _server_routes()}

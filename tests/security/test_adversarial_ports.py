@@ -257,7 +257,7 @@ PORTS: dict[str, tuple[str, Callable[[Running], adversary.Target]]] = {
             ordinary_request=completion_request("/v1/completions", "hello"),
         ),
     ),
-    # Where a service's requests go while it is at zero (model_server/activator/).
+    # Where a service's requests go while it is at zero (inference_activator/).
     "activator": (
         "activator",
         lambda s: adversary.Target(

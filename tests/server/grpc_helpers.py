@@ -13,9 +13,10 @@ import grpc
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from bounded_http.grpc_calls import SERVICE
 from model_server import grpc_predict_v2_pb2 as pb
 from model_server.app import create_app
-from model_server.grpc_server import SERVICE, GrpcFrontEnd
+from model_server.grpc_server import GrpcFrontEnd
 from model_server.lifecycle import Shutdown
 from model_server.runner import GracefulServer
 from model_server.settings import ServerSettings

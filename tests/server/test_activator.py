@@ -1,4 +1,4 @@
-"""The scale-to-zero activator (model_server/activator/): its pure decisions (which hosts a
+"""The scale-to-zero activator (inference_activator/): its pure decisions (which hosts a
 slice routes, to where, under which limits), and the process as the chart runs it, against a
 small API server (testsupport/fake_kube_api.py) and a stand-in replica whose readiness the test
 turns on: requests at zero are held, wake the service once, and are answered in order once a
@@ -27,10 +27,10 @@ import httpx
 import pytest
 import uvicorn
 
-from model_server.activator.holding import Gate, Held, HeldRequests
-from model_server.activator.kube import ClientNamespaces, KubeApi, TokenFile
-from model_server.activator.metrics import ActivatorMetrics
-from model_server.activator.routes import (
+from inference_activator.holding import Gate, Held, HeldRequests
+from inference_activator.kube import ClientNamespaces, KubeApi, TokenFile
+from inference_activator.metrics import ActivatorMetrics
+from inference_activator.routes import (
     HoldPolicy,
     Load,
     RouteRefused,

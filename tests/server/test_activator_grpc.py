@@ -1,4 +1,4 @@
-"""The activator's gRPC port (model_server/activator/grpc_proxy.py) as the chart runs it, in
+"""The activator's gRPC port (inference_activator/grpc_proxy.py) as the chart runs it, in
 front of a real model server with its gRPC port, against the small API server
 (testsupport/fake_kube_api.py): Triton's gRPC client, naming the service by its authority, is
 held while the service is at zero, wakes it, and gets the model's own answer once the replica
@@ -26,7 +26,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
-from model_server.activator.grpc_proxy import NotHttp2, UnreadAnswers, scan
+from inference_activator.grpc_proxy import NotHttp2, UnreadAnswers, scan
 from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command

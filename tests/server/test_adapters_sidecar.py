@@ -16,14 +16,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from model_server.adapters import desired as desired_module
-from model_server.adapters import guard as vllm_guard
-from model_server.adapters import process as process_module
-from model_server.adapters import sidecar as sidecar_module
-from model_server.adapters.desired import Load, Unload, adapter_dir, plan, read_desired
-from model_server.adapters.sidecar import Engine, Sidecar
-from model_server.storage.errors import FetchError
-from model_server.storage.limits import Limits
+from adapters_sidecar import desired as desired_module
+from adapters_sidecar import guard as vllm_guard
+from adapters_sidecar import process as process_module
+from adapters_sidecar import sidecar as sidecar_module
+from adapters_sidecar.desired import Load, Unload, adapter_dir, plan, read_desired
+from adapters_sidecar.sidecar import Engine, Sidecar
+from model_fetcher.errors import FetchError
+from model_fetcher.limits import Limits
 from tests.http_stub import QuietHandler, serving
 from testsupport.processes import free_port, running, stop, wait_http
 

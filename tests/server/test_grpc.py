@@ -17,8 +17,8 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
+from bounded_http.grpc_calls import SERVICE
 from model_server import grpc_predict_v2_pb2 as pb
-from model_server.grpc_server import SERVICE
 from testsupport import adversary, adversary_h2
 from testsupport.onnx_models import affine_model
 

@@ -12,16 +12,17 @@ import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import service_pb2 as triton_pb
 
+from bounded_http.grpc_calls import CallTable, MessageBudget, Refused
 from model_server import grpc_predict_v2_pb2 as pb
+from model_server.dataplane import check_requested_outputs
 from model_server.errors import InvalidInput, PayloadTooLarge
 from model_server.grpc_codec import (
     CONTENTS_FIELD,
-    check_requested_outputs,
     decode_contents,
     decode_infer_request,
     encode_infer_response,
 )
-from model_server.grpc_server import Answers, CallTable, MessageBudget, Refused
+from model_server.grpc_server import Answers
 from model_server.tensors import MAX_BYTES_ELEMENTS
 from testsupport.grpc_codegen import OUTPUTS, generate
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from model_server.bodies import ReadBudget
+from bounded_http.budgets import ReadBudget
 from model_server.settings import ServerSettings
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command

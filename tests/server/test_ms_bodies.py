@@ -17,16 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_server.bodies import (
-    AnswerBudget,
-    BodyDecoder,
-    MemoryBudget,
-    ReadBudget,
-    RequestBody,
-    estimate_parse_bytes,
-)
+from bounded_http.budgets import AnswerBudget, MemoryBudget, ReadBudget
+from bounded_http.limits import detect_memory_limit
+from model_server.bodies import BodyDecoder, RequestBody, estimate_parse_bytes
 from model_server.errors import Busy, PayloadTooLarge
-from model_server.settings import ServerSettings, detect_memory_limit
+from model_server.settings import ServerSettings
 from testsupport import payloads
 from testsupport.liveness import post_and_watch_liveness
 from testsupport.onnx_models import affine_model

@@ -406,7 +406,7 @@ def test_pipelined_requests_are_answered_in_order_a_few_parsed_at_a_time(server)
 
 
 def test_connection_table_makes_room_idle_longest_first_then_the_busiest_clients_oldest_waiting():
-    from model_server.http_protocol import ConnectionTable
+    from bounded_http.http_protocol import ConnectionTable
 
     table: ConnectionTable[str] = ConnectionTable(max_connections=4, probe_slots=1)
     for name, peer in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a")]:

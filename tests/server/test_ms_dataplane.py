@@ -13,11 +13,12 @@ from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 
 from model_server import errors
-from model_server.api.errors import error_response, status_of
+from model_server.api.errors import error_response
 from model_server.api.routes import INFERENCE_ROUTES
 from model_server.app import create_app
 from model_server.bodies import BodyDecoder, RequestBody
 from model_server.dataplane import DataPlane
+from model_server.errors import status_of
 from model_server.metrics import RequestTracker
 from model_server.protocol_v2 import split_body
 from testsupport.onnx_models import affine_model

@@ -240,9 +240,8 @@ def test_binary_bytes_elements_are_counted_before_decoding():
     """One 63 MiB binary BYTES tensor of 2-byte elements peaked at 844 MiB: one Python object
     per element. The estimate now counts them, so a body too costly for the budget is a 413
     before any is made, and a request over the element limit is a 413 too."""
-    from model_server.api.errors import status_of
     from model_server.bodies import estimate_parse_bytes
-    from model_server.errors import PayloadTooLarge
+    from model_server.errors import PayloadTooLarge, status_of
     from model_server.protocol_v2 import estimate_request_bytes
     from model_server.tensors import BYTES_ELEMENT_BYTES, MAX_BYTES_ELEMENTS, decode_binary_tensor
 

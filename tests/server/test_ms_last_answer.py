@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from model_server.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
 from testsupport.processes import free_port
 from testsupport.waiting import eventually
 

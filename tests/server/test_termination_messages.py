@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from model_server.storage.cli import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_BYTES, say_why
+from model_fetcher.cli import ENV_TERMINATION_LOG, TERMINATION_MESSAGE_BYTES, say_why
 
 
 class _NotFound(http.server.BaseHTTPRequestHandler):

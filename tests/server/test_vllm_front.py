@@ -1,4 +1,4 @@
-"""The front of a vLLM pod (model_server/front.py), run as the pod runs it, in front of a stand-in
+"""The front of a vLLM pod (vllm_front/server.py), run as the pod runs it, in front of a stand-in
 vLLM: streams pass chunk by chunk, a client that leaves ends vLLM's request, adapter management
 is refused however it is spelled, vLLM learns the real client, oversized bodies and unread
 answers are cut off, and an engine that is down gets a 503 the client can retry."""
@@ -26,11 +26,11 @@ import httpx
 import pytest
 import uvicorn
 
+from bounded_http.proxy import READ_AHEAD, UpstreamConnection, error_body, request_headers, response_headers
 from inference_operator.builders.vllm import PRE_STOP_SECONDS, pre_stop_command, pre_stop_script
-from model_server.front import is_pod_local, is_refused_path
-from model_server.proxy import READ_AHEAD, UpstreamConnection, error_body, request_headers, response_headers
 from testsupport.cluster import wait_for
 from testsupport.processes import free_port, running
+from vllm_front.server import is_pod_local, is_refused_path
 
 MAX_BODY = 1024 * 1024
 

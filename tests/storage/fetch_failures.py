@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from model_server.storage.errors import ExitCode, FetchError
+from model_fetcher.errors import ExitCode, FetchError
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import pathlib
 import subprocess
 import sys
 
-from model_server.storage.errors import ExitCode
+from model_fetcher.errors import ExitCode
 from tests.storage.test_model_fetch_hf import COMMIT, FILES, Hub, model_files, run_fetch, running_hub
 
 PLANTED_CONFIG = b'{"model_type": "evil!"}'  # the same size as the real config.json

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from model_server.storage import cache
-from model_server.storage.cache import exclusive
-from model_server.storage.errors import ExitCode
-from model_server.storage.limits import Limits
-from model_server.storage.s3 import fetch_s3
+from model_fetcher import cache
+from model_fetcher.cache import exclusive
+from model_fetcher.errors import ExitCode
+from model_fetcher.limits import Limits
+from model_fetcher.s3 import fetch_s3
 from tests.storage.fetch_failures import fetch_fails
 from tests.storage.test_model_fetch import StandInS3
 

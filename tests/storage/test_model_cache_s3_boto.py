@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from model_server.storage.errors import ExitCode
+from model_fetcher.errors import ExitCode
 from tests.http_stub import QuietHandler, serving
 from tests.server.test_adapters_pod import s3_libs  # noqa: F401  (a fixture: boto3 installed once)
 

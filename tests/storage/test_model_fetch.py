@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from model_server.storage import cli
-from model_server.storage.errors import ExitCode, FetchError
-from model_server.storage.limits import Limits, parse_size
-from model_server.storage.s3 import fetch_s3
-from model_server.storage.web import check_redirect, fetch_http
+from model_fetcher import cli
+from model_fetcher.errors import ExitCode, FetchError
+from model_fetcher.limits import Limits, parse_size
+from model_fetcher.s3 import fetch_s3
+from model_fetcher.web import check_redirect, fetch_http
 from tests.http_stub import QuietHandler, serving
 from tests.storage.fetch_failures import fetch_fails
 

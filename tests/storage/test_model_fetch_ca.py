@@ -6,8 +6,8 @@ from __future__ import annotations
 import ssl
 import subprocess
 
-from model_server.storage import trust
-from model_server.storage.errors import ExitCode
+from model_fetcher import trust
+from model_fetcher.errors import ExitCode
 from tests.storage.fetch_failures import fetch_fails
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from model_server.storage.errors import ExitCode
-from model_server.storage.uris import parse_hf
+from model_fetcher.errors import ExitCode
+from model_fetcher.uris import parse_hf
 from tests.http_stub import QuietHandler, serving
 from tests.storage.fetch_failures import fetch_fails
 

@@ -63,7 +63,7 @@ POLICY_FLAGS = {
     RouterPolicy.POWER_OF_TWO: "power_of_two",
     RouterPolicy.CONSISTENT_HASH: "consistent_hash",
 }
-# A request body: as large as the front in the pods lets through (server/model_server/front.py).
+# A request body: as large as the front in the pods lets through (server/vllm_front/server.py).
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 # How long a request may wait in the router's queue for a slot before it is answered 429/408.
 QUEUE_TIMEOUT_SECONDS = 30

@@ -138,7 +138,7 @@ def vllm_args(owner: Owner, model_dir: str) -> list[str]:
         # The router's cache-aware policy reads each prompt's tokens from /v1/completions/render
         # (and its chat twin), which vLLM serves only with its scale-out endpoints; without them
         # every request goes to the first replica. The front refuses the rest of those endpoints
-        # (server/model_server/front.py: /inference/..., an abort of anyone's request).
+        # (server/vllm_front/server.py: /inference/..., an abort of anyone's request).
         args.append("--enable-scale-out")
     return args + list(runtime.args)
 

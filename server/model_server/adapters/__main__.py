@@ -1,20 +1,10 @@
-"""`python -m model_server.adapters ...`: the adapters sidecar's process (see process.py).
-
-Its first act, before the imports that take a while, is a SIGTERM handler that ends it at
-once (main() then remembers one, uvicorn handles it once serving); as PID 1 it would otherwise
-ignore one that came meanwhile and run on for the grace period. model_server's and this
-package's __init__.py import nothing, so nothing slow runs before it."""
+"""`python -m model_server.adapters ...`: the adapters sidecar (adapters_sidecar/__main__.py)."""
 
 from __future__ import annotations
 
 import sys
 
-from .. import signals
-
-if __name__ == "__main__":  # the container's PID 1, before the imports that take a while
-    signals.exit_on_stop_signal("adapters sidecar")
-
-from .process import main  # noqa: E402
+from adapters_sidecar.__main__ import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

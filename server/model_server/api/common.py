@@ -1,50 +1,19 @@
-"""What the route modules share: app state via dependency injection, the JSON response, and
+"""What the route modules share: app state (state.py) via dependency injection, the JSON response, and
 the OpenAPI description of bodies and error answers."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from ..bodies import BodyDecoder
-from ..dataplane import DataPlane
 from ..jsoncodec import dumps
-from ..lifecycle import Shutdown
-from ..metrics import ServerMetrics
-from ..repository import ModelRepository
-from ..settings import ServerSettings
-from ..tracing import Tracing
+from ..state import AppState
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-@dataclass
-class AppState:
-    """Everything a request handler needs, created once per app."""
-
-    settings: ServerSettings
-    metrics: ServerMetrics
-    repository: ModelRepository
-    shutdown: Shutdown
-    bodies: BodyDecoder
-    dataplane: DataPlane
-    tracing: Tracing | None = None  # None: tracing off, the routes do no tracing work
-
-    @property
-    def draining(self) -> bool:
-        """Readiness is false (SIGTERM received)."""
-        return self.shutdown.draining
-
-    def readiness(self) -> tuple[bool, str | None]:
-        if self.draining:
-            return False, "shutting down"
-        reason = self.repository.not_ready_reason()
-        return reason is None, reason
 
 
 async def get_state(request: Request) -> AppState:

@@ -1,6 +1,6 @@
-"""The one place where what went wrong becomes an HTTP answer: each `errors.ServerError` type's
-status code, its headers (Retry-After, Connection: close) and the JSON body every error has,
-for the inference fast path, the FastAPI routes and the middleware alike."""
+"""The one place where what went wrong becomes an HTTP answer: each `errors.ServerError`'s status
+code (errors.status_of), its headers (Retry-After, Connection: close) and the JSON body every
+error has, for the inference fast path, the FastAPI routes and the middleware alike."""
 
 from __future__ import annotations
 
@@ -13,50 +13,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import Scope
 
-from ..errors import (
-    BackendInputError,
-    Busy,
-    ClientClosed,
-    InvalidInput,
-    ModelNotFound,
-    ModelNotReady,
-    Overloaded,
-    PayloadTooLarge,
-    ServerError,
-    ShuttingDown,
-    UnprocessableInput,
-    UnsupportedMediaType,
-)
+from ..errors import INTERNAL_ERROR, Overloaded, ServerError, ShuttingDown, status_of
 from .common import json_response
 
 log = logging.getLogger(__name__)
-
-#: nginx's "client closed request": counted as the client's doing, never sent.
-CLIENT_CLOSED = 499
-INTERNAL_ERROR = 500
-
-STATUS: dict[type[ServerError], int] = {
-    InvalidInput: 400,
-    BackendInputError: 400,
-    ModelNotFound: 404,
-    PayloadTooLarge: 413,
-    UnsupportedMediaType: 415,
-    UnprocessableInput: 422,
-    Overloaded: 429,
-    Busy: 503,  # the parse budget, not the queue: another replica may have room
-    ClientClosed: CLIENT_CLOSED,
-    ModelNotReady: 503,
-    ShuttingDown: 503,
-}
-
-
-def status_of(exc: ServerError) -> int:
-    """The status of `exc`'s type, or of its nearest ancestor in the table."""
-    for cls in type(exc).__mro__:
-        status = STATUS.get(cls)
-        if status is not None:
-            return status
-    return INTERNAL_ERROR
 
 
 def headers_of(exc: ServerError) -> dict[str, str] | None:

@@ -20,13 +20,16 @@ from fastapi import FastAPI, Request
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from ..bodies import CLIENT_GONE, RequestBody
-from ..errors import ClientClosed, ServerError
+from bounded_http.budgets import CLIENT_GONE
+
+from ..bodies import RequestBody
+from ..errors import CLIENT_CLOSED, INTERNAL_ERROR, ClientClosed, ServerError, status_of
 from ..metrics import RequestTracker
 from ..protocol_simple import SimpleRequest, SimpleResponse
 from ..protocol_v2 import Answer, InferenceRequest
-from .common import INFER_ERRORS, AppState, documented_body
-from .errors import CLIENT_CLOSED, INTERNAL_ERROR, error_response, status_of
+from ..state import AppState
+from .common import INFER_ERRORS, documented_body
+from .errors import error_response
 
 #: The binary tensor extension's header: how many bytes of the body are its JSON header.
 HEADER_LENGTH = "inference-header-content-length"
@@ -47,7 +50,7 @@ class InferenceRoute:
 def request_body(request: Request) -> RequestBody:
     """The body as the data plane reads it (a client gone mid-body raises ClientDisconnect,
     which `serve` answers as `ClientClosed`), and whether its client has gone, where the
-    transport says (http_protocol.py)."""
+    transport says (bounded_http/http_protocol.py)."""
     length = request.headers.get("content-length")
     size = int(length) if length is not None and length.isdigit() else None
     gone = request.scope.get("extensions", {}).get(CLIENT_GONE)

@@ -37,7 +37,7 @@ import hpack
 from hyperframe.exceptions import HyperframeError
 from hyperframe.frame import ContinuationFrame, Frame, HeadersFrame
 
-from ..grpc_server import (
+from bounded_http.grpc_calls import (
     CONNECTIONS_PER_CALL_SLOT,
     LOOKAHEAD_BYTES,
     MAX_MESSAGE_BYTES,
@@ -50,12 +50,13 @@ from ..grpc_server import (
     Refused,
     Reservation,
 )
-from ..settings import detect_memory_limit
+from bounded_http.limits import detect_memory_limit
+
 from .config import ActivatorConfig
 from .holding import Gate, Refusal, Released
 from .routes import Route
 
-log = logging.getLogger("model_server.activator.grpc")
+log = logging.getLogger("inference_activator.grpc")
 
 #: The calls passed on: the protocol's (KServe's and Triton's `inference.GRPCInferenceService`).
 METHODS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..http_protocol import ConnectionLimits
-from ..settings import ServerSettings, detect_memory_limit
+from bounded_http import limits
+from bounded_http.http_protocol import ConnectionLimits
+from bounded_http.limits import detect_memory_limit
+
 from .routes import HoldPolicy
 
 LIVE_PATH = "/healthz"
@@ -17,7 +19,6 @@ PROBE_PATHS = frozenset({LIVE_PATH, READY_PATH})
 READ_BUDGET_SHARE = 1 / 4
 HELD_BUDGET_SHARE = 3 / 8
 MAX_BODY_CEILING = 64 * 1024 * 1024
-_defaults = ServerSettings.model_fields
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,11 @@ class ActivatorConfig:
     memory_limit_bytes: int = 0  # 0: the cgroup limit
     max_body_bytes: int = 0  # 0: from the memory limit
     max_connections: int = 4096
-    max_header_bytes: int = _defaults["max_header_bytes"].default
-    header_timeout_s: float = _defaults["header_timeout_s"].default
-    body_timeout_s: float = _defaults["body_timeout_s"].default
-    write_timeout_s: float = _defaults["write_timeout_s"].default
-    keep_alive_timeout_s: int = _defaults["keep_alive_timeout_s"].default
+    max_header_bytes: int = limits.MAX_HEADER_BYTES
+    header_timeout_s: float = limits.HEADER_TIMEOUT_S
+    body_timeout_s: float = limits.BODY_TIMEOUT_S
+    write_timeout_s: float = limits.WRITE_TIMEOUT_S
+    keep_alive_timeout_s: int = limits.KEEP_ALIVE_TIMEOUT_S
     body_wait_s: float = 10.0
     connect_timeout_s: float = 2.0
     response_start_timeout_s: float = 300.0

@@ -47,7 +47,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .bodies import CLIENT_GONE, AnswerBudget, ReadBudget
+from .budgets import CLIENT_GONE, AnswerBudget, ReadBudget
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .bodies import ReadBudget, read_body
+from .budgets import ReadBudget, read_body
 from .errors import Busy, PayloadTooLarge
 from .http_protocol import ConnectionLimits, LimitedHttpProtocol
 
-log = logging.getLogger("model_server.proxy")
+log = logging.getLogger("bounded_http.proxy")
 
 #: A connection's own headers (RFC 9110 7.6.1) and the proxy's, never passed on either way.
 HOP_BY_HOP = frozenset(

@@ -18,9 +18,10 @@ from typing import Any
 
 import httpx
 
-from ..storage.errors import ExitCode, FetchError
-from ..storage.fetching import fetch
-from ..storage.limits import Limits
+from model_fetcher.errors import ExitCode, FetchError
+from model_fetcher.fetching import fetch
+from model_fetcher.limits import Limits
+
 from .desired import (
     Adapter,
     Load,

@@ -18,11 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .. import signals
-from ..http_protocol import ConnectionLimits, LimitedHttpProtocol
-from ..storage.errors import FetchError
-from ..storage.limits import Limits, parse_size
-from ..storage.trust import trust_ca_bundle
+from bounded_http import signals
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from model_fetcher.errors import FetchError
+from model_fetcher.limits import Limits, parse_size
+from model_fetcher.trust import trust_ca_bundle
+
 from . import guard
 from .sidecar import Engine, Sidecar
 
@@ -76,7 +77,7 @@ def status_app(sidecar: Sidecar) -> Starlette:
 
 
 def status_server(sidecar: Sidecar, host: str, port: int) -> uvicorn.Server:
-    """The status port, bounded like the model server's (model_server.http_protocol)."""
+    """The status port, bounded like the model server's (bounded_http.http_protocol)."""
     config = uvicorn.Config(
         status_app(sidecar),
         host=host,

@@ -4,7 +4,7 @@ vLLM's API server (uvicorn's httptools protocol under FastAPI) bounds neither co
 header fields nor bodies: 300 connections of 10,000 header fields each grew it 219-347 MiB, and
 1,000 uploads stalled after 300 KiB grew it 303-349 MiB. So vLLM listens on loopback only, and
 this process is the pod's way in. It serves with the model server's connection limits
-(http_protocol.py: header bytes and fields on every request of a connection, header, body and
+(bounded_http/http_protocol.py: header bytes and fields on every request of a connection, header, body and
 write timeouts, a connection cap that closes idle connections first and keeps room for probes)
 and reads each body under one budget (proxy.BodyReader) before vLLM sees a byte of it. The
 answer streams back as vLLM writes it, its bytes relayed as each read brings them, never parsed
@@ -16,7 +16,7 @@ Adapter management (vLLM's /v1/load_lora_adapter and kin) is refused here whoeve
 adapters sidecar manages adapters over loopback, straight to vLLM. So are vLLM's scale-out
 control endpoints (/inference/..., an abort of any request), on where the router needs their
 render twins. vLLM is told the real client
-(X-Forwarded-For, replaced, never passed on), so its own guard (adapters/guard.py) still sees a
+(X-Forwarded-For, replaced, never passed on), so its own guard (adapters_sidecar/guard.py) still sees a
 remote client behind this proxy.
 
 It runs in the model server's image as a native sidecar: it starts before vLLM and stops after
@@ -40,12 +40,13 @@ import httpx
 import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
-from . import signals
-from .adapters.guard import is_management
-from .bodies import ReadBudget
-from .errors import Busy, PayloadTooLarge
-from .http_protocol import ConnectionLimits, LimitedHttpProtocol
-from .proxy import (
+from adapters_sidecar.guard import is_management
+from bounded_http import limits, signals
+from bounded_http.budgets import ReadBudget
+from bounded_http.errors import Busy, PayloadTooLarge
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from bounded_http.limits import detect_memory_limit
+from bounded_http.proxy import (
     Body,
     BodyReader,
     ClientGone,
@@ -59,9 +60,8 @@ from .proxy import (
     server_config,
     target,
 )
-from .settings import ServerSettings, detect_memory_limit
 
-log = logging.getLogger("model_server.front")
+log = logging.getLogger("vllm_front")
 
 LIVE_PATH = "/health/live"
 READY_PATH = "/health/ready"
@@ -78,7 +78,6 @@ MAX_BODY_CEILING = 64 * 1024 * 1024
 READY_CACHE_S = 1.0
 #: How long vLLM may take to read a request's body.
 UPSTREAM_WRITE_TIMEOUT_S = 30.0
-_defaults = ServerSettings.model_fields
 
 
 @dataclass(frozen=True)
@@ -90,12 +89,12 @@ class FrontConfig:
     port: int = 8000
     memory_limit_bytes: int = 0  # 0: the cgroup limit
     max_body_bytes: int = 0  # 0: from the memory limit
-    max_connections: int = _defaults["max_connections"].default
-    max_header_bytes: int = _defaults["max_header_bytes"].default
-    header_timeout_s: float = _defaults["header_timeout_s"].default
-    body_timeout_s: float = _defaults["body_timeout_s"].default
-    write_timeout_s: float = _defaults["write_timeout_s"].default
-    keep_alive_timeout_s: int = _defaults["keep_alive_timeout_s"].default
+    max_connections: int = limits.MAX_CONNECTIONS
+    max_header_bytes: int = limits.MAX_HEADER_BYTES
+    header_timeout_s: float = limits.HEADER_TIMEOUT_S
+    body_timeout_s: float = limits.BODY_TIMEOUT_S
+    write_timeout_s: float = limits.WRITE_TIMEOUT_S
+    keep_alive_timeout_s: int = limits.KEEP_ALIVE_TIMEOUT_S
     body_wait_s: float = 10.0
     connect_timeout_s: float = 2.0
     drain_timeout_s: float = 30.0

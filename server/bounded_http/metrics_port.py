@@ -12,7 +12,7 @@ import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import Receive, Scope, Send
 
-log = logging.getLogger("model_server.metrics_port")
+log = logging.getLogger("bounded_http.metrics_port")
 
 
 class MetricsExposition:

@@ -53,11 +53,11 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from .. import metrics_port, signals
-from ..bodies import ReadBudget
-from ..errors import Busy, PayloadTooLarge
-from ..http_protocol import ConnectionLimits, LimitedHttpProtocol
-from ..proxy import (
+from bounded_http import metrics_port, signals
+from bounded_http.budgets import ReadBudget
+from bounded_http.errors import Busy, PayloadTooLarge
+from bounded_http.http_protocol import ConnectionLimits, LimitedHttpProtocol
+from bounded_http.proxy import (
     Body,
     BodyReader,
     ClientGone,
@@ -68,6 +68,7 @@ from ..proxy import (
     stream,
     target,
 )
+
 from .config import LIVE_PATH, READY_PATH, ActivatorConfig
 from .grpc_proxy import GrpcLimits, GrpcPort
 from .holding import REWAKE_S, Gate, Held, HeldRequests, Refusal, Released
@@ -85,7 +86,7 @@ from .routes import (
     slice_service,
 )
 
-log = logging.getLogger("model_server.activator")
+log = logging.getLogger("inference_activator")
 
 #: How often a service's readiness is asked while requests wait for it.
 POLL_S = 0.25
