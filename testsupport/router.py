@@ -9,6 +9,7 @@ watch on loopback) and the pod's ports by free ones.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pathlib
 import random
@@ -32,6 +33,16 @@ VENV = pathlib.Path(
 DISCOVERY_FLAGS = ("--service-discovery", "--selector", "--service-discovery-namespace", "--service-discovery-port")
 
 
+@dataclasses.dataclass(frozen=True)
+class PdWorkers:
+    """The router's P/D mode over static workers: prefill and decode base URLs, and the KV
+    connector that moves the cache between them (it decides the router's handshake)."""
+
+    prefill: Sequence[str]
+    decode: Sequence[str]
+    kv_connector: str = "nixl"
+
+
 class RouterNotInstalled(RuntimeError):
     """The router venv is missing: a test skips (or fails in CI), a benchmark stops."""
 
@@ -45,10 +56,16 @@ def router_executable() -> pathlib.Path:
 
 
 def static_command(
-    container: Mapping[str, Any], workers: Sequence[str], port: int, metrics_port: int, policy: str | None = None
+    container: Mapping[str, Any],
+    workers: Sequence[str],
+    port: int,
+    metrics_port: int,
+    policy: str | None = None,
+    pd: PdWorkers | None = None,
 ) -> list[str]:
-    """The container's command line on loopback: discovery replaced by `--worker-urls`, the
-    ports by `port` and `metrics_port`, and the policy by `policy` when given."""
+    """The container's command line on loopback: discovery replaced by `--worker-urls` (or, in
+    P/D mode, by `pd`'s `--prefill` and `--decode` URLs), the ports by `port` and
+    `metrics_port`, and the policy by `policy` when given."""
     args: list[str] = []
     skipping = False
     for arg in container["args"]:
@@ -67,7 +84,14 @@ def static_command(
             arg = f"{flag}={policy}"
         args.append(str(arg))
     assert container["command"] == ["vllm-router"], container["command"]
-    return [str(router_executable()), *args, "--worker-urls", *workers]
+    if pd is None:
+        return [str(router_executable()), *args, "--worker-urls", *workers]
+    static = ["--vllm-pd-disaggregation", "--kv-connector", pd.kv_connector]
+    for url in pd.prefill:
+        static += ["--prefill", url]
+    for url in pd.decode:
+        static += ["--decode", url]
+    return [str(router_executable()), *args, *static]
 
 
 @contextlib.contextmanager
@@ -79,12 +103,13 @@ def running_router(
     workdir: pathlib.Path,
     policy: str | None = None,
     timeout: float = 120,
+    pd: PdWorkers | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """The router from `container` in front of `workers`, ready (its /readiness answers 200:
-    it has healthy workers) on 127.0.0.1:`port`; stopped on the way out."""
+    """The router from `container` in front of `workers` (or in P/D mode over `pd`), ready (its
+    /readiness answers 200: it has healthy workers) on 127.0.0.1:`port`; stopped on the way out."""
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "router.log"
-    command = static_command(container, workers, port, metrics_port, policy)
+    command = static_command(container, workers, port, metrics_port, policy, pd)
     with log.open("wb") as out:
         process = subprocess.Popen(
             command,

