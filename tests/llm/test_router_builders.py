@@ -160,6 +160,17 @@ def test_the_router_pod_is_hardened_probed_bounded_and_sleeps_before_its_sigterm
     }
     assert container["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    # A start slower than the liveness probe's patience (measured on the pods tier: 52 s at 100m
+    # beside two starting vLLM pods, restarted by the liveness probe at 30 s, again and again)
+    # is waited for by the startup probe, and the liveness probe counts only after it.
+    startup = container["startupProbe"]
+    liveness = container["livenessProbe"]
+    assert startup["httpGet"] == liveness["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120
+    assert (
+        startup["periodSeconds"] * startup["failureThreshold"]
+        > liveness["periodSeconds"] * liveness["failureThreshold"]
+    )
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[:2] == ["python", "-c"] and "sleep" in command[2]
     assert container["image"] == owner(spec()).images.router

@@ -62,6 +62,12 @@ def vllm_image() -> str:
     return images.build_vllm()
 
 
+@pytest.fixture(scope="session")
+def router_image() -> str:
+    """The vLLM router's image from router/Dockerfile (built once per machine)."""
+    return images.build_router()
+
+
 @contextlib.contextmanager
 def tier(names: list[str], label: str) -> Iterator[NodeCluster]:
     """A cluster of the tier with these images in its containerd, removed after; `label` names it

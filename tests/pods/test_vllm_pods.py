@@ -6,6 +6,8 @@ Hub over https on the tier's bridge (a certificate from the tier's CA, which the
 model-fetch CA setting trusts) and fetched as a user's model would be: by the pod's model-fetch
 init container and its adapters sidecar, with a Hub token from a Secret. The tests run in order on
 one cluster and one InferenceService, in namespaces that enforce Pod Security `restricted`.
+The last tests put the vLLM project's router (routing.router, its image built from the shipped
+router/Dockerfile) in front of two replicas of that service.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import httpx
 import pytest
 
 from inference_operator.builders.common import engine_port
+from inference_operator.builders.router import METRICS_PORT as ROUTER_METRICS_PORT
 from inference_operator.builders.vllm import PRE_STOP_SECONDS
 from inference_operator.models import parse_spec
 from tests.llm.conftest import tiny_llama  # noqa: F401  (a fixture)
@@ -58,6 +61,7 @@ from testsupport.cluster import condition, wait_for
 from testsupport.load import CompletionLoad
 from testsupport.nodecluster import NODE_IP, NODE_NAME, NodeCluster
 from testsupport.otlp import Receiver, otlp_receiver
+from testsupport.router import replica_counters, shared_prefix_prompts
 
 # The first test also waits for the tier: its images (the vLLM image is 2.7 GB to import) and cluster.
 pytestmark = [pytest.mark.pods, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -154,8 +158,8 @@ def hub_repos(model_dir: pathlib.Path) -> dict[str, dict[str, bytes]]:
 
 
 @pytest.fixture(scope="module")
-def node(project_images: list[str], vllm_image: str) -> Iterator[NodeCluster]:
-    with tier([*project_images, vllm_image], "test_vllm_pods") as cluster:
+def node(project_images: list[str], vllm_image: str, router_image: str) -> Iterator[NodeCluster]:
+    with tier([*project_images, vllm_image, router_image], "test_vllm_pods") as cluster:
         yield cluster
 
 
@@ -185,7 +189,7 @@ def release(node: NodeCluster, hub: Hub, prometheus: PodPrometheus, tmp_path_fac
     apply(node, namespace(OPERATOR_NAMESPACE), namespace(NS))
     values = chart_values(
         hub.ca.read_text(),
-        images={"modelServer": images.MODEL_SERVER_IMAGE, "vllm": images.vllm_image()},
+        images={"modelServer": images.MODEL_SERVER_IMAGE, "vllm": images.vllm_image(), "router": images.ROUTER_IMAGE},
         replicaCount=1,
         # The stand-in Hub is the platform's mirror: a token may be sent there.
         huggingFace={"tokenEndpoints": [hub.url]},
@@ -864,3 +868,153 @@ def test_a_removed_adapter_is_unloaded_and_a_request_for_it_is_a_404(
     assert response.status_code == 404, response.text
     wait_for(lambda: adapter_state(node, "sql") is None, timeout=60, message="sql gone from status.adapters")
     assert complete(address, NAME)  # the base model serves on
+
+
+# The router's tests: two replicas without LoRA (vLLM and the front's 200m each) and one router
+# at ROUTER_CPU fit the node's 2 CPUs beside the operator and the activator.
+ROUTED_CPU = "650m"
+ROUTER_CPU = "100m"
+ROUTER_SELECTOR = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=router"
+# The shared-prefix workload: a few long system prompts, several users each.
+PREFIXES, USERS, PREFIX_WORDS = 3, 4, 300
+
+
+def routed_service(hub: Hub, prometheus: PodPrometheus) -> dict:
+    """The service with two replicas behind the router (cache-aware, its default policy)."""
+    service = inference_service(hub, prometheus, None)
+    spec = service["spec"]
+    del spec["autoscaling"]
+    spec["replicas"] = 2
+    spec["resources"]["cpu"] = ROUTED_CPU
+    spec["routing"] = {"router": {"replicas": 1, "resources": {"cpu": ROUTER_CPU, "memory": "256Mi"}}}
+    return service
+
+
+def router_address(node: NodeCluster) -> str:
+    service = kubectl_json(node, "get", "service", f"{NAME}-router", "-n", NS)
+    return f"{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+
+
+def replica_addresses(node: NodeCluster) -> dict[str, str]:
+    """Each ready vLLM pod's name and its front's address (pod IP and port)."""
+    addresses = {}
+    for pod in pods(node, NS, SELECTOR):
+        if pod_ready(pod):
+            (front,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "front"]
+            addresses[pod["metadata"]["name"]] = f"{pod['status']['podIP']}:{front['ports'][0]['containerPort']}"
+    return addresses
+
+
+def routed_replicas_ready(node: NodeCluster) -> dict[str, str] | None:
+    """The two replicas of the routed spec, Ready, no other vLLM pod left; and the router Ready."""
+    current = pods(node, NS, SELECTOR)
+    cpus = {
+        next(c for c in p["spec"]["containers"] if c["name"] == "vllm")["resources"]["limits"]["cpu"] for p in current
+    }
+    routers = [p for p in pods(node, NS, ROUTER_SELECTOR) if pod_ready(p)]
+    if len(current) == 2 and all(pod_ready(p) for p in current) and cpus == {ROUTED_CPU} and len(routers) == 1:
+        return replica_addresses(node)
+    return None
+
+
+def replica_metrics(replicas: dict[str, str]) -> dict[str, dict[str, float]]:
+    return {name: replica_counters(httpx.get(f"http://{a}/metrics", timeout=10).text) for name, a in replicas.items()}
+
+
+def test_the_router_takes_the_service_with_two_replicas_and_its_url(
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+) -> None:
+    """routing.router on the running service: the service is deleted and made again with two
+    replicas and a router (a rolling update would need room for a third vLLM pod on the node's 2
+    CPUs); the router, from the image router/Dockerfile builds, watches the namespace's pods with
+    the chart's ClusterRole and takes both replicas; status.url names it."""
+    node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=180s")
+    wait_for(lambda: not pods(node, NS, SELECTOR), timeout=180, message="the service's pods gone")
+    applied = time.monotonic()
+    apply(node, routed_service(hub, prometheus))
+    replicas = wait_for(
+        lambda: routed_replicas_ready(node), timeout=600, interval=0.5, message="two replicas, a router"
+    )
+    FIGURES[f"vLLM router: applied to two replicas ({ROUTED_CPU}) and the router Ready (s)"] = (
+        time.monotonic() - applied
+    )
+    address = router_address(node)
+
+    def workers() -> str | None:
+        listed = httpx.get(f"http://{address}/list_workers", timeout=10)
+        ips = [a.split(":")[0] for a in replicas.values()]
+        return listed.text if listed.status_code == 200 and all(ip in listed.text for ip in ips) else None
+
+    wait_for(workers, timeout=60, interval=0.5, message="the router's workers: both replicas")
+    assert ris(node)["status"]["url"] == f"http://{NAME}-router.{NS}.svc.cluster.local"
+
+
+def test_completions_and_chat_answer_through_the_router_from_the_host_and_a_pod(node: NodeCluster) -> None:
+    """Completions and chat, streamed and not, over the router's Service: from the host and from
+    a pod."""
+    address = router_address(node)
+    answers = {
+        (chat, stream): complete(address, NAME, chat, stream) for chat in (False, True) for stream in (False, True)
+    }
+    assert all(answers.values()), answers
+    assert answers[(False, False)] == answers[(False, True)] and answers[(True, False)] == answers[(True, True)]
+    # Greedy decoding: the replicas answer alike, so the router's answer is the replica's.
+    (direct, *_) = replica_addresses(node).values()
+    assert complete(direct, NAME) == answers[(False, False)]
+    script = (
+        "import json, urllib.request\n"
+        "for path, body in (('/v1/completions', {'prompt': 'the model'}),"
+        " ('/v1/chat/completions', {'messages': [{'role': 'user', 'content': 'the model'}]})):\n"
+        "    for stream in (False, True):\n"
+        f"        data = json.dumps({{'model': '{NAME}', 'max_tokens': 4, 'stream': stream, **body}}).encode()\n"
+        f"        request = urllib.request.Request('http://{address}' + path, data=data,"
+        " headers={'Content-Type': 'application/json'})\n"
+        "        with urllib.request.urlopen(request, timeout=60) as r:\n"
+        "            text = r.read().decode()\n"
+        "        print(path, stream, r.status, text.rstrip().endswith('[DONE]') if stream else 'choices' in text)\n"
+    )
+    output = run_client_pod(node, NS, "router-client", script)
+    assert output.split("\n") == [
+        "/v1/completions False 200 True",
+        "/v1/completions True 200 True",
+        "/v1/chat/completions False 200 True",
+        "/v1/chat/completions True 200 True",
+    ], output
+
+
+def test_the_router_sends_each_shared_prefix_to_the_replica_that_holds_it(node: NodeCluster) -> None:
+    """A shared-prefix workload (PREFIXES long system prompts, USERS users each) through the
+    router's Service: each prefix's requests all go to one replica, whose vLLM prefix cache then
+    hits (its own /metrics); the other replica never sees that prefix."""
+    address = router_address(node)
+    replicas = replica_addresses(node)
+    assert len(replicas) == 2, replicas
+    served: Counter[str] = Counter()
+    started = time.monotonic()
+    for index, prompts in enumerate(shared_prefix_prompts(PREFIXES, USERS, PREFIX_WORDS, seed=3)):
+        before = replica_metrics(replicas)
+        for prompt in prompts:
+            body = {"model": NAME, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+            answer = httpx.post(f"http://{address}/v1/completions", json=body, timeout=120)
+            assert answer.status_code == 200, answer.text
+        after = replica_metrics(replicas)
+        delta = {name: {k: after[name][k] - before[name][k] for k in after[name]} for name in replicas}
+        holders = [name for name, d in delta.items() if d["requests"]]
+        assert len(holders) == 1, delta
+        holder = holders[0]
+        assert delta[holder]["requests"] == USERS and delta[holder]["hits"] > 0, delta
+        (other,) = set(replicas) - {holder}
+        assert delta[other]["queries"] == 0, delta
+        served[holder] += 1
+        FIGURES[f"vLLM router: prefix {index}, prefix-cache hit rate on its replica"] = (
+            delta[holder]["hits"] / delta[holder]["queries"]
+        )
+    FIGURES["vLLM router: shared-prefix workload through the router (s)"] = time.monotonic() - started
+    # Where new prefixes go is the policy's choice (one at a time, the load never uneven enough
+    # for its balance thresholds): recorded, not judged.
+    FIGURES[f"vLLM router: replicas the {PREFIXES} prefixes went to"] = len(served)
+    (router,) = [p for p in pods(node, NS, ROUTER_SELECTOR) if pod_ready(p)]
+    decisions = httpx.get(f"http://{router['status']['podIP']}:{ROUTER_METRICS_PORT}/metrics", timeout=10).text
+    # Every prompt's tokens were read from a replica through its front (without them the router
+    # counts outcome="missing_tokens" and sends everything to its first worker).
+    assert 'policy="cache_aware"' in decisions and 'outcome="missing_tokens"' not in decisions, decisions

@@ -23,7 +23,7 @@ What the router is told, and why (flags of vllm-router 0.1.17, `vllm-router --he
 - Bounds: `--max-payload-size` (a request body), `--max-concurrent-requests` and `--queue-size`
   (beyond both, 429 at once), `--queue-timeout-secs`, `--request-timeout-secs`.
 - `--prometheus-port`/`--prometheus-host`: its own metrics on a port apart from the requests'.
-- Probes: `/liveness` and `/readiness` on the HTTP port.
+- Probes: `/liveness` and `/readiness` on the HTTP port; a startup probe first (STARTUP_SECONDS).
 
 The pod runs as a non-root user, read-only root filesystem, no capability, RuntimeDefault
 seccomp, with a preStop sleep so that the endpoints drop the pod before the SIGTERM comes.
@@ -71,6 +71,11 @@ QUEUE_TIMEOUT_SECONDS = 30
 PRE_STOP_SECONDS = 5
 # After the preStop sleep, time for the requests under way to finish.
 DRAIN_SECONDS = 30
+# How long the router may take to listen: the wheel's Python launcher loads a 60 MB extension,
+# which under a small CPU limit on a busy node takes most of a minute; the liveness probe
+# counts only once it has answered, so a slow start is not restarted into a crash loop.
+STARTUP_PROBE_PERIOD_SECONDS = 5
+STARTUP_SECONDS = 300
 # What a router consists of, in apply order.
 OBJECT_KINDS = (SERVICE_ACCOUNT, ROLE_BINDING, NETWORK_POLICY, DEPLOYMENT, SERVICE, POD_DISRUPTION_BUDGET)
 
@@ -167,6 +172,12 @@ def build_router_deployment(owner: Owner) -> JsonObject:
             {"name": "http", "containerPort": PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
+        "startupProbe": {
+            "httpGet": {"path": "/liveness", "port": "http"},
+            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "timeoutSeconds": 3,
+            "failureThreshold": STARTUP_SECONDS // STARTUP_PROBE_PERIOD_SECONDS,
+        },
         "livenessProbe": {
             "httpGet": {"path": "/liveness", "port": "http"},
             "periodSeconds": 10,

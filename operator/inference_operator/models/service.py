@@ -137,8 +137,9 @@ class InferenceServiceSpec(SpecModel):
             ),
             cel(
                 f"!({_ROUTER}) || !has(self.autoscaling) || !has(self.autoscaling.scaleToZero)",
-                "routing.router does not take autoscaling.scaleToZero yet: the activator holds requests at the "
-                "Service, and the router sends them to the pods directly: at zero they would fail",
+                "routing.router does not take autoscaling.scaleToZero yet: clients call NAME-router, and at zero "
+                "the activator holds requests for the Service NAME only: at zero they would fail at the router, "
+                "which has no replica to send them to",
                 ".routing.router",
             ),
             *DISAGGREGATION_RULES,
