@@ -214,6 +214,7 @@ def reconcile(
     *,
     first: bool = False,
     pruned: list[str] | None = None,
+    previous: list[str] | None = None,
 ) -> Result:
     """Apply the desired set if anything differs; delete owned kinds no longer wanted.
 
@@ -222,7 +223,9 @@ def reconcile(
     canary strategy, `rollout` (status.rollout) says which revision each Deployment runs.
     `first` (see `never_reconciled`): nothing to prune, and no read looks for it. `pruned` (see
     `pruned_inventory`): what a finished reconcile of this generation left; when the desired set
-    is that, there is nothing to prune either.
+    is that, there is nothing to prune either. `previous` (see `previous_inventory`): what the
+    reconcile of the generation before left; the prune then lists only its kinds and the desired
+    set's, not every kind the service could own.
     """
     wanted, refusal = desired_objects(api, owner, policy)
     wanted, state = rollout_arms(api, owner, wanted, rollout, time.time() if now is None else now)
@@ -243,7 +246,8 @@ def reconcile(
         result.changes.append(apply_step(api, step, result, owner.name)[0])
     if first or pruned == result.inventory:
         return result
-    result.changes.extend(prune(api, owner, wanted))
+    kinds = None if previous is None else {entry.split("/", 1)[0] for entry in [*previous, *result.inventory]}
+    result.changes.extend(prune(api, owner, wanted, kinds))
     return result
 
 
@@ -269,6 +273,23 @@ def pruned_inventory(generation: int | None, status: JsonObject | None) -> list[
     if status.get("rollout") is not None:
         return None
     return [str(entry) for entry in recorded]
+
+
+def previous_inventory(generation: int | None, status: JsonObject | None) -> list[str] | None:
+    """What the reconcile of the generation just before this one left (status.inventory), when
+    it finished: a spec change then need only look among that record's kinds and the new
+    desired set's. Every write since the record came from a reconcile of that generation (whose
+    objects it names) or of this one (whose objects are desired now), so nothing owned is of
+    another kind, but for an object someone else made with the labels and ownerReference: the
+    next full prune (a record of another generation or none, a resync whose set differs from
+    the record, a canary) removes that one.
+
+    None, so the prune lists every owned kind, for a gap of more than one generation (a
+    reconcile in between may have been cut short after its applies) and the cases
+    `pruned_inventory` refuses."""
+    if generation is None:
+        return None
+    return pruned_inventory(generation - 1, status)
 
 
 def never_reconciled(generation: int | None, status: JsonObject | None) -> bool:
@@ -443,7 +464,7 @@ def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -
     return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else ""), live
 
 
-def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
+def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject], kinds: set[str] | None = None) -> list[Change]:
     """Delete what this InferenceService owns and no longer wants, whatever its role or name.
 
     The inventory is read by label, one list per owned kind: every object the operator makes for
@@ -452,14 +473,16 @@ def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
     the desired set. Only an object whose ownerReferences name this service's uid is deleted:
     one a person made with the same labels, or another service's, never is. Kinds another path
     keeps (`Kind.reconciled`: the activator's slices) and kinds the cluster does not serve are
-    not listed. Deleted in the reverse of the apply order: a route before the Service it leads
-    to, the pods before the rights they use.
+    not listed, nor, when `kinds` names some, any other kind. Deleted in the reverse of the
+    apply order: a route before the Service it leads to, the pods before the rights they use.
     """
     keep = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
     selector = inventory_selector(owner.name)
     deleted = []
     for kind in reversed(KINDS):
-        if not kind.owned or not kind.reconciled or not _served(api, kind):
+        if not kind.owned or not kind.reconciled or (kinds is not None and kind.kind not in kinds):
+            continue
+        if not _served(api, kind):
             continue
         for live in api.list_objects(kind.api_version, kind.kind, owner.namespace, selector):
             name = live["metadata"]["name"]

@@ -16,7 +16,7 @@ from inference_operator.builders.common import ROLE_LABEL, STATUS_ROLES, Role, i
 from inference_operator.handlers.shared import by_label
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
-from inference_operator.reconcile import Action, pruned_inventory, reconcile, with_hash
+from inference_operator.reconcile import Action, previous_inventory, pruned_inventory, reconcile, with_hash
 from inference_operator.settings import MANAGER
 from inference_operator.status import READY, Rollout, compute_status, find_condition, status_changes
 from testsupport.cluster import Cluster
@@ -298,3 +298,40 @@ def test_only_a_record_of_this_generation_without_a_canary_spares_the_lists(
     status: dict | None, pruned: list[str] | None
 ) -> None:
     assert pruned_inventory(3, status) == pruned
+
+
+def test_a_spec_change_lists_only_the_kinds_the_record_and_the_desired_set_name(api: KubeApi, cluster: Cluster) -> None:
+    """After a spec change the prune looks among the kinds the last reconcile left and the new
+    set's: an owned object of one of those kinds goes at once; one of a kind recorded nowhere
+    (made by hand with the labels and ownerReference) is left to the next full prune, which
+    removes it."""
+    done = reconcile(api, owner(PLAIN))
+    api.apply(left_behind("Deployment", f"{NAME}-canary", "u-1", "canary"))
+    api.apply(left_behind("ServiceAccount", f"{NAME}-stray", "u-1", "router"))
+    before = len(list(cluster.emulator))
+    grown = reconcile(api, owner(spec(replicas=2)), previous=done.inventory)  # another set: a PDB
+    listed = {r.resource.plural for r in list(cluster.emulator)[before:] if r.name is None}
+    assert listed == {"deployments", "services", "poddisruptionbudgets"}
+    assert {(c.kind, c.name) for c in grown.writes if c.action == Action.DELETED} == {("Deployment", f"{NAME}-canary")}
+    assert api.get(Ref("v1", "ServiceAccount", NS, f"{NAME}-stray")) is not None
+    full = reconcile(api, owner(spec(replicas=2)))  # no record to trust: every owned kind
+    assert {(c.kind, c.name) for c in full.writes if c.action == Action.DELETED} == {
+        ("ServiceAccount", f"{NAME}-stray")
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "previous"),
+    [
+        ({"observedGeneration": 2, "inventory": ["Service/x"]}, ["Service/x"]),
+        ({"observedGeneration": 3, "inventory": ["Service/x"]}, None),  # this generation's: pruned_inventory
+        ({"observedGeneration": 1, "inventory": ["Service/x"]}, None),  # a generation in between
+        ({"observedGeneration": 2}, None),  # an older version's status
+        ({"observedGeneration": 2, "inventory": ["Service/x"], "rollout": {"phase": "Stable"}}, None),
+        (None, None),
+    ],
+)
+def test_only_the_record_of_the_generation_before_narrows_a_spec_changes_prune(
+    status: dict | None, previous: list[str] | None
+) -> None:
+    assert previous_inventory(3, status) == previous

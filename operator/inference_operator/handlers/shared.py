@@ -24,7 +24,16 @@ from ..k8s import KubeApi, Ref
 from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET, NODE, POD
 from ..models import ENGINES, parse_spec
 from ..reasons import Reason
-from ..reconcile import Action, Change, Result, never_reconciled, owned_by, pruned_inventory, reconcile
+from ..reconcile import (
+    Action,
+    Change,
+    Result,
+    never_reconciled,
+    owned_by,
+    previous_inventory,
+    pruned_inventory,
+    reconcile,
+)
 from ..rollout import Phase, RolloutState
 from ..status import (
     DEGRADED,
@@ -279,7 +288,10 @@ def reconcile_checked(memo: kopf.Memo, isvc: kopf.Body | JsonObject) -> tuple[Ow
     state = RolloutState.from_status(status)
     first = never_reconciled(meta.get("generation"), status)
     pruned = pruned_inventory(meta.get("generation"), status)
-    return owner, reconcile(memo.api, owner, operator_config.credentials, state, first=first, pruned=pruned)
+    previous = previous_inventory(meta.get("generation"), status)
+    return owner, reconcile(
+        memo.api, owner, operator_config.credentials, state, first=first, pruned=pruned, previous=previous
+    )
 
 
 def rollout_problem(rollout: RolloutState | None) -> Problem | None:
