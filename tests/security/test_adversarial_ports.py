@@ -323,16 +323,7 @@ CASES = [
 ]
 
 
-#: Known open: the activator's gRPC port answered 982 of 1,000 pipelined calls in one fresh-clone
-#: run of three (all in the others); the rest of its attacks hold.
-OPEN = {("activator-grpc", "pipelined"): "activator gRPC: 1-2% of pipelined calls unanswered in 1 of 3 runs"}
-
-
-@pytest.mark.parametrize(
-    ("port", "attack"),
-    [pytest.param(p, a, marks=pytest.mark.skip(reason=OPEN[p, a])) if (p, a) in OPEN else (p, a) for p, a in CASES],
-    ids=[f"{port}-{attack}" for port, attack in CASES],
-)
+@pytest.mark.parametrize(("port", "attack"), CASES, ids=[f"{port}-{attack}" for port, attack in CASES])
 def test_the_port_stays_answerable_with_bounded_memory_and_threads(
     request: pytest.FixtureRequest, port: str, attack: str
 ) -> None:
