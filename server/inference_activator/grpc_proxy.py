@@ -21,6 +21,8 @@ the header block within `header_timeout_s` and `max_header_bytes`, idle connecti
 its own (GRPC_RECEIVE_SHARE of the memory limit), then counts against the held limits while it
 waits. A call that waits past its service's maxWaitSeconds ends UNAVAILABLE; over the limits,
 RESOURCE_EXHAUSTED; a client's deadline or cancellation ends its wait and gives its place back.
+Calls go on to the replicas at most UPSTREAM_STREAMS at once per upstream, within the streams a
+replica's connection takes, however many were held.
 """
 
 from __future__ import annotations
@@ -66,6 +68,13 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 PEEK_SLACK = 64 * 1024
 #: Of the memory limit: messages being received at once (HTTP bodies have their own quarter).
 GRPC_RECEIVE_SHARE = 1 / 8
+#: Calls passed on at once over the one connection to a service's replicas; the rest wait their
+#: turn here. A replica's connection takes a bounded number of streams at once (the model
+#: server's MAX_STREAMS_PER_CONNECTION, as many HTTP/2 servers'), and gRPC's client core opens
+#: streams past it when calls come together (the calls held at zero, released at once on a wake):
+#: the replica refuses those (RST_STREAM REFUSED_STREAM, UNAVAILABLE to their clients). Half the
+#: limit, because the replica counts a stream until its own call is done, after its answer left.
+UPSTREAM_STREAMS = MAX_STREAMS_PER_CONNECTION // 2
 #: Metadata the upstream call writes itself (or gRPC refuses from an application).
 _NOT_PASSED = frozenset({"user-agent", "te", "content-type", "host", "x-forwarded-for"})
 #: An activator's answer to a refused hold, as gRPC says it (413: a message no wait makes room for).
@@ -265,6 +274,7 @@ class GrpcPort:
     port: int
     peers: dict[int, Peer] = field(default_factory=dict)  # by the loopback connection's port
     channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    streams: dict[str, asyncio.Semaphore] = field(default_factory=dict)  # by upstream, as channels
     _server: grpc.aio.Server | None = None
     _listener: asyncio.Server | None = None
     inner_port: int = 0
@@ -310,6 +320,7 @@ class GrpcPort:
         for channel in self.channels.values():
             await channel.close()
         self.channels.clear()
+        self.streams.clear()
 
     # ------------------------------------------------------------------ the front
 
@@ -407,27 +418,29 @@ class GrpcPort:
             channel = self.channels[upstream] = grpc.aio.insecure_channel(
                 upstream, options=self.limits.channel_options()
             )
+        streams = self.streams.setdefault(upstream, asyncio.Semaphore(UPSTREAM_STREAMS))
         metadata = [
             (key, value)
             for key, value in context.invocation_metadata() or ()
             if key not in _NOT_PASSED and not key.startswith(":") and not key.startswith("grpc-")
         ]
         metadata.append(("x-forwarded-for", client))
-        remaining = context.time_remaining()
-        timeout = remaining if remaining is not None and remaining < 10**8 else None
-        multi: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
-        call = multi(raw, metadata=metadata, timeout=timeout, wait_for_ready=False)
-        try:
-            answer = await call
-        except grpc.aio.AioRpcError as exc:
-            return _Failure(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ()))
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        initial = await call.initial_metadata()
+        async with streams:  # a client's deadline or cancellation ends this wait too
+            remaining = context.time_remaining()
+            timeout = remaining if remaining is not None and remaining < 10**8 else None
+            multi: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
+            call = multi(raw, metadata=metadata, timeout=timeout, wait_for_ready=False)
+            try:
+                answer = await call
+            except grpc.aio.AioRpcError as exc:
+                return _Failure(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ()))
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            initial = await call.initial_metadata()
+            trailing = await call.trailing_metadata()
         if initial:
             await context.send_initial_metadata(tuple(initial))
-        trailing = await call.trailing_metadata()
         if trailing:
             context.set_trailing_metadata(tuple(trailing))
         assert isinstance(answer, bytes)

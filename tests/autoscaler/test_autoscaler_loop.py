@@ -176,3 +176,24 @@ def test_autoscaler_status_patch_sends_only_changes() -> None:
         "currentValue": 4.0
     }
     assert status_changes(current, {"currentValue": None}) == {"currentValue": None}
+
+
+async def test_a_tick_that_does_not_scale_keeps_the_last_scale_time_its_body_has_not_seen(cluster: Cluster) -> None:
+    """The body a tick is given can be older than the loop's own last status write (its watch
+    event not yet come, on a busy machine): a tick that does not scale leaves the lastScaleTime
+    it finds in the object as it is, rather than deleting it for the body's lack of one."""
+    stale = create(cluster, replicas=2, scaleUp={"pods": 1, "percent": 10, "periodSeconds": 60})
+    first = make_loop(cluster, {"value": 15.0, "age": 0.4, "p95": 42.0})
+    try:
+        await first.tick(stale, parse_spec(stale["spec"]))
+    finally:
+        await first.aclose()
+    scaled = cluster.get_cr("ml", "mlp")["status"]["autoscaler"]["lastScaleTime"]
+    body = {**cluster.get_cr("ml", "mlp"), "status": stale.get("status") or {}}  # its status not yet seen
+    steady = make_loop(cluster, {"value": 10.0, "age": 0.4, "p95": 42.0})
+    try:
+        await steady.tick(body, parse_spec(body["spec"]))
+    finally:
+        await steady.aclose()
+    status = cluster.get_cr("ml", "mlp")["status"]["autoscaler"]
+    assert status["desiredReplicas"] == 3 and status["lastScaleTime"] == scaled

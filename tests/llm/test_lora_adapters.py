@@ -28,6 +28,7 @@ from tests.llm.tiny_lora import adapter_files
 from tests.storage.test_model_fetch_hf import Hub, hub  # noqa: F401  (hub is a fixture)
 from testsupport.processes import free_port, stop, wait_http
 from testsupport.vllm import local_path, running_vllm
+from testsupport.waiting import DEFAULT_TIMEOUT_S, eventually
 
 pytestmark = pytest.mark.slow
 
@@ -113,13 +114,10 @@ def running_sidecar(container: dict, replica: Replica) -> Iterator[subprocess.Po
 
 
 def wait(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds until `condition` holds."""
+    """Seconds until `condition` holds (a figure for the log: the bound is `eventually`'s)."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if condition():
-            return time.monotonic() - started
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}")
+    eventually(condition, timeout=max(timeout, DEFAULT_TIMEOUT_S), interval=0.2, what=what)
+    return time.monotonic() - started
 
 
 @contextlib.contextmanager

@@ -9,12 +9,12 @@ runs under an init of the operator's (INIT_SCRIPT), which is PID 1 in its stead.
 from __future__ import annotations
 
 import ast
+import contextlib
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -38,16 +38,17 @@ def runs_our_program(container: dict[str, Any]) -> bool:
 
 
 def pre_stop_sleep(container: dict[str, Any]) -> float:
-    """Seconds the container's preStop sleeps (0 without one), measured by running it here."""
+    """Seconds the container's preStop sleeps (0 without one): what it asks the interpreter for,
+    run here with the interpreter's sleep recorded."""
     hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec")
     if hook is None:
         return 0.0
     command = hook["command"]
     assert command[:2] == ["python", "-c"], command  # the image's own Python, nothing else needed
     ast.parse(command[2])
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-c", command[2]], check=True, timeout=30)
-    return time.monotonic() - started
+    recording = f"import time\nasked = []\ntime.sleep = asked.append\nexec({command[2]!r})\nprint(sum(asked))"
+    run = subprocess.run([sys.executable, "-c", recording], check=True, timeout=60, capture_output=True, text=True)
+    return float(run.stdout)
 
 
 def our_containers(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -128,8 +129,28 @@ def test_the_init_script_passes_a_sigterm_on_to_the_engine_and_its_status_back(
     tmp_path: pathlib.Path, engine: str, status: int
 ) -> None:
     outer, pid = as_pid_1(under_init([sys.executable, "-c", engine]), tmp_path / "init.log")
-    eventually(lambda: subprocess.run(["pgrep", "-P", str(pid)], capture_output=True).stdout, what="the engine")
-    time.sleep(0.5)  # the engine's handler, where it has one, in place
+    command = "\0".join([sys.executable, "-c", engine, ""]).encode()
+
+    def engines() -> list[int]:
+        """PID 1's children running the engine (not the helpers a `python3` found on PATH may
+        start first: pyenv's shims fork before they exec)."""
+        found = []
+        for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(FileNotFoundError):
+                if pathlib.Path(f"/proc/{child}/cmdline").read_bytes() == command:
+                    found.append(int(child))
+        return found
+
+    # The init script in place (its handler, then the engine it starts), and the engine's own
+    # handler where it has one: the signal comes after each, as in a pod that has started.
+    eventually(lambda: catches(pid, signal.SIGTERM) and engines(), ignore=(FileNotFoundError,), what="the engine")
+    if "signal.signal" in engine:
+        eventually(
+            lambda: any(catches(child, signal.SIGTERM) for child in engines()),
+            interval=0.01,
+            ignore=(FileNotFoundError,),
+            what="the engine's handler",
+        )
     # The engine sleeps ten minutes: an exit at all is the signal passed on, and its status says how.
     seconds_to_exit(outer, pid, timeout=120)
     assert outer.returncode == status, ((tmp_path / "init.log").read_text(), outer.returncode)
@@ -138,13 +159,26 @@ def test_the_init_script_passes_a_sigterm_on_to_the_engine_and_its_status_back(
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="a PID namespace needs unshare")
 def test_the_init_script_reaps_the_orphans_it_inherits(tmp_path: pathlib.Path) -> None:
     """vLLM's worker processes that outlive their parent become PID 1's: reaped, not zombies."""
-    grandchild = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.5)'])"
+    go = tmp_path / "go"
+    orphan = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    grandchild = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {orphan!r}])"
     # The engine's child starts a grandchild and exits at once: the grandchild is orphaned to
-    # PID 1, and exits half a second later.
-    engine = f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {grandchild!r}]); time.sleep(60)"
+    # PID 1, and exits when the test says so.
+    engine = f"import subprocess, sys, time; subprocess.run([sys.executable, '-c', {grandchild!r}]); time.sleep(600)"
     outer, pid = as_pid_1(under_init([sys.executable, "-c", engine]), tmp_path / "init.log")
-    time.sleep(2)
-    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    states = [pathlib.Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] for c in children]
+
+    def children() -> list[tuple[str, str]]:
+        """PID 1's children: (pid, state)."""
+        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        states = []
+        for child in found:
+            with contextlib.suppress(FileNotFoundError):  # reaped meanwhile
+                states.append((child, pathlib.Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]))
+        return states
+
+    eventually(lambda: len(children()) == 2, what="the engine and the orphan, both PID 1's children")
+    go.touch()
+    # The orphan exits: reaped, PID 1 is left with the engine alone (a zombie would stay a child).
+    eventually(lambda: len(children()) == 1, what="the orphan reaped")
+    assert all(state != "Z" for _, state in children()), children()
     seconds_to_exit(outer, pid, timeout=60)
-    assert "Z" not in states, states

@@ -381,12 +381,10 @@ CASES = [
 ]
 
 
-#: Known open: the activator's gRPC port answered 982 of 1,000 pipelined calls in one fresh-clone
-#: run of three (all in the others); the rest of its attacks hold. The router (vllm-router
-#: 0.1.17) takes no connection limit and reads each body whole under --max-payload-size with no
-#: budget across connections: no flag bounds either. Its HTTP port is the service's way in.
+#: Known open: the router (vllm-router 0.1.17) takes no connection limit and reads each body
+#: whole under --max-payload-size with no budget across connections: no flag bounds either. Its
+#: HTTP port is the service's way in.
 OPEN = {
-    ("activator-grpc", "pipelined"): "activator gRPC: 1-2% of pipelined calls unanswered in 1 of 3 runs",
     ("router", "stalled uploads"): "router: memory grows with stalled uploads (connections x bytes sent, no budget)",
 }
 #: Known open, threads only (the other bounds hold and are checked): the router's metrics

@@ -8,6 +8,8 @@ the wait UNAVAILABLE."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import os
 import re
 import signal
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import h2.config
 import h2.connection
 import httpx
@@ -26,6 +29,7 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
+from bounded_http.grpc_calls import SERVICE
 from inference_activator.grpc_proxy import NotHttp2, UnreadAnswers, scan
 from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
 from testsupport.onnx_models import affine_model
@@ -161,6 +165,48 @@ def test_a_call_at_zero_is_held_wakes_the_service_and_gets_the_models_answer(
     assert activator.metric("activator_wait_seconds_count", **labels, outcome="served") == 1
     assert activator.metric("activator_wakes_total", **labels) == 1
     assert activator.held("team-a", "affine") == 0
+
+
+#: Calls held at once for the burst below: more than a replica's connection takes streams
+#: (the model server's gRPC port, as many HTTP/2 servers, 100), each client connection's under it.
+BURST_CONNECTIONS, BURST_CALLS = 8, 50
+
+
+async def _burst(target: str, authority: str) -> list[str]:
+    """BURST_CALLS ServerLive calls at once on each of BURST_CONNECTIONS connections; each
+    call's outcome ("OK", or its status and message)."""
+    options = [("grpc.default_authority", authority), ("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(BURST_CONNECTIONS)]
+
+    async def live(channel: grpc.aio.Channel) -> str:
+        try:
+            await channel.unary_unary(f"/{SERVICE}/ServerLive")(b"", timeout=120)
+        except grpc.aio.AioRpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+        return "OK"
+
+    try:
+        return await asyncio.gather(*(live(channel) for channel in channels for _ in range(BURST_CALLS)))
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+def test_calls_held_at_once_beyond_a_replicas_streams_are_all_answered_when_it_is_ready(
+    api: tuple[FakeKubeApi, str], activator: Activator, repo: Path, tmp_path: Path
+) -> None:
+    """The held calls go on together once the replica is Ready, over one connection to it: more
+    at once than the streams it takes on a connection, and none is refused for it."""
+    fake, _ = api
+    http_port, grpc_port = free_port(), free_port()
+    authority = at_zero(fake, activator, "burst", http_port, grpc_port)
+    outcomes = in_background(lambda: asyncio.run(_burst(activator.grpc_target, authority)))
+    calls = BURST_CONNECTIONS * BURST_CALLS
+    eventually(lambda: activator.held("team-a", "burst") == calls, timeout=60, what=f"{calls} calls to be held")
+    command = serve_command(repo, http_port, "--model-name", "burst", "--grpc-port", str(grpc_port), "--no-watch")
+    with running(command, log=tmp_path / "server.log"):
+        failed = collections.Counter(outcome for outcome in outcomes.result(timeout=120) if outcome != "OK")
+    assert not failed, f"{sum(failed.values())} of {calls} held calls not answered: {dict(failed)}"
 
 
 def test_a_deadline_shorter_than_the_wait_ends_the_call_and_frees_its_place(

@@ -36,20 +36,39 @@ def emulated():
 BACKEND = SimpleNamespace(outputs=[TensorSpec("y", "FP32", (-1, 3)), TensorSpec("ids", "INT64", (-1, -1))])
 
 
-def test_a_call_answers_zeros_of_the_outputs_shapes_after_its_tables_time(emulated) -> None:
+class Waits:
+    """The device's waits, recorded in order (each begins and ends), then made for real."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.events: list[tuple[str, str]] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+        name = threading.current_thread().name
+        self.events.append(("begin", name))
+        time.sleep(seconds)
+        self.events.append(("end", name))
+
+
+@pytest.fixture
+def waits(emulated, monkeypatch: pytest.MonkeyPatch) -> Waits:
+    recorded = Waits()
+    monkeypatch.setattr(emulated, "time", SimpleNamespace(sleep=recorded.sleep))
+    return recorded
+
+
+def test_a_call_answers_zeros_of_the_outputs_shapes_after_its_tables_time(emulated, waits: Waits) -> None:
     infer = emulated.device_call({"1": 0.01, "2": 0.05})
-    start = time.perf_counter()
     out = infer(BACKEND, {"x": np.ones((2, 4), np.float32)})
-    assert time.perf_counter() - start >= 0.05
     assert out["y"].shape == (2, 3) and out["y"].dtype == np.float32 and not out["y"].any()
     assert out["ids"].shape == (2, 1) and out["ids"].dtype == np.int64
     # Past the table's end, the largest entry's time.
-    start = time.perf_counter()
     assert infer(BACKEND, {"x": np.ones((7, 4), np.float32)})["y"].shape == (7, 3)
-    assert time.perf_counter() - start >= 0.05
+    assert waits.seconds == [0.05, 0.05]
 
 
-def test_calls_run_one_at_a_time_and_wait_without_cpu(emulated) -> None:
+def test_calls_run_one_at_a_time_and_wait_without_cpu(emulated, waits: Waits) -> None:
     infer = emulated.device_call({1: 0.2})
     cpu: list[float] = []
 
@@ -58,14 +77,14 @@ def test_calls_run_one_at_a_time_and_wait_without_cpu(emulated) -> None:
         infer(BACKEND, {"x": np.ones((1, 4), np.float32)})
         cpu.append(time.thread_time() - before)
 
-    threads = [threading.Thread(target=call) for _ in range(2)]
-    start = time.perf_counter()
+    threads = [threading.Thread(target=call, name=f"call-{n}") for n in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    # Two calls on one device: the second waited for the first.
-    assert time.perf_counter() - start >= 0.4
+    # Two calls on one device: the second's wait began after the first's ended.
+    (first, begun), (ended, by), (second, then), (last, _) = waits.events
+    assert (first, ended, second, last) == ("begin", "end", "begin", "end") and begun == by != then
     # Waiting on the device is not computing: a busy loop would show 0.2 s of CPU here.
     assert max(cpu) < 0.05, cpu
 
@@ -82,9 +101,7 @@ def test_launched_it_is_the_real_server_in_front_of_the_device(tmp_path: pathlib
         request = urllib.request.Request(
             f"{base}/v2/models/m/infer", json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
-        start = time.perf_counter()
         with urllib.request.urlopen(request, timeout=30) as response:
             answer = json.load(response)
-        assert time.perf_counter() - start >= 0.2
         # The real model would not answer zeros for this input; the device does.
         assert answer["outputs"][0]["shape"] == [1, 3] and answer["outputs"][0]["data"] == [0.0, 0.0, 0.0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -21,6 +21,7 @@ from bounded_http.grpc_calls import SERVICE
 from model_server import grpc_predict_v2_pb2 as pb
 from testsupport import adversary, adversary_h2
 from testsupport.onnx_models import affine_model
+from testsupport.waiting import eventually
 
 from .grpc_helpers import infer, raw_call, running_grpc_server
 from .helpers import HeldRuntime, make_settings
@@ -211,8 +212,7 @@ def test_a_full_queue_answers_resource_exhausted(affine_repo):
         with pytest.raises(InferenceServerException) as refused:
             client.infer("tiny", [triton_input(rows)])
         held.release()
-        for call in [*calls, queued]:
-            call.join(10)
+        joined(*calls, queued)
     assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "queue is full" in refused.value.message()
     assert len(answers) == 1
 
@@ -244,8 +244,7 @@ def test_a_call_past_its_deadline_or_cancelled_leaves_the_queue_and_is_counted_a
         after.start()
         wait_for(lambda: server.metric("model_server_queue_depth", DEPTH) == 1)
         held.release()
-        for call in [*calls, after]:
-            call.join(10)
+        joined(*calls, after)
         ran = server.metric("model_server_batch_size_count", LABELS)
     assert late.value.status() == "StatusCode.DEADLINE_EXCEEDED"
     assert len(answers) == 1 and answers[0].as_numpy("y").shape == (1, 3)  # type: ignore[attr-defined]
@@ -297,18 +296,20 @@ def test_calls_whose_messages_are_coming_hold_the_budget_and_probes_answer_besid
         assert not answers and budget.waiting == 1
 
         stalled[0].close()  # its call ends, its reservation returns: the waiting call goes on
-        waiting.join(10)
+        joined(waiting)
         stalled[1].close()
         wait_for(lambda: budget.memory.free == budget.memory.total)
     assert live and ready
     assert len(answers) == 1 and answers[0].as_numpy("y").shape == (1, 3)  # type: ignore[attr-defined]
 
 
-def wait_for(condition, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
+def wait_for(condition: Callable[[], object]) -> None:
+    eventually(condition, interval=0.01)
+
+
+def joined(*threads: threading.Thread) -> None:
+    """Each thread has ended (its call answered or failed): an event, not a window."""
+    eventually(lambda: not any(thread.is_alive() for thread in threads), what="the calls to end")
 
 
 def test_sigterm_lets_a_call_in_progress_finish_and_takes_no_new_one(affine_repo):
@@ -324,7 +325,7 @@ def test_sigterm_lets_a_call_in_progress_finish_and_takes_no_new_one(affine_repo
         fresh = triton.InferenceServerClient(server.target)
         wait_for(lambda: not _answers_ready(fresh))  # unready, then the listener closes
         held.release()
-        call.join(10)
+        joined(call)
     assert len(answers) == 1 and answers[0].as_numpy("y").shape == (1, 3)  # type: ignore[attr-defined]
 
 

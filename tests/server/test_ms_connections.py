@@ -17,6 +17,7 @@ import pytest
 
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command
+from testsupport.waiting import DEFAULT_TIMEOUT_S
 
 pytestmark = pytest.mark.slow
 
@@ -77,43 +78,50 @@ def live(server: Server) -> bool:
     return httpx.get(f"{server.url}/health/live", timeout=5).status_code == 200
 
 
+#: Past this a connection the server should have closed is not late but kept open: far longer
+#: than any of its timeouts, so that a busy machine is never the reason.
+CLOSED_WITHIN = DEFAULT_TIMEOUT_S
+
+
 def test_silent_connection_is_closed_after_the_header_timeout(server):
+    """Closed by the server with the header timeout's 408 (the keep-alive timeout, the other that
+    could close it, says nothing)."""
     with server.connect() as conn:
-        reply, took = read_until_closed(conn, limit=10 * HEADER_TIMEOUT)
-    assert took < 3 * HEADER_TIMEOUT, "the server kept a silent connection open"
+        reply, took = read_until_closed(conn, limit=CLOSED_WITHIN)
+    assert took < CLOSED_WITHIN, "the server kept a silent connection open"
     assert reply.startswith(b"HTTP/1.1 408")
 
 
 def test_slowloris_headers_are_cut_off_at_the_header_timeout(server):
-    """Headers dribbled a few bytes at a time, each well within any idle timeout."""
+    """Headers dribbled a few bytes at a time, each well within any idle timeout: each connection
+    is cut off before its head is whole (it takes the dribble some 50 header timeouts to send)."""
     request = b"GET /health/live HTTP/1.1\r\nHost: test\r\n" + b"X-Padding: y\r\n" * 200
     conns = [server.connect() for _ in range(10)]
-    started = time.monotonic()
-    closed_after: dict[int, float] = {}
+    closed_at: dict[int, int] = {}  # by connection: how many bytes of its head had been sent
     try:
         sent = 0
-        while len(closed_after) < len(conns) and time.monotonic() - started < 10 * HEADER_TIMEOUT:
+        while len(closed_at) < len(conns) and sent < len(request):
             for index, conn in enumerate(conns):
-                if index in closed_after:
+                if index in closed_at:
                     continue
                 try:
                     conn.sendall(request[sent : sent + 3])
                 except OSError:  # reset: the server has closed it
-                    closed_after[index] = time.monotonic() - started
+                    closed_at[index] = sent
             sent += 3
             time.sleep(0.05)
             for index, conn in enumerate(conns):
-                if index not in closed_after:
+                if index not in closed_at:
                     conn.settimeout(0.001)
                     with contextlib.suppress(TimeoutError, BlockingIOError):
                         conn.recv(4096)  # the 408, or the close
-                        closed_after[index] = time.monotonic() - started
+                        closed_at[index] = sent
     finally:
         for conn in conns:
             conn.close()
-    print(f"slow clients dropped after {max(closed_after.values(), default=float('nan')):.2f}s")
-    assert len(closed_after) == len(conns), "slow clients still connected"
-    assert max(closed_after.values()) < 3 * HEADER_TIMEOUT
+    print(f"slow clients dropped after {max(closed_at.values(), default=0)} of {len(request)} bytes of their head")
+    assert len(closed_at) == len(conns), "slow clients still connected"
+    assert max(closed_at.values()) < len(request), "a slow client's head was whole before it was cut off"
     assert live(server)
 
 
@@ -123,10 +131,10 @@ def test_slow_body_is_cut_off_at_the_body_timeout_with_408(server):
             b"POST /infer HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
             b"Content-Length: 1000\r\n\r\n" + b'{"data": ['
         )
-        reply, took = read_until_closed(conn, limit=10 * BODY_TIMEOUT)
+        reply, took = read_until_closed(conn, limit=CLOSED_WITHIN)
+    assert took < CLOSED_WITHIN, "the server kept a stalled body's connection open"
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
-    assert b"body not received" in reply
-    assert took < BODY_TIMEOUT + 2 * HEADER_TIMEOUT
+    assert b"body not received" in reply  # the body timeout's own answer
     assert live(server)
 
 
@@ -185,8 +193,9 @@ def test_an_idle_kept_alive_connection_stays_open_for_the_keep_alive_timeout(ser
         conn.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
         reply = conn.recv(4096)
         assert reply.startswith(b"HTTP/1.1 200")
-        _, idle = read_until_closed(conn, limit=4 * KEEP_ALIVE)
-    assert KEEP_ALIVE - 0.5 < idle < KEEP_ALIVE + 1.5, idle
+        _, idle = read_until_closed(conn, limit=CLOSED_WITHIN)
+    # Never before its keep-alive timeout (a load can only make it later), and closed at all.
+    assert KEEP_ALIVE - 0.5 < idle < CLOSED_WITHIN, idle
 
 
 @pytest.mark.parametrize("path", ["/infer", "/v2/models/m/infer"])
@@ -377,7 +386,8 @@ def test_at_the_cap_the_client_holding_most_waiting_connections_gives_one_up(ser
         flood = [server.connect() for _ in range(MAX_CONNECTIONS)]
         for conn in flood:
             conn.sendall(b"GET /health/live HTTP/1.1\r\n")
-        reply, _ = read_until_closed(flood[0], limit=HEADER_TIMEOUT / 2)
+        # Closed for the newcomer with a 503 (the header timeout would close it with a 408).
+        reply, _ = read_until_closed(flood[0], limit=CLOSED_WITHIN)
         assert reply.startswith(b"HTTP/1.1 503"), reply
         other.sendall(b"Host: test\r\n\r\n")
         other.settimeout(5)

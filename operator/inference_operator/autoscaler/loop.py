@@ -221,12 +221,13 @@ class Autoscaler:
 
         previous = status.get("autoscaler") or {}
         last_scale_time = previous.get("lastScaleTime")
+        scaled_now = False
         if decision.replicas != current:
             scaled_at = await self._scale(policy, current, decision)
             if scaled_at is None:
                 return max(0.0, scaling.interval_seconds - (self.clock() - started))
             self._pending = (generation, decision.replicas) if generation else None
-            last_scale_time = scaled_at
+            last_scale_time, scaled_now = scaled_at, True
 
         self._log(scaling, observation, p95_ms, current, decision)
         metrics.record_autoscaler_decision(
@@ -245,7 +246,13 @@ class Autoscaler:
         def patch(fresh: JsonObject) -> JsonObject:
             """From the object as it is now: the reconciler writes conditions too."""
             status = fresh.get("status") or {}
-            changes = status_changes(status.get("autoscaler") or {}, desired)
+            written = status.get("autoscaler") or {}
+            # Not scaled now: the last scale is the one the object has (the body this tick was
+            # given may predate the loop's own last write, and None would delete it).
+            wanted = (
+                desired if scaled_now else {**desired, "lastScaleTime": written.get("lastScaleTime", last_scale_time)}
+            )
+            changes = status_changes(written, wanted)
             found: JsonObject = {"autoscaler": changes} if changes else {}
             conditions = scaling_active(status.get("conditions") or [], observation, refusal, generation or None)
             if conditions is not None:
