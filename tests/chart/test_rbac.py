@@ -172,7 +172,8 @@ def _drive_reconcile(cluster: Cluster) -> None:
         assert response.status_code in (200, 201), response.text
         uid = response.json()["metadata"]["uid"]
         variants = []
-        for mode in AutoscalingMode:
+        # A disaggregated service scales each role on its own; spec.autoscaling is refused beside it.
+        for mode in AutoscalingMode if "disaggregation" not in doc["spec"] else ():
             spec = copy.deepcopy(doc["spec"])
             spec["autoscaling"] = {
                 **spec.get("autoscaling", {}),
