@@ -26,11 +26,9 @@ from typing import Any
 
 import httpx
 
-from inference_operator.builders import Owner, build_all
-from inference_operator.models import parse_spec
 from testsupport.pd import ROUTER_KV_CONNECTOR, enter_together, role_container
 from testsupport.processes import free_port
-from testsupport.router import VOCABULARY, PdWorkers, running_router
+from testsupport.router import VOCABULARY, PdWorkers, rendered_containers, running_router
 from testsupport.vllm import build_tiny_llama, running_vllm
 
 MODEL = "tiny"
@@ -46,13 +44,7 @@ SPEC = {
 
 
 def rendered() -> tuple[dict[str, Any], dict[str, Any]]:
-    objects = build_all(Owner("tiny", "bench", "u-1", parse_spec(SPEC)))
-    containers = {
-        o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0]
-        for o in objects
-        if o["kind"] == "Deployment"
-    }
-    return containers["tiny"], containers["tiny-router"]
+    return rendered_containers(SPEC, "tiny", "bench")
 
 
 async def one_stream(client: httpx.AsyncClient, base: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:

@@ -27,10 +27,8 @@ from typing import Any
 
 import httpx
 
-from inference_operator.builders import Owner, build_all
-from inference_operator.models import parse_spec
 from testsupport.processes import free_port
-from testsupport.router import replica_counters, running_router, shared_prefix_prompts
+from testsupport.router import rendered_containers, replica_counters, running_router, shared_prefix_prompts
 from testsupport.vllm import build_tiny_llama, running_vllm
 
 MODEL = "tiny"
@@ -45,13 +43,7 @@ SPEC = {
 
 
 def rendered() -> tuple[dict[str, Any], dict[str, Any]]:
-    objects = build_all(Owner("tiny", "bench", "u-1", parse_spec(SPEC)))
-    containers = {
-        o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0]
-        for o in objects
-        if o["kind"] == "Deployment"
-    }
-    return containers["tiny"], containers["tiny-router"]
+    return rendered_containers(SPEC, "tiny", "bench")
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference_operator.builders import Owner, build_all
+from inference_operator.models import parse_spec
 from testsupport.processes import wait_http
 from testsupport.vllm import stop_group
 
@@ -45,6 +47,20 @@ class PdWorkers:
 
 class RouterNotInstalled(RuntimeError):
     """The router venv is missing: a test skips (or fails in CI), a benchmark stops."""
+
+
+def rendered_containers(
+    spec: Mapping[str, Any], name: str, namespace: str = "ml"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The vLLM container and the router container the operator renders for `spec` (with
+    routing.router) as service `name`."""
+    objects = build_all(Owner(name, namespace, "u-1", parse_spec(dict(spec))))
+    containers = {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"] for o in objects if o["kind"] == "Deployment"
+    }
+    (vllm,) = containers[name]
+    (router,) = containers[f"{name}-router"]
+    return vllm, router
 
 
 def router_executable() -> pathlib.Path:

@@ -30,8 +30,6 @@ from typing import Any
 import httpx
 import pytest
 
-from inference_operator.builders import Owner, build_all
-from inference_operator.models import parse_spec
 from testsupport.pd import ROUTER_KV_CONNECTOR, enter_together, prompt_token_sources, role_container
 from testsupport.processes import free_port
 from testsupport.router import (
@@ -39,6 +37,7 @@ from testsupport.router import (
     VOCABULARY,
     PdWorkers,
     RouterNotInstalled,
+    rendered_containers,
     router_executable,
     running_router,
 )
@@ -66,12 +65,7 @@ SPEC = {
 
 def rendered() -> tuple[dict[str, Any], dict[str, Any]]:
     """The vLLM container and the router container the operator renders for SPEC."""
-    objects = build_all(Owner(NAME, "ml", "u-1", parse_spec(SPEC)))
-    containers = {
-        o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"] for o in objects if o["kind"] == "Deployment"
-    }
-    (vllm,) = containers[NAME]
-    (router,) = containers[f"{NAME}-router"]
+    vllm, router = rendered_containers(SPEC, NAME)
     return vllm, router
 
 

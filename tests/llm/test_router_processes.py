@@ -25,12 +25,11 @@ from typing import Any
 import httpx
 import pytest
 
-from inference_operator.builders import Owner, build_all
-from inference_operator.models import parse_spec
 from testsupport.processes import free_port
 from testsupport.router import (
     CHAT_TEMPLATE,
     RouterNotInstalled,
+    rendered_containers,
     replica_counters,
     router_executable,
     running_router,
@@ -59,12 +58,7 @@ SPEC = {
 
 def rendered() -> tuple[dict[str, Any], dict[str, Any]]:
     """The vLLM container and the router container the operator renders for SPEC."""
-    objects = build_all(Owner(NAME, "ml", "u-1", parse_spec(SPEC)))
-    containers = {
-        o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"] for o in objects if o["kind"] == "Deployment"
-    }
-    (vllm,) = containers[NAME]
-    (router,) = containers[f"{NAME}-router"]
+    vllm, router = rendered_containers(SPEC, NAME)
     assert "--enable-scale-out" in vllm["args"]
     return vllm, router
 
