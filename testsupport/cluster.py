@@ -200,11 +200,15 @@ def condition(obj: JsonObject | None, type_: str) -> JsonObject | None:
 
 
 def wait_for(
-    predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05, message: str = "condition"
+    predicate: Callable[[], Any],
+    timeout: float = 20,
+    interval: float = 0.05,
+    message: str = "condition",
+    ignore: tuple[type[BaseException], ...] = (),
 ) -> Any:
     """Poll until `predicate()` is truthy; return its value or fail naming what we waited for
     (`eventually`, with this module's names)."""
-    return eventually(predicate, timeout=timeout, interval=interval, what=message)
+    return eventually(predicate, timeout=timeout, interval=interval, what=message, ignore=ignore)
 
 
 def wait_quiet(read: Callable[[], Any], quiet: float = 0.5, timeout: float = 20, message: str = "quiet") -> Any:

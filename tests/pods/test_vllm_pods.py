@@ -945,7 +945,15 @@ def test_the_router_takes_the_service_with_two_replicas_and_its_url(
         ips = [a.split(":")[0] for a in replicas.values()]
         return listed.text if listed.status_code == 200 and all(ip in listed.text for ip in ips) else None
 
-    wait_for(workers, timeout=60, interval=0.5, message="the router's workers: both replicas")
+    # A Ready router is reached through its Service once kube-proxy has its endpoint, a moment
+    # later: until then the ClusterIP refuses, as it would for any client.
+    wait_for(
+        workers,
+        timeout=60,
+        interval=0.5,
+        message="the router's workers: both replicas",
+        ignore=(httpx.TransportError,),
+    )
     assert ris(node)["status"]["url"] == f"http://{NAME}-router.{NS}.svc.cluster.local"
 
 
