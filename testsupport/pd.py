@@ -26,17 +26,16 @@ from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference_operator.builders.common import Role
+from inference_operator.builders.disaggregation import nixl_config
+
 T = TypeVar("T")
 
-# What a role passes to vLLM: NIXL over UCX with the KV blocks registered in host memory (the
-# CPU build has no device memory). The prefill side produces KV, the decode side consumes it
-# (vLLM 0.32 deprecates kv_both for NIXL).
-KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
-
-def nixl_cpu_kv_transfer(role: str) -> dict[str, str]:
-    """vLLM's --kv-transfer-config for `role` (prefill or decode) on the CPU build."""
-    return {"kv_connector": "NixlConnector", "kv_role": KV_ROLES[role], "kv_buffer_device": "cpu"}
+def nixl_cpu_kv_transfer(role: str) -> dict[str, Any]:
+    """vLLM's --kv-transfer-config for `role` (prefill or decode) on the CPU build: NIXL over UCX
+    with the KV blocks in host memory, as the operator renders it for a role without GPUs."""
+    return dict(nixl_config(Role(role), gpus=0))
 
 
 # The router's --kv-connector for it.

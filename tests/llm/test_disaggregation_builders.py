@@ -16,6 +16,7 @@ import yaml
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.disaggregation import (
     BOOTSTRAP_PORT_ANNOTATION,
+    CPU_KV_LEASE_SECONDS,
     MOONCAKE_BOOTSTRAP_PORT,
     MORIIO_HANDSHAKE_PORT,
     MORIIO_NOTIFY_PORT,
@@ -126,8 +127,15 @@ def test_each_roles_deployment_selects_its_own_pods_and_the_router_finds_each_ro
 def test_nixl_on_cpu_pods_moves_the_cache_through_host_memory_with_the_side_channel_on_the_pod_ip() -> None:
     built = objects(spec())  # no GPU: the default connector is NIXL
     prefill, decode = built["Deployment", PREFILL], built["Deployment", DECODE]
-    assert kv_config(prefill) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}
-    assert kv_config(decode) == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_buffer_device": "cpu"}
+    lease = {"kv_lease_duration": CPU_KV_LEASE_SECONDS}
+    for deployment, role in ((prefill, "kv_producer"), (decode, "kv_consumer")):
+        assert kv_config(deployment) == {
+            "kv_connector": "NixlConnector",
+            "kv_role": role,
+            "kv_buffer_device": "cpu",
+            "kv_connector_extra_config": lease,
+        }
+    assert CPU_KV_LEASE_SECONDS > 30  # vLLM's own default, too short for CPU step times
     for deployment in (prefill, decode):
         variables = env(deployment)
         assert variables["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
@@ -157,7 +165,7 @@ def test_gpu_pods_default_to_amds_moriio_and_nixl_on_gpus_keeps_the_cache_on_the
         MORIIO_HANDSHAKE_PORT
     )
     nixl = objects(spec({"kvTransfer": {"connector": "nixl"}}, gpus=2))
-    assert "kv_buffer_device" not in kv_config(nixl["Deployment", PREFILL])
+    assert kv_config(nixl["Deployment", PREFILL]) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
 
 
 def test_mooncake_gets_its_bootstrap_port() -> None:

@@ -77,6 +77,13 @@ KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 NIXL_SIDE_CHANNEL_PORT = 5600
 # UCX's TCP transport listens on a port of this range (UCX_TCP_PORT_RANGE), not an ephemeral one.
 UCX_TCP_PORTS = (5601, 5680)
+# How long a prefill engine keeps a finished prompt's KV blocks for the decode engine to read
+# (the decode side's heartbeats extend it while the request waits there). vLLM's 30 s is sized
+# for GPU step times; on the CPU build a decode step under load takes seconds and the first
+# transfer waits for the NIXL handshake, so the prefill freed blocks the decode then read
+# ("Releasing expired KV blocks", then "Potentially invalid KV blocks" in the prefill's log)
+# and the request failed with a 500. Blocks of a decode that died are held this long at most.
+CPU_KV_LEASE_SECONDS = 300
 MORIIO_HANDSHAKE_PORT = 6301
 MORIIO_NOTIFY_PORT = 61005
 MOONCAKE_BOOTSTRAP_PORT = 8998
@@ -108,10 +115,19 @@ class RoleConnector:
     side_channel_port: int
 
 
-def _nixl(role: Role, owner: Owner, gpus: int) -> RoleConnector:
+def nixl_config(role: Role, gpus: int) -> JsonObject:
+    """NixlConnector's --kv-transfer-config for `role`: on pods without a GPU, the cache through
+    host memory and a lease of CPU_KV_LEASE_SECONDS."""
     config: JsonObject = {"kv_connector": "NixlConnector", "kv_role": KV_ROLES[role]}
     if gpus == 0:
         config["kv_buffer_device"] = "cpu"
+        config["kv_connector_extra_config"] = {"kv_lease_duration": CPU_KV_LEASE_SECONDS}
+    return config
+
+
+def _nixl(role: Role, owner: Owner, gpus: int) -> RoleConnector:
+    del owner
+    config = nixl_config(role, gpus)
     env = [
         _pod_ip("VLLM_NIXL_SIDE_CHANNEL_HOST"),
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
