@@ -64,11 +64,28 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     FIGURES.update(json.loads(getattr(node, "workeroutput", {}).get("figures", "{}")))
 
 
+# Seconds spent in tests (setup, call and teardown) by worker and by directory: which worker
+# the suite's wall-clock time waits for, and where its time goes.
+BUSY: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    gateway = getattr(getattr(report, "node", None), "gateway", None)
+    worker = f"worker {gateway.id}" if gateway is not None else "worker main"
+    directory = "/".join(report.nodeid.split("::", 1)[0].split("/")[:2])
+    for key in (worker, directory):
+        BUSY[key] = BUSY.get(key, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if FIGURES:
         terminalreporter.section("real-pods tier figures")
         for name, value in FIGURES.items():
             terminalreporter.write_line(f"{name}: {value:.1f}")
+    if BUSY:
+        terminalreporter.section("seconds in tests, by worker and by directory")
+        for name, seconds in sorted(BUSY.items(), key=lambda item: (not item[0].startswith("worker"), -item[1])):
+            terminalreporter.write_line(f"{name}: {seconds:.0f}")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
