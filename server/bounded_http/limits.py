@@ -4,9 +4,12 @@ otherwise) and the memory limit that their budgets are shares of."""
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
+from typing import TypeVar
 
 #: Seconds for a request's headers to arrive.
 HEADER_TIMEOUT_S = 10.0
@@ -36,3 +39,49 @@ def detect_memory_limit(files: Sequence[str] = CGROUP_MEMORY_FILES) -> int:
         if text.isdigit() and 0 < int(text) < ram:
             return int(text)
     return ram
+
+
+@dataclass(frozen=True, kw_only=True)
+class PortLimits:
+    """The flags every proxying program's port takes (the vLLM front's, the activator's): its
+    memory limit and largest body, its connections and how long a peer may take. A program's
+    config adds its own fields to these."""
+
+    memory_limit_bytes: int = 0  # 0: the cgroup limit
+    max_body_bytes: int = 0  # 0: from the memory limit
+    max_connections: int = MAX_CONNECTIONS
+    max_header_bytes: int = MAX_HEADER_BYTES
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
+    write_timeout_s: float = WRITE_TIMEOUT_S
+    keep_alive_timeout_s: int = KEEP_ALIVE_TIMEOUT_S
+    body_wait_s: float = 10.0
+    connect_timeout_s: float = 2.0
+
+
+Config = TypeVar("Config", bound=PortLimits)
+
+
+def flag(field_name: str) -> str:
+    """`max_body_bytes` -> `--max-body-bytes`; seconds drop their `_s` (`--write-timeout`)."""
+    return "--" + field_name.removesuffix("_s").replace("_", "-")
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, config: type[PortLimits], help_text: Mapping[str, str]
+) -> None:
+    """One flag per field of the dataclass `config`, of the field's type and default; a field
+    without a default is a required flag."""
+    for field in fields(config):
+        text = help_text.get(field.name, "")
+        if field.default is MISSING:
+            parser.add_argument(flag(field.name), dest=field.name, required=True, help=text)
+            continue
+        default = field.default
+        text = f"{text} (default {default!r})" if text else f"default {default!r}"
+        parser.add_argument(flag(field.name), dest=field.name, type=type(default), default=default, help=text)
+
+
+def config_from_arguments(config: type[Config], args: argparse.Namespace) -> Config:
+    """The dataclass `config` from the flags `add_config_arguments` added."""
+    return config(**{field.name: getattr(args, field.name) for field in fields(config)})

@@ -22,8 +22,9 @@ MAX_BODY_CEILING = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class ActivatorConfig:
-    """The activator's flags. The hold limits are caps: a slice's annotation may only lower them."""
+class ActivatorConfig(limits.PortLimits):
+    """The activator's flags, beside its port's (PortLimits). The hold limits are caps: a
+    slice's annotation may only lower them."""
 
     kube_api: str = ""  # "": in the cluster (KUBERNETES_SERVICE_HOST, the ServiceAccount's token)
     kube_token_file: str = ""
@@ -42,16 +43,7 @@ class ActivatorConfig:
     drain_listen_seconds: float = 10.0
     final_scrape_seconds: float = 0.0
     linger_seconds: float = 60.0
-    memory_limit_bytes: int = 0  # 0: the cgroup limit
-    max_body_bytes: int = 0  # 0: from the memory limit
-    max_connections: int = 4096
-    max_header_bytes: int = limits.MAX_HEADER_BYTES
-    header_timeout_s: float = limits.HEADER_TIMEOUT_S
-    body_timeout_s: float = limits.BODY_TIMEOUT_S
-    write_timeout_s: float = limits.WRITE_TIMEOUT_S
-    keep_alive_timeout_s: int = limits.KEEP_ALIVE_TIMEOUT_S
-    body_wait_s: float = 10.0
-    connect_timeout_s: float = 2.0
+    max_connections: int = 4096  # above max_held_total: each held request keeps its connection
     response_start_timeout_s: float = 300.0
     log_level: str = "info"
 
@@ -68,11 +60,6 @@ class ActivatorConfig:
 
     def connection_limits(self) -> ConnectionLimits:
         return ConnectionLimits.of(self, PROBE_PATHS)
-
-
-def flag(field_name: str) -> str:
-    """`max_held_bytes` -> `--max-held-bytes`; seconds in `_s` drop it (`--write-timeout`), as the front's."""
-    return "--" + field_name.removesuffix("_s").replace("_", "-")
 
 
 HELP = {
@@ -101,11 +88,8 @@ HELP = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field of ActivatorConfig, of the field's type."""
-    for name, spec in ActivatorConfig.__dataclass_fields__.items():
-        default = spec.default
-        text = f"{HELP[name]} (default {default!r})" if name in HELP else f"default {default!r}"
-        parser.add_argument(flag(name), dest=name, type=type(default), default=default, help=text)
+    limits.add_config_arguments(parser, ActivatorConfig, HELP)
 
 
 def config_from_args(args: argparse.Namespace) -> ActivatorConfig:
-    return ActivatorConfig(**{name: getattr(args, name) for name in ActivatorConfig.__dataclass_fields__})
+    return limits.config_from_arguments(ActivatorConfig, args)

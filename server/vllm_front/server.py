@@ -81,22 +81,12 @@ UPSTREAM_WRITE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
-class FrontConfig:
-    """What the front needs: where to listen, where vLLM is, and the limits."""
+class FrontConfig(limits.PortLimits):
+    """What the front needs: where to listen, where vLLM is, and the limits (PortLimits)."""
 
     upstream: str
     host: str = "0.0.0.0"
     port: int = 8000
-    memory_limit_bytes: int = 0  # 0: the cgroup limit
-    max_body_bytes: int = 0  # 0: from the memory limit
-    max_connections: int = limits.MAX_CONNECTIONS
-    max_header_bytes: int = limits.MAX_HEADER_BYTES
-    header_timeout_s: float = limits.HEADER_TIMEOUT_S
-    body_timeout_s: float = limits.BODY_TIMEOUT_S
-    write_timeout_s: float = limits.WRITE_TIMEOUT_S
-    keep_alive_timeout_s: int = limits.KEEP_ALIVE_TIMEOUT_S
-    body_wait_s: float = 10.0
-    connect_timeout_s: float = 2.0
     drain_timeout_s: float = 30.0
     log_level: str = "info"
 
@@ -294,23 +284,16 @@ class Front:
 # ---------------------------------------------------------------------- process edge
 
 
-def flag(field: str) -> str:
-    """`max_body_bytes` -> `--max-body-bytes`; seconds drop their `_s` (`--write-timeout`)."""
-    return "--" + field.removesuffix("_s").replace("_", "-")
+HELP = {"upstream": "vLLM on loopback: http://127.0.0.1:PORT"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per field of FrontConfig, of the field's type."""
-    for name, spec in FrontConfig.__dataclass_fields__.items():
-        if name == "upstream":
-            parser.add_argument(flag(name), dest=name, required=True, help="vLLM on loopback: http://127.0.0.1:PORT")
-        else:
-            parser.add_argument(flag(name), dest=name, type=type(spec.default), default=spec.default)
+    limits.add_config_arguments(parser, FrontConfig, HELP)
 
 
 def config_from_args(args: argparse.Namespace) -> FrontConfig:
-    values = {name: getattr(args, name) for name in FrontConfig.__dataclass_fields__}
-    return FrontConfig(**values)
+    return limits.config_from_arguments(FrontConfig, args)
 
 
 def close_after_answers(server: uvicorn.Server) -> None:
