@@ -3,13 +3,11 @@ whatever order it arrives in, and says within seconds why a service's pods do no
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import httpx
 import pytest
 
 from testsupport.cluster import DEPLOYMENTS, Cluster, condition, inference_service, wait_for
+from testsupport.waiting import eventually_async
 
 pytestmark = pytest.mark.integration
 
@@ -50,9 +48,7 @@ def test_the_deployments_news_before_the_reconciles_own_write_is_not_lost(cluste
                 headers={"Content-Type": "application/merge-patch+json"},
             )
             response.raise_for_status()
-        deadline = time.monotonic() + 5
-        while len(gets) == looked and time.monotonic() < deadline:  # the operator reads the service
-            await asyncio.sleep(0.02)
+        await eventually_async(lambda: len(gets) > looked, interval=0.02, what="the operator reading the service")
         raise StopAsyncIteration  # then the apply is answered as usual
 
     # Request 0 is the apply that creates it (a new service's set has no dry run: create_all).
