@@ -153,5 +153,7 @@ def adapters_sidecar(owner: Owner, user_env: list[JsonObject], security_context:
         "securityContext": security_context,
         # vLLM starts once this passes: the guard is in place by then.
         "startupProbe": _probe("/health/live", 1, 30),
-        "readinessProbe": _probe("/ready", 2, 1),
+        # The pod's readiness is the sidecar's too: one slow answer (a busy node, a client
+        # holding its port) must not take a serving vLLM pod out of its Service.
+        "readinessProbe": _probe("/ready", 2, 3),
     }
