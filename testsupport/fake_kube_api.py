@@ -229,13 +229,27 @@ def service(
     port: int,
     selector: dict[str, str] | None = None,
     grpc_port: int | None = None,
+    owner: str | None = None,
 ) -> dict[str, Any]:
-    """A ClusterIP Service with one port named http (and one named grpc, with `grpc_port`)."""
+    """A ClusterIP Service with one port named http (and one named grpc, with `grpc_port`),
+    owned (controller) by the InferenceService `owner` when one is named, as the operator's are."""
     grpc = [{"name": "grpc", "port": grpc_port, "targetPort": 9000, "protocol": "TCP", "appProtocol": "grpc"}]
+    metadata: dict[str, Any] = {"namespace": namespace, "name": name}
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "inference.rocm.dev/v1alpha1",
+                "kind": "InferenceService",
+                "name": owner,
+                "uid": f"uid-{owner}",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"namespace": namespace, "name": name},
+        "metadata": metadata,
         "spec": {
             "type": "ClusterIP",
             "clusterIP": cluster_ip,

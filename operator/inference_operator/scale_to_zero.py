@@ -12,6 +12,10 @@ being ready (as Knative's activator does): in between, the last pod drains and t
 listening, and the ready count reaches the status only after the Deployment controller and an
 event, seconds later on a busy node. A request that came then was refused.
 
+With routing.router the slice leads NAME-router (builders/activator.py), and the path is ready
+only once both the workers and the router have a ready replica (`ready_on_path`): a worker
+Ready before any router pod has found it leaves NAME-router without a ready endpoint.
+
 The wake: the activator writes the `inference.rocm.dev/wake` annotation when a request waits; the
 operator then sets one replica through the scale subresource at once, instead of at the
 autoscaler's next tick.
@@ -37,6 +41,17 @@ from .jsontypes import JsonObject
 from .k8s import KubeApi, Ref
 from .kinds import ENDPOINT_SLICE, INFERENCE_SERVICE
 from .reconcile import Action, Change, owned_by
+
+
+def ready_on_path(status: JsonObject) -> int | None:
+    """The ready replicas a request on its way in can reach: the service's readyReplicas, or,
+    for a service of several workloads (status.roles: the predictor and its router), the
+    fewest any one of them has, since a request passes each."""
+    roles = status.get("roles")
+    if not roles:
+        ready = status.get("readyReplicas")
+        return None if ready is None else int(ready)
+    return min(int(role.get("readyReplicas") or 0) for role in roles)
 
 
 def wants_activator(owner: Owner, ready_replicas: int | None, activator: ActivatorEndpoints | None) -> bool:

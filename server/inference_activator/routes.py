@@ -10,6 +10,11 @@ ever routes the hosts of the Service S *in its own namespace* (`S`, `S.N`, `S.N.
 activator's own (the flags are the caps). A short name `S` that services of several namespaces
 claim at once is the table's to refuse (`RouteTable.lookup`: it would hand one namespace's
 requests to another's model); the server then takes the client's own namespace's, as DNS would.
+
+The InferenceService a wake starts is the one that owns `S-private` (its controller reference):
+S itself for a service reached at its own Service, NAME for one reached through its router
+(S = NAME-router, S-private its router's pods). A Service names its owner only in its own
+namespace, so a forged reference wakes nothing that a slice's author in N could not already wake.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 #: A readiness path as the annotation may name it: absolute, plain characters, no authority.
 _PATH = re.compile(r"^/[A-Za-z0-9._~/-]{0,254}$")
 _SERVICE_TYPES = frozenset({"ClusterIP", "NodePort", "LoadBalancer"})
+#: The owner a wake is written to: an InferenceService of this API group.
+INFERENCE_SERVICE_GROUP = "inference.rocm.dev"
+INFERENCE_SERVICE_KIND = "InferenceService"
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,11 @@ class Route:
     upstream: str
     policy: HoldPolicy
     grpc_upstream: str | None = None  # `<ip>:<port>` of S-private's `grpc` port; None: it has none
+    wakes: str = ""  # the InferenceService a wake starts (`wake_target`); empty: the Service's own name
+
+    @property
+    def wake_name(self) -> str:
+        return self.wakes or self.key.name
 
 
 class RouteRefused(ValueError):
@@ -141,7 +154,20 @@ def route_for(
     policy = policy_from_annotation(annotations.get(POLICY_ANNOTATION), caps)
     hosts = service_hosts(key, cluster_domain, _cluster_ips(service))
     grpc_address = _address(private, GRPC_PORT_NAME)
-    return Route(key, hosts, upstream, policy, grpc_address)
+    return Route(key, hosts, upstream, policy, grpc_address, wake_target(private, key))
+
+
+def wake_target(private: Mapping[str, Any], key: ServiceKey) -> str:
+    """The InferenceService a wake of `key` starts: S-private's controller, if it is an
+    InferenceService (NAME for S = NAME-router), else S (a Service made without owner)."""
+    for ref in (private.get("metadata") or {}).get("ownerReferences") or []:
+        if not isinstance(ref, Mapping) or ref.get("controller") is not True:
+            continue
+        group = str(ref.get("apiVersion") or "").partition("/")[0]
+        name = ref.get("name")
+        if group == INFERENCE_SERVICE_GROUP and ref.get("kind") == INFERENCE_SERVICE_KIND and _is_label(name):
+            return str(name)
+    return key.name
 
 
 def service_hosts(key: ServiceKey, cluster_domain: str, cluster_ips: Iterable[str]) -> frozenset[str]:

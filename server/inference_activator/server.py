@@ -394,18 +394,21 @@ class Activator:
         since = now - gate.last_wake
         if (gate.wake_wanted and since >= WAKE_INTERVAL_S) or since >= REWAKE_S:
             gate.last_wake, gate.wake_wanted = now, False
-            self._spawn(self._patch_wake(gate.route.key))
+            self._spawn(self._patch_wake(gate.route))
 
-    async def _patch_wake(self, key: ServiceKey) -> None:
+    async def _patch_wake(self, route: Route) -> None:
+        """The wake annotation on the InferenceService the route starts (`routes.wake_target`);
+        counted under the route's own Service, as every other metric of it is."""
+        key, target = route.key, route.wake_name
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         patch = {"metadata": {"annotations": {WAKE_ANNOTATION: stamp}}}
         try:
-            await self.api.merge_patch(inference_service_path(key.namespace, key.name), patch)
+            await self.api.merge_patch(inference_service_path(key.namespace, target), patch)
         except (ApiError, httpx.HTTPError) as exc:
-            log.warning("wake of %s failed: %s", key, exc)
+            log.warning("wake of %s/%s (for %s) failed: %s", key.namespace, target, key, exc)
             return
         self.metrics.wakes.labels(key.namespace, key.name).inc()
-        log.info("woke %s (%s)", key, stamp)
+        log.info("woke %s/%s for %s (%s)", key.namespace, target, key, stamp)
 
     async def poll(self, gate: Gate) -> None:
         """While requests of the gate wait: its readiness path every POLL_S; on a 200, release.

@@ -209,14 +209,6 @@ CEL_CASES = [
         },
         "routing.router does not take a canary rollout yet",
     ),
-    (
-        {
-            "runtime": {"engine": "vllm"},
-            "routing": {"router": {}},
-            "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1, "metric": "ttftP95Ms", "scaleToZero": {}},
-        },
-        "routing.router does not take autoscaling.scaleToZero yet",
-    ),
     ({"routing": {}, "disaggregation": {}}, "spec.disaggregation needs runtime.engine vllm"),
     ({"runtime": {"engine": "vllm"}, "disaggregation": {}}, "spec.disaggregation needs routing.router"),
     (

@@ -42,6 +42,7 @@ from inference_activator.routes import (
     policy_from_annotation,
     route_for,
     service_hosts,
+    wake_target,
 )
 from testsupport.cluster import wait_for
 from testsupport.fake_kube_api import FakeKubeApi, activator_slice, running_api, service
@@ -115,6 +116,30 @@ def test_a_slice_whose_services_are_missing_or_lead_nowhere_routes_nothing() -> 
         bad["metadata"]["labels"]["kubernetes.io/service-name"] = label
         with pytest.raises(RouteRefused, match="service-name"):
             route_for(bad, public, private, CAPS, "cluster.local")
+
+
+def test_a_wake_starts_the_inference_service_that_owns_the_private_service() -> None:
+    """A routed service at zero is reached at NAME-router: its route is NAME-router's, and the
+    wake goes to NAME, the InferenceService that owns NAME-router-private. A Service without an
+    InferenceService for controller wakes the one named like it, as before."""
+    public = service("team-a", "llm-router", "10.96.0.20", 80)
+    private = service("team-a", "llm-router-private", "10.96.0.21", 80, owner="llm")
+    route = route_for(activator_slice("team-a", "llm-router"), public, private, CAPS, "cluster.local")
+    assert route.key == ServiceKey("team-a", "llm-router") and route.wake_name == "llm"
+    assert "llm-router.team-a.svc" in route.hosts and route.upstream == "http://10.96.0.21:80"
+    assert route_for(activator_slice("team-a", "llm"), *_services(), CAPS, "cluster.local").wake_name == "llm"
+    key = ServiceKey("team-a", "llm-router")
+    owned = service("team-a", "llm-router-private", "10.96.0.21", 80, owner="llm")
+    reference = owned["metadata"]["ownerReferences"][0]
+    not_ours = [
+        {**reference, "controller": False},
+        {**reference, "kind": "Deployment"},
+        {**reference, "apiVersion": "example.com/v1"},
+        {**reference, "name": "Not.A.Name"},
+    ]
+    for wrong in not_ours:
+        assert wake_target({"metadata": {"ownerReferences": [wrong]}}, key) == "llm-router", wrong
+    assert wake_target({"metadata": {"ownerReferences": "x"}}, key) == "llm-router"
 
 
 def test_a_short_name_two_namespaces_claim_routes_to_neither() -> None:
@@ -423,6 +448,32 @@ def test_a_request_at_zero_is_held_wakes_the_service_once_and_is_answered_once_r
     assert activator.metric("activator_wakes_total", **labels) == 1
     assert activator.metric("activator_requests_total", **labels, code="200") == 1
     assert activator.metric("activator_held_requests", **labels) == 0
+
+
+def test_a_request_for_a_router_at_zero_wakes_its_service_and_goes_on_through_the_router(
+    api: tuple[FakeKubeApi, str], activator: Activator, replicas: Replicas
+) -> None:
+    """With routing.router the slice leads NAME-router: a request for that host is held, the
+    wake goes to the InferenceService NAME (the owner of NAME-router-private), and the request
+    goes on through NAME-router-private once the router's readiness answers 200."""
+    fake, _ = api
+    fake.put_service(service("team-r", "chat-router", "10.96.0.30", 80))
+    fake.put_service(service("team-r", "chat-router-private", "127.0.0.1", replicas.port, owner="chat"))
+    fake.put_slice(activator_slice("team-r", "chat-router", {"readyPath": "/ready/team-r.chat-router"}))
+    wait_for(
+        lambda: activator.metric("activator_held_requests", namespace="team-r", service="chat-router") is not None,
+        timeout=20,
+        message="team-r/chat-router to be routed",
+    )
+    pending = in_background(lambda: activator.post("chat-router.team-r.svc", "/v1/echo?r=1", json={"p": 1}))
+    wait_for(lambda: held(activator, "team-r", "chat-router") == 1, timeout=20, message="the request held")
+    wait_for(lambda: fake.patches_of("team-r", "chat"), timeout=20, message="a wake patch of the InferenceService")
+    assert fake.patches_of("team-r", "chat-router") == []  # no InferenceService has that name
+    assert not pending.done()
+    replicas.ready.add("team-r.chat-router")
+    response = pending.result(timeout=30)
+    assert response.status_code == 200 and response.json()["path"] == "/v1/echo"
+    assert "/v1/echo?r=1" in replicas.seen
 
 
 def test_requests_held_together_are_all_answered_in_the_order_they_came(

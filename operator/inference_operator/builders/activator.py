@@ -11,6 +11,18 @@ deleting it takes the activator out again. The activator reaches the pods throug
 A slice names only its own namespace's Services, and the activator takes the hosts and the
 upstream from those Service objects, never from this slice's annotation (which only tunes the
 waiting, within the activator's own caps).
+
+With routing.router the clients' Service is NAME-router (status.url), so the slice leads
+NAME-router, and the activator's way on is NAME-router-private: the router's pods, not the
+workers, so the held requests go through the router like every other. The router's pods go to
+zero with the workers (builders/router.py) and come back with them; a router pod is Ready only
+once its /readiness answers 200, which it does once it has discovered a healthy worker. So
+kube-proxy sends NAME-router-private's traffic only to router pods that can place a request, and
+the activator's poll of the router's /readiness through it answers 200 only then: a held request
+is never released into the router's own 503 for want of a worker. The slice stays until the
+router and the workers both have a ready replica (scale_to_zero.ready_on_path). The wake goes
+to the InferenceService that owns NAME-router-private (the activator reads it from the owner
+reference: the Service's name is NAME-router, not NAME).
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from datetime import datetime
 from ..jsontypes import JsonObject
 from ..kinds import ENDPOINT_SLICE, SERVICE
 from ..models import NAME_MAX_LENGTH, ScaleToZeroSpec, SpecError
-from .common import Owner, Role, object_meta, serving_labels
+from .common import ROUTER_SUFFIX, Owner, Role, object_meta, router_pod_labels, serving_labels
 from .service import HTTP_PORT
 
 # The EndpointSlice controller keeps slices with its own managed-by value; kube-proxy reads all.
@@ -37,6 +49,8 @@ PRIVATE_SUFFIX = "-private"
 SLICE_SUFFIX = "-activator"
 # The pods' own ready paths (the model server's; the vLLM front answers the same one).
 READY_PATH = "/health/ready"
+# The router's: 200 once it has a healthy worker to send a request to, 503 before.
+ROUTER_READY_PATH = "/readiness"
 
 
 @dataclass(frozen=True)
@@ -76,66 +90,84 @@ def scales_to_zero(owner: Owner) -> bool:
     return scaling is not None and scaling.scale_to_zero is not None
 
 
+def routed(owner: Owner) -> bool:
+    """Clients reach the service through its router (routing.router): NAME-router."""
+    return owner.spec.routing.router is not None
+
+
+def entry_service_name(owner: Owner) -> str:
+    """The Service the service's clients call (status.url), which the slice leads while at
+    zero: NAME, or NAME-router with routing.router."""
+    return owner.name + ROUTER_SUFFIX if routed(owner) else owner.name
+
+
 def private_service_name(name: str) -> str:
     return name + PRIVATE_SUFFIX
 
 
 def slice_name(name: str) -> str:
+    """The slice's own name: NAME-activator whichever Service it leads (its label says which),
+    so turning the router on or off at zero moves the one slice rather than leave another."""
     return name + SLICE_SUFFIX
 
 
-def check_names(name: str) -> None:
+def check_names(name: str, router: bool = False) -> None:
     """The derived names must still be DNS labels: refuse a name too long for them."""
-    longest = NAME_MAX_LENGTH - max(len(PRIVATE_SUFFIX), len(SLICE_SUFFIX))
+    entry = name + ROUTER_SUFFIX if router else name
+    longest = NAME_MAX_LENGTH - max(len(entry) - len(name) + len(PRIVATE_SUFFIX), len(SLICE_SUFFIX))
     if len(name) > longest:
         raise SpecError(
             "metadata.name",
             f"{name!r} is longer than {longest} characters, which autoscaling.scaleToZero needs "
-            f"(it names the Service {private_service_name(name)!r})",
+            f"(it names the Service {private_service_name(entry)!r})",
         )
 
 
 def build_private_service(owner: Owner) -> JsonObject:
-    """NAME-private: the pods' http port (and grpc port, runtime.grpcPort) without the
-    activator's slice (its upstreams)."""
-    check_names(owner.name)
+    """The activator's upstream, the entry Service's pods without the activator's slice:
+    NAME-private, the model pods' http port (and grpc port, runtime.grpcPort); with
+    routing.router NAME-router-private, the router pods' http port."""
+    check_names(owner.name, routed(owner))
     ports: list[JsonObject] = [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}]
-    grpc_port = owner.spec.runtime.grpc_port
+    grpc_port = None if routed(owner) else owner.spec.runtime.grpc_port
     if grpc_port is not None:
         ports.append(
             {"name": "grpc", "port": grpc_port, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
         )
+    selector = router_pod_labels(owner.name) if routed(owner) else serving_labels(owner)
     return {
         **SERVICE.header(),
-        "metadata": object_meta(owner, private_service_name(owner.name), role=Role.ACTIVATOR),
-        "spec": {"type": "ClusterIP", "selector": serving_labels(owner), "ports": ports},
+        "metadata": object_meta(owner, private_service_name(entry_service_name(owner)), role=Role.ACTIVATOR),
+        "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
     }
 
 
-def route_settings(scale_to_zero: ScaleToZeroSpec) -> JsonObject:
+def route_settings(owner: Owner, scale_to_zero: ScaleToZeroSpec) -> JsonObject:
     """What the activator may be told about waiting for this service (it clamps each value).
-    Every engine's pods answer READY_PATH (vLLM's through its front)."""
+    Every engine's pods answer READY_PATH (vLLM's through its front); a router its own."""
     return {
         "maxWaitSeconds": scale_to_zero.max_wait_seconds,
         "maxHeld": scale_to_zero.max_held_requests,
-        "readyPath": READY_PATH,
+        "readyPath": ROUTER_READY_PATH if routed(owner) else READY_PATH,
     }
 
 
 def build_activator_slice(owner: Owner, activator: ActivatorEndpoints) -> JsonObject:
-    """NAME-activator: NAME's traffic to the activator pods, on the Service's `http` port, and
-    on its `grpc` port when the service has one (runtime.grpcPort) and the activator listens
-    for gRPC: kube-proxy pairs a slice's ports with the Service's by name."""
+    """NAME-activator: the entry Service's traffic (NAME's, or NAME-router's) to the activator
+    pods, on the Service's `http` port, and on its `grpc` port when the service has one
+    (runtime.grpcPort, never with a router) and the activator listens for gRPC: kube-proxy
+    pairs a slice's ports with the Service's by name."""
     scaling = owner.spec.autoscaling
     assert scaling is not None and scaling.scale_to_zero is not None
-    check_names(owner.name)
+    check_names(owner.name, routed(owner))
     meta = object_meta(
         owner,
         slice_name(owner.name),
-        {ROUTE_ANNOTATION: json.dumps(route_settings(scaling.scale_to_zero))},
+        {ROUTE_ANNOTATION: json.dumps(route_settings(owner, scaling.scale_to_zero))},
         role=Role.ACTIVATOR,
     )
-    meta["labels"] = {**meta["labels"], SERVICE_NAME_LABEL: owner.name, MANAGED_BY_LABEL: MANAGED_BY}
+    entry = entry_service_name(owner)
+    meta["labels"] = {**meta["labels"], SERVICE_NAME_LABEL: entry, MANAGED_BY_LABEL: MANAGED_BY}
     return {
         **ENDPOINT_SLICE.header(),
         "metadata": meta,
@@ -148,7 +180,7 @@ def build_activator_slice(owner: Owner, activator: ActivatorEndpoints) -> JsonOb
             {"name": "http", "port": activator.port, "protocol": "TCP"},
             *(
                 [{"name": "grpc", "port": activator.grpc_port, "protocol": "TCP", "appProtocol": "grpc"}]
-                if owner.spec.runtime.grpc_port is not None and activator.grpc_port
+                if owner.spec.runtime.grpc_port is not None and activator.grpc_port and not routed(owner)
                 else []
             ),
         ],

@@ -27,6 +27,17 @@ What the router is told, and why (flags of vllm-router 0.1.17, `vllm-router --he
 
 The pod runs as a non-root user, read-only root filesystem, no capability, RuntimeDefault
 seccomp, with a preStop sleep so that the endpoints drop the pod before the SIGTERM comes.
+
+At zero (autoscaling.scaleToZero, spec.replicas 0) the router's replicas go to zero with the
+workers and come back with them (`router_replicas`). Kept up, a router pod with no worker is
+not Ready (its /readiness answers 503): its Deployment would read unavailable at zero, its PDB
+would allow no eviction (no pod healthy) and block node drains, and a change of the router's
+spec at zero would roll out a pod that never becomes Ready (maxUnavailable 0) until a wake.
+Started with the workers, its start (seconds; a 60 MB extension loaded) runs beside vLLM's
+(tens of seconds to minutes: the model loaded, the engine compiled), and a router pod is
+Ready only once it has discovered a worker in any case: the cold request waits for the later
+of the two, which is vLLM. What the router holds at zero is nothing; the activator holds the
+requests (builders/activator.py).
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ from .common import (
     router_pod_labels,
     serving_labels,
 )
+from .deployment import desired_replicas
 from .disaggregation import disaggregated, pd_discovery_args
 from .network_policy import OPERATOR_POD_LABELS
 from .service import HTTP_PORT
@@ -86,6 +98,13 @@ def router_spec(owner: Owner) -> RouterSpec | None:
 
 def deploys_router(owner: Owner) -> bool:
     return router_spec(owner) is not None
+
+
+def router_replicas(owner: Owner) -> int:
+    """The router's replicas: routing.router.replicas, or none while its workers are asked for
+    none (a service at zero; see the module's docstring)."""
+    at_zero = not disaggregated(owner) and desired_replicas(owner.spec) == 0
+    return 0 if at_zero else _spec(owner).replicas
 
 
 def router_name(owner: Owner) -> str:
@@ -218,7 +237,7 @@ def build_router_deployment(owner: Owner) -> JsonObject:
         **DEPLOYMENT.header(),
         "metadata": _meta(owner),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": router_replicas(owner),
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": router_labels(owner)},

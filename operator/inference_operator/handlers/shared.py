@@ -121,7 +121,7 @@ def follow_activator(
     """NAME-activator as the service's ready count now asks (scale_to_zero.py). Called under the
     service's status lock (`publish(then=...)`) with the status just written or read there: run
     after the lock, a count read before a later write could land after that write's own."""
-    ready = status.get("readyReplicas")
+    ready = scale_to_zero.ready_on_path(status)
     registry: scale_to_zero.Registry | None = memo.get("scale_to_zero")
     if registry is None or not registry.remember(owner, ready):  # None: not started by `configure`
         return

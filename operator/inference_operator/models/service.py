@@ -135,13 +135,6 @@ class InferenceServiceSpec(SpecModel):
                 "over every ready replica, so the canary's share of traffic would not be the step's weight",
                 ".routing.router",
             ),
-            cel(
-                f"!({_ROUTER}) || !has(self.autoscaling) || !has(self.autoscaling.scaleToZero)",
-                "routing.router does not take autoscaling.scaleToZero yet: clients call NAME-router, and at zero "
-                "the activator holds requests for the Service NAME only: at zero they would fail at the router, "
-                "which has no replica to send them to",
-                ".routing.router",
-            ),
             *DISAGGREGATION_RULES,
         )
     )
