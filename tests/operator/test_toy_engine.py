@@ -14,6 +14,7 @@ import pytest
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.storage import MODEL_DIR
+from inference_operator.config import OperatorConfig
 from inference_operator.engines import ENGINES
 from inference_operator.engines.base import (
     CacheSite,
@@ -133,3 +134,14 @@ def test_a_toy_engine_scales_on_its_own_series(toy: Toy) -> None:
     (metric,) = hpa["spec"]["metrics"]
     assert metric["pods"]["metric"] == {"name": QUEUE, "selector": {"matchLabels": {"served_model": "svc"}}}
     assert f"{QUEUE}{{" in hpa["metadata"]["annotations"]["inference.rocm.dev/promql"]
+
+
+def test_a_toy_engine_has_its_own_default_image_variable_and_flag(toy: Toy) -> None:
+    from inference_operator.__main__ import _images, parser
+
+    assert Images().serving(TOY) == "reg/toy:0"  # type: ignore[arg-type]
+    assert Images.from_environment({"TOY_IMAGE": "env/toy:2"}).serving(TOY) == "env/toy:2"  # type: ignore[arg-type]
+    args = parser().parse_args(["render", "-f", "x.yaml", "--toy-image", "flag/toy:3"])
+    config = OperatorConfig.from_environ({"TOY_IMAGE": "env/toy:2"}, _images(args))
+    assert config.images.serving(TOY) == "flag/toy:3"  # type: ignore[arg-type]  # the flag wins
+    assert config.images.fetcher == Images().fetcher  # the operator's own image stays the default engine's
