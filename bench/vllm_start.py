@@ -1,7 +1,7 @@
 """Cold against warm start of vLLM on CPU, from the operator's own rendered container.
 
 The operator puts vLLM's compile cache (VLLM_CACHE_ROOT) on the model cache claim when the
-InferenceService has one (builders/vllm.compile_cache), so the second replica and every
+InferenceService has one (the vLLM engine's compile_cache), so the second replica and every
 restart find what the first compiled. This renders such a Deployment, plays the kubelet
 (testsupport/vllm.running_vllm: the model volume and the cache claim become local
 directories), starts the server twice on one empty cache directory, and prints the seconds
@@ -18,7 +18,7 @@ import tempfile
 
 from inference_operator.builders import Owner, build_deployment
 from inference_operator.builders.storage import MODEL_DIR
-from inference_operator.builders.vllm import COMPILE_CACHE_DIR
+from inference_operator.engines.vllm import COMPILE_CACHE_DIR
 from inference_operator.models import parse_spec
 from testsupport.processes import free_port
 from testsupport.vllm import build_tiny_llama, running_vllm

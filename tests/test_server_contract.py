@@ -16,9 +16,9 @@ import yaml
 from hypothesis import HealthCheck, given, reject, settings
 
 from inference_operator.builders import Owner
-from inference_operator.builders.model_server import (
+from inference_operator.builders.storage import MODEL_DIR
+from inference_operator.engines.model_server import (
     DRAIN_TIMEOUT_SECONDS,
-    MODEL_DIR,
     PRE_STOP_SLEEP_SECONDS,
     SHUTDOWN_DELAY_SECONDS,
     server_args,
@@ -86,7 +86,7 @@ def parse(args: list[str]) -> argparse.Namespace:
 
 
 def assert_server_reads_what_the_operator_means(owner: Owner) -> ServerSettings:
-    args = server_args(owner)
+    args = server_args(owner, MODEL_DIR)
     parsed = parse(args)
     expected = intended(owner)
     given_fields = {field for field in vars(parsed) if field != "command"}
@@ -124,7 +124,7 @@ def test_generated_specs_command_line_parses_to_the_intended_settings(spec: dict
 def test_the_users_extra_args_reach_the_server() -> None:
     spec = yaml.safe_load((ROOT / "examples" / "resnet-2gpu.yaml").read_text())["spec"]
     spec["runtime"]["args"] = ["--batch-workers", "2", "--no-warmup"]
-    server = settings_from_args(parse(server_args(owner_for(spec))))
+    server = settings_from_args(parse(server_args(owner_for(spec), MODEL_DIR)))
     assert (server.batch_workers, server.warmup) == (2, False)
 
 
@@ -133,7 +133,9 @@ def test_the_user_may_not_override_a_flag_the_operator_writes() -> None:
     # server_args writes must be on that list, or a user could silently override it.
     for path in EXAMPLES:
         cr = yaml.safe_load(path.read_text())
-        written = {arg for arg in server_args(owner_for(cr["spec"], cr["metadata"]["name"])) if arg.startswith("--")}
+        written = {
+            arg for arg in server_args(owner_for(cr["spec"], cr["metadata"]["name"]), MODEL_DIR) if arg.startswith("--")
+        }
         assert written <= set(OPERATOR_FLAGS), sorted(written - set(OPERATOR_FLAGS))
 
 

@@ -20,11 +20,9 @@ from .builders import build_all
 from .builders.gpu import gpu_view
 from .jsontypes import JsonObject
 from .kinds import INFERENCE_SERVICE
-from .models import GpuAllocation, ResourceNaming, SpecError, parse_spec
+from .models import ENGINES, Engine, GpuAllocation, ResourceNaming, SpecError, parse_spec
 from .settings import (
-    MODEL_SERVER_IMAGE_ENV,
     SUPPLEMENTAL_GROUPS_ENV,
-    VLLM_IMAGE_ENV,
     GpuDefaults,
     SettingsError,
     parse_groups,
@@ -83,7 +81,7 @@ def render_documents(
 def _render_config(args: argparse.Namespace) -> config.OperatorConfig:
     """The operator's settings as a cluster would have them: environment, then flags."""
     try:
-        loaded = config.load(args.model_server_image, args.vllm_image)
+        loaded = config.load(_images(args))
     except ValueError as exc:
         raise RenderError(str(exc)) from exc
     return dataclasses.replace(loaded, gpu=_gpu_defaults(args, loaded.gpu))
@@ -163,7 +161,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         # A bad chart value stops the operator here, named, not per reconcile.
-        operator = config.load(args.model_server_image, args.vllm_image)
+        operator = config.load(_images(args))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -196,13 +194,16 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _image_flags(command: argparse.ArgumentParser) -> None:
-    """The operator's default images (chart values images.*) for services that name none."""
-    command.add_argument(
-        "--model-server-image", metavar="IMAGE", help=f"model-server image (default ${MODEL_SERVER_IMAGE_ENV})"
-    )
-    command.add_argument(
-        "--vllm-image", metavar="IMAGE", help=f"vLLM image for engine: vllm (default ${VLLM_IMAGE_ENV})"
-    )
+    """The operator's default images (chart values images.*) for services that name none: a flag
+    per engine, as the engine names it."""
+    for serving in ENGINES.values():
+        image = serving.image
+        command.add_argument(f"--{image.flag}", metavar="IMAGE", help=f"{image.help} (default ${image.env})")
+
+
+def _images(args: argparse.Namespace) -> dict[Engine, str | None]:
+    """Each engine's image flag, None where unset."""
+    return {engine: getattr(args, serving.image.flag.replace("-", "_")) for engine, serving in ENGINES.items()}
 
 
 def parser() -> argparse.ArgumentParser:

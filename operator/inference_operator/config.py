@@ -11,13 +11,12 @@ never looks at the environment again.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .builders.common import Owner
-from .models import InferenceServiceSpec
+from .models import Engine, InferenceServiceSpec
 from .settings import (
     ActivatorSettings,
     CredentialPolicy,
@@ -61,17 +60,14 @@ class OperatorConfig:
     kubeconfig: str | None = None
 
     @classmethod
-    def from_environ(
-        cls, environ: Mapping[str, str], model_server_image: str | None = None, vllm_image: str | None = None
-    ) -> OperatorConfig:
-        """Pure: the configuration `environ` and the flags describe. A bad value raises
-        `ValueError` (SettingsError is one) naming its variable."""
-        env_images = Images.from_environment(environ)
-        images = dataclasses.replace(
-            env_images,
-            model_server=model_server_image or env_images.model_server,
-            vllm=vllm_image or env_images.vllm,
-        )
+    def from_environ(cls, environ: Mapping[str, str], images: Mapping[Engine, str | None] = {}) -> OperatorConfig:
+        """Pure: the configuration `environ` and the flags describe (`images`: each engine's image
+        flag, None where unset). A bad value raises `ValueError` (SettingsError is one) naming its
+        variable."""
+        return cls._from(environ, Images.from_environment(environ, images))
+
+    @classmethod
+    def _from(cls, environ: Mapping[str, str], images: Images) -> OperatorConfig:
         return cls(
             images=images,
             gpu=GpuDefaults.from_env(environ),
@@ -100,6 +96,7 @@ class OperatorConfig:
         )
 
 
-def load(model_server_image: str | None = None, vllm_image: str | None = None) -> OperatorConfig:
-    """The running operator's configuration: this process's environment and the flags."""
-    return OperatorConfig.from_environ(os.environ, model_server_image, vllm_image)
+def load(images: Mapping[Engine, str | None] = {}) -> OperatorConfig:
+    """The running operator's configuration: this process's environment and the flags (`images`:
+    each engine's image flag)."""
+    return OperatorConfig.from_environ(os.environ, images)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
-from .models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, ENGINES, Engine, GpuAllocation, ResourceNaming
+from .models import DEFAULT_ENGINE, ENGINES, Engine, GpuAllocation, ResourceNaming
 
 if TYPE_CHECKING:  # `render` runs without kopf installed
     import kopf
@@ -44,10 +44,9 @@ MANAGER = "rocm-inference-operator"
 
 
 # --- Images -------------------------------------------------------------------------------------
-# The operator's default images (the chart sets them from its values; `run --model-server-image`
-# and `--vllm-image` override them).
-MODEL_SERVER_IMAGE_ENV = "INFERENCE_OPERATOR_MODEL_SERVER_IMAGE"
-VLLM_IMAGE_ENV = "INFERENCE_OPERATOR_VLLM_IMAGE"
+# The operator's default images. Each engine's comes from its object (`ServingEngine.image`: a
+# default, the variable the chart sets from its values, and the `run`/`render` flag that
+# overrides it); the endpoint picker's and the router's are the platform's.
 ENDPOINT_PICKER_IMAGE_ENV = "INFERENCE_OPERATOR_ENDPOINT_PICKER_IMAGE"
 # llm-d's endpoint picker (the Gateway API Inference Extension's EPP with llm-d's plugins).
 DEFAULT_ENDPOINT_PICKER_IMAGE = "ghcr.io/llm-d/llm-d-inference-scheduler:v0.8.0"
@@ -58,33 +57,46 @@ DEFAULT_ROUTER_IMAGE = "ghcr.io/rocm-inference/vllm-router:0.1.17"
 
 @dataclass(frozen=True)
 class Images:
-    """Images used where the spec names none: one per engine. The model server's image also
-    runs the model-fetch init container (it carries the fetcher), whatever the engine."""
+    """Images used where the spec names none: one per engine (`engines`; an engine it leaves out
+    runs its built-in default). The default engine's image (the model server's) also runs the
+    model-fetch init container and the sidecars the operator adds (it carries the fetcher, the
+    front and the adapters sidecar), whatever the engine."""
 
-    model_server: str = DEFAULT_IMAGE
-    vllm: str = DEFAULT_VLLM_IMAGE
+    engines: Mapping[Engine, str] = field(default_factory=dict)
     # The endpoint picker of routing.inferencePool (the platform's, never the spec's).
     endpoint_picker: str = DEFAULT_ENDPOINT_PICKER_IMAGE
     # The router of routing.router (the platform's, never the spec's).
     router: str = DEFAULT_ROUTER_IMAGE
 
+    def __post_init__(self) -> None:
+        defaults = {engine: serving.image.default for engine, serving in ENGINES.items()}
+        object.__setattr__(self, "engines", {**defaults, **self.engines})
+
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> Images:
+    def from_environment(cls, environ: Mapping[str, str], flags: Mapping[Engine, str | None] = {}) -> Images:
+        """The images `environ` names (the chart's values), each engine's overridden by its flag."""
         return cls(
-            model_server=environ.get(MODEL_SERVER_IMAGE_ENV) or DEFAULT_IMAGE,
-            vllm=environ.get(VLLM_IMAGE_ENV) or DEFAULT_VLLM_IMAGE,
+            engines={
+                engine: flags.get(engine) or environ.get(serving.image.env) or serving.image.default
+                for engine, serving in ENGINES.items()
+            },
             endpoint_picker=environ.get(ENDPOINT_PICKER_IMAGE_ENV) or DEFAULT_ENDPOINT_PICKER_IMAGE,
             router=environ.get(ROUTER_IMAGE_ENV) or DEFAULT_ROUTER_IMAGE,
         )
 
     def serving(self, engine: Engine) -> str:
         """The image an engine's serving container runs where the spec names none."""
-        image: str = getattr(self, ENGINES[engine].image_setting)
-        return image
+        return self.engines.get(engine) or ENGINES[engine].image.default
 
     @property
-    def all(self) -> tuple[str, str]:
-        return self.model_server, self.vllm
+    def fetcher(self) -> str:
+        """The operator's own image: the model fetcher, the front, the adapters sidecar."""
+        return self.serving(DEFAULT_ENGINE)
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every engine's image."""
+        return tuple(self.serving(engine) for engine in ENGINES)
 
 
 # --- GPU defaults -------------------------------------------------------------------------------

@@ -11,8 +11,9 @@ import pytest
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.adapters import CONFIG_KEY, GUARD_MIDDLEWARE, SIDECAR
-from inference_operator.builders.vllm import FRONT
 from inference_operator.config import FetchSettings
+from inference_operator.engines.vllm import FRONT
+from inference_operator.models import Engine
 from inference_operator.settings import Images
 from inference_operator.validation import validate_custom_resource
 from tests.llm.test_vllm_builders import owner, vllm_spec
@@ -111,7 +112,7 @@ def test_the_sidecar_runs_the_operators_image_with_the_fetchers_credentials_only
         {"name": "AWS_ACCESS_KEY_ID", "value": "AKIA"},
     ]
     assert validate_custom_resource(resource(copy.deepcopy(spec))) == []  # a pvc:// model, hf:// adapters
-    images = Images(model_server="ghcr.io/rocm-inference/model-server:9")
+    images = Images({Engine.MODEL_SERVER: "ghcr.io/rocm-inference/model-server:9"})
     fetch = FetchSettings(https_proxy="http://proxy.platform:3128", ca_bundle="PEM")
     built = owner(spec, images=images)
     built = Owner(built.name, built.namespace, built.uid, built.spec, images=images, fetch=fetch)

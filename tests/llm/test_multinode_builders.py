@@ -11,7 +11,7 @@ import pytest
 from inference_operator import status as st
 from inference_operator.builders.common import LWS_WORKER_INDEX_LABEL
 from inference_operator.builders.leader_worker_set import MASTER_PORT
-from inference_operator.builders.vllm import COMMAND, WORKER_COMMAND
+from inference_operator.engines.vllm import COMMAND, WORKER_COMMAND
 from inference_operator.validation import validate_custom_resource
 from tests.llm.test_lora_builders import objects, resource
 from tests.llm.test_vllm_builders import vllm_spec

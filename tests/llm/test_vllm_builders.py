@@ -15,12 +15,14 @@ import yaml
 from inference_operator.builders import Owner, build_all, build_deployment, build_inference_pool, build_service
 from inference_operator.builders.common import selector_labels
 from inference_operator.builders.storage import MODEL_DIR, cache_key
-from inference_operator.builders.vllm import FRONT, pre_stop_command, under_init
-from inference_operator.models import DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE, SpecError, parse_spec
-from inference_operator.settings import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
+from inference_operator.engines.vllm import FRONT, pre_stop_command, under_init
+from inference_operator.models import ENGINES, Engine, SpecError, parse_spec
+from inference_operator.settings import Images
 from testsupport.crd import ROOT, addon_errors, apply_defaults, crd_schema
 
 K8S_VERSION = "1.33"
+MODEL_SERVER_IMAGE = ENGINES[Engine.MODEL_SERVER].image
+VLLM_IMAGE = ENGINES[Engine.VLLM].image
 EXAMPLE = ROOT / "examples" / "llm-vllm-8gpu.yaml"
 SPEC_SCHEMA = crd_schema()["properties"]["spec"]
 
@@ -173,7 +175,7 @@ def test_probes_and_scraping_reach_vllm_through_the_front_on_the_api_port() -> N
 
 
 def test_default_images_per_engine_and_the_spec_image_wins() -> None:
-    images = Images(model_server="reg/ms:1", vllm="reg/vllm:2")
+    images = Images({Engine.MODEL_SERVER: "reg/ms:1", Engine.VLLM: "reg/vllm:2"})
     assert container_of(build_deployment(owner(vllm_spec(), images=images)))["image"] == "reg/vllm:2"
     chosen = owner(vllm_spec(image="reg/custom-vllm:3"), images=images)
     assert container_of(build_deployment(chosen))["image"] == "reg/custom-vllm:3"
@@ -182,9 +184,10 @@ def test_default_images_per_engine_and_the_spec_image_wins() -> None:
 
 
 def test_default_images_come_from_the_operators_environment() -> None:
-    assert Images.from_environment({}) == Images(DEFAULT_IMAGE, DEFAULT_VLLM_IMAGE)
-    env = {VLLM_IMAGE_ENV: "mirror/vllm:x", MODEL_SERVER_IMAGE_ENV: "mirror/ms:y"}
-    assert Images.from_environment(env) == Images("mirror/ms:y", "mirror/vllm:x")
+    defaults = Images({Engine.MODEL_SERVER: MODEL_SERVER_IMAGE.default, Engine.VLLM: VLLM_IMAGE.default})
+    assert Images.from_environment({}) == defaults == Images()
+    env = {VLLM_IMAGE.env: "mirror/vllm:x", MODEL_SERVER_IMAGE.env: "mirror/ms:y"}
+    assert Images.from_environment(env) == Images({Engine.MODEL_SERVER: "mirror/ms:y", Engine.VLLM: "mirror/vllm:x"})
 
 
 def hf_spec(**model: object) -> dict:
@@ -197,7 +200,9 @@ def hf_spec(**model: object) -> dict:
 
 def test_hf_models_are_fetched_by_the_model_server_image_with_token_and_endpoint() -> None:
     spec = hf_spec(huggingFace={"tokenSecret": "hf-token", "endpoint": "https://hf-mirror.example"})
-    deployment = build_deployment(owner(spec, images=Images(model_server="reg/ms:1", vllm="reg/vllm:2")))
+    deployment = build_deployment(
+        owner(spec, images=Images({Engine.MODEL_SERVER: "reg/ms:1", Engine.VLLM: "reg/vllm:2"}))
+    )
     pod = deployment["spec"]["template"]["spec"]
     init, front = pod["initContainers"]
     assert front["name"] == FRONT and front["image"] == "reg/ms:1"
@@ -289,7 +294,7 @@ def test_inference_pool_names_the_endpoint_picker_the_spec_gives_and_only_when_a
 def test_render_takes_the_default_images_from_flags_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from inference_operator.__main__ import main
 
-    monkeypatch.setenv(VLLM_IMAGE_ENV, "env/vllm:1")
+    monkeypatch.setenv(VLLM_IMAGE.env, "env/vllm:1")
     for argv, expected in [([], "env/vllm:1"), (["--vllm-image", "flag/vllm:2"], "flag/vllm:2")]:
         buffer = io.StringIO()
         with monkeypatch.context() as m:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inference_operator.builders.vllm import ENGINE_COMMAND
+from inference_operator.engines.vllm import ENGINE_COMMAND
 from testsupport import images
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.builders.vllm import ENGINE_COMMAND
+from inference_operator.engines.vllm import ENGINE_COMMAND
 from inference_operator.models import parse_spec
 from tests.llm.conftest import (
     tiny_llama,  # noqa: F401  (a fixture)

@@ -12,8 +12,11 @@ import pytest
 
 from inference_operator import config, settings
 from inference_operator.__main__ import main
-from inference_operator.models import DEFAULT_IMAGE, GpuAllocation, parse_spec
-from inference_operator.settings import MODEL_SERVER_IMAGE_ENV, VLLM_IMAGE_ENV, Images
+from inference_operator.models import DEFAULT_IMAGE, ENGINES, Engine, GpuAllocation, parse_spec
+from inference_operator.settings import Images
+
+MODEL_SERVER_IMAGE_ENV = ENGINES[Engine.MODEL_SERVER].image.env
+VLLM_IMAGE_ENV = ENGINES[Engine.VLLM].image.env
 
 PACKAGE = pathlib.Path(config.__file__).parent
 
@@ -30,8 +33,9 @@ def test_every_setting_comes_from_the_environment_it_is_given() -> None:
         "KUBERNETES_SERVICE_PORT": "443",
         "KUBECONFIG": "/etc/kube/config",
     }
-    loaded = config.OperatorConfig.from_environ(environ, model_server_image="flag.example/ms:2")
-    assert loaded.images == Images("flag.example/ms:2", "mirror.example/vllm:1")  # the flag wins
+    loaded = config.OperatorConfig.from_environ(environ, {Engine.MODEL_SERVER: "flag.example/ms:2", Engine.VLLM: None})
+    # the flag wins
+    assert loaded.images == Images({Engine.MODEL_SERVER: "flag.example/ms:2", Engine.VLLM: "mirror.example/vllm:1"})
     assert loaded.gpu.allocation == GpuAllocation.DRA
     assert loaded.fetch.https_proxy == "http://proxy.internal:3128"
     assert loaded.credentials.allowed_urls == ("https://prom.example",)
@@ -48,7 +52,7 @@ def test_every_setting_comes_from_the_environment_it_is_given() -> None:
 def test_nothing_configured_is_the_built_in_defaults() -> None:
     empty = config.OperatorConfig.from_environ({})
     assert empty == config.OperatorConfig()
-    assert empty.images.model_server == DEFAULT_IMAGE
+    assert empty.images.serving(Engine.MODEL_SERVER) == empty.images.fetcher == DEFAULT_IMAGE
     assert empty.pod_policy.image_registries == ("ghcr.io/rocm-inference/", "docker.io/vllm/")
 
 
@@ -80,7 +84,7 @@ def test_run_hands_its_configuration_to_the_handlers_without_touching_the_enviro
     monkeypatch.setattr(kopf, "run", lambda **kwargs: started.update(kwargs))
     monkeypatch.setattr("inference_operator.metrics.serve", lambda *_: None)
     assert main(["run", "--all-namespaces", "--model-server-image", "flag.example/ms:3"]) == 0
-    assert started["memo"].config.images.model_server == "flag.example/ms:3"
+    assert started["memo"].config.images.serving(Engine.MODEL_SERVER) == "flag.example/ms:3"
     assert MODEL_SERVER_IMAGE_ENV not in os.environ
 
 

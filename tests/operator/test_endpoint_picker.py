@@ -22,7 +22,7 @@ from inference_operator.builders.endpoint_picker import (
 )
 from inference_operator.config import OperatorConfig
 from inference_operator.k8s import KubeApi, Ref
-from inference_operator.models import SpecError, parse_spec
+from inference_operator.models import Engine, SpecError, parse_spec
 from inference_operator.reconcile import Action, Change, prune, reconcile
 from inference_operator.settings import ENDPOINT_PICKER_IMAGE_ENV, Images
 from testsupport.cluster import Cluster
@@ -229,8 +229,8 @@ def test_the_pickers_pod_is_restricted_probed_on_grpc_health_and_runs_the_platfo
 
 
 def test_the_image_comes_from_the_operators_environment() -> None:
-    config = OperatorConfig.from_environ({ENDPOINT_PICKER_IMAGE_ENV: "mirror.example/epp:v2"}, vllm_image="v/llm:1")
-    assert config.images.endpoint_picker == "mirror.example/epp:v2" and config.images.vllm == "v/llm:1"
+    config = OperatorConfig.from_environ({ENDPOINT_PICKER_IMAGE_ENV: "mirror.example/epp:v2"}, {Engine.VLLM: "v/llm:1"})
+    assert config.images.endpoint_picker == "mirror.example/epp:v2" and config.images.serving(Engine.VLLM) == "v/llm:1"
     assert OperatorConfig.from_environ({}).images.endpoint_picker == Images().endpoint_picker
 
 

@@ -1,7 +1,10 @@
 """Nothing outside `inference_operator.engines` names a particular engine: no `Engine.<member>`,
-no engine's value, serving container, series or scaling-metric name as a literal. What differs
-between engines is asked of the engine object (traits, series, names), so adding one is its
-module and its registry entry, and a change of an engine's series is one edit.
+no engine's value, serving container, series or scaling-metric name as a literal; no module
+named after an engine (a pod part of its own in the builders), no import of one engine's module,
+no identifier that names one (a field per engine, `images.vllm`; a flag's or a variable's
+constant, `VLLM_IMAGE_ENV`; a helper, `vllm_mounts`). What differs between engines is asked of
+the engine object (traits, series, names, image, pod part), so adding one is its module and its
+registry entry, and a change of an engine's series is one edit.
 
 The scan reads the operator's sources as Python (the AST), not as text: docstrings and comments
 may speak of vLLM; code may not choose by it.
@@ -10,6 +13,7 @@ may speak of vLLM; code may not choose by it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +54,53 @@ def engine_literals() -> set[str]:
     return literals
 
 
+def _words(name: str) -> tuple[str, ...]:
+    """An identifier's or a name's words, lower case: `VLLM_IMAGE_ENV`, `modelServer` and
+    `model-server` are (vllm, image, env), (model, server), (model, server)."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    return tuple(word for word in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if word)
+
+
+def engine_words() -> set[tuple[str, ...]]:
+    """Each engine's name as words: its value's and its serving container's."""
+    return {_words(name) for serving in ENGINES.values() for name in (serving.engine.value, serving.container)}
+
+
+def _names_engine(name: str, engines: set[tuple[str, ...]]) -> bool:
+    words = _words(name)
+    return any(words[i : i + len(e)] == e for e in engines for i in range(len(words) - len(e) + 1))
+
+
+def _identifiers(node: ast.AST) -> list[str]:
+    """The names `node` binds or reads (not its strings: those are `engine_literals`' part)."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [node.name]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, ast.keyword) and node.arg:
+        return [node.arg]
+    if isinstance(node, ast.alias):
+        return [node.name, node.asname or ""]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""]
+    return []
+
+
+def engine_identifiers_in(source: str, engines: set[tuple[str, ...]]) -> list[str]:
+    """Where `source` chooses by an engine's name: an identifier (a module imported, a field, a
+    constant, a function, an argument) one of whose words is an engine's name."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        for name in _identifiers(node):
+            if name and _names_engine(name, engines):
+                found.append(f"line {getattr(node, 'lineno', '?')}: {name}")
+    return found
+
+
 def _docstrings(tree: ast.AST) -> set[int]:
     """ids of the constants that are docstrings (prose may name an engine)."""
     found: set[int] = set()
@@ -84,11 +135,43 @@ def test_the_scan_finds_what_it_is_meant_to_find() -> None:
     assert engine_names_in(prose, literals) == []
 
 
-@pytest.mark.parametrize(
-    "path",
-    sorted(p for p in PACKAGE.rglob("*.py") if ENGINES_DIR not in p.parents),
-    ids=lambda p: str(p.relative_to(PACKAGE)),
-)
+def test_the_identifier_scan_finds_what_it_is_meant_to_find() -> None:
+    engines = engine_words()
+    source = (
+        "from ..engines.vllm import VLLM\n"
+        "from . import model_server\n"
+        "image = owner.images.vllm\n"
+        "VLLM_IMAGE_ENV = 'X'\n"
+        "def model_server_container(modelServer): ...\n"
+        "Images(vllm='v')\n"
+    )
+    assert sorted(engine_identifiers_in(source, engines)) == [
+        "line 1: VLLM",
+        "line 1: engines.vllm",
+        "line 2: model_server",
+        "line 3: vllm",
+        "line 4: VLLM_IMAGE_ENV",
+        "line 5: modelServer",
+        "line 5: model_server_container",
+        "line 6: vllm",
+    ]
+    neutral = "engine = engine_of(owner)\nserver = serving.pod(owner, shared)\nmodel = owner.model_name\n"
+    assert engine_identifiers_in(neutral, engines) == []
+
+
+OUTSIDE = sorted(p for p in PACKAGE.rglob("*.py") if ENGINES_DIR not in p.parents)
+
+
+@pytest.mark.parametrize("path", OUTSIDE, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_module_outside_the_engines_names_an_engine(path: Path) -> None:
     literals = engine_literals() - ALLOWED.get(str(path.relative_to(PACKAGE)), set())
-    assert engine_names_in(path.read_text(encoding="utf-8"), literals) == []
+    source = path.read_text(encoding="utf-8")
+    assert engine_names_in(source, literals) == []
+    # Nor chooses by one's name: its module, a field, a flag, a helper of its own.
+    assert engine_identifiers_in(source, engine_words()) == []
+
+
+def test_no_module_outside_the_engines_is_named_after_an_engine() -> None:
+    """An engine's pod part is its object's (`ServingEngine.pod`), not a builder of its own."""
+    engines = engine_words()
+    assert [str(p.relative_to(PACKAGE)) for p in OUTSIDE if _names_engine(p.stem, engines)] == []

@@ -1,6 +1,6 @@
 """The engine registry: every engine is one object (`inference_operator.engines.ENGINES`) with its
-traits, series and scaling names, and a pod the builders make (`builders.engines.PODS`, found by
-the serving container the engine names); what the rules and queries derive from it holds.
+traits, series, scaling names, image and pod part (`ServingEngine.pod`); what the rules,
+queries and builders derive from it holds.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.builders.engines import PODS
+from inference_operator.builders.deployment import shared_pod
 from inference_operator.cel_rules import evaluate_rule
 from inference_operator.engines.base import Quantile
 from inference_operator.models import DEFAULT_ENGINE, ENGINES, Engine, Metric, parse_spec
@@ -21,8 +21,10 @@ from inference_operator.settings import Images
 
 @pytest.mark.parametrize("engine", list(Engine))
 def test_every_engine_has_an_entry_in_every_table(engine: Engine) -> None:
-    assert engine in ENGINES and ENGINES[engine].engine == engine and ENGINES[engine].container in PODS
-    assert Images(model_server="ms", vllm="vl").serving(engine) in {"ms", "vl"}
+    assert engine in ENGINES and ENGINES[engine].engine == engine
+    images = Images({e: f"reg/{e.value}:1" for e in Engine})
+    assert images.serving(engine) == f"reg/{engine.value}:1"
+    assert Images().serving(engine) == ENGINES[engine].image.default
 
 
 def test_each_metric_is_exported_by_exactly_one_engine_and_has_a_query() -> None:
@@ -82,19 +84,19 @@ def test_the_cel_test_of_an_engine_set_treats_an_unset_engine_as_the_default(cho
 @pytest.mark.parametrize(("engine", "grpc"), list(itertools.product(Engine, [False, True])))
 def test_each_engines_pod_carries_what_its_entry_says(engine: Engine, grpc: bool) -> None:
     traits = ENGINES[engine].traits
-    pod_part = PODS[ENGINES[engine].container]
+    serving = ENGINES[engine]
     runtime: dict[str, object] = {"engine": engine.value}
     if grpc and traits.grpc:
         runtime["grpcPort"] = 8081
     spec = parse_spec({"model": {"uri": "pvc://models/m"}, "runtime": runtime})
-    owner = Owner("svc", "ns", "uid", spec, Images(model_server="ms:1", vllm="vl:1"))
+    owner = Owner("svc", "ns", "uid", spec, Images({e: f"{e.value}:1" for e in Engine}))
     deployment, service = (o for o in build_all(owner) if o["kind"] in {"Deployment", "Service"})
     pod = deployment["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == owner.images.serving(engine)
     assert pod["containers"][0]["name"] == ENGINES[engine].container
-    assert pod["terminationGracePeriodSeconds"] == pod_part.termination_grace_seconds
+    assert pod["terminationGracePeriodSeconds"] == serving.termination_grace_seconds
     sidecars = [c["name"] for c in pod.get("initContainers", []) if c.get("restartPolicy") == "Always"]
-    assert len(sidecars) == len(pod_part.sidecars(owner, {}))
+    assert sidecars == [c["name"] for c in serving.pod(owner, shared_pod(owner)).sidecars]
     metrics = next(p for p in service["spec"]["ports"] if p["name"] == "metrics")
     assert metrics["targetPort"] == ("http" if traits.metrics_on_api_port else "metrics")
     scraped = int(deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from inference_operator.builders import Owner, build_deployment
-from inference_operator.models import parse_spec
+from inference_operator.models import Engine, parse_spec
 from inference_operator.settings import FetchSettings, Images, SettingsError
 
 OPERATOR_IMAGE = "registry.example/platform/model-server:1.0"
@@ -49,7 +49,7 @@ def pod(uri: str, image: str | None = "attacker/steal:latest", fetch: FetchSetti
         namespace="ml",
         uid="u",
         spec=spec,
-        images=Images(model_server=OPERATOR_IMAGE),
+        images=Images({Engine.MODEL_SERVER: OPERATOR_IMAGE}),
         fetch=fetch or FetchSettings(),
     )
     return build_deployment(owner)["spec"]["template"]["spec"]

@@ -13,14 +13,14 @@ import yaml
 
 from inference_operator.builders import Owner
 from inference_operator.builders.deployment import build_deployment
-from inference_operator.builders.model_server import (
+from inference_operator.builders.storage import FETCH_CPU, FETCH_MEMORY, quantity_value
+from inference_operator.engines.model_server import (
     DRAIN_TIMEOUT_SECONDS,
     PRE_STOP_SLEEP_SECONDS,
     SHUTDOWN_DELAY_SECONDS,
     TERMINATION_GRACE_SECONDS,
 )
-from inference_operator.builders.storage import FETCH_CPU, FETCH_MEMORY, quantity_value
-from inference_operator.builders.vllm import (
+from inference_operator.engines.vllm import (
     DRAIN_SECONDS,
     FRONT_CPU_MIN,
     PRE_STOP_SECONDS,

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.builders.vllm import INIT_SCRIPT, under_init
+from inference_operator.engines.vllm import INIT_SCRIPT, under_init
 from inference_operator.models import parse_spec
 from tests.chart.conftest import helm as chart_helm  # noqa: F401  (the fixture: Helm, or a skip)
 from tests.server.test_ms_pid1 import as_pid_1, catches, seconds_to_exit

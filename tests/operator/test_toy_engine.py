@@ -1,7 +1,7 @@
-"""A third engine, defined here alone: one object implementing `ServingEngine`, its registry
-entry, and the pod part that makes its container. The same builders render it a valid
-Deployment, Service and HPA without a line of theirs naming it: what differs between engines
-is asked of the engine object.
+"""A third engine, defined here alone: one object implementing `ServingEngine` (its pod part
+included) and its registry entry. The same builders render it a valid Deployment, Service and
+HPA without a line of theirs naming it: what differs between engines is asked of the engine
+object.
 """
 
 from __future__ import annotations
@@ -13,10 +13,22 @@ import kubernetes_validate
 import pytest
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.builders.engines import PODS, EnginePod
 from inference_operator.builders.storage import MODEL_DIR
+from inference_operator.config import OperatorConfig
 from inference_operator.engines import ENGINES
-from inference_operator.engines.base import Metric, PodGauge, ReservedArgs, ScalingName, Series, Traits
+from inference_operator.engines.base import (
+    CacheSite,
+    EnginePod,
+    GroupMembers,
+    ImageSetting,
+    Metric,
+    PodGauge,
+    ReservedArgs,
+    ScalingName,
+    Series,
+    SharedPod,
+    Traits,
+)
 from inference_operator.jsontypes import JsonObject
 from inference_operator.models import parse_spec
 from inference_operator.settings import Images
@@ -44,34 +56,36 @@ class Toy:
     scaling_names: Mapping[Metric, ScalingName] = field(
         default_factory=lambda: {Metric.QUEUE_DEPTH: ScalingName(QUEUE, external=False)}
     )
-    image_setting: str = "model_server"
+    image: ImageSetting = ImageSetting("reg/toy:0", "TOY_IMAGE", "toy-image", "toy image")
     container: str = "toy-server"
     args: ReservedArgs | None = None
     multi_node_flags: tuple[str, ...] = ()
+    group: GroupMembers | None = None
+    termination_grace_seconds: int = 17
+    compile_cache: CacheSite = CacheSite("/var/cache/toy", "toy-cache", "/tmp/toy-cache", {"TOY_CACHE": "kernels"})
 
     def multi_node_args(self, nodes: int, rank: str, master_address: str, master_port: int) -> list[str]:
         raise ValueError("one node")
 
-
-def toy_container(owner: Owner, env: list[JsonObject], resources: JsonObject, mounts: list[JsonObject]) -> JsonObject:
-    runtime = owner.spec.runtime
-    return {
-        "name": Toy.container,
-        "image": owner.image,
-        "args": [f"--model={MODEL_DIR}", f"--port={runtime.port}"],
-        "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
-        "env": env,
-        "resources": resources,
-        "volumeMounts": mounts,
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}},
-    }
+    def pod(self, owner: Owner, shared: SharedPod) -> EnginePod:
+        runtime = owner.spec.runtime
+        container: JsonObject = {
+            "name": self.container,
+            "image": owner.image,
+            "args": [f"--model={shared.model_dir}", f"--port={runtime.port}"],
+            "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
+            "env": shared.env + shared.compile_cache.env,
+            "resources": shared.resources,
+            "volumeMounts": shared.mounts + shared.compile_cache.mounts,
+            "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}},
+        }
+        return EnginePod(container)
 
 
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Toy]:
     engine = Toy()
     monkeypatch.setitem(ENGINES, TOY, engine)  # type: ignore[arg-type]
-    monkeypatch.setitem(PODS, engine.container, EnginePod(engine.container, toy_container, 17))
     yield engine
 
 
@@ -80,7 +94,7 @@ def toy_owner(spec: dict[str, object]) -> Owner:
     parsed as the default engine's and then given the toy one."""
     parsed = parse_spec(spec)
     runtime = parsed.runtime.model_copy(update={"engine": TOY})
-    return Owner("svc", "ml", "u-1", parsed.model_copy(update={"runtime": runtime}), Images(model_server="reg/toy:1"))
+    return Owner("svc", "ml", "u-1", parsed.model_copy(update={"runtime": runtime}), Images({TOY: "reg/toy:1"}))  # type: ignore[dict-item]
 
 
 def test_a_toy_engine_renders_a_valid_deployment_through_the_same_builders(toy: Toy) -> None:
@@ -95,6 +109,8 @@ def test_a_toy_engine_renders_a_valid_deployment_through_the_same_builders(toy: 
     assert container["name"] == toy.container and container["image"] == "reg/toy:1"
     assert container["args"] == [f"--model={MODEL_DIR}", "--port=8080"]
     assert pod["terminationGracePeriodSeconds"] == 17
+    # Its compile cache, where it says, wired by the shared pod.
+    assert {"name": "TOY_CACHE", "value": "/tmp/toy-cache/kernels"} in container["env"]
     assert "amd.com/gpu" in container["resources"]["limits"]  # the pod every engine shares: GPUs, model, security
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert any(c["name"] == "model-fetch" or "model" in c["name"] for c in pod.get("initContainers", [])) or any(
@@ -118,3 +134,14 @@ def test_a_toy_engine_scales_on_its_own_series(toy: Toy) -> None:
     (metric,) = hpa["spec"]["metrics"]
     assert metric["pods"]["metric"] == {"name": QUEUE, "selector": {"matchLabels": {"served_model": "svc"}}}
     assert f"{QUEUE}{{" in hpa["metadata"]["annotations"]["inference.rocm.dev/promql"]
+
+
+def test_a_toy_engine_has_its_own_default_image_variable_and_flag(toy: Toy) -> None:
+    from inference_operator.__main__ import _images, parser
+
+    assert Images().serving(TOY) == "reg/toy:0"  # type: ignore[arg-type]
+    assert Images.from_environment({"TOY_IMAGE": "env/toy:2"}).serving(TOY) == "env/toy:2"  # type: ignore[arg-type]
+    args = parser().parse_args(["render", "-f", "x.yaml", "--toy-image", "flag/toy:3"])
+    config = OperatorConfig.from_environ({"TOY_IMAGE": "env/toy:2"}, _images(args))
+    assert config.images.serving(TOY) == "flag/toy:3"  # type: ignore[arg-type]  # the flag wins
+    assert config.images.fetcher == Images().fetcher  # the operator's own image stays the default engine's

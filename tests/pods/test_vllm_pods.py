@@ -34,7 +34,7 @@ import pytest
 
 from inference_operator.builders.common import engine_port
 from inference_operator.builders.router import METRICS_PORT as ROUTER_METRICS_PORT
-from inference_operator.builders.vllm import PRE_STOP_SECONDS
+from inference_operator.engines.vllm import PRE_STOP_SECONDS
 from inference_operator.models import parse_spec
 from tests.llm.conftest import tiny_llama  # noqa: F401  (a fixture)
 from tests.llm.tiny_lora import adapter_files

@@ -23,7 +23,7 @@ from kubernetes.utils import parse_quantity
 
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.adapters import SIDECAR
-from inference_operator.builders.vllm import CONTAINER, FRONT
+from inference_operator.engines.vllm import CONTAINER, FRONT
 from inference_operator.models import parse_spec
 from tests.chart import helm
 from testsupport import adversary, adversary_h2

@@ -27,7 +27,7 @@ import pytest
 import uvicorn
 
 from bounded_http.proxy import READ_AHEAD, UpstreamConnection, error_body, request_headers, response_headers
-from inference_operator.builders.vllm import PRE_STOP_SECONDS, pre_stop_command, pre_stop_script
+from inference_operator.engines.vllm import PRE_STOP_SECONDS, pre_stop_command, pre_stop_script
 from testsupport.cluster import wait_for
 from testsupport.processes import free_port, running
 from vllm_front.server import is_pod_local, is_refused_path

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 
+from ..engines.base import LoraWiring
 from ..jsontypes import JsonObject
 from ..kinds import CONFIG_MAP
 from ..models import ENGINES, InferenceServiceSpec, LoraSpec
@@ -57,30 +58,17 @@ def sidecar_port(spec: InferenceServiceSpec) -> int:
     return spec.runtime.metrics_port
 
 
-def lora_args(spec: InferenceServiceSpec) -> list[str]:
+def lora_wiring(spec: InferenceServiceSpec) -> LoraWiring | None:
+    """What the serving container needs of runtime LoRA (its engine's flags and environment come
+    from the engine: `ServingEngine.pod`), None when LoRA is off."""
+    if not lora_enabled(spec):
+        return None
     lora = spec.runtime.lora or LoraSpec()
-    return [
-        "--enable-lora",
-        f"--max-loras={lora.max_loras}",
-        f"--max-lora-rank={lora.max_lora_rank}",
-        f"--middleware={GUARD_MIDDLEWARE}",
-    ]
-
-
-def lora_env(env: list[JsonObject]) -> list[JsonObject]:
-    """vLLM's environment with runtime LoRA updating on and the guard's directory first on
-    PYTHONPATH (before any the spec sets, so no module of the spec's can stand in for it)."""
-    user_path = next((e.get("value") for e in env if e["name"] == "PYTHONPATH"), None)
-    path = f"{PLUGINS_DIR}:{user_path}" if user_path else PLUGINS_DIR
-    ours = [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}, {"name": "PYTHONPATH", "value": path}]
-    return ours + [e for e in env if e["name"] != "PYTHONPATH"]
-
-
-def vllm_mounts() -> list[JsonObject]:
-    return [
+    mounts: list[JsonObject] = [
         {"name": FILES_VOLUME, "mountPath": FILES_DIR, "readOnly": True},
         {"name": PLUGINS_VOLUME, "mountPath": PLUGINS_DIR, "readOnly": True},
     ]
+    return LoraWiring(lora.max_loras, lora.max_lora_rank, GUARD_MIDDLEWARE, PLUGINS_DIR, mounts)
 
 
 def adapter_volumes(owner: Owner) -> list[JsonObject]:

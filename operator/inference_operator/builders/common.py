@@ -5,9 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from ..engines.base import ServingEngine
 from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT, INFERENCE_SERVICE, LEADER_WORKER_SET
-from ..models import InferenceServiceSpec, check_name
+from ..models import ENGINES, InferenceServiceSpec, check_name
 from ..settings import MANAGER, FetchSettings, GpuDefaults, Images, NetworkPolicySettings
 
 COMPONENT = "predictor"
@@ -129,7 +130,19 @@ class Owner:
         """The image of the model-fetch init container: always the operator's model-server
         image, never the spec's. That container may hold a credential the operator wires in (a
         Hub token); an image of the InferenceService author's choosing would simply read it."""
-        return self.images.model_server
+        return self.images.fetcher
+
+
+def engine_of(owner: Owner) -> ServingEngine:
+    """The engine that serves the owner's model: everything that differs between engines, its
+    part of the pod included, is asked of it."""
+    return ENGINES[owner.spec.runtime.engine]
+
+
+def metrics_port(owner: Owner) -> int:
+    """The container port Prometheus scrapes (an engine may serve /metrics on its API port)."""
+    runtime = owner.spec.runtime
+    return runtime.port if engine_of(owner).traits.metrics_on_api_port else runtime.metrics_port
 
 
 def selector_labels(owner: Owner) -> dict[str, str]:
@@ -155,7 +168,7 @@ MASTER_PORT = 29501
 
 
 def engine_port(spec: InferenceServiceSpec) -> int:
-    """A vLLM pod's engine port, on loopback behind the front (builders/vllm.py): the first
+    """The engine's port on loopback, behind a front (the vLLM engine's): the first
     above `runtime.port` that no other port of the pod takes (`runtime.metricsPort`, the
     adapters sidecar's; MASTER_PORT)."""
     taken = {spec.runtime.port, spec.runtime.metrics_port, MASTER_PORT}

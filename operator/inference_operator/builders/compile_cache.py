@@ -16,37 +16,25 @@ None of them runs on a CPU node: there, the directories are set and stay empty.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ..engines.base import AITER as AITER
+from ..engines.base import MIGRAPHX as MIGRAPHX
+from ..engines.base import MIOPEN as MIOPEN
+from ..engines.base import TRITON as TRITON
+from ..engines.base import CacheSite, CompileCache
 from ..jsontypes import JsonObject
 from .common import Owner
 from .storage import MODEL_VOLUME, uses_cache_claim
 
-#: ROCm's compile caches: variable -> directory under the container's cache directory.
-AITER = {"AITER_JIT_DIR": "aiter"}
-MIOPEN = {"MIOPEN_USER_DB_PATH": "miopen", "MIOPEN_CUSTOM_CACHE_DIR": "miopen"}
-TRITON = {"TRITON_CACHE_DIR": "triton"}
-MIGRAPHX = {"ORT_MIGRAPHX_MODEL_CACHE_PATH": "migraphx"}
 
-
-@dataclass(frozen=True)
-class CompileCache:
-    """A container's cache directory, the mounts that put it there, and the variables that send
-    its libraries' caches into it."""
-
-    directory: str
-    mounts: list[JsonObject]
-    env: list[JsonObject]
-
-
-def compile_cache(owner: Owner, mount_path: str, prefix: str, pod_dir: str, caches: dict[str, str]) -> CompileCache:
-    """The cache at `mount_path` (PREFIX/NAME on the cache claim), or `pod_dir` in the pod's /tmp."""
+def compile_cache(owner: Owner, site: CacheSite) -> CompileCache:
+    """The cache at the site's mount path (PREFIX/NAME on the cache claim), or its directory in
+    the pod's /tmp. Each engine names its site (`ServingEngine.compile_cache`)."""
     if uses_cache_claim(owner.spec.model):
-        directory = mount_path
+        directory = site.mount_path
         mounts: list[JsonObject] = [
-            {"name": MODEL_VOLUME, "mountPath": mount_path, "subPath": f"{prefix}/{owner.name}"}
+            {"name": MODEL_VOLUME, "mountPath": site.mount_path, "subPath": f"{site.prefix}/{owner.name}"}
         ]
     else:
-        directory, mounts = pod_dir, []
-    env: list[JsonObject] = [{"name": name, "value": f"{directory}/{sub}"} for name, sub in caches.items()]
+        directory, mounts = site.pod_dir, []
+    env: list[JsonObject] = [{"name": name, "value": f"{directory}/{sub}"} for name, sub in site.caches.items()]
     return CompileCache(directory, mounts, env)

@@ -1,16 +1,23 @@
-"""InferenceService → apps/v1 Deployment of model-server (or vLLM) pods on AMD GPUs."""
+"""InferenceService → apps/v1 Deployment of the engine's pods on AMD GPUs.
+
+The pod every engine shares is built here (model storage, GPUs, security, adapters, labels); the
+engine adds its part (`ServingEngine.pod`: its serving container and sidecars, from the
+`SharedPod` values built here) and says how long the pod may take to stop.
+"""
 
 from __future__ import annotations
 
+from ..engines.base import SharedPod
 from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT
 from ..models import AutoscalingMode, InferenceServiceSpec
-from .adapters import adapter_volumes, adapters_sidecar, lora_enabled
+from .adapters import adapter_volumes, adapters_sidecar, lora_enabled, lora_wiring
 from .canary import STABLE, TRACK_LABEL, labels_stable_pods
-from .common import Owner, object_meta, selector_labels, standard_labels
-from .engines import metrics_port, pod_of
+from .common import Owner, engine_of, engine_port, metrics_port, object_meta, selector_labels, standard_labels
+from .compile_cache import compile_cache
 from .gpu import GpuWiring, gpu_wiring
-from .storage import model_storage
+from .storage import MODEL_DIR, TERMINATION_LOG, model_storage
+from .tracing import resource_env
 
 RUN_AS_USER = 1000
 
@@ -59,10 +66,30 @@ def pod_labels(owner: Owner) -> dict[str, str]:
     return labels
 
 
+def shared_pod(owner: Owner, gpus: GpuWiring | None = None, model_mount: JsonObject | None = None) -> SharedPod:
+    """What the engine's part of the pod is made from: the same for every engine. `gpus` and
+    `model_mount` when the caller has them already."""
+    spec = owner.spec
+    gpus = gpu_wiring(owner) if gpus is None else gpus
+    if model_mount is None:
+        model_mount = model_storage(owner, _env(spec, GpuWiring()), _container_security()).mount
+    return SharedPod(
+        env=_env(spec, gpus),
+        resources=_resources(spec, gpus),
+        mounts=[model_mount, {"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tmp", "mountPath": "/tmp"}],
+        security=_container_security(),
+        model_dir=MODEL_DIR,
+        termination_log=TERMINATION_LOG,
+        compile_cache=compile_cache(owner, engine_of(owner).compile_cache),
+        trace_env=resource_env(owner),
+        engine_port=engine_port(spec),
+        lora=lora_wiring(spec),
+    )
+
+
 def build_deployment(owner: Owner) -> JsonObject:
     spec = owner.spec
     gpus = gpu_wiring(owner)
-    env = _env(spec, gpus)
     fetch_env = _env(spec, GpuWiring())  # the init container gets no GPU
     storage = model_storage(owner, fetch_env, _container_security())
     volumes = storage.volumes + [
@@ -70,17 +97,13 @@ def build_deployment(owner: Owner) -> JsonObject:
         {"name": "tmp", "emptyDir": {}},
     ]
     init_containers = storage.init_containers
-    mounts = [
-        storage.mount,
-        {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
     if lora_enabled(spec):
         volumes += adapter_volumes(owner)
         init_containers = [*init_containers, adapters_sidecar(owner, fetch_env, _container_security())]
-    engine = pod_of(owner)
-    container = engine.container(owner, env, _resources(spec, gpus), mounts)
-    init_containers = [*init_containers, *engine.sidecars(owner, _container_security())]
+    engine = engine_of(owner)
+    part = engine.pod(owner, shared_pod(owner, gpus, storage.mount))
+    container = part.container
+    init_containers = [*init_containers, *part.sidecars]
     container["securityContext"] = _container_security()
     pod_security: JsonObject = {
         "runAsNonRoot": True,

@@ -55,6 +55,7 @@ from .common import (
     ROLE_LABEL,
     Owner,
     Role,
+    engine_of,
     engine_port,
     object_meta,
     router_pod_labels,
@@ -65,7 +66,6 @@ from .deployment import build_deployment
 from .gpu import build_resource_claim_template, needs_claim_template, plan
 from .hpa import PROMQL_ANNOTATION, build_hpa
 from .keda import build_scaled_object, build_trigger_authentication
-from .vllm import CONTAINER, tensor_parallel_size
 
 ROLES = (Role.PREFILL, Role.DECODE)
 # The annotation on a prefill pod the router reads its connector's bootstrap port from.
@@ -139,7 +139,7 @@ def _nixl(role: Role, owner: Owner, gpus: int) -> RoleConnector:
 
 def _moriio(role: Role, owner: Owner, gpus: int) -> RoleConnector:
     del gpus
-    ranks = tensor_parallel_size(owner)
+    ranks = max(owner.spec.resources.gpu.count, 1)  # the engine's tensor parallel ranks: a pod's GPUs
     config: JsonObject = {
         "kv_connector": "MoRIIOConnector",
         "kv_role": KV_ROLES[role],
@@ -281,11 +281,13 @@ def build_role_deployment(owner: Owner, role: Role) -> JsonObject:
     pod = template["spec"]
     for claim in pod.get("resourceClaims") or []:  # the role's own claim template
         claim["resourceClaimTemplateName"] = role_name(owner, role)
-    vllm = next(c for c in pod["containers"] if c["name"] == CONTAINER)
-    vllm["args"].append(kv_transfer_arg(owner, role))
+    serving = next(c for c in pod["containers"] if c["name"] == engine_of(owner).container)
+    serving["args"].append(kv_transfer_arg(owner, role))
     names = {e["name"] for e in wired.env}
-    vllm["env"] = [e for e in vllm["env"] if e["name"] not in names] + wired.env
-    vllm["ports"].append({"name": SIDE_CHANNEL_PORT_NAME, "containerPort": wired.side_channel_port, "protocol": "TCP"})
+    serving["env"] = [e for e in serving["env"] if e["name"] not in names] + wired.env
+    serving["ports"].append(
+        {"name": SIDE_CHANNEL_PORT_NAME, "containerPort": wired.side_channel_port, "protocol": "TCP"}
+    )
     return deployment
 
 

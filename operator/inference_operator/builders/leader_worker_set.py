@@ -6,7 +6,7 @@ security and volumes) with the engine's multi-node arguments added (`multi_node_
 tensor parallel over the node's `resources.gpu.count` GPUs, pipeline parallel across the `nodes`
 pods, and vLLM's own multiprocessing bootstrap between them, so no Ray cluster is needed). The
 leader (index 0) serves the API and is the Service's and the InferencePool's only endpoint; the
-workers run the engine pod's worker command (`vllm serve --headless`), which serves nothing and
+workers run the engine's worker command (`vllm serve --headless`), which serves nothing and
 so has no HTTP probes. LWS gives every container `LWS_LEADER_ADDRESS` and `LWS_WORKER_INDEX`,
 which the kubelet expands in the arguments. A failed pod restarts its whole group
 (RecreateGroupOnPodRestart): a pipeline with a stage missing serves nothing. Rolling updates
@@ -19,9 +19,8 @@ import copy
 
 from ..jsontypes import JsonObject
 from ..kinds import LEADER_WORKER_SET
-from .common import MASTER_PORT, Owner, object_meta
+from .common import MASTER_PORT, Owner, engine_of, object_meta
 from .deployment import build_deployment, desired_replicas
-from .engines import engine_of, pod_of
 
 # LWS gives every container the leader's address, which the kubelet expands in the arguments.
 LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
@@ -46,7 +45,7 @@ def leader_template(owner: Owner, template: JsonObject) -> JsonObject:
 
 
 def worker_template(owner: Owner, template: JsonObject) -> JsonObject:
-    group = pod_of(owner).group
+    group = engine_of(owner).group
     assert group is not None, "the engine's pod runs on one node"
     worker = copy.deepcopy(template)
     serving = _serving(owner, worker)

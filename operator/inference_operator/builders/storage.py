@@ -13,10 +13,10 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 
 from ..jsontypes import JsonObject
 from ..models import ModelSpec
+from ..quantities import quantity_value
 from .common import Owner
 
 MODEL_DIR = "/mnt/models"
@@ -189,28 +189,6 @@ def uses_cache_claim(model: ModelSpec) -> bool:
 # What a fetch may use at most: it streams to disk, so more only helps TLS and checksums.
 FETCH_CPU = "2"
 FETCH_MEMORY = "2Gi"
-_SUFFIXES = {
-    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
-    **{f"{s}i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")},
-    **{"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1)},
-}
-_EXPONENT_BOUND = 10**9
-_QUANTITY = re.compile(r"^\+?([0-9.]+)((?:[eE][+-]?[0-9]+)?)([A-Za-z]*)$")
-
-
-def quantity_value(quantity: str) -> Decimal:
-    """The number a Kubernetes quantity stands for ("500m" is 0.5, "2Gi" is 2**31); the schema
-    has already checked its form."""
-    match = _QUANTITY.match(quantity.strip())
-    if match is None or match.group(3) not in _SUFFIXES:
-        raise ValueError(f"not a quantity: {quantity!r}")
-    number, exponent, suffix = match.groups()
-    # The schema lets an exponent be as long as its digits go ("1e2000000000000000000", past
-    # even Decimal's largest): such a value only has to compare as huge or tiny, which an
-    # exponent of a billion does. Zero stays zero (".0e2000000000000000000").
-    power = max(-_EXPONENT_BOUND, min(_EXPONENT_BOUND, int(exponent[1:]))) if exponent else 0
-    with localcontext(Context(prec=28, Emax=MAX_EMAX, Emin=MIN_EMIN)):
-        return Decimal(number).scaleb(power) * _SUFFIXES[suffix]
 
 
 def fetch_resources(cpu: str, memory: str) -> JsonObject:

@@ -1,11 +1,16 @@
 """What every engine is to the operator: its key (`Engine`), the scaling metrics a spec may name
 (`Metric`), and the one interface an engine implements (`ServingEngine`), made of small frozen
 parts: what the spec may ask of it (`Traits`), the series it exports (`Series`), the flags its
-command line keeps for the operator (`ReservedArgs`).
+command line keeps for the operator (`ReservedArgs`), its default image (`ImageSetting`), and its
+part of the pod (`EnginePod`, made from the `SharedPod` every engine's pod starts from; a
+multi-node group's `GroupMembers`).
 
 This package is the bottom of the operator's pure core: the spec model derives its per-engine
 CEL rules from it, the PromQL layer its queries, the builders their objects; it imports none of
-them, so an engine is declared once and read everywhere.
+them, so an engine is declared once and read everywhere. Its pod part is no exception: what an
+engine's containers need of the rest of the pod (the model's mount, GPUs, the compile cache's
+volume, the adapters' files) the shared pod's builder hands it as plain values, and the
+InferenceService (`Owner`) is read, not imported (a name for the type checker alone).
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from ..jsontypes import JsonObject
+
+if TYPE_CHECKING:
+    from ..builders.common import Owner
 
 
 class Engine(StrEnum):
@@ -141,6 +151,108 @@ class ReservedArgs:
     flags: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ImageSetting:
+    """The operator's default image for an engine's serving container, where the spec names none:
+    built in, or set by the chart (values `images.*`) through `env`, or by the `run` and `render`
+    flag `--FLAG` (described by `help`)."""
+
+    default: str
+    env: str
+    flag: str
+    help: str
+
+
+# --- the engine's part of the pod ---------------------------------------------------------------
+
+#: ROCm's compile caches: variable -> directory under the container's cache directory.
+AITER = {"AITER_JIT_DIR": "aiter"}
+MIOPEN = {"MIOPEN_USER_DB_PATH": "miopen", "MIOPEN_CUSTOM_CACHE_DIR": "miopen"}
+TRITON = {"TRITON_CACHE_DIR": "triton"}
+MIGRAPHX = {"ORT_MIGRAPHX_MODEL_CACHE_PATH": "migraphx"}
+
+
+@dataclass(frozen=True)
+class CacheSite:
+    """Where an engine's serving container keeps what it compiles (builders/compile_cache.py): at
+    `mount_path` on the cache claim (in `prefix`/NAME), else at `pod_dir` in the pod's /tmp; and
+    which ROCm libraries' caches it sends there (variable -> subdirectory)."""
+
+    mount_path: str
+    prefix: str
+    pod_dir: str
+    caches: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    """A container's cache directory, the mounts that put it there, and the variables that send
+    its libraries' caches into it."""
+
+    directory: str
+    mounts: list[JsonObject]
+    env: list[JsonObject]
+
+
+@dataclass(frozen=True)
+class LoraWiring:
+    """Runtime LoRA as the adapters sidecar wires it (builders/adapters.py): how many adapters and
+    how large, the guard module the engine loads to refuse the adapter endpoints to anyone but
+    loopback, the directory that module is importable from, and the serving container's mounts of
+    the adapters' files and of that directory."""
+
+    max_loras: int
+    max_lora_rank: int
+    guard: str
+    plugins_dir: str
+    mounts: list[JsonObject]
+
+
+@dataclass(frozen=True)
+class SharedPod:
+    """What the pod every engine shares (builders/deployment.py) hands an engine for its part:
+    values, so that the engine needs none of the builders."""
+
+    # The pod's environment (GPU selection, then runtime.env).
+    env: list[JsonObject]
+    # The serving container's resources (requests == limits, GPUs included).
+    resources: JsonObject
+    # The model's mount, /dev/shm and /tmp.
+    mounts: list[JsonObject]
+    # Every container's security context (a sidecar's, the serving container gets it after).
+    security: JsonObject
+    # Where the model is, and where a container writes why it failed.
+    model_dir: str
+    termination_log: str
+    # The engine's compile cache at its `CacheSite`.
+    compile_cache: CompileCache
+    # Who the serving container's spans come from (runtime.tracing), else empty.
+    trace_env: list[JsonObject]
+    # A port on loopback no other container of the pod takes: an engine behind a front listens there.
+    engine_port: int
+    # Runtime LoRA (traits.lora and the spec asks for adapters), else None.
+    lora: LoraWiring | None
+
+
+@dataclass(frozen=True)
+class EnginePod:
+    """An engine's part of the pod: its serving container (the shared pod adds its security
+    context) and the native sidecars that run beside it."""
+
+    container: JsonObject
+    sidecars: list[JsonObject] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GroupMembers:
+    """How the members of a multi-node group other than its leader run: their command, the
+    arguments they add, the sidecars only the leader keeps (the workers serve nothing)."""
+
+    worker_command: tuple[str, ...]
+    worker_args: tuple[str, ...] = ()
+    leader_only_sidecars: tuple[str, ...] = ()
+
+
 class ServingEngine(Protocol):
     """One engine, whole: every table of the operator that once had a row per engine reads it."""
 
@@ -153,9 +265,9 @@ class ServingEngine(Protocol):
     # Its scaling metrics as an HPA names them (autoscaling.mode: hpa).
     @property
     def scaling_names(self) -> Mapping[Metric, ScalingName]: ...
-    # The image setting (settings.Images' field) its serving container runs when the spec names none.
+    # The image its serving container runs when the spec names none (settings.Images).
     @property
-    def image_setting(self) -> str: ...
+    def image(self) -> ImageSetting: ...
     # The serving container's name: the one the pods' status reads, the one a multi-node group extends.
     @property
     def container(self) -> str: ...
@@ -165,6 +277,20 @@ class ServingEngine(Protocol):
     # The flags a multi-node replica sets (runtime.args may not set them there); empty: one node only.
     @property
     def multi_node_flags(self) -> tuple[str, ...]: ...
+    # How a multi-node group's workers differ from its leader; None: one node only.
+    @property
+    def group(self) -> GroupMembers | None: ...
     def multi_node_args(self, nodes: int, rank: str, master_address: str, master_port: int) -> list[str]:
         """The serving command line's arguments for member `rank` of a group of `nodes`."""
+        ...
+
+    # How long its pod may take to stop (the pod's terminationGracePeriodSeconds).
+    @property
+    def termination_grace_seconds(self) -> int: ...
+    # Where its serving container compiles.
+    @property
+    def compile_cache(self) -> CacheSite: ...
+    def pod(self, owner: Owner, shared: SharedPod) -> EnginePod:
+        """Its serving container (named `container`: command, arguments, ports, probes, stop) and
+        its sidecars, for `owner`'s spec."""
         ...

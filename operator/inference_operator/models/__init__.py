@@ -74,9 +74,6 @@ from .engines import (
     DEFAULT_IMAGE as DEFAULT_IMAGE,
 )
 from .engines import (
-    DEFAULT_VLLM_IMAGE as DEFAULT_VLLM_IMAGE,
-)
-from .engines import (
     ENGINES as ENGINES,
 )
 from .engines import (

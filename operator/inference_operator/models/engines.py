@@ -15,11 +15,10 @@ from ..engines.base import ReservedArgs
 from ..engines.base import Traits as Traits
 from .base import flag_prefixes
 
-DEFAULT_IMAGE = "ghcr.io/rocm-inference/model-server:0.1.0"
-# vLLM's ROCm build of its OpenAI-compatible server; the operator's --vllm-image overrides it.
-DEFAULT_VLLM_IMAGE = "docker.io/vllm/vllm-openai-rocm:v0.32.0"
+# The default engine's image: the operator's own, which also carries the model fetcher.
+DEFAULT_IMAGE = ENGINES[DEFAULT_ENGINE].image.default
 
-# Flags of `model_server serve` the operator sets itself (builders/model_server.server_args) or that
+# Flags of `model_server serve` the operator sets itself (engines/model_server.server_args) or that
 # must keep their default for probes and the Service (--host): runtime.args may not set them,
 # nor any prefix of them (argparse accepts an unambiguous prefix: `--po 1` is `--port 1`).
 OPERATOR_FLAGS = (
