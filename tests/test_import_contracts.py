@@ -46,6 +46,8 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     _append(package / "prometheus" / "promql.py", "from ..autoscaler import policy")  # metrics importing a feature
     _append(package / "prometheus" / "client.py", "from . import promql")  # the query client importing the queries
     _append(package / "k8s.py", "from .builders import common")  # the API client importing a builder
+    _append(package / "builders" / "http_route.py", "from ..stages import canary")  # a builder importing a stage
+    _append(package / "stages" / "canary.py", "from . import scale_to_zero")  # one stage importing another
     _append(package / "policy.py", "import detect_secrets")  # the secret detectors beyond the pods' status
     _append(tree / "server" / "model_server" / "batching.py", "import starlette")  # the core importing HTTP
     _append(tree / "server" / "model_server" / "tensors.py", "from . import dataplane")  # a layer importing upwards
@@ -69,6 +71,8 @@ def test_violating_imports_break_the_contracts(tmp_path: pathlib.Path) -> None:
     prometheus = "inference_operator.prometheus"
     assert f"{prometheus}.client is not allowed to import {prometheus}.promql" in report
     assert "inference_operator.k8s is not allowed to import inference_operator.builders" in report
+    assert "inference_operator.builders is not allowed to import inference_operator.stages" in report
+    assert "inference_operator.stages.canary is not allowed to import inference_operator.stages.scale_to_zero" in report
     assert "inference_operator.policy -> detect_secrets" in report
     assert "model_server.batching is not allowed to import starlette" in report
     assert "model_server.tensors is not allowed to import model_server.dataplane" in report

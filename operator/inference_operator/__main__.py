@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, TextIO
 import yaml
 
 from . import config
-from .builders import build_all
 from .builders.gpu import gpu_view
 from .jsontypes import JsonObject
 from .kinds import INFERENCE_SERVICE
@@ -27,6 +26,7 @@ from .settings import (
     SettingsError,
     parse_groups,
 )
+from .stages import rendered
 
 if TYPE_CHECKING:
     import kopf
@@ -74,7 +74,7 @@ def render_documents(
             owner = operator.owner(name, meta.get("namespace", "default"), meta.get("uid", PLACEHOLDER_UID), spec)
         except SpecError as exc:
             raise RenderError(f"{where}: {exc}") from exc
-        objects.extend(build_all(owner))
+        objects.extend(rendered(owner))
     return objects
 
 

@@ -1,5 +1,9 @@
 """Make the cluster match one InferenceService: apply what is wanted, delete what is not.
 
+A reconcile is a pipeline over one desired set: what the spec asks (`desired_objects`), each
+stage's transform of it (`stages/`: scale to zero's private Service, a canary's arms), the
+applies, then one label-selected prune of what the service owns and no longer wants.
+
 Every write is a server-side apply under the operator's one field manager, so a field the
 spec stops asking for is really removed. A live object is left alone when it carries the
 hash of the desired manifest, its labels and annotations are ours and no other manager owns
@@ -13,46 +17,26 @@ is left (`create_all`).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import enum
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 
+from . import stages
 from .builders import Owner, build_all
-from .builders.canary import CANARY, STABLE, TRACK_LABEL, arm_service, arm_services_fit, canary_deployment
 from .builders.common import SPEC_HASH_ANNOTATION, STATUS_ROLES, Role, inventory_selector, role_of
-from .builders.http_route import weighted
 from .credentials import CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
 from .k8s import KubeApi, Ref
-from .kinds import (
-    DEPLOYMENT,
-    KINDS,
-    SECRET,
-    SERVICE,
-    WORKLOAD_KINDS,
-    Kind,
-    in_apply_order,
-    kind_of_object,
-)
-from .models import RolloutStrategy
+from .kinds import KINDS, SECRET, WORKLOAD_KINDS, Kind, in_apply_order, kind_of_object
 from .ownership import Drift, drift, metadata_differs
-from .rollout import (
-    RolloutState,
-    arms,
-    canary_replicas,
-    kept_stable,
-    live_revision,
-    manifest_digest,
-    unverified,
-    with_revision,
-)
+from .rollout import RolloutState, with_revision
 from .settings import MANAGER, CredentialPolicy
+from .stages.base import with_hash
+from .stages.canary import is_predictor_deployment
 from .status import Problem
 
 # The credential rules with nothing configured (the operator passes its own).
@@ -124,18 +108,6 @@ class WritePlan:
     @property
     def ref(self) -> Ref:
         return Ref.of(self.desired)
-
-
-def manifest_hash(obj: JsonObject) -> str:
-    """A short digest of a desired manifest; any change to what we would send changes it."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def with_hash(obj: JsonObject) -> JsonObject:
-    obj = copy.deepcopy(obj)
-    digest = manifest_hash(obj)
-    obj["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest
-    return obj
 
 
 def owned_by(obj: JsonObject, uid: str) -> bool:
@@ -228,7 +200,9 @@ def reconcile(
     set's, not every kind the service could own.
     """
     wanted, refusal = desired_objects(api, owner, policy)
-    wanted, state = rollout_arms(api, owner, wanted, rollout, time.time() if now is None else now)
+    context = stages.Context(rollout, time.time() if now is None else now)
+    staged = stages.run(ClusterReads(api), owner, wanted, context)
+    wanted = staged.objects
     missing = unserved_kinds(api, wanted)
     wanted = [obj for obj in wanted if kind_of_object(obj) not in missing]
     # Foreign fields become ours first (ownership only: no spec changes), so the dry run judges
@@ -236,7 +210,7 @@ def reconcile(
     # would otherwise still be merged in and make our own fields invalid beside it.
     steps = [_take_over(api, plan_write(obj, api.get(Ref.of(obj)), owner.uid)) for obj in wanted]
     result = Result(unavailable=missing, problem=Problem(refusal.reason, refusal.message) if refusal else None)
-    result.rollout = state
+    result.rollout = staged.rollout
     result.inventory = inventory(wanted)
     if first and all(step.action == Action.CREATED for step in steps):
         create_all(api, steps, result, owner.name)
@@ -300,83 +274,20 @@ def never_reconciled(generation: int | None, status: JsonObject | None) -> bool:
     return generation == 1 and (status or {}).get("observedGeneration") is None
 
 
-def rollout_arms(
-    api: KubeApi, owner: Owner, wanted: list[JsonObject], state: RolloutState | None, now: float
-) -> tuple[list[JsonObject], RolloutState | None]:
-    """`wanted` with the Deployments a canary rollout asks for: the stable one on the revision
-    it runs until the candidate is promoted, the candidate beside it while it is judged (and,
-    behind a route that can address each arm, the arms' Services and the route's weights)."""
-    index = next((i for i, obj in enumerate(wanted) if _is_predictor_deployment(obj, owner.name)), None)
-    if index is None:
-        return wanted, None
-    desired = wanted[index]
-    rollout = owner.spec.rollout
-    canary = rollout.canary if rollout.strategy == RolloutStrategy.CANARY else None
-    live = api.get(Ref.of(desired)) if canary is not None else None
-    desired_revision = live_revision(desired) or ""
-    plan_ = arms(canary, desired_revision, live_revision(live), state, now, manifest_digest(desired))
-    wanted = list(wanted)
-    if not plan_.stable_follows_spec:
-        kept = kept_stable(live, desired, plan_.state.stable_digest) if live is not None else None
-        if kept is None:
-            plan_ = unverified(desired_revision, manifest_digest(desired))
-        else:
-            wanted[index] = with_hash(kept)
-    weight = plan_.canary_weight
-    if weight is None:
-        return wanted, plan_.state if canary is not None else None
-    # The spec's count where it sets one, else the HPA's or KEDA's on the live Deployment.
-    stable_replicas = int(desired["spec"].get("replicas") or (live or {}).get("spec", {}).get("replicas") or 1)
-    by_route = _route_can_split(api, owner, wanted, wanted[index])
-    replicas = canary_replicas(stable_replicas, weight, exact_split=by_route)
-    wanted.append(with_hash(canary_deployment(_unhashed(desired), replicas)))
-    if by_route:
-        wanted = _split_by_route(wanted, owner.name, weight)
-    traffic = "httpRoute" if by_route else "replicas"
-    return in_apply_order(wanted), dataclasses.replace(plan_.state, traffic=traffic)
-
-
-def _route_can_split(api: KubeApi, owner: Owner, wanted: list[JsonObject], stable: JsonObject) -> bool:
-    """Whether the route's weights can split this canary: a served HTTPRoute to Services (not
-    a pool), and stable pods a Service can select alone (a stable Deployment from before the
-    route has no `track: stable`: its canary is split by replicas, the next one by weights)."""
-    route = next((obj for obj in wanted if obj["kind"] == "HTTPRoute"), None)
-    labels = stable["spec"]["template"]["metadata"].get("labels") or {}
-    return (
-        route is not None
-        and not owner.spec.routing.inference_pool
-        and labels.get(TRACK_LABEL) == STABLE
-        and arm_services_fit(owner.name)
-        and not unserved_kinds(api, [route])
-    )
-
-
-def _split_by_route(wanted: list[JsonObject], name: str, weight: int) -> list[JsonObject]:
-    """`wanted` with NAME-stable and NAME-canary Services and the route weighted between them."""
-    split = []
-    for obj in wanted:
-        if obj["kind"] == "HTTPRoute":
-            split.append(with_hash(weighted(_unhashed(obj), name, weight)))
-            continue
-        split.append(obj)
-        if obj["kind"] == SERVICE.kind and obj["metadata"]["name"] == name:
-            split += [with_hash(arm_service(_unhashed(obj), track)) for track in (STABLE, CANARY)]
-    return split
-
-
-def _unhashed(obj: JsonObject) -> JsonObject:
-    manifest = copy.deepcopy(obj)
-    manifest["metadata"].get("annotations", {}).pop(SPEC_HASH_ANNOTATION, None)
-    return manifest
+def spec_objects(owner: Owner) -> list[JsonObject]:
+    """What the spec asks for, hashed and in the table's apply order (pure). The predictor's
+    Deployment carries its revision and a copy of its manifest (what a canary keeps stable),
+    whatever the strategy: a switch to canary then finds them."""
+    built = (with_revision(obj) if is_predictor_deployment(obj, owner.name) else obj for obj in build_all(owner))
+    return in_apply_order(with_hash(obj) for obj in built)
 
 
 def desired_objects(
     api: KubeApi, owner: Owner, policy: CredentialPolicy
 ) -> tuple[list[JsonObject], CredentialsRefused | None]:
-    """What the spec asks for, hashed and in the table's apply order, less the kinds that would
-    hand out a credential the policy refuses (and that refusal, to report)."""
-    built = (with_revision(obj) if _is_predictor_deployment(obj, owner.name) else obj for obj in build_all(owner))
-    wanted = in_apply_order(with_hash(obj) for obj in built)
+    """`spec_objects`, less the kinds that would hand out a credential the policy refuses (and
+    that refusal, to report): the set the stages transform."""
+    wanted = spec_objects(owner)
     secret = lambda name: api.get(Ref.to(SECRET, owner.namespace, name))  # noqa: E731
     if refused := model_refusal(owner.spec, policy, secret):
         raise refused  # no pod may carry this token: change nothing, the handler reports why
@@ -384,6 +295,19 @@ def desired_objects(
     if refusal is not None:  # KEDA would send the Secret: emit none of its objects
         wanted = [obj for obj in wanted if not kind_of_object(obj).sends_credentials]
     return wanted, refusal
+
+
+@dataclass(frozen=True)
+class ClusterReads:
+    """The reads a stage may make (`stages.Cluster`), through the API client."""
+
+    api: KubeApi
+
+    def live(self, desired: JsonObject) -> JsonObject | None:
+        return self.api.get(Ref.of(desired))
+
+    def serves(self, kind: Kind) -> bool:
+        return _served(self.api, kind)
 
 
 def unserved_kinds(api: KubeApi, objects: list[JsonObject]) -> list[Kind]:
@@ -491,8 +415,3 @@ def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject], kinds: set[str] 
             if api.delete(Ref.to(kind, owner.namespace, name)):
                 deleted.append(Change(Action.DELETED, kind.kind, name))
     return deleted
-
-
-def _is_predictor_deployment(obj: JsonObject, name: str) -> bool:
-    """The service's own Deployment, the one a canary rollout revises (not its picker's)."""
-    return bool(obj["kind"] == DEPLOYMENT.kind and role_of(obj, name) == Role.PREDICTOR)

@@ -7,6 +7,14 @@ change of the activator's own pods (their addresses, in every slice). Without th
 activator installed, or none ready) a service at zero refuses connections, as any Service without
 endpoints does.
 
+Why here and not in reconcile's pipeline (stages/scale_to_zero.py, which adds NAME-private to the
+desired set and decides what this slice should be): the slice follows the ready count and the
+activator's addresses, which change without a change of the spec and so without a reconcile,
+and it must follow them within the status write that reports the count (`handlers/shared.py:
+follow_activator`, under the service's status lock), never a count read before a later write.
+Its kind is therefore not reconciled (`Kind.reconciled`): the prune leaves it, and this module
+deletes it.
+
 The activator goes in the path with the scale-to-zero decision, not when the last replica stops
 being ready (as Knative's activator does): in between, the last pod drains and then stops
 listening, and the ready count reaches the status only after the Deployment controller and an
@@ -29,18 +37,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .builders.activator import (
-    ActivatorEndpoints,
-    Wake,
-    build_activator_slice,
-    scales_to_zero,
-    slice_name,
-)
+from .builders.activator import ActivatorEndpoints, Wake, scales_to_zero, slice_name
 from .builders.common import Owner
 from .jsontypes import JsonObject
 from .k8s import KubeApi, Ref
 from .kinds import ENDPOINT_SLICE, INFERENCE_SERVICE
 from .reconcile import Action, Change, owned_by
+from .stages.scale_to_zero import activator_slice
 
 
 def ready_on_path(status: JsonObject) -> int | None:
@@ -54,22 +57,14 @@ def ready_on_path(status: JsonObject) -> int | None:
     return min(int(role.get("readyReplicas") or 0) for role in roles)
 
 
-def wants_activator(owner: Owner, ready_replicas: int | None, activator: ActivatorEndpoints | None) -> bool:
-    """Whether NAME's traffic should go to the activator: zero replicas asked for or none ready,
-    and an activator to go to."""
-    at_zero = owner.spec.replicas == 0 or not ready_replicas
-    return scales_to_zero(owner) and at_zero and activator is not None and activator.usable
-
-
 def sync_slice(
     api: KubeApi, owner: Owner, ready_replicas: int | None, activator: ActivatorEndpoints | None
 ) -> Change | None:
-    """Apply or delete NAME-activator as `wants_activator` says; the write made, if any."""
+    """Apply or delete NAME-activator as `activator_slice` says; the write made, if any."""
     ref = Ref.to(ENDPOINT_SLICE, owner.namespace, slice_name(owner.name))
     live = api.get(ref)
-    if wants_activator(owner, ready_replicas, activator):
-        assert activator is not None
-        desired = build_activator_slice(owner, activator)
+    desired = activator_slice(owner, ready_replicas, activator)
+    if desired is not None:
         if live is not None and _same(live, desired):
             return None
         api.apply(desired)

@@ -9,15 +9,17 @@ import copy
 import kubernetes
 import pytest
 
-from inference_operator.builders import Owner, build_all
+from inference_operator.builders import Owner
 from inference_operator.builders.activator import ActivatorEndpoints, build_activator_slice
 from inference_operator.builders.canary import arm_service, canary_deployment
 from inference_operator.builders.common import ROLE_LABEL, STATUS_ROLES, Role, inventory_selector, role_of
 from inference_operator.handlers.shared import by_label
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
-from inference_operator.reconcile import Action, previous_inventory, pruned_inventory, reconcile, with_hash
+from inference_operator.reconcile import Action, previous_inventory, pruned_inventory, reconcile
 from inference_operator.settings import MANAGER
+from inference_operator.stages import rendered
+from inference_operator.stages.base import with_hash
 from inference_operator.status import READY, Rollout, compute_status, find_condition, status_changes
 from testsupport.cluster import Cluster
 from testsupport.crd import apply_defaults, crd_schema
@@ -50,7 +52,7 @@ def roles(objects: list[dict]) -> dict[tuple[str, str], str]:
 
 
 def test_every_owned_object_carries_the_services_labels_and_its_role() -> None:
-    built = build_all(owner(POOLED)) + build_all(owner(AT_ZERO))
+    built = rendered(owner(POOLED)) + rendered(owner(AT_ZERO))
     assert roles(built) == {
         ("ConfigMap", NAME): "predictor",
         ("Deployment", NAME): "predictor",
@@ -73,7 +75,7 @@ def test_every_owned_object_carries_the_services_labels_and_its_role() -> None:
 
 
 def test_a_canarys_objects_and_the_activators_slice_are_labelled_as_theirs() -> None:
-    built = build_all(owner(AT_ZERO))
+    built = rendered(owner(AT_ZERO))
     deployment = next(o for o in built if o["kind"] == "Deployment" and o["metadata"]["name"] == NAME)
     service = next(o for o in built if o["kind"] == "Service" and o["metadata"]["name"] == NAME)
     arms = [canary_deployment(deployment, 1), arm_service(service, "stable"), arm_service(service, "canary")]
@@ -93,7 +95,7 @@ def test_a_canarys_objects_and_the_activators_slice_are_labelled_as_theirs() -> 
 def test_the_role_is_on_the_objects_never_on_their_pods_or_selectors() -> None:
     """A label added to a pod template would roll every service's pods on upgrade; one added to a
     selector would make its Deployment unappliable (selectors are immutable)."""
-    for obj in build_all(owner(POOLED)) + build_all(owner(AT_ZERO)):
+    for obj in rendered(owner(POOLED)) + rendered(owner(AT_ZERO)):
         template = (obj.get("spec") or {}).get("template") or {}
         assert ROLE_LABEL not in ((template.get("metadata") or {}).get("labels") or {})
         selector = (obj.get("spec") or {}).get("selector") or {}
@@ -138,9 +140,7 @@ SERVICE = Ref("v1", "Service", NS, NAME)
 
 def left_behind(kind: str, name: str, owner_uid: str | None, role: str | None = None) -> dict:
     """An object of this service's labels, as another version, another service or a person left it."""
-    base = next(
-        o for o in build_all(owner(PLAIN)) if o["kind"] == ("Deployment" if kind == "Deployment" else "Service")
-    )
+    base = next(o for o in rendered(owner(PLAIN)) if o["kind"] == ("Deployment" if kind == "Deployment" else "Service"))
     obj = copy.deepcopy(base)
     if kind == "ServiceAccount":
         obj = {"apiVersion": "v1", "kind": kind, "metadata": obj["metadata"]}
@@ -204,8 +204,8 @@ def test_an_object_an_older_version_made_without_a_role_is_adopted_or_pruned(api
     """What the service still wants is labelled by the next apply (and then left alone); what it
     no longer wants is found by its ownerReference and deleted, role or no role."""
     older = [with_hash(left_behind(kind, NAME, "u-1", None)) for kind in ("Deployment", "Service")]
-    older[0]["spec"]["selector"] = build_all(owner(PLAIN))[0]["spec"]["selector"]  # the selector it had
-    older[0]["spec"]["template"]["metadata"]["labels"] = build_all(owner(PLAIN))[0]["spec"]["template"]["metadata"][
+    older[0]["spec"]["selector"] = rendered(owner(PLAIN))[0]["spec"]["selector"]  # the selector it had
+    older[0]["spec"]["template"]["metadata"]["labels"] = rendered(owner(PLAIN))[0]["spec"]["template"]["metadata"][
         "labels"
     ]
     for obj in older:

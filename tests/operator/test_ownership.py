@@ -10,8 +10,9 @@ import pytest
 from inference_operator.builders import Owner, build_all
 from inference_operator.models import parse_spec
 from inference_operator.ownership import drift, foreign_spec_managers, merge, split
-from inference_operator.reconcile import Action, ForeignObjectError, plan_write, with_hash
+from inference_operator.reconcile import Action, ForeignObjectError, plan_write
 from inference_operator.settings import MANAGER
+from inference_operator.stages.base import with_hash
 
 UID = "0b7c6c1e-1111-4222-8333-944455556666"
 OWNER_REF = "k:" + json.dumps({"uid": UID}, separators=(",", ":"))

@@ -18,7 +18,7 @@ import pytest
 
 from inference_operator import scale_to_zero
 from inference_operator import status as st
-from inference_operator.builders import Owner, build_all
+from inference_operator.builders import Owner
 from inference_operator.builders.activator import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -38,6 +38,7 @@ from inference_operator.models import SpecError, parse_spec
 from inference_operator.reasons import Reason
 from inference_operator.reconcile import Action, reconcile
 from inference_operator.settings import ActivatorSettings, SettingsError
+from inference_operator.stages import rendered
 from testsupport.cluster import Cluster
 from testsupport.crd import addon_errors
 
@@ -55,13 +56,13 @@ def plain_owner(name: str = "mlp", uid: str = "u-1") -> Owner:
 
 
 def test_the_private_service_selects_the_pods_and_validates() -> None:
-    built = [obj for obj in build_all(owner()) if obj["kind"] == "Service"]
+    built = [obj for obj in rendered(owner()) if obj["kind"] == "Service"]
     assert [s["metadata"]["name"] for s in built] == ["mlp", "mlp-private"]
     public, private = built
     assert private["spec"]["selector"] == public["spec"]["selector"]
     assert [p["name"] for p in private["spec"]["ports"]] == ["http"]
     kubernetes_validate.validate(private, "1.33", strict=True)
-    assert not [obj for obj in build_all(plain_owner()) if obj["metadata"]["name"].endswith("-private")]
+    assert not [obj for obj in rendered(plain_owner()) if obj["metadata"]["name"].endswith("-private")]
 
 
 def test_the_activator_slice_routes_the_public_service_to_the_activator_and_validates() -> None:
@@ -81,14 +82,14 @@ def test_the_activator_slice_routes_the_public_service_to_the_activator_and_vali
 def test_a_route_to_a_service_that_scales_to_zero_names_it_as_the_activator_knows_it() -> None:
     routing = {"httpRoute": {"parentRefs": [{"name": "gw"}], "hostnames": ["mlp.example.com"]}}
     spec = {"model": {"uri": "pvc://models/mlp"}, "autoscaling": SCALING, "routing": routing}
-    built = build_all(Owner(name="mlp", namespace="ml", uid="u-1", spec=parse_spec(spec)))
+    built = rendered(Owner(name="mlp", namespace="ml", uid="u-1", spec=parse_spec(spec)))
     (route,) = [obj for obj in built if obj["kind"] == "HTTPRoute"]
     assert addon_errors(route) == []  # the Gateway API's own schema and CEL rules
     (rule,) = route["spec"]["rules"]
     assert rule["filters"] == [{"type": "URLRewrite", "urlRewrite": {"hostname": "mlp.ml.svc.cluster.local"}}]
     plain = {**spec, "autoscaling": {**SCALING, "minReplicas": 1}}
     plain["autoscaling"].pop("scaleToZero")
-    (route,) = [o for o in build_all(Owner("mlp", "ml", "u-1", parse_spec(plain))) if o["kind"] == "HTTPRoute"]
+    (route,) = [o for o in rendered(Owner("mlp", "ml", "u-1", parse_spec(plain))) if o["kind"] == "HTTPRoute"]
     assert "filters" not in route["spec"]["rules"][0]  # the gateway's Host is left alone
 
 
@@ -120,7 +121,7 @@ def grpc_owner(grpc_port: int | None = 9000) -> Owner:
 
 def test_a_service_with_a_grpc_port_reaches_the_activators_grpc_port_at_zero() -> None:
     activator = ActivatorEndpoints(("10.244.0.7",), 8012, 8013)
-    built = [obj for obj in build_all(grpc_owner()) if obj["kind"] == "Service"]
+    built = [obj for obj in rendered(grpc_owner()) if obj["kind"] == "Service"]
     public, private = built
     grpc = {"name": "grpc", "port": 9000, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
     assert private["spec"]["ports"][1] == grpc  # the activator's way to the replicas' gRPC port
@@ -403,7 +404,7 @@ def test_both_engines_pods_answer_the_ready_path_the_activator_polls() -> None:
     assert READY_PATH in server_paths
     scaling = {**SCALING, "metric": "ttftP95Ms"}
     spec = {"model": {"uri": "hf://org/llm"}, "runtime": {"engine": "vllm"}, "autoscaling": scaling}
-    built = build_all(Owner(name="llm", namespace="ml", uid="u-1", spec=parse_spec(spec)))
+    built = rendered(Owner(name="llm", namespace="ml", uid="u-1", spec=parse_spec(spec)))
     assert "llm-private" in [obj["metadata"]["name"] for obj in built if obj["kind"] == "Service"]
 
 

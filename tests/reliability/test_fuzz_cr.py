@@ -26,12 +26,13 @@ from hypothesis import strategies as st
 from kopf._core.engines import posting
 
 from inference_operator import credentials
-from inference_operator.builders import Owner, build_all
+from inference_operator.builders import Owner
 from inference_operator.config import OperatorConfig
 from inference_operator.handlers import service as service_handlers
 from inference_operator.handlers import startup
 from inference_operator.k8s import KubeApi
 from inference_operator.models import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, SpecError, parse_spec
+from inference_operator.stages import rendered
 from tests.strategies import JUNK, from_schema, leaf_paths
 from testsupport.cluster import Cluster, captured_operator_logs, running_cluster, wait_for
 from testsupport.crd import addon_errors, apply_defaults, crd_schema, schema_errors, validate_custom_resource
@@ -73,7 +74,7 @@ def api_server_problems(obj: dict) -> list[str]:
 
 
 def assert_renders_valid(spec) -> None:
-    for obj in build_all(Owner(name="fuzz", namespace="ml", uid="u-1", spec=spec)):
+    for obj in rendered(Owner(name="fuzz", namespace="ml", uid="u-1", spec=spec)):
         if (errors := addon_errors(obj)) is not None:  # HTTPRoute: the Gateway API's, as a stand-in
             assert errors == [], errors
             continue

@@ -5,7 +5,6 @@ from __future__ import annotations
 from ..jsontypes import JsonObject
 from ..kinds import OWNED_KINDS
 from ..models import AutoscalingMode
-from .activator import build_private_service, scales_to_zero
 from .adapters import build_adapters_config_map, lora_enabled
 from .common import Owner, multi_node, selector_string, service_url
 from .deployment import build_deployment, desired_replicas
@@ -34,8 +33,6 @@ def _predictor(owner: Owner) -> list[JsonObject]:
         objects.append(build_network_policy(owner))  # before the pods it lets in
     workload = build_leader_worker_set(owner) if multi_node(owner.spec) else build_deployment(owner)
     objects += [workload, build_service(owner)]
-    if scales_to_zero(owner):
-        objects.append(build_private_service(owner))  # the activator's way to the pods
     if needs_pdb(owner):
         objects.append(build_pdb(owner))
     scaling = owner.spec.autoscaling
@@ -49,7 +46,8 @@ def _predictor(owner: Owner) -> list[JsonObject]:
 
 
 def build_all(owner: Owner) -> list[JsonObject]:
-    """Every object the InferenceService should have right now, in apply order."""
+    """Every object the spec asks for, in apply order; the stages (`stages/`) add what a
+    feature derives from them (scale to zero's private Service, a canary's arms)."""
     if disaggregated(owner):  # the prefill and decode roles instead of NAME
         objects = [build_network_policy(owner)] if needs_network_policy(owner) else []
         objects += build_disaggregation(owner)
