@@ -17,7 +17,7 @@ import pytest
 from inference_activator.routes import HoldPolicy, ServiceKey, route_for
 from inference_operator import scale_to_zero
 from inference_operator import status as st
-from inference_operator.builders import Owner, build_all
+from inference_operator.builders import Owner
 from inference_operator.builders.activator import (
     SERVICE_NAME_LABEL,
     ActivatorEndpoints,
@@ -30,6 +30,7 @@ from inference_operator.kinds import ENDPOINT_SLICE, SERVICE
 from inference_operator.models import SpecError, parse_spec
 from inference_operator.reasons import Reason
 from inference_operator.reconcile import Action, reconcile
+from inference_operator.stages import rendered
 from testsupport.cluster import Cluster
 
 SCALING = {"minReplicas": 0, "maxReplicas": 4, "target": 500, "metric": "ttftP95Ms", "scaleToZero": {}}
@@ -56,7 +57,7 @@ def by_name(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any
 
 
 def test_the_activators_way_on_is_the_routers_pods_and_the_router_follows_its_workers_to_zero() -> None:
-    at_zero = build_all(owner(0))
+    at_zero = rendered(owner(0))
     services = by_name(at_zero, "Service")
     assert set(services) == {"llm", "llm-router", "llm-router-private"}  # no llm-private: not the way on
     private, router_service = services["llm-router-private"], services["llm-router"]
@@ -67,11 +68,11 @@ def test_the_activators_way_on_is_the_routers_pods_and_the_router_follows_its_wo
     deployments = by_name(at_zero, "Deployment")
     assert deployments["llm"]["spec"]["replicas"] == 0
     assert deployments["llm-router"]["spec"]["replicas"] == 0  # nothing runs at zero
-    woken = by_name(build_all(owner(1)), "Deployment")
+    woken = by_name(rendered(owner(1)), "Deployment")
     assert (woken["llm"]["spec"]["replicas"], woken["llm-router"]["spec"]["replicas"]) == (1, 2)
     # Without scale to zero nothing changes: the router keeps its replicas, no private Service.
     plain = parse_spec({**spec(1), "autoscaling": {"maxReplicas": 4, "target": 500, "metric": "ttftP95Ms"}})
-    plain_objects = build_all(Owner(name="llm", namespace="ml", uid="u-1", spec=plain))
+    plain_objects = rendered(Owner(name="llm", namespace="ml", uid="u-1", spec=plain))
     assert by_name(plain_objects, "Deployment")["llm-router"]["spec"]["replicas"] == 2
     assert "llm-router-private" not in by_name(plain_objects, "Service")
 
@@ -87,7 +88,7 @@ def test_the_slice_leads_the_routers_service_and_asks_the_routers_readiness() ->
     # A gateway's route leads the router's Service, under the name the activator answers at zero.
     routing = {"router": {}, "httpRoute": {"parentRefs": [{"name": "gw"}], "hostnames": ["llm.example.com"]}}
     routed = Owner(name="llm", namespace="ml", uid="u-1", spec=parse_spec({**spec(), "routing": routing}))
-    (rule,) = by_name(build_all(routed), "HTTPRoute")["llm"]["spec"]["rules"]
+    (rule,) = by_name(rendered(routed), "HTTPRoute")["llm"]["spec"]["rules"]
     assert [b["name"] for b in rule["backendRefs"]] == ["llm-router"]
     assert rule["filters"] == [{"type": "URLRewrite", "urlRewrite": {"hostname": "llm-router.ml.svc.cluster.local"}}]
 
@@ -96,7 +97,7 @@ def test_the_activator_reads_the_operators_objects_as_a_route_to_the_router_that
     """The Services and slice as built, with the cluster IPs the API server gives them, through
     the activator's own `route_for`: the router's hosts, its pods' private Service, the router's
     readiness path, and a wake of the InferenceService llm (not llm-router)."""
-    services = by_name(build_all(owner()), "Service")
+    services = by_name(rendered(owner()), "Service")
     for obj, ip in ((services["llm-router"], "10.96.0.20"), (services["llm-router-private"], "10.96.0.21")):
         obj["spec"]["clusterIP"], obj["spec"]["clusterIPs"] = ip, [ip]
     route = route_for(
@@ -143,7 +144,7 @@ def test_a_routed_service_at_zero_is_ready_and_names_no_short_role() -> None:
     """The built Deployments at zero, as their controller reports them once it has seen them:
     the service is Ready (ScaledToZero), as a service of one workload is. A router kept at its
     replicas would read "router 0/2 replicas ready", not Ready, for as long as it is at zero."""
-    deployments = by_name(build_all(owner(0)), "Deployment")
+    deployments = by_name(rendered(owner(0)), "Deployment")
     states = {}
     for role, name in (("predictor", "llm"), ("router", "llm-router")):
         live = {**deployments[name], "metadata": {**deployments[name]["metadata"], "generation": 1}}
