@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference_operator.builders.common import Role
-from inference_operator.builders.disaggregation import nixl_config
+from inference_operator.builders.disaggregation import nixl_config, nixl_env
 
 T = TypeVar("T")
 
@@ -42,15 +42,22 @@ def nixl_cpu_kv_transfer(role: str) -> dict[str, Any]:
 ROUTER_KV_CONNECTOR = "nixl"
 
 
+# What a pod's address stands for on loopback: the side channel's, set below, and UCX's port
+# range, one per pod in a cluster but shared by every pair on one loopback address.
+LOOPBACK_REPLACED = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_TCP_PORT_RANGE")
+
+
 def role_container(container: Mapping[str, Any], role: str, side_channel_port: int) -> dict[str, Any]:
     """The aggregated vLLM container as `role` of a P/D pair: the same command line plus the
-    connector's config, and the NIXL side channel on loopback at `side_channel_port` (in a pod:
-    the pod's IP, and a port the NetworkPolicy opens to the other role only)."""
-    env = [
-        var
-        for var in container.get("env") or []
-        if var["name"] not in ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+    connector's config and variables as the operator renders them for a role without GPUs (the
+    OpenMP threads for the container's CPU limit), and the NIXL side channel on loopback at
+    `side_channel_port` (in a pod: the pod's IP, and a port the NetworkPolicy opens to the other
+    role only)."""
+    wired = [
+        var for var in nixl_env(container["resources"]["limits"]["cpu"], gpus=0) if var["name"] not in LOOPBACK_REPLACED
     ]
+    names = {var["name"] for var in wired} | set(LOOPBACK_REPLACED)
+    env = [var for var in container.get("env") or [] if var["name"] not in names] + wired
     env += [
         {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "127.0.0.1"},
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(side_channel_port)},

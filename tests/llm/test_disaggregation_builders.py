@@ -149,6 +149,24 @@ def test_nixl_on_cpu_pods_moves_the_cache_through_host_memory_with_the_side_chan
     assert BOOTSTRAP_PORT_ANNOTATION not in decode["spec"]["template"]["metadata"]["annotations"]
 
 
+@pytest.mark.parametrize(("cpu", "threads"), [("1", 1), ("2500m", 1), ("4", 2), ("16", 14)])
+def test_nixl_on_cpu_pods_runs_vllms_openmp_threads_unbound_and_sized_by_the_roles_cpu(cpu: str, threads: int) -> None:
+    # vLLM's own binding pins a thread to every CPU of the node's affinity mask when the mask has
+    # no more CPUs than it reserves beside a connector, under NIXL's always-polling progress thread.
+    none = {"count": 0}
+    roles = {"prefill": {"resources": {"gpu": none, "cpu": cpu}}, "decode": {"resources": {"gpu": none, "cpu": "8"}}}
+    built = objects(spec(roles))
+    assert {k: env(built["Deployment", PREFILL])[k] for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS")} == {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(threads),
+    }
+    assert env(built["Deployment", DECODE])["OMP_NUM_THREADS"] == "6"  # each role by its own CPU
+    # With GPUs vLLM's CPU threads are not the engine's: nothing to size.
+    on_gpus = objects(spec({"kvTransfer": {"connector": "nixl"}}, gpus=2))
+    for name in (PREFILL, DECODE):
+        assert not {"VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"} & env(on_gpus["Deployment", name]).keys()
+
+
 def test_gpu_pods_default_to_amds_moriio_and_nixl_on_gpus_keeps_the_cache_on_the_device() -> None:
     built = objects(spec(gpus=2))
     prefill, decode = built["Deployment", PREFILL], built["Deployment", DECODE]

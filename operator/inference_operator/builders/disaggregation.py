@@ -22,7 +22,8 @@ What each connector is told, from vLLM's source (v1/nixl, v1/moriio, v1/mooncake
   `kv_buffer_device: cpu` on pods without a GPU (vLLM's CPU build moves the cache through host
   memory); the handshake's side channel on VLLM_NIXL_SIDE_CHANNEL_HOST (the pod's IP, from the
   downward API: the default, localhost, is unreachable from the other pod) and _PORT; UCX's TCP
-  transport on a fixed port range (UCX_TCP_PORT_RANGE), so the policy can open it.
+  transport on a fixed port range (UCX_TCP_PORT_RANGE), so the policy can open it. On pods without
+  a GPU, vLLM's OpenMP threads sized by the pod's CPU (cpu_threads_env), not bound to the node's.
 - moriio (MoRIIOConnector): kv_connector_extra_config with the handshake and notify ports and the
   front's HTTP port; its address from VLLM_HOST_IP (the pod's IP); one notify port per
   tensor-parallel rank.
@@ -50,6 +51,7 @@ from ..models import (
     SpecError,
 )
 from ..prometheus import promql
+from ..quantities import quantity_value
 from .common import (
     MASTER_PORT,
     ROLE_LABEL,
@@ -125,14 +127,44 @@ def nixl_config(role: Role, gpus: int) -> JsonObject:
     return config
 
 
-def _nixl(role: Role, owner: Owner, gpus: int) -> RoleConnector:
-    del owner
-    config = nixl_config(role, gpus)
+def omp_threads(cpu: str) -> int:
+    """OpenMP threads for a CPU NIXL role's engine with `cpu` (the container's CPU limit): the
+    whole CPUs less the two vLLM keeps beside a connector's engine (its scheduler process and
+    NIXL's UCX progress thread, which polls without pause), at least one."""
+    return max(1, int(quantity_value(cpu)) - 2)
+
+
+def cpu_threads_env(cpu: str) -> list[JsonObject]:
+    """vLLM's CPU build with a KV connector, told how many OpenMP threads to run and not to bind them.
+
+    Left to itself (VLLM_CPU_OMP_THREADS_BIND=auto) vLLM binds one OpenMP thread to each CPU of
+    the process's affinity mask, which in a pod is the node's CPUs, not its limit, less the CPUs
+    it reserves; where the mask has no more CPUs than that reserve it binds a thread to every
+    one of them. Each parallel region then waits at its barrier for a thread that shares its CPU
+    with NIXL's progress thread, and a token takes seconds. Unbound, with as many threads as the
+    pod's CPU leaves for them, the kernel places them and a step takes what it takes without
+    the connector.
+    """
+    return [
+        {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"},
+        {"name": "OMP_NUM_THREADS", "value": str(omp_threads(cpu))},
+    ]
+
+
+def nixl_env(cpu: str, gpus: int) -> list[JsonObject]:
+    """A NixlConnector role's variables: the side channel on the pod's IP, UCX's TCP ports, and
+    on pods without a GPU the OpenMP threads for `cpu`, the container's CPU."""
     env = [
         _pod_ip("VLLM_NIXL_SIDE_CHANNEL_HOST"),
         {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
         {"name": "UCX_TCP_PORT_RANGE", "value": f"{UCX_TCP_PORTS[0]}-{UCX_TCP_PORTS[1]}"},
     ]
+    return env + (cpu_threads_env(cpu) if gpus == 0 else [])
+
+
+def _nixl(role: Role, owner: Owner, gpus: int) -> RoleConnector:
+    config = nixl_config(role, gpus)
+    env = nixl_env(owner.spec.resources.cpu, gpus)
     ports = (PortRange(NIXL_SIDE_CHANNEL_PORT, NIXL_SIDE_CHANNEL_PORT), PortRange(*UCX_TCP_PORTS))
     return RoleConnector(config, env, ports, NIXL_SIDE_CHANNEL_PORT)
 
