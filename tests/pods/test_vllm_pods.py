@@ -1334,10 +1334,10 @@ def ucx_transports(log: str) -> dict[str, set[str]]:
 
 def test_the_kv_cache_crosses_the_pod_network_over_ucxs_tcp(node: NodeCluster) -> None:
     """The KV blocks went from pod to pod over UCX's TCP transport on the pods' network. UCX's
-    own tables on the decode pod: the prefill pod is a peer of another node to it (the pods
-    share the node's boot id, not their PID or IPC namespaces, which UCX's shared-memory and
-    cross-memory-attach transports need), so reading its memory, and every message to it, goes
-    over tcp on eth0, the pod's interface; not over loopback, which is each pod's own."""
+    own tables on the decode pod: the prefill pod is an inter-node peer to it, and reading its
+    memory, and every message to it, goes over tcp on eth0, the pod's interface: not over shared
+    memory or cross-memory attach (posix and cma need the peer's PID namespace, which the pods do
+    not share), nor over loopback, which is each pod's own."""
     ready = pd_pods_ready(node)
     assert ready is not None
     log = node.kubectl("logs", "-n", NS, ready["decode"]["metadata"]["name"], "-c", "vllm").stdout
