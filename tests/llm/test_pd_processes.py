@@ -169,6 +169,7 @@ def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {key: after[key] - before.get(key, 0.0) for key in after}
 
 
+@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
 @pytest.mark.timeout(1800)
 def test_answers_through_the_router_equal_the_aggregated_service_streamed_and_not(stack: Stack) -> None:
     for seed, (path, make) in enumerate((("/v1/completions", completion), ("/v1/chat/completions", chat))):
@@ -179,6 +180,7 @@ def test_answers_through_the_router_equal_the_aggregated_service_streamed_and_no
         assert streamed(stack.router, path, body) == expected, path
 
 
+@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
 @pytest.mark.timeout(1800)
 def test_the_decode_engine_receives_the_prompt_through_nixl_and_computes_none_of_it(stack: Stack) -> None:
     decode_before, prefill_before = sources(stack.decode), sources(stack.prefill)

@@ -13,7 +13,7 @@ from inference_operator.builders import Owner
 from inference_operator.builders.activator import ActivatorEndpoints, build_activator_slice
 from inference_operator.builders.canary import arm_service, canary_deployment
 from inference_operator.builders.common import ROLE_LABEL, STATUS_ROLES, Role, inventory_selector, role_of
-from inference_operator.handlers.shared import by_label
+from inference_operator.handlers.shared import by_label, workload_refs
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.models import parse_spec
 from inference_operator.reconcile import Action, previous_inventory, pruned_inventory, reconcile
@@ -266,6 +266,31 @@ def test_repair_finds_the_workloads_the_status_counts_by_label(api: KubeApi) -> 
         Role.PREDICTOR: NAME,
         Role.DECODE: f"{NAME}-decode",
     }
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        spec(),
+        spec(routing={"router": {}}),
+        spec(routing={"router": {}}, disaggregation={}),
+        spec(resources={"gpu": {"count": 8, "nodes": 2}}),
+    ],
+    ids=["predictor", "router", "prefill-decode", "multi-node"],
+)
+def test_a_pods_event_reads_every_workload_the_status_counts_by_the_builders_names(raw: dict) -> None:
+    """The pods' handler reads the workloads by name (workload_refs): each one the builders make
+    that the status counts, no other. With the predictor's alone a P/D service's status lost
+    its roles and was Ready on one of them (the real-pods tier showed "1/1 replicas ready")."""
+    isvc = {"metadata": {"name": NAME, "namespace": NS}, "spec": raw}
+    counted = {
+        Role(o["metadata"]["labels"][ROLE_LABEL]): (o["apiVersion"], o["kind"], o["metadata"]["name"])
+        for o in build_all(owner(raw))
+        if o["kind"] in ("Deployment", "LeaderWorkerSet") and role_of(o, NAME) in STATUS_ROLES
+    }
+    refs = workload_refs(isvc)
+    assert {role: (ref.api_version, ref.kind, ref.name) for role, ref in refs.items()} == counted
+    assert all(ref.namespace == NS for ref in refs.values())
 
 
 # ---------------------------------------------------------------- what a finished reconcile left

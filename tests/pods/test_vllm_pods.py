@@ -7,7 +7,9 @@ model-fetch CA setting trusts) and fetched as a user's model would be: by the po
 init container and its adapters sidecar, with a Hub token from a Secret. The tests run in order on
 one cluster and one InferenceService, in namespaces that enforce Pod Security `restricted`.
 The last tests put the vLLM project's router (routing.router, its image built from the shipped
-router/Dockerfile) in front of two replicas of that service.
+router/Dockerfile) in front of two replicas of that service, then in its P/D mode in front of one
+prefill and one decode replica (spec.disaggregation: vLLM's NixlConnector over UCX, the KV
+blocks in host memory), whose answers are the aggregated replicas'.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import hashlib
 import http.server
 import json
 import pathlib
+import random
 import re
 import secrets
 import threading
@@ -61,7 +64,8 @@ from testsupport.cluster import condition, wait_for
 from testsupport.load import CompletionLoad
 from testsupport.nodecluster import NODE_IP, NODE_NAME, NodeCluster
 from testsupport.otlp import Receiver, otlp_receiver
-from testsupport.router import replica_counters, shared_prefix_prompts
+from testsupport.pd import prompt_token_sources
+from testsupport.router import VOCABULARY, replica_counters, shared_prefix_prompts
 
 # The first test also waits for the tier: its images (the vLLM image is 2.7 GB to import) and cluster.
 pytestmark = [pytest.mark.pods, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -376,14 +380,9 @@ def cache_volume(node: NodeCluster, release: dict, tmp_path_factory: pytest.Temp
     return directory
 
 
-def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
-    node: NodeCluster,
-    release: dict,
-    hub: Hub,
-    prometheus: PodPrometheus,
-    traces: Receiver,
-    cache_volume: pathlib.Path,
-) -> None:
+@pytest.fixture(scope="module")
+def hub_secret(node: NodeCluster, release: dict) -> None:
+    """The Hub token's Secret, which model.huggingFace.tokenSecret names."""
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -391,6 +390,17 @@ def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
         "stringData": {"token": TOKEN},
     }
     apply(node, secret)
+
+
+def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
+    node: NodeCluster,
+    release: dict,
+    hub: Hub,
+    prometheus: PodPrometheus,
+    traces: Receiver,
+    cache_volume: pathlib.Path,
+    hub_secret: None,
+) -> None:
     applied = time.monotonic()
     apply(node, inference_service(hub, prometheus, None, TTFT_TARGET_MS, traces=traces))
     wait_ready_pods(node, NS, SELECTOR, 1, timeout=420)
@@ -922,13 +932,13 @@ def replica_metrics(replicas: dict[str, str]) -> dict[str, dict[str, float]]:
 
 
 def test_the_router_takes_the_service_with_two_replicas_and_its_url(
-    node: NodeCluster, hub: Hub, prometheus: PodPrometheus
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus, cache_volume: pathlib.Path, hub_secret: None
 ) -> None:
     """routing.router on the running service: the service is deleted and made again with two
     replicas and a router (a rolling update would need room for a third vLLM pod on the node's 2
     CPUs); the router, from the image router/Dockerfile builds, watches the namespace's pods with
     the chart's ClusterRole and takes both replicas; status.url names it."""
-    node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=180s")
+    node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=180s", "--ignore-not-found")
     wait_for(lambda: not pods(node, NS, SELECTOR), timeout=180, message="the service's pods gone")
     applied = time.monotonic()
     apply(node, routed_service(hub, prometheus))
@@ -969,6 +979,9 @@ def test_completions_and_chat_answer_through_the_router_from_the_host_and_a_pod(
     # Greedy decoding: the replicas answer alike, so the router's answer is the replica's.
     (direct, *_) = replica_addresses(node).values()
     assert complete(direct, NAME) == answers[(False, False)]
+    # The disaggregated service's requests (the tests below), answered by these aggregated replicas.
+    AGGREGATED.update({name: generated(address, *request) for name, request in pd_requests().items()})
+    assert any(text.strip() for text, _ in AGGREGATED.values()), AGGREGATED
     script = (
         "import json, urllib.request\n"
         "for path, body in (('/v1/completions', {'prompt': 'the model'}),"
@@ -1026,3 +1039,310 @@ def test_the_router_sends_each_shared_prefix_to_the_replica_that_holds_it(node: 
     # Every prompt's tokens were read from a replica through its front (without them the router
     # counts outcome="missing_tokens" and sends everything to its first worker).
     assert 'policy="cache_aware"' in decisions and 'outcome="missing_tokens"' not in decisions, decisions
+
+
+# Prefill/decode disaggregation: the routed service made again as one prefill and one decode
+# replica, each at ROUTED_CPU as the routed replicas were (the same threads, so the same sums
+# at temperature 0), and the router in P/D mode over both. The connector is the operator's
+# default for roles without GPUs: NIXL over UCX, the KV blocks in host memory.
+ROLE_LABEL = "inference.rocm.dev/role"
+INSTANCE_SELECTOR = f"app.kubernetes.io/instance={NAME}"
+# A KV block on vLLM's CPU build, in tokens (its default; the decode pod's cache_config_info is
+# checked against it): the prompts below span several, so that most of each can only arrive
+# over NIXL.
+BLOCK = 128
+# What the aggregated service (the routed replicas) answered to pd_requests(), by request.
+AGGREGATED: dict[str, tuple[str, int]] = {}
+# UCX prints the transports it chose for each peer (its protocol tables): the test reads them
+# from the decode pod's log.
+UCX_PROTO_INFO = {"name": "UCX_PROTO_INFO", "value": "1"}
+
+
+def pd_requests() -> dict[str, tuple[str, dict[str, Any]]]:
+    """Completions and chat, streamed and not, each with a prompt of its own of several blocks (a
+    repeated prompt would be the decode pod's own prefix-cache hit): (path, body) by name."""
+    requests = {}
+    for index, (chat, stream) in enumerate(((False, False), (False, True), (True, False), (True, True))):
+        draw = random.Random(index)
+
+        def words(count: int, draw: random.Random = draw) -> str:
+            return " ".join(draw.choice(VOCABULARY) for _ in range(count))
+
+        body: dict[str, Any] = {"model": NAME, "max_tokens": 8, "temperature": 0, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if chat:
+            body["messages"] = [
+                {"role": "system", "content": words(2 * BLOCK)},
+                {"role": "user", "content": words(9)},
+            ]
+        else:
+            body["prompt"] = words(3 * BLOCK + 5)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        requests[f"{'chat' if chat else 'completion'}{' streamed' if stream else ''}"] = (path, body)
+    return requests
+
+
+def generated(address: str, path: str, body: dict[str, Any]) -> tuple[str, int]:
+    """The text one request generates (streamed: its chunks joined) and its prompt's tokens."""
+    with httpx.stream("POST", f"http://{address}{path}", json=body, timeout=120) as response:
+        raw = response.read().decode()
+        assert response.status_code == 200, raw
+    if not body["stream"]:
+        answer = json.loads(raw)
+        choice = answer["choices"][0]
+        return str(choice["message"]["content"] if "message" in choice else choice["text"]), answer["usage"][
+            "prompt_tokens"
+        ]
+    events = [line.removeprefix("data: ") for line in raw.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", raw
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(
+        c.get("text") or (c.get("delta") or {}).get("content") or "" for chunk in chunks for c in chunk["choices"]
+    )
+    (usage,) = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+    return text, usage["prompt_tokens"]
+
+
+def pd_service(hub: Hub, prometheus: PodPrometheus) -> dict:
+    """The routed service as one prefill and one decode replica behind the router."""
+    service = routed_service(hub, prometheus)
+    spec = service["spec"]
+    del spec["replicas"]
+    spec["runtime"]["env"].append(UCX_PROTO_INFO)
+    spec["disaggregation"] = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+    return service
+
+
+def role_pods(node: NodeCluster, role: str) -> list[dict]:
+    return pods(node, NS, f"{SELECTOR},{ROLE_LABEL}={role}")
+
+
+def front_address(pod: dict) -> str:
+    (front,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "front"]
+    return f"{pod['status']['podIP']}:{front['ports'][0]['containerPort']}"
+
+
+def pd_pods_ready(node: NodeCluster) -> dict[str, dict] | None:
+    """The service's pods once they are one Ready pod of each role and one Ready router, and no
+    other: by role."""
+    current = pods(node, NS, INSTANCE_SELECTOR)
+    by_role = {p["metadata"]["labels"].get(ROLE_LABEL) or p["metadata"]["labels"]["app.kubernetes.io/component"]: p
+               for p in current}  # fmt: skip
+    if len(current) == 3 == len(by_role) and set(by_role) == {"prefill", "decode", "router"}:
+        if all(pod_ready(p) for p in current):
+            return by_role
+    return None
+
+
+def ris_status(node: NodeCluster) -> dict:
+    """The service's status, read from the API server (no kubectl process: polled)."""
+    with node.client() as client:
+        answer = client.get(f"/apis/inference.rocm.dev/v1alpha1/namespaces/{NS}/inferenceservices/{NAME}")
+    answer.raise_for_status()
+    return dict(answer.json().get("status") or {})
+
+
+def roles_ready(status: dict) -> dict[str, bool]:
+    return {entry["role"]: bool(entry.get("ready")) for entry in status.get("roles") or []}
+
+
+def pd_sources(pod: dict) -> dict[str, float]:
+    return prompt_token_sources(httpx.get(f"http://{front_address(pod)}/metrics", timeout=30).text)
+
+
+def test_disaggregation_makes_the_service_a_prefill_and_a_decode_replica_the_router_finds(
+    node: NodeCluster, hub: Hub, prometheus: PodPrometheus, cache_volume: pathlib.Path, hub_secret: None
+) -> None:
+    """spec.disaggregation on the real pods: the routed service deleted and made again with one
+    prefill and one decode replica (room on the node's 2 CPUs); the router finds each role by
+    label, and status.roles names both roles Ready."""
+    node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=180s", "--ignore-not-found")
+    wait_for(lambda: not pods(node, NS, INSTANCE_SELECTOR), timeout=180, message="the service's pods gone")
+    applied = time.monotonic()
+    apply(node, pd_service(hub, prometheus))
+    ready = wait_for(
+        lambda: pd_pods_ready(node), timeout=600, interval=0.5, message="a prefill, a decode and a router Ready"
+    )
+    FIGURES[f"vLLM P/D: applied to prefill and decode ({ROUTED_CPU} each) and the router Ready (s)"] = (
+        time.monotonic() - applied
+    )
+    address = router_address(node)
+    ips = [ready[role]["status"]["podIP"] for role in ("prefill", "decode")]
+
+    def workers() -> str | None:
+        listed = httpx.get(f"http://{address}/list_workers", timeout=10)
+        return listed.text if listed.status_code == 200 and all(ip in listed.text for ip in ips) else None
+
+    wait_for(
+        workers, timeout=60, interval=0.5, message="the router's workers: both roles", ignore=(httpx.TransportError,)
+    )
+    status = wait_for(
+        lambda: (s := ris_status(node)) and roles_ready(s) == {"prefill": True, "decode": True, "router": True} and s,
+        timeout=60,
+        interval=0.5,
+        message="status.roles: prefill, decode and router ready",
+    )
+    assert (condition({"status": status}, "Ready") or {}).get("status") == "True", status
+    assert status["url"] == f"http://{NAME}-router.{NS}.svc.cluster.local", status
+
+
+def test_through_the_router_pd_answers_equal_the_aggregated_services_and_decode_computes_no_prompt(
+    node: NodeCluster,
+) -> None:
+    """Completions and chat, streamed and not, through the router's Service: the text the
+    aggregated replicas generated for the same requests at temperature 0. vLLM's own counters on
+    the decode pod: of each prompt it computed at most the last, partial block; the rest came
+    over NIXL."""
+    assert AGGREGATED, "the aggregated answers are recorded by the router's tests of this module: run it whole"
+    ready = pd_pods_ready(node)
+    assert ready is not None
+    decode, prefill = ready["decode"], ready["prefill"]
+    decode_metrics = httpx.get(f"http://{front_address(decode)}/metrics", timeout=30).text
+    assert f'block_size="{BLOCK}"' in decode_metrics, "the prompts assume vLLM's CPU block size"
+    decode_before, prefill_before = prompt_token_sources(decode_metrics), pd_sources(prefill)
+    address = router_address(node)
+    answers = {name: generated(address, *request) for name, request in pd_requests().items()}
+    assert {name: text for name, (text, _) in answers.items()} == {name: text for name, (text, _) in AGGREGATED.items()}
+    decode_after, prefill_after = pd_sources(decode), pd_sources(prefill)
+    moved = {key: decode_after[key] - decode_before[key] for key in decode_after}
+    computed = {key: prefill_after[key] - prefill_before[key] for key in prefill_after}
+    prompt_tokens = sum(tokens for _, tokens in answers.values())
+    requests = len(answers)
+    FIGURES["vLLM P/D: prompt tokens computed on the decode pod, of all sent"] = moved["local_compute"] / prompt_tokens
+    assert computed["local_compute"] + computed["local_cache_hit"] == prompt_tokens, (computed, prompt_tokens)
+    assert moved["local_compute"] <= BLOCK * requests, (moved, prompt_tokens)
+    assert moved["external_kv_transfer"] >= prompt_tokens - BLOCK * requests, (moved, prompt_tokens)
+    assert moved["nixl_transfers"] >= requests and moved["nixl_bytes"] > 0, moved
+
+
+@dataclass
+class Outcome:
+    started: float
+    ended: float
+    status: int | str  # the HTTP status, or the client's error when no answer came
+    detail: str = ""
+
+
+class PacedLoad:
+    """`clients` clients, each sending a completion through the router every `period` seconds
+    (back to back when one takes longer), each request's outcome kept."""
+
+    def __init__(self, url: str, clients: int, period: float) -> None:
+        self.url, self.period = url, period
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(i,)) for i in range(clients)]
+
+    def _client(self, index: int) -> None:
+        draw = random.Random(100 + index)
+        with httpx.Client(timeout=120) as client:
+            while not self._stop.is_set():
+                body = {"model": NAME, "prompt": " ".join(draw.choice(VOCABULARY) for _ in range(BLOCK + 9))}
+                started = time.time()
+                try:
+                    answer = client.post(self.url, json={**body, "max_tokens": 8, "temperature": 0})
+                    outcome = Outcome(started, time.time(), answer.status_code, answer.text[:200])
+                except httpx.HTTPError as error:
+                    outcome = Outcome(started, time.time(), type(error).__name__, str(error)[:200])
+                self.outcomes.append(outcome)
+                self._stop.wait(max(0.0, started + self.period - time.time()))
+
+    def start(self) -> PacedLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(150)
+
+    def answered(self, status: int, since: float = 0.0) -> int:
+        return sum(1 for o in self.outcomes if o.status == status and o.started >= since)
+
+
+def test_the_prefill_pod_deleted_under_load_the_status_names_the_short_role_until_it_is_back(
+    node: NodeCluster,
+) -> None:
+    """The prefill pod deleted while requests run through the router: status.roles and the Ready
+    condition name prefill short until its replacement is Ready, then the router serves through
+    the new pod. With one prefill replica the router has no other to retry on: the requests it
+    could not serve meanwhile are counted by status (figures), and none was left hanging."""
+    ready = pd_pods_ready(node)
+    assert ready is not None
+    old = ready["prefill"]["metadata"]["name"]
+    load = PacedLoad(f"http://{router_address(node)}/v1/completions", clients=2, period=1.0).start()
+    short: list[dict] = []  # the status read while no new prefill pod was Ready
+    try:
+        wait_for(lambda: load.answered(200) >= 4, timeout=120, interval=0.5, message="requests served before")
+        deleted = time.time()
+        node.kubectl("delete", "pod", old, "-n", NS, "--wait=false")
+
+        def replacement() -> dict | None:
+            status = ris_status(node)  # read first: the status may not run ahead of the pods
+            new = next((p for p in role_pods(node, "prefill") if p["metadata"]["name"] != old and pod_ready(p)), None)
+            if new is None:
+                short.append(status)
+            return new
+
+        new = wait_for(replacement, timeout=600, interval=0.5, message="a new prefill pod Ready")
+        back = time.time()
+        FIGURES["vLLM P/D: prefill pod deleted to its replacement Ready (s)"] = back - deleted
+        wait_for(lambda: load.answered(200, since=back) >= 2, timeout=120, interval=0.5, message="served again")
+    finally:
+        load.stop()
+    during = [o for o in load.outcomes if deleted <= o.ended and o.started <= back]
+    failed = [o for o in during if o.status != 200]
+    FIGURES["vLLM P/D: requests sent while the prefill pod was replaced"] = len(during)
+    FIGURES["vLLM P/D: of those, failed"] = len(failed)
+    for status, count in Counter(str(o.status) for o in failed).items():
+        FIGURES[f"vLLM P/D: of those, failed with {status}"] = count
+    # The status said so: prefill short (its role not ready, the Ready condition false and naming
+    # it) once the old pod was gone, and never ready while no new prefill pod was.
+    named = [s for s in short if not roles_ready(s).get("prefill", True)]
+    assert named, short[-3:]
+    ready_condition = condition({"status": named[-1]}, "Ready") or {}
+    assert ready_condition.get("status") == "False" and "prefill" in ready_condition.get("message", ""), named[-1]
+    assert not [s for s in short[short.index(named[0]) :] if roles_ready(s).get("prefill")], short
+    # No request hung: each failure came at once, a server error of the router while it had no
+    # prefill to send to, or a refused connection (the router turns unready without one, and its
+    # Service then has no endpoint for a new connection; the clients' kept-alive ones stay).
+    hung = [o for o in failed if not (isinstance(o.status, int) and o.status >= 500 or o.status == "ConnectError")]
+    assert not hung, [(o.status, o.detail, round(o.ended - o.started, 1)) for o in hung]
+    assert new["metadata"]["name"] != old
+
+
+def ucx_transports(log: str) -> dict[str, set[str]]:
+    """The transports UCX chose (`tcp/eth0`, `posix/memory`, `cma/memory`, ...) from its protocol
+    tables in a log (UCX_PROTO_INFO): by each table's title, the peer ("<agent> inter-node
+    cfg#1") and what the table is for ("remote memory read by ucp_get* ...")."""
+    chosen: dict[str, set[str]] = {}
+    title: list[str] = []
+    rows = False
+    for line in log.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 1:
+            if rows:
+                title, rows = [], False
+            title.append(cells[0])
+        elif len(cells) == 3 and title and cells[0] != "Range":
+            rows = True
+            chosen.setdefault(" / ".join(title), set()).update(re.findall(r"\b([a-z_0-9]+/[A-Za-z_0-9.:-]+)", cells[2]))
+    return chosen
+
+
+def test_the_kv_cache_crosses_the_pod_network_over_ucxs_tcp(node: NodeCluster) -> None:
+    """The KV blocks went from pod to pod over UCX's TCP transport on the pods' network. UCX's
+    own tables on the decode pod: the prefill pod is an inter-node peer to it, and reading its
+    memory, and every message to it, goes over tcp on eth0, the pod's interface: not over shared
+    memory or cross-memory attach (posix and cma need the peer's PID namespace, which the pods do
+    not share), nor over loopback, which is each pod's own."""
+    ready = pd_pods_ready(node)
+    assert ready is not None
+    log = node.kubectl("logs", "-n", NS, ready["decode"]["metadata"]["name"], "-c", "vllm").stdout
+    tables = ucx_transports(log)
+    peer = {title: chosen for title, chosen in tables.items() if " inter-node " in title}
+    reads = {t for title, chosen in peer.items() if "remote memory read" in title for t in chosen}
+    assert reads == {"tcp/eth0"}, tables
+    assert set().union(*peer.values()) == {"tcp/eth0"}, peer

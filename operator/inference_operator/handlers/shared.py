@@ -17,7 +17,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from .. import config, credentials, policy, scale_to_zero, status_pods
-from ..builders.common import STATUS_ROLES, Owner, Role, inventory_selector, role_of
+from ..builders.common import ROUTER_SUFFIX, STATUS_ROLES, Owner, Role, inventory_selector, role_of
 from ..builders.storage import FETCH_CONTAINER
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
@@ -242,12 +242,23 @@ def by_label(api: KubeApi, kind: tuple[str, str], namespace: str, owner_name: st
 
 
 def workload_refs(isvc: JsonObject) -> dict[Role, Ref]:
-    """The predictor's Deployment, or its LeaderWorkerSet when it spans nodes (named after the
-    service, as the builders name it)."""
-    meta = isvc["metadata"]
-    nodes = ((((isvc.get("spec") or {}).get("resources") or {}).get("gpu")) or {}).get("nodes") or 1
-    kind = LEADER_WORKER_SET if int(nodes) > 1 else DEPLOYMENT
-    return {Role.PREDICTOR: Ref.to(kind, meta["namespace"], meta["name"])}
+    """Every workload the status counts, by role, named as the builders name them: the
+    predictor's Deployment (its LeaderWorkerSet when it spans nodes), or with
+    spec.disaggregation NAME-prefill's and NAME-decode's in its place; NAME-router's with
+    routing.router. All of them: a status made from fewer would drop `status.roles` and call
+    the service Ready on the one it read."""
+    meta, spec = isvc["metadata"], isvc.get("spec") or {}
+    namespace, name = meta["namespace"], meta["name"]
+    refs: dict[Role, Ref] = {}
+    if spec.get("disaggregation") is not None:
+        for role in (Role.PREFILL, Role.DECODE):
+            refs[role] = Ref.to(DEPLOYMENT, namespace, f"{name}-{role}")
+    else:
+        nodes = (((spec.get("resources") or {}).get("gpu")) or {}).get("nodes") or 1
+        refs[Role.PREDICTOR] = Ref.to(LEADER_WORKER_SET if int(nodes) > 1 else DEPLOYMENT, namespace, name)
+    if (spec.get("routing") or {}).get("router") is not None:
+        refs[Role.ROUTER] = Ref.to(DEPLOYMENT, namespace, name + ROUTER_SUFFIX)
+    return refs
 
 
 def announce_pods(isvc: kopf.Body | JsonObject, previous: JsonObject | None, new: JsonObject) -> None:
