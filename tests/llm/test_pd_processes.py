@@ -199,6 +199,10 @@ def test_the_decode_engine_receives_the_prompt_through_nixl_and_computes_none_of
     assert decode["nixl_transfers"] >= requests and decode["nixl_bytes"] > 0, decode
 
 
+# The tier deletes the prefill pod instead (the router then answers 503, or its Service refuses
+# while it has no prefill worker); here the process dies under the router (a refused connection,
+# 500). Both are the prefill gone: a 5xx at once, not a hang, and service again once it is back.
+@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
 @pytest.mark.timeout(1800)
 def test_with_the_prefill_killed_the_router_answers_5xx_and_serves_again_once_it_is_back(
     stack: Stack, tiny_llama: pathlib.Path, tmp_path: pathlib.Path

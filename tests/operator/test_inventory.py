@@ -285,7 +285,7 @@ def test_a_pods_event_reads_every_workload_the_status_counts_by_the_builders_nam
     isvc = {"metadata": {"name": NAME, "namespace": NS}, "spec": raw}
     counted = {
         Role(o["metadata"]["labels"][ROLE_LABEL]): (o["apiVersion"], o["kind"], o["metadata"]["name"])
-        for o in build_all(owner(raw))
+        for o in rendered(owner(raw))
         if o["kind"] in ("Deployment", "LeaderWorkerSet") and role_of(o, NAME) in STATUS_ROLES
     }
     refs = workload_refs(isvc)
