@@ -17,7 +17,7 @@ import pytest
 
 from testsupport.onnx_models import affine_model
 from testsupport.processes import free_port, running, serve_command
-from testsupport.waiting import DEFAULT_TIMEOUT_S
+from testsupport.waiting import DEFAULT_TIMEOUT_S, eventually
 
 pytestmark = pytest.mark.slow
 
@@ -161,9 +161,12 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_fds_stay_bounded(serv
                 if conn.recv(4096).startswith(b"HTTP/1.1 503"):
                     refused += 1
         # Once the half-open ones time out, a new client is served again.
-        deadline = time.monotonic() + 10 * HEADER_TIMEOUT
-        while server.open_fds() > baseline + 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(
+            lambda: server.open_fds() <= baseline + 2,
+            timeout=max(DEFAULT_TIMEOUT_S, 10 * HEADER_TIMEOUT),
+            interval=0.1,
+            what="the half-open connections closed by their header timeout",
+        )
         after = server.open_fds() - baseline
     finally:
         for conn in conns:
