@@ -210,15 +210,9 @@ def scan(buffer: bytes | bytearray, after_preface: bool, max_header_bytes: int) 
     `after_preface`) may go on before its first header block is whole, and that block's
     `:authority` (or `host`) once it is: then the count runs to the block's end. NotHttp2 for
     anything else than the preface and frames."""
-    offset = 0
-    if not after_preface:
-        if len(buffer) < len(PREFACE):
-            if not PREFACE.startswith(bytes(buffer)):
-                raise NotHttp2("not the HTTP/2 connection preface")
-            return 0, None
-        if bytes(buffer[: len(PREFACE)]) != PREFACE:
-            raise NotHttp2("not the HTTP/2 connection preface")
-        offset = len(PREFACE)
+    offset = 0 if after_preface else _preface_end(buffer)
+    if offset is None:
+        return 0, None
     block, start, end, in_block = b"", offset, offset, False
     while end + 9 <= len(buffer):
         try:
@@ -246,14 +240,31 @@ def scan(buffer: bytes | bytearray, after_preface: bool, max_header_bytes: int) 
         if len(block) > max_header_bytes:
             raise NotHttp2("a first header block larger than the metadata limit")
         if "END_HEADERS" in frame.flags:
-            try:
-                headers = hpack.Decoder(max_header_list_size=max_header_bytes).decode(block, raw=True)
-            except hpack.HPACKError as exc:
-                raise NotHttp2(f"a header block that does not decode: {exc}") from None
-            found = {bytes(name): bytes(value) for name, value in headers}
-            authority = found.get(b":authority") or found.get(b"host") or b""
-            return end, authority.decode("latin-1")[:255]
+            return end, _authority(block, max_header_bytes)
     return start, None
+
+
+def _preface_end(buffer: bytes | bytearray) -> int | None:
+    """Where the connection preface ends in `buffer`, None while it is not whole yet;
+    NotHttp2 when `buffer` does not begin with it."""
+    if len(buffer) < len(PREFACE):
+        if not PREFACE.startswith(bytes(buffer)):
+            raise NotHttp2("not the HTTP/2 connection preface")
+        return None
+    if bytes(buffer[: len(PREFACE)]) != PREFACE:
+        raise NotHttp2("not the HTTP/2 connection preface")
+    return len(PREFACE)
+
+
+def _authority(block: bytes, max_header_bytes: int) -> str:
+    """The `:authority` (or `host`) of a whole header block, "" when it names neither."""
+    try:
+        headers = hpack.Decoder(max_header_list_size=max_header_bytes).decode(block, raw=True)
+    except hpack.HPACKError as exc:
+        raise NotHttp2(f"a header block that does not decode: {exc}") from None
+    found = {bytes(name): bytes(value) for name, value in headers}
+    authority = found.get(b":authority") or found.get(b"host") or b""
+    return authority.decode("latin-1")[:255]
 
 
 @dataclass
