@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -424,21 +424,11 @@ class GrpcPort:
     ) -> bytes | _Failure:
         """The call to the replicas with the client's metadata and what is left of its deadline;
         their answer, status and trailing metadata as they came."""
-        channel = self.channels.get(upstream)
-        if channel is None:
-            channel = self.channels[upstream] = grpc.aio.insecure_channel(
-                upstream, options=self.limits.channel_options()
-            )
+        channel = self._channel(upstream)
         streams = self.streams.setdefault(upstream, asyncio.Semaphore(UPSTREAM_STREAMS))
-        metadata = [
-            (key, value)
-            for key, value in context.invocation_metadata() or ()
-            if key not in _NOT_PASSED and not key.startswith(":") and not key.startswith("grpc-")
-        ]
-        metadata.append(("x-forwarded-for", client))
+        metadata = _passed_metadata(context.invocation_metadata() or (), client)
         async with streams:  # a client's deadline or cancellation ends this wait too
-            remaining = context.time_remaining()
-            timeout = remaining if remaining is not None and remaining < 10**8 else None
+            timeout = _timeout(context.time_remaining())
             multi: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
             call = multi(raw, metadata=metadata, timeout=timeout, wait_for_ready=False)
             try:
@@ -464,6 +454,33 @@ class GrpcPort:
             )
         context.add_done_callback(cast(Any, release))  # the stubs type the callback as a class of theirs
         return answer
+
+    def _channel(self, upstream: str) -> grpc.aio.Channel:
+        """The channel to `upstream`, opened on its first call and kept."""
+        channel = self.channels.get(upstream)
+        if channel is None:
+            channel = self.channels[upstream] = grpc.aio.insecure_channel(
+                upstream, options=self.limits.channel_options()
+            )
+        return channel
+
+
+def _passed_metadata(invocation: Iterable[tuple[str, Any]], client: str) -> list[tuple[str, Any]]:
+    """The client's metadata the replicas may see (no pseudo-headers, no `grpc-` keys, none
+    of `_NOT_PASSED`), and the client's address as `x-forwarded-for`."""
+    metadata = [
+        (key, value)
+        for key, value in invocation
+        if key not in _NOT_PASSED and not key.startswith(":") and not key.startswith("grpc-")
+    ]
+    metadata.append(("x-forwarded-for", client))
+    return metadata
+
+
+def _timeout(remaining: float | None) -> float | None:
+    """What is left of the client's deadline as the upstream call's timeout; None when there
+    is none or it lies beyond 10**8 s."""
+    return remaining if remaining is not None and remaining < 10**8 else None
 
 
 @dataclass(frozen=True)
