@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -210,15 +210,9 @@ def scan(buffer: bytes | bytearray, after_preface: bool, max_header_bytes: int) 
     `after_preface`) may go on before its first header block is whole, and that block's
     `:authority` (or `host`) once it is: then the count runs to the block's end. NotHttp2 for
     anything else than the preface and frames."""
-    offset = 0
-    if not after_preface:
-        if len(buffer) < len(PREFACE):
-            if not PREFACE.startswith(bytes(buffer)):
-                raise NotHttp2("not the HTTP/2 connection preface")
-            return 0, None
-        if bytes(buffer[: len(PREFACE)]) != PREFACE:
-            raise NotHttp2("not the HTTP/2 connection preface")
-        offset = len(PREFACE)
+    offset = 0 if after_preface else _preface_end(buffer)
+    if offset is None:
+        return 0, None
     block, start, end, in_block = b"", offset, offset, False
     while end + 9 <= len(buffer):
         try:
@@ -246,14 +240,31 @@ def scan(buffer: bytes | bytearray, after_preface: bool, max_header_bytes: int) 
         if len(block) > max_header_bytes:
             raise NotHttp2("a first header block larger than the metadata limit")
         if "END_HEADERS" in frame.flags:
-            try:
-                headers = hpack.Decoder(max_header_list_size=max_header_bytes).decode(block, raw=True)
-            except hpack.HPACKError as exc:
-                raise NotHttp2(f"a header block that does not decode: {exc}") from None
-            found = {bytes(name): bytes(value) for name, value in headers}
-            authority = found.get(b":authority") or found.get(b"host") or b""
-            return end, authority.decode("latin-1")[:255]
+            return end, _authority(block, max_header_bytes)
     return start, None
+
+
+def _preface_end(buffer: bytes | bytearray) -> int | None:
+    """Where the connection preface ends in `buffer`, None while it is not whole yet;
+    NotHttp2 when `buffer` does not begin with it."""
+    if len(buffer) < len(PREFACE):
+        if not PREFACE.startswith(bytes(buffer)):
+            raise NotHttp2("not the HTTP/2 connection preface")
+        return None
+    if bytes(buffer[: len(PREFACE)]) != PREFACE:
+        raise NotHttp2("not the HTTP/2 connection preface")
+    return len(PREFACE)
+
+
+def _authority(block: bytes, max_header_bytes: int) -> str:
+    """The `:authority` (or `host`) of a whole header block, "" when it names neither."""
+    try:
+        headers = hpack.Decoder(max_header_list_size=max_header_bytes).decode(block, raw=True)
+    except hpack.HPACKError as exc:
+        raise NotHttp2(f"a header block that does not decode: {exc}") from None
+    found = {bytes(name): bytes(value) for name, value in headers}
+    authority = found.get(b":authority") or found.get(b"host") or b""
+    return authority.decode("latin-1")[:255]
 
 
 @dataclass
@@ -413,21 +424,11 @@ class GrpcPort:
     ) -> bytes | _Failure:
         """The call to the replicas with the client's metadata and what is left of its deadline;
         their answer, status and trailing metadata as they came."""
-        channel = self.channels.get(upstream)
-        if channel is None:
-            channel = self.channels[upstream] = grpc.aio.insecure_channel(
-                upstream, options=self.limits.channel_options()
-            )
+        channel = self._channel(upstream)
         streams = self.streams.setdefault(upstream, asyncio.Semaphore(UPSTREAM_STREAMS))
-        metadata = [
-            (key, value)
-            for key, value in context.invocation_metadata() or ()
-            if key not in _NOT_PASSED and not key.startswith(":") and not key.startswith("grpc-")
-        ]
-        metadata.append(("x-forwarded-for", client))
+        metadata = _passed_metadata(context.invocation_metadata() or (), client)
         async with streams:  # a client's deadline or cancellation ends this wait too
-            remaining = context.time_remaining()
-            timeout = remaining if remaining is not None and remaining < 10**8 else None
+            timeout = _timeout(context.time_remaining())
             multi: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method)
             call = multi(raw, metadata=metadata, timeout=timeout, wait_for_ready=False)
             try:
@@ -453,6 +454,33 @@ class GrpcPort:
             )
         context.add_done_callback(cast(Any, release))  # the stubs type the callback as a class of theirs
         return answer
+
+    def _channel(self, upstream: str) -> grpc.aio.Channel:
+        """The channel to `upstream`, opened on its first call and kept."""
+        channel = self.channels.get(upstream)
+        if channel is None:
+            channel = self.channels[upstream] = grpc.aio.insecure_channel(
+                upstream, options=self.limits.channel_options()
+            )
+        return channel
+
+
+def _passed_metadata(invocation: Iterable[tuple[str, Any]], client: str) -> list[tuple[str, Any]]:
+    """The client's metadata the replicas may see (no pseudo-headers, no `grpc-` keys, none
+    of `_NOT_PASSED`), and the client's address as `x-forwarded-for`."""
+    metadata = [
+        (key, value)
+        for key, value in invocation
+        if key not in _NOT_PASSED and not key.startswith(":") and not key.startswith("grpc-")
+    ]
+    metadata.append(("x-forwarded-for", client))
+    return metadata
+
+
+def _timeout(remaining: float | None) -> float | None:
+    """What is left of the client's deadline as the upstream call's timeout; None when there
+    is none or it lies beyond 10**8 s."""
+    return remaining if remaining is not None and remaining < 10**8 else None
 
 
 @dataclass(frozen=True)

@@ -218,12 +218,20 @@ def _address(private: Mapping[str, Any], port_name: str) -> str | None:
         return None
     ips = _cluster_ips(private)
     ip = spec.get("clusterIP") if spec.get("clusterIP") in ips else (ips[0] if ips else None)
-    ports = [p for p in spec.get("ports") or [] if isinstance(p, Mapping) and p.get("name") == port_name]
-    port = ports[0].get("port") if ports else None
-    if ip is None or isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+    port = _named_port(spec, port_name)
+    if ip is None or port is None:
         return None
     host = f"[{ip}]" if ":" in ip else ip
     return f"{host}:{port}"
+
+
+def _named_port(spec: Mapping[str, Any], port_name: str) -> int | None:
+    """The number of the first port of `spec` named `port_name`, when it is a valid port."""
+    ports = [p for p in spec.get("ports") or [] if isinstance(p, Mapping) and p.get("name") == port_name]
+    port = ports[0].get("port") if ports else None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    return port
 
 
 def _is_ip(value: str) -> bool:

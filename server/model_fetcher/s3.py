@@ -62,8 +62,7 @@ def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: L
     objects = _s3_objects_to_fetch(client, bucket, path)
     if not objects:
         raise FetchError(f"{uri}: no objects under this prefix")
-    sidecars = {rel.as_posix(): obj.key for obj, rel in objects if rel.name.endswith(".sha256")}
-    files = [(obj, rel) for obj, rel in objects if rel.as_posix() not in sidecars]
+    sidecars, files = _split_sidecars(objects)
     if limits.sha256 and len(files) != 1:
         raise FetchError(
             f"{uri}: --sha256 names one file, this prefix has {len(files)}; use <file>.sha256 objects", ExitCode.USAGE
@@ -74,12 +73,7 @@ def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: L
     with exclusive(dest_dir, limits):
         prune(dest_dir, keep)
         targets = [(obj, rel, contained(dest_dir, rel, "S3 key")) for obj, rel in files]  # all, before any write
-        expected: dict[PurePosixPath, tuple[Path, Expected]] = {}
-        for obj, rel, target in targets:
-            sha256 = limits.sha256
-            if (sidecar := sidecars.get(rel.as_posix() + ".sha256")) is not None:
-                sha256 = parse_digest(_s3_read(client, bucket, sidecar, limits), f"s3://{bucket}/{sidecar}")
-            expected[rel] = (target, Expected(size=obj.size, sha256=sha256, md5=hex_digest(obj.etag, 32)))
+        expected = _s3_expected(client, bucket, targets, sidecars, limits)
         in_place = verified_files(expected, limits)
         for obj, rel, target in targets:
             if rel not in in_place:
@@ -89,6 +83,33 @@ def fetch_s3(uri: str, dest_dir: Path, client: S3Client | None = None, limits: L
         fetched = [target for _, _, target in targets]
         prune(dest_dir, keep)
     return fetched
+
+
+def _split_sidecars(
+    objects: list[tuple[S3Object, PurePosixPath]],
+) -> tuple[dict[str, str], list[tuple[S3Object, PurePosixPath]]]:
+    """The `.sha256` objects (by relative path, to their key) apart from the files to fetch."""
+    sidecars = {rel.as_posix(): obj.key for obj, rel in objects if rel.name.endswith(".sha256")}
+    files = [(obj, rel) for obj, rel in objects if rel.as_posix() not in sidecars]
+    return sidecars, files
+
+
+def _s3_expected(
+    client: S3Client,
+    bucket: str,
+    targets: list[tuple[S3Object, PurePosixPath, Path]],
+    sidecars: dict[str, str],
+    limits: Limits,
+) -> dict[PurePosixPath, tuple[Path, Expected]]:
+    """Each file's target and what it must be: the object's size and ETag MD5, and the SHA-256
+    its `.sha256` object gives (else `--sha256`)."""
+    expected: dict[PurePosixPath, tuple[Path, Expected]] = {}
+    for obj, rel, target in targets:
+        sha256 = limits.sha256
+        if (sidecar := sidecars.get(rel.as_posix() + ".sha256")) is not None:
+            sha256 = parse_digest(_s3_read(client, bucket, sidecar, limits), f"s3://{bucket}/{sidecar}")
+        expected[rel] = (target, Expected(size=obj.size, sha256=sha256, md5=hex_digest(obj.etag, 32)))
+    return expected
 
 
 def _s3_objects_to_fetch(client: S3Client, bucket: str, path: str) -> list[tuple[S3Object, PurePosixPath]]:

@@ -403,17 +403,14 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         inputs = merge([r.inputs for r in batch])
         total = sum(rows)
-        padded = bucket_for(total, self._buckets) if self._buckets else total
-        if padded > total:
-            inputs = pad_rows(inputs, padded)
+        inputs, padded = self._padded(inputs, total)
         started = self._clock()
         traces = [r.trace for r in batch if r.trace is not None]
         started_ns = time.time_ns() if traces else 0
         try:
             outputs = await loop.run_in_executor(executor, runner, inputs)
             ended_ns = time.time_ns() if traces else 0
-            if padded > total:
-                outputs = {k: v[:total] if v.ndim and v.shape[0] == padded else v for k, v in outputs.items()}
+            outputs = _unpadded(outputs, total, padded)
             parts = split(outputs, rows) if len(batch) > 1 else [outputs]
         except ValueError as exc:
             if len(batch) == 1:
@@ -435,9 +432,15 @@ class DynamicBatcher:
             tracing.record_batch(traces, batch_id, total, padded, started_ns, ended_ns)
         self._observer.batch(sum(rows), elapsed)
         self._batch_seconds = 0.8 * self._batch_seconds + 0.2 * elapsed if self._batch_seconds else elapsed
-        for request, part in zip(batch, parts, strict=True):
-            if not request.future.done():
-                request.future.set_result(part)
+        _resolve(batch, parts)
+
+    def _padded(self, inputs: Tensors, total: int) -> tuple[Tensors, int]:
+        """`inputs` of `total` rows padded to the smallest bucket that holds them (as they are
+        without buckets), and the rows they now have."""
+        padded = bucket_for(total, self._buckets) if self._buckets else total
+        if padded > total:
+            inputs = pad_rows(inputs, padded)
+        return inputs, padded
 
     async def _execute_each(self, batch: list[_Request], runner: RunFn, executor: ThreadPoolExecutor) -> None:
         for request in batch:
@@ -458,6 +461,20 @@ class DynamicBatcher:
         """Seconds until the current queue has likely drained."""
         batches = len(self._queue) / max(1, self._max_batch)
         return min(30, max(1, math.ceil(batches * self._batch_seconds)))
+
+
+def _unpadded(outputs: Tensors, total: int, padded: int) -> Tensors:
+    """`outputs` of a batch padded to `padded` rows, cut back to its `total` real rows."""
+    if padded > total:
+        return {k: v[:total] if v.ndim and v.shape[0] == padded else v for k, v in outputs.items()}
+    return outputs
+
+
+def _resolve(batch: list[_Request], parts: list[Tensors]) -> None:
+    """Each request its part of the answer, unless it has already ended."""
+    for request, part in zip(batch, parts, strict=True):
+        if not request.future.done():
+            request.future.set_result(part)
 
 
 def _in_flight(lane: _Lane) -> int:

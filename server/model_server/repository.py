@@ -201,14 +201,7 @@ class ModelRepository:
                 v: f for v, f in self._failed.items() if v in available and available[v].fingerprint == f.fingerprint
             }
             while True:
-                candidates = {v: s for v, s in available.items() if v not in self._failed or v in self._served}
-                desired = select_versions(candidates, self.settings.max_versions)
-                pending = [
-                    s
-                    for v, s in desired.items()
-                    if v not in self._failed
-                    and (v not in self._served or self._served[v].source.fingerprint != s.fingerprint)
-                ]
+                desired, pending = self._plan(available)
                 if not pending:
                     break
                 source = max(pending, key=lambda s: version_key(s.version))
@@ -218,6 +211,18 @@ class ModelRepository:
                     self._remove(version)
             elif self._served:
                 log.warning("no loadable version under %s; still serving %s", self.root, sorted(self._served))
+
+    def _plan(self, available: dict[str, VersionSource]) -> tuple[dict[str, VersionSource], list[VersionSource]]:
+        """The versions to serve among `available` (a failed one only while it is still served),
+        and those of them to load: not failed, and not served or served from other files."""
+        candidates = {v: s for v, s in available.items() if v not in self._failed or v in self._served}
+        desired = select_versions(candidates, self.settings.max_versions)
+        pending = [
+            s
+            for v, s in desired.items()
+            if v not in self._failed and (v not in self._served or self._served[v].source.fingerprint != s.fingerprint)
+        ]
+        return desired, pending
 
     async def _load(self, source: VersionSource) -> None:
         version = source.version
