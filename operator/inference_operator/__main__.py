@@ -39,6 +39,16 @@ class RenderError(Exception):
     """A document that is not a renderable InferenceService; the message names where."""
 
 
+def _inference_service(doc: object, where: str) -> JsonObject:
+    """`doc` when it is a mapping of the InferenceService kind; otherwise RenderError."""
+    if not isinstance(doc, dict):
+        raise RenderError(f"{where}: expected a mapping, got {type(doc).__name__}")
+    if (doc.get("apiVersion"), doc.get("kind")) != INFERENCE_SERVICE.key:
+        expected = "/".join(INFERENCE_SERVICE.key)
+        raise RenderError(f"{where}: apiVersion/kind must be {expected}, got {doc.get('apiVersion')}/{doc.get('kind')}")
+    return doc
+
+
 def render_documents(
     documents: Iterable[object], source: str = "<stdin>", operator: config.OperatorConfig | None = None
 ) -> list[JsonObject]:
@@ -54,13 +64,7 @@ def render_documents(
         if doc is None:
             continue
         where = f"{source}: document {index}"
-        if not isinstance(doc, dict):
-            raise RenderError(f"{where}: expected a mapping, got {type(doc).__name__}")
-        if (doc.get("apiVersion"), doc.get("kind")) != INFERENCE_SERVICE.key:
-            expected = "/".join(INFERENCE_SERVICE.key)
-            raise RenderError(
-                f"{where}: apiVersion/kind must be {expected}, got {doc.get('apiVersion')}/{doc.get('kind')}"
-            )
+        doc = _inference_service(doc, where)
         meta = doc.get("metadata")
         if isinstance(meta, dict) and isinstance(meta.get("name"), str) and meta["name"]:
             where = f"{source}: InferenceService {meta['name']}"

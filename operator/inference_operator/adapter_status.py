@@ -123,6 +123,27 @@ def reduced(answer: JsonObject | None, wanted: Mapping[str, str]) -> JsonObject 
     }
 
 
+def _adapter_entry(name: str, states: dict[str, tuple[str, str]]) -> tuple[JsonObject, str]:
+    """One adapter's status.adapters entry from each replica's (state, reason), and why it
+    failed ("" unless it did)."""
+    ready = sum(1 for state, _ in states.values() if state == "Ready")
+    failures = [(pod, reason) for pod, (state, reason) in states.items() if state == "Failed"]
+    failure = ""
+    if failures:
+        overall = "Failed"
+        failure = f"{name} on {failures[0][0]}: {failures[0][1] or 'failed'}"
+    elif states and ready == len(states):
+        overall = "Ready"
+    else:
+        overall = "Loading"
+    replicas = [
+        {"pod": pod, "state": state, **({"reason": reason} if reason else {})}
+        for pod, (state, reason) in list(states.items())[:MAX_REPLICAS_LISTED]
+    ]
+    entry = {"name": name, "state": overall, "readyReplicas": ready, "replicas": len(states), "pods": replicas}
+    return entry, failure
+
+
 def summarize(
     spec: InferenceServiceSpec, answers: Mapping[str, JsonObject | None]
 ) -> tuple[list[JsonObject], bool, Reason, str]:
@@ -133,24 +154,12 @@ def summarize(
     entries: list[JsonObject] = []
     failed, loading = [], []
     for name in wanted:
-        states = {pod: states[name] for pod, states in per_pod.items()}
-        ready = sum(1 for state, _ in states.values() if state == "Ready")
-        failures = [(pod, reason) for pod, (state, reason) in states.items() if state == "Failed"]
-        if failures:
-            overall = "Failed"
-            failed.append(f"{name} on {failures[0][0]}: {failures[0][1] or 'failed'}")
-        elif states and ready == len(states):
-            overall = "Ready"
-        else:
-            overall = "Loading"
+        entry, failure = _adapter_entry(name, {pod: states[name] for pod, states in per_pod.items()})
+        if failure:
+            failed.append(failure)
+        elif entry["state"] == "Loading":
             loading.append(name)
-        replicas = [
-            {"pod": pod, "state": state, **({"reason": reason} if reason else {})}
-            for pod, (state, reason) in list(states.items())[:MAX_REPLICAS_LISTED]
-        ]
-        entries.append(
-            {"name": name, "state": overall, "readyReplicas": ready, "replicas": len(states), "pods": replicas}
-        )
+        entries.append(entry)
     if failed:
         return entries, False, Reason.ADAPTER_FAILED, _bounded("; ".join(failed))
     if not per_pod and wanted:

@@ -99,6 +99,15 @@ def tolerated(desired: JsonObject, owner_uid: str) -> Callable[[Path], bool]:
     return keep
 
 
+def _is_our_apply(entry: JsonObject, manager: str) -> bool:
+    return bool(entry.get("manager") == manager and entry.get("operation") == APPLY and not entry.get("subresource"))
+
+
+def _left_alone(entry: JsonObject) -> bool:
+    """Entries drift never takes over: the status subresource's, and any not in FieldsV1."""
+    return bool(entry.get("subresource") == "status" or entry.get("fieldsType", "FieldsV1") != "FieldsV1")
+
+
 def drift(live: JsonObject, desired: JsonObject, owner_uid: str, manager: str) -> Drift | None:
     """Foreign ownership on `live` that the operator must take over, or None.
 
@@ -112,10 +121,10 @@ def drift(live: JsonObject, desired: JsonObject, owner_uid: str, manager: str) -
     remaining: list[JsonObject] = []
     ours: JsonObject | None = None
     for entry in entries:
-        if entry.get("manager") == manager and entry.get("operation") == APPLY and not entry.get("subresource"):
+        if _is_our_apply(entry, manager):
             ours = entry
             continue
-        if entry.get("subresource") == "status" or entry.get("fieldsType", "FieldsV1") != "FieldsV1":
+        if _left_alone(entry):
             remaining.append(entry)
             continue
         kept, moved = split(entry.get("fieldsV1") or {}, keep)

@@ -36,6 +36,13 @@ class PolicyViolation(Exception):
 def violations(spec: InferenceServiceSpec, policy: PodPolicy, namespace: str = "") -> list[str]:
     """Every field of `spec` the policy refuses, as `field value: why` (empty when allowed).
     `namespace` is the InferenceService's: that of a parentRef that names none."""
+    found = _scheduling_violations(spec, policy) + _image_violations(spec, policy) + _group_violations(spec, policy)
+    if spec.routing.http_route is not None:
+        found += _route_violations(spec.routing.http_route, policy, namespace)
+    return found
+
+
+def _scheduling_violations(spec: InferenceServiceSpec, policy: PodPolicy) -> list[str]:
     found = []
     scheduling = spec.scheduling
     account = scheduling.service_account_name
@@ -48,19 +55,27 @@ def violations(spec: InferenceServiceSpec, policy: PodPolicy, namespace: str = "
         found.append(f"scheduling.priorityClassName {priority!r} is not allowed (allowed: {allowed})")
     if scheduling.automount_service_account_token and not policy.allow_token:
         found.append("scheduling.automountServiceAccountToken true is not allowed on this cluster")
+    return found
+
+
+def _image_violations(spec: InferenceServiceSpec, policy: PodPolicy) -> list[str]:
+    found = []
     images = [("runtime.image", spec.runtime.image)]
     if spec.model.uri.startswith("oci://"):
         images.append(("model.uri", spec.model.uri.removeprefix("oci://")))
     for field, image in images:
         if image and not policy.image_allowed(image):
             found.append(f"{field} {image!r} is not from an allowed registry ({_list(policy.image_registries)})")
+    return found
+
+
+def _group_violations(spec: InferenceServiceSpec, policy: PodPolicy) -> list[str]:
+    found = []
     for field, resources in _resources(spec):
         groups = resources.gpu.supplemental_groups or []
         if refused := [g for g in groups if not policy.group_allowed(g)]:
             allowed = _list(tuple(_range_text(r) for r in policy.supplemental_groups))
             found.append(f"{field}.gpu.supplementalGroups {refused[0]} is not allowed (allowed: {allowed}; never 0)")
-    if spec.routing.http_route is not None:
-        found += _route_violations(spec.routing.http_route, policy, namespace)
     return found
 
 

@@ -254,6 +254,16 @@ class NetworkPolicySettings:
         return cls(enabled=raw == "true", operator_namespace=namespace, prometheus_namespaces=selector)
 
 
+def _well_formed(labels: object, expressions: object) -> bool:
+    """Whether matchLabels maps strings to strings and each matchExpressions entry has a key and
+    a known operator."""
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        return False
+    return isinstance(expressions, list) and all(
+        isinstance(e, dict) and isinstance(e.get("key"), str) and e.get("operator") in _OPERATORS for e in expressions
+    )
+
+
 def parse_selector(text: str, name: str) -> dict[str, object]:
     """A Kubernetes LabelSelector from JSON, its shape checked (the API server checks the rest);
     empty parts left out. One that selects every namespace is refused: say so with a list."""
@@ -269,11 +279,7 @@ def parse_selector(text: str, name: str) -> dict[str, object]:
         raise SettingsError(f"{name}: an empty selector would let every namespace in")
     labels = selector.get("matchLabels", {})
     expressions = selector.get("matchExpressions", [])
-    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise SettingsError(problem)
-    if not isinstance(expressions, list) or not all(
-        isinstance(e, dict) and isinstance(e.get("key"), str) and e.get("operator") in _OPERATORS for e in expressions
-    ):
+    if not _well_formed(labels, expressions):
         raise SettingsError(problem)
     return selector
 

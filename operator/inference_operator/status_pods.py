@@ -184,10 +184,8 @@ def _terminated_problem(pod: JsonObject, status: JsonObject, terminated: JsonObj
     )
 
 
-def _container_problem(pod: JsonObject, status: JsonObject, roles: Roles) -> Problem | None:
-    name = status.get("name", "")
-    state = status.get("state") or {}
-    waiting = state.get("waiting") or {}
+def _waiting_problem(name: str, waiting: JsonObject) -> Problem | None:
+    """A container that cannot start at all: its image cannot be pulled, or its config is wrong."""
     reason = waiting.get("reason")
     if reason in IMAGE_PULL_WAITING:
         detail = redact(str(waiting.get("message") or ""))
@@ -197,6 +195,16 @@ def _container_problem(pod: JsonObject, status: JsonObject, roles: Roles) -> Pro
         return Problem(
             Reason.CREATE_CONTAINER_CONFIG_ERROR, f"container {name}: {reason}" + (f": {detail}" if detail else "")
         )
+    return None
+
+
+def _container_problem(pod: JsonObject, status: JsonObject, roles: Roles) -> Problem | None:
+    name = status.get("name", "")
+    state = status.get("state") or {}
+    waiting = state.get("waiting") or {}
+    reason = waiting.get("reason")
+    if (problem := _waiting_problem(name, waiting)) is not None:
+        return problem
     if _failure(state.get("terminated")):
         return _terminated_problem(pod, status, state["terminated"], roles)
     last: JsonObject = (status.get("lastState") or {}).get("terminated") or {}

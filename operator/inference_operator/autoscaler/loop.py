@@ -211,13 +211,7 @@ class Autoscaler:
                 scaling, spec.model.name or self.name, ready, spec.runtime.engine
             )
         self._was_at_zero = self._was_at_zero or at_zero
-        if at_zero:
-            decision = Decision(0, "scaled to zero: a request wakes it (the activator holds it meanwhile)", 0)
-        else:
-            decision = decide(observation, current, policy, self.history)
-            self.history = self.history.remember(observation.at, decision.recommendation, policy.horizon_seconds)
-            if scaling.scale_to_zero is not None and decision.replicas <= current:
-                decision = await self._idle(body, spec, current) or decision
+        decision = await self._decision(body, spec, observation, current, policy, at_zero)
 
         previous = status.get("autoscaler") or {}
         last_scale_time = previous.get("lastScaleTime")
@@ -264,6 +258,27 @@ class Autoscaler:
         except ApiException as exc:
             self.logger.warning("autoscaler status not written: API error %s", exc.status)
         return max(0.0, scaling.interval_seconds - (self.clock() - started))
+
+    async def _decision(
+        self,
+        body: JsonObject,
+        spec: InferenceServiceSpec,
+        observation: Observation,
+        current: int,
+        policy: Policy,
+        at_zero: bool,
+    ) -> Decision:
+        """Zero while at zero; otherwise the policy's, remembered in the history, or the
+        scale-to-zero rule's when that goes lower."""
+        scaling = spec.autoscaling
+        assert scaling is not None
+        if at_zero:
+            return Decision(0, "scaled to zero: a request wakes it (the activator holds it meanwhile)", 0)
+        decision = decide(observation, current, policy, self.history)
+        self.history = self.history.remember(observation.at, decision.recommendation, policy.horizon_seconds)
+        if scaling.scale_to_zero is not None and decision.replicas <= current:
+            decision = await self._idle(body, spec, current) or decision
+        return decision
 
     async def _idle(self, body: JsonObject, spec: InferenceServiceSpec, current: int) -> Decision | None:
         """The scale-to-zero rule: zero once nothing was asked for `idleSeconds` (policy.idle_decision)."""

@@ -219,21 +219,36 @@ def decide(observation: Observation, current_replicas: int, policy: Policy, hist
     result, limited = _rate_limited(stabilized, current, policy, history, now, fast)
 
     seen = f"{policy.metric}={_fmt(value)} target={_fmt(policy.target)}"
+    reason = _reason(seen, why, current, result, recommendation, limited, fast, window, ceiling, policy)
+    return Decision(result, reason + bounds, recommendation, fast)
+
+
+def _reason(
+    seen: str,
+    why: str,
+    current: int,
+    result: int,
+    recommendation: int,
+    limited: str,
+    fast: bool,
+    window: float,
+    ceiling: int,
+    policy: Policy,
+) -> str:
+    """What a decision says: the move made, or why none was."""
     if result > current:
         path = " [fast path]" if fast else ""
-        reason = f"{seen}: {why}, scale up {current} -> {result} (wants {recommendation}{limited}){path}"
-    elif result < current:
-        reason = f"{seen}: {why}, scale down {current} -> {result} (wants {recommendation}{limited})"
-    elif recommendation < current:
-        reason = (
+        return f"{seen}: {why}, scale up {current} -> {result} (wants {recommendation}{limited}){path}"
+    if result < current:
+        return f"{seen}: {why}, scale down {current} -> {result} (wants {recommendation}{limited})"
+    if recommendation < current:
+        return (
             f"{seen}: {why}, wants {recommendation}; holding {current} "
             f"(scale-down stabilization: highest in the last {window:g}s is {ceiling})"
         )
-    elif recommendation == current and why == "above target" and current == policy.max_replicas:
-        reason = f"{seen}: above target, already at maxReplicas {current}"
-    else:
-        reason = f"{seen}: {why}; holding {current}"
-    return Decision(result, reason + bounds, recommendation, fast)
+    if recommendation == current and why == "above target" and current == policy.max_replicas:
+        return f"{seen}: above target, already at maxReplicas {current}"
+    return f"{seen}: {why}; holding {current}"
 
 
 def _unusable(observation: Observation, policy: Policy) -> str:

@@ -82,6 +82,24 @@ def _report_api_error(
     kopf.warn(body, reason=problem.reason, message=problem.message)
 
 
+# What reconcile raises for a problem retrying alone does not fix.
+_REFUSALS = (policy.PolicyViolation, credentials.CredentialsRefused, SpecError, ForeignObjectError, ApplyRefused)
+
+
+def _refusal(exc: Exception) -> tuple[Problem, float | None]:
+    """The problem one of `_REFUSALS` records, and when to look again (None: on a spec change)."""
+    if isinstance(exc, policy.PolicyViolation):
+        return Problem(exc.reason, str(exc)), None
+    if isinstance(exc, credentials.CredentialsRefused):
+        # Cleared by labelling a Secret or configuring the operator, not only by a spec change.
+        return Problem(exc.reason, exc.message), float(credentials.RECHECK_SECONDS)
+    if isinstance(exc, SpecError):
+        return Problem(Reason.INVALID_SPEC, str(exc)), None
+    if isinstance(exc, ForeignObjectError):
+        return Problem(Reason.RESOURCE_CONFLICT, str(exc)), None
+    return Problem(Reason.APPLY_FAILED, f"the API server refused the desired objects, none was changed: {exc}"), None
+
+
 def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger: kopf.Logger) -> None:
     name, namespace, generation = meta["name"], meta["namespace"], meta.get("generation")
     ref = isvc_ref(namespace, name)
@@ -89,17 +107,8 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
     recheck: float | None = None
     try:
         owner, result = reconcile_checked(memo, body)
-    except policy.PolicyViolation as exc:
-        problem = Problem(exc.reason, str(exc))
-    except credentials.CredentialsRefused as exc:
-        # Cleared by labelling a Secret or configuring the operator, not only by a spec change.
-        problem, recheck = Problem(exc.reason, exc.message), float(credentials.RECHECK_SECONDS)
-    except SpecError as exc:
-        problem = Problem(Reason.INVALID_SPEC, str(exc))
-    except ForeignObjectError as exc:
-        problem = Problem(Reason.RESOURCE_CONFLICT, str(exc))
-    except ApplyRefused as exc:
-        problem = Problem(Reason.APPLY_FAILED, f"the API server refused the desired objects, none was changed: {exc}")
+    except _REFUSALS as exc:
+        problem, recheck = _refusal(exc)
     if problem is not None:
         _give_up(memo, body, ref, generation, problem, logger, recheck)
     seen: SeenWorkloads | None = memo.get("seen_workloads")

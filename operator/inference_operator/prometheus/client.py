@@ -40,12 +40,9 @@ class Sample:
     timestamp: float
 
 
-def parse_response(payload: JsonObject) -> Sample | None:
-    """The answer of an instant query; None for an empty vector (no matching series).
-
-    The autoscaler's queries aggregate to one series; if a query ever yields more, the
-    largest value is taken, which errs towards scaling up rather than down.
-    """
+def _result(payload: JsonObject) -> tuple[str, Any]:
+    """The result type (scalar or vector) and result of a successful answer; otherwise
+    PrometheusError, naming only what Prometheus documents."""
     if not isinstance(payload, dict):
         raise PrometheusError("not a Prometheus API answer")
     if payload.get("status") != "success":
@@ -57,6 +54,16 @@ def parse_response(payload: JsonObject) -> Sample | None:
     if kind not in ("scalar", "vector"):
         named = repr(kind) if kind in ("matrix", "string") else "none"
         raise PrometheusError(f"unexpected result type {named}: not a scalar or vector")
+    return kind, result
+
+
+def parse_response(payload: JsonObject) -> Sample | None:
+    """The answer of an instant query; None for an empty vector (no matching series).
+
+    The autoscaler's queries aggregate to one series; if a query ever yields more, the
+    largest value is taken, which errs towards scaling up rather than down.
+    """
+    kind, result = _result(payload)
     try:
         points: list[Any] = [result] if kind == "scalar" else [item["value"] for item in result or []]
         # Prometheus spells NaN/+Inf the way float() reads them.
