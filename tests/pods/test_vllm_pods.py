@@ -1338,8 +1338,9 @@ def test_the_kv_cache_crosses_the_pod_network_over_ucxs_tcp(node: NodeCluster) -
     memory, and every message to it, goes over tcp on eth0, the pod's interface: not over shared
     memory or cross-memory attach (posix and cma need the peer's PID namespace, which the pods do
     not share), nor over loopback, which is each pod's own."""
-    ready = pd_pods_ready(node)
-    assert ready is not None
+    # The test before replaced the prefill pod: the router turns Ready again only once it has
+    # found the new one (its readiness probe runs every 5 s).
+    ready = wait_for(lambda: pd_pods_ready(node), timeout=600, interval=0.5, message="the P/D pods Ready")
     log = node.kubectl("logs", "-n", NS, ready["decode"]["metadata"]["name"], "-c", "vllm").stdout
     tables = ucx_transports(log)
     peer = {title: chosen for title, chosen in tables.items() if " inter-node " in title}
