@@ -68,6 +68,9 @@ class Toy:
     def multi_node_args(self, nodes: int, rank: str, master_address: str, master_port: int) -> list[str]:
         raise ValueError("one node")
 
+    def ranks(self, service: ServiceValues) -> int:
+        return 1
+
     def pod(self, service: ServiceValues, shared: SharedPod) -> EnginePod:
         container: JsonObject = {
             "name": self.container,

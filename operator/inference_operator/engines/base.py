@@ -330,6 +330,10 @@ class ServingEngine(Protocol):
     # Where its serving container compiles.
     @property
     def compile_cache(self) -> CacheSite: ...
+    def ranks(self, service: ServiceValues) -> int:
+        """The ranks one pod's engine runs the model on (a KV connector opens a port per rank)."""
+        ...
+
     def pod(self, service: ServiceValues, shared: SharedPod) -> EnginePod:
         """Its serving container (named `container`: command, arguments, ports, probes, stop) and
         its sidecars, for `service`."""

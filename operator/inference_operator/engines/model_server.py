@@ -116,6 +116,10 @@ class ModelServer:
     def multi_node_args(self, nodes: int, rank: str, master_address: str, master_port: int) -> list[str]:
         raise ValueError("the model server runs on one node")
 
+    def ranks(self, service: ServiceValues) -> int:
+        """One server process runs the model on all of the pod's GPUs."""
+        return 1
+
     def pod(self, service: ServiceValues, shared: SharedPod) -> EnginePod:
         return EnginePod(serving_container(service, shared))
 

@@ -252,6 +252,10 @@ class Vllm:
             f"--master-port={master_port}",
         ]
 
+    def ranks(self, service: ServiceValues) -> int:
+        """Tensor parallel over the pod's GPUs: a rank per GPU (one on a pod without any)."""
+        return tensor_parallel_size(service)
+
     def pod(self, service: ServiceValues, shared: SharedPod) -> EnginePod:
         return EnginePod(vllm_container(service, shared), [front_container(service, shared)])
 
