@@ -16,6 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, reject, settings
 
 from inference_operator.builders import Owner
+from inference_operator.builders.deployment import service_values
 from inference_operator.builders.storage import MODEL_DIR
 from inference_operator.engines.model_server import (
     DRAIN_TIMEOUT_SECONDS,
@@ -86,7 +87,7 @@ def parse(args: list[str]) -> argparse.Namespace:
 
 
 def assert_server_reads_what_the_operator_means(owner: Owner) -> ServerSettings:
-    args = server_args(owner, MODEL_DIR)
+    args = server_args(service_values(owner), MODEL_DIR)
     parsed = parse(args)
     expected = intended(owner)
     given_fields = {field for field in vars(parsed) if field != "command"}
@@ -124,7 +125,7 @@ def test_generated_specs_command_line_parses_to_the_intended_settings(spec: dict
 def test_the_users_extra_args_reach_the_server() -> None:
     spec = yaml.safe_load((ROOT / "examples" / "resnet-2gpu.yaml").read_text())["spec"]
     spec["runtime"]["args"] = ["--batch-workers", "2", "--no-warmup"]
-    server = settings_from_args(parse(server_args(owner_for(spec), MODEL_DIR)))
+    server = settings_from_args(parse(server_args(service_values(owner_for(spec)), MODEL_DIR)))
     assert (server.batch_workers, server.warmup) == (2, False)
 
 
@@ -134,7 +135,9 @@ def test_the_user_may_not_override_a_flag_the_operator_writes() -> None:
     for path in EXAMPLES:
         cr = yaml.safe_load(path.read_text())
         written = {
-            arg for arg in server_args(owner_for(cr["spec"], cr["metadata"]["name"]), MODEL_DIR) if arg.startswith("--")
+            arg
+            for arg in server_args(service_values(owner_for(cr["spec"], cr["metadata"]["name"])), MODEL_DIR)
+            if arg.startswith("--")
         }
         assert written <= set(OPERATOR_FLAGS), sorted(written - set(OPERATOR_FLAGS))
 

@@ -23,6 +23,9 @@ from inference_operator.builders.disaggregation import (
     NIXL_SIDE_CHANNEL_PORT,
     UCX_TCP_PORTS,
 )
+from inference_operator.engines import ENGINES
+from inference_operator.engines.base import Engine, ServiceValues
+from inference_operator.engines.vllm import Vllm
 from inference_operator.models import SpecError, parse_spec
 from inference_operator.settings import NetworkPolicySettings
 from testsupport.crd import ROOT, apply_defaults, crd_schema, validate_custom_resource
@@ -184,6 +187,28 @@ def test_gpu_pods_default_to_amds_moriio_and_nixl_on_gpus_keeps_the_cache_on_the
     )
     nixl = objects(spec({"kvTransfer": {"connector": "nixl"}}, gpus=2))
     assert kv_config(nixl["Deployment", PREFILL]) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+
+
+def test_moriio_opens_a_notify_port_per_rank_of_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connector's notify ports are counted by the engine (`ServingEngine.ranks`), the fact its
+    tensor parallel size is made of, not by a formula of the connector's own."""
+
+    def notify_ports(built: dict[tuple[str, str], dict[str, Any]]) -> int:
+        notify = built["NetworkPolicy", PREFILL]["spec"]["ingress"][0]["ports"][1]
+        assert notify["port"] == MORIIO_NOTIFY_PORT
+        return int(notify.get("endPort", notify["port"])) - MORIIO_NOTIFY_PORT + 1
+
+    raw = spec({"kvTransfer": {"connector": "moriio"}}, gpus=3)
+    built = objects(raw, network=True)
+    (tensor_parallel,) = [a for a in vllm(built["Deployment", PREFILL])["args"] if a.startswith("--tensor-parallel")]
+    assert tensor_parallel == "--tensor-parallel-size=3" and notify_ports(built) == 3
+
+    class TwoRanksPerGpu(Vllm):
+        def ranks(self, service: ServiceValues) -> int:
+            return 2 * service.gpus
+
+    monkeypatch.setitem(ENGINES, Engine.VLLM, TwoRanksPerGpu())
+    assert notify_ports(objects(raw, network=True)) == 6
 
 
 def test_mooncake_gets_its_bootstrap_port() -> None:

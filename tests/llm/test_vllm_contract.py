@@ -16,7 +16,7 @@ import yaml
 
 from inference_operator.builders import Owner
 from inference_operator.builders.common import engine_port
-from inference_operator.builders.deployment import shared_pod
+from inference_operator.builders.deployment import service_values, shared_pod
 from inference_operator.builders.storage import MODEL_DIR
 from inference_operator.engines.vllm import DRAIN_SECONDS, vllm_args
 from inference_operator.models import SpecError, parse_spec
@@ -52,7 +52,7 @@ def test_vllm_reads_the_operators_command_line_and_the_refused_args_would_overri
     python = vllm_python()
     doc = yaml.safe_load(EXAMPLE.read_text())
     owner = Owner(name=doc["metadata"]["name"], namespace="ml", uid="u", spec=parse_spec(doc["spec"]))
-    command_line = vllm_args(owner, shared_pod(owner))
+    command_line = vllm_args(service_values(owner), shared_pod(owner))
     result = subprocess.run(
         [str(python), "-c", PARSE],
         input=json.dumps([command_line, OVERRIDING, OPERATOR_DESTS]),

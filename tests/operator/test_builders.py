@@ -8,6 +8,7 @@ import pytest
 from inference_operator.builders import Owner, build_all, build_deployment, build_service
 from inference_operator.builders.common import selector_string
 from inference_operator.builders.compile_cache import MIGRAPHX, MIOPEN
+from inference_operator.builders.deployment import service_values
 from inference_operator.builders.storage import MODEL_DIR
 from inference_operator.engines.model_server import server_args
 from inference_operator.models import OPERATOR_ENV, OPERATOR_FLAGS, SpecError, parse_spec
@@ -290,7 +291,7 @@ def test_every_flag_and_variable_the_builder_sets_is_protected() -> None:
         "autoscaling": {"maxReplicas": 2, "target": 50},
     }
     owner = Owner(name="resnet", namespace="ml", uid=UID, spec=parse_spec(spec))
-    flags = {arg.split("=")[0] for arg in server_args(owner, MODEL_DIR) if arg.startswith("--")}
+    flags = {arg.split("=")[0] for arg in server_args(service_values(owner), MODEL_DIR) if arg.startswith("--")}
     assert flags and flags <= set(OPERATOR_FLAGS), flags - set(OPERATOR_FLAGS)
     container = build_deployment(owner)["spec"]["template"]["spec"]["containers"][0]
     # The compile caches' places are defaults the author may move: theirs replaces ours.

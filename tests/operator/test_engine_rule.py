@@ -171,6 +171,39 @@ def test_no_module_outside_the_engines_names_an_engine(path: Path) -> None:
     assert engine_identifiers_in(source, engine_words()) == []
 
 
+def imported(path: Path, root: Path = PACKAGE) -> set[str]:
+    """The modules `path` (of the package at `root`) imports, relative imports resolved, those
+    under `if TYPE_CHECKING:` included."""
+    package = ["inference_operator", *path.parent.relative_to(root).parts]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            parts = [*package[: len(package) - node.level + 1], *([node.module] if node.module else [])]
+            base = ".".join(parts) if node.level else node.module or ""
+            found |= {base, *(f"{base}.{alias.name}" for alias in node.names)}
+    return found
+
+
+def test_the_import_scan_resolves_relative_and_type_checking_imports(tmp_path: Path) -> None:
+    (tmp_path / "engines").mkdir()
+    module = tmp_path / "engines" / "e.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..builders.common import Owner\n")
+    assert "inference_operator.builders.common.Owner" in imported(module, tmp_path)
+    module.write_text("from .. import models\nfrom .base import Engine\n")
+    assert {"inference_operator.models", "inference_operator.engines.base"} <= imported(module, tmp_path)
+
+
+@pytest.mark.parametrize("path", sorted(ENGINES_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_the_engines_import_neither_the_builders_nor_the_spec_model(path: Path) -> None:
+    """The engines are the bottom of the pure core: the builders hand them values (`ServiceValues`,
+    `SharedPod`). An import for the type checker alone escapes the import contracts, yet it ties
+    an engine to the layers above it: the spec's types, the builders' Owner."""
+    above = ("inference_operator.builders", "inference_operator.models")
+    assert sorted(m for m in imported(path) if m.startswith(above)) == []
+
+
 def test_no_module_outside_the_engines_is_named_after_an_engine() -> None:
     """An engine's pod part is its object's (`ServingEngine.pod`), not a builder of its own."""
     engines = engine_words()

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from inference_operator.builders import Owner, build_all
-from inference_operator.builders.deployment import shared_pod
+from inference_operator.builders.deployment import service_values, shared_pod
 from inference_operator.cel_rules import evaluate_rule
 from inference_operator.engines.base import Quantile
 from inference_operator.models import DEFAULT_ENGINE, ENGINES, Engine, Metric, parse_spec
@@ -96,7 +96,7 @@ def test_each_engines_pod_carries_what_its_entry_says(engine: Engine, grpc: bool
     assert pod["containers"][0]["name"] == ENGINES[engine].container
     assert pod["terminationGracePeriodSeconds"] == serving.termination_grace_seconds
     sidecars = [c["name"] for c in pod.get("initContainers", []) if c.get("restartPolicy") == "Always"]
-    assert sidecars == [c["name"] for c in serving.pod(owner, shared_pod(owner)).sidecars]
+    assert sidecars == [c["name"] for c in serving.pod(service_values(owner), shared_pod(owner)).sidecars]
     metrics = next(p for p in service["spec"]["ports"] if p["name"] == "metrics")
     assert metrics["targetPort"] == ("http" if traits.metrics_on_api_port else "metrics")
     scraped = int(deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"])

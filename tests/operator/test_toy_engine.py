@@ -26,6 +26,7 @@ from inference_operator.engines.base import (
     ReservedArgs,
     ScalingName,
     Series,
+    ServiceValues,
     SharedPod,
     Traits,
 )
@@ -67,13 +68,15 @@ class Toy:
     def multi_node_args(self, nodes: int, rank: str, master_address: str, master_port: int) -> list[str]:
         raise ValueError("one node")
 
-    def pod(self, owner: Owner, shared: SharedPod) -> EnginePod:
-        runtime = owner.spec.runtime
+    def ranks(self, service: ServiceValues) -> int:
+        return 1
+
+    def pod(self, service: ServiceValues, shared: SharedPod) -> EnginePod:
         container: JsonObject = {
             "name": self.container,
-            "image": owner.image,
-            "args": [f"--model={shared.model_dir}", f"--port={runtime.port}"],
-            "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
+            "image": service.image,
+            "args": [f"--model={shared.model_dir}", f"--port={service.port}"],
+            "ports": [{"name": "http", "containerPort": service.port, "protocol": "TCP"}],
             "env": shared.env + shared.compile_cache.env,
             "resources": shared.resources,
             "volumeMounts": shared.mounts + shared.compile_cache.mounts,

@@ -2,12 +2,12 @@
 
 The pod every engine shares is built here (model storage, GPUs, security, adapters, labels); the
 engine adds its part (`ServingEngine.pod`: its serving container and sidecars, from the
-`SharedPod` values built here) and says how long the pod may take to stop.
+`ServiceValues` and `SharedPod` values built here) and says how long the pod may take to stop.
 """
 
 from __future__ import annotations
 
-from ..engines.base import SharedPod
+from ..engines.base import ServiceValues, SharedPod, TraceExport
 from ..jsontypes import JsonObject
 from ..kinds import DEPLOYMENT
 from ..models import AutoscalingMode, InferenceServiceSpec
@@ -66,6 +66,34 @@ def pod_labels(owner: Owner) -> dict[str, str]:
     return labels
 
 
+def service_values(owner: Owner) -> ServiceValues:
+    """The service as its engine reads it: the spec's fields and the operator's images, as values."""
+    spec = owner.spec
+    runtime, batching, tracing = spec.runtime, spec.runtime.batching, spec.runtime.tracing
+    return ServiceValues(
+        model_name=owner.model_name,
+        model_format=spec.model.format.value,
+        model_version=spec.model.version,
+        image=owner.image,
+        image_pull_policy=runtime.image_pull_policy,
+        sidecar_image=owner.fetcher_image,
+        port=runtime.port,
+        metrics_port=runtime.metrics_port,
+        grpc_port=runtime.grpc_port,
+        execution_providers=tuple(p.value for p in runtime.execution_providers),
+        max_batch_size=batching.max_batch_size,
+        max_delay_ms=batching.max_delay_ms,
+        max_queue=batching.max_queue,
+        max_model_len=runtime.max_model_len,
+        startup_timeout_seconds=runtime.startup_timeout_seconds,
+        tracing=None if tracing is None else TraceExport(tracing.endpoint, tracing.sampling_ratio),
+        args=tuple(runtime.args),
+        cpu=spec.resources.cpu,
+        gpus=spec.resources.gpu.count,
+        behind_router=spec.routing.router is not None,
+    )
+
+
 def shared_pod(owner: Owner, gpus: GpuWiring | None = None, model_mount: JsonObject | None = None) -> SharedPod:
     """What the engine's part of the pod is made from: the same for every engine. `gpus` and
     `model_mount` when the caller has them already."""
@@ -101,7 +129,7 @@ def build_deployment(owner: Owner) -> JsonObject:
         volumes += adapter_volumes(owner)
         init_containers = [*init_containers, adapters_sidecar(owner, fetch_env, _container_security())]
     engine = engine_of(owner)
-    part = engine.pod(owner, shared_pod(owner, gpus, storage.mount))
+    part = engine.pod(service_values(owner), shared_pod(owner, gpus, storage.mount))
     container = part.container
     init_containers = [*init_containers, *part.sidecars]
     container["securityContext"] = _container_security()

@@ -39,8 +39,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..engines.base import ServiceValues
 from ..jsontypes import JsonObject
 from ..kinds import NETWORK_POLICY, POD_DISRUPTION_BUDGET
 from ..models import (
@@ -64,7 +66,7 @@ from .common import (
     selector_labels,
     serving_labels,
 )
-from .deployment import build_deployment
+from .deployment import build_deployment, service_values
 from .gpu import build_resource_claim_template, needs_claim_template, plan
 from .hpa import PROMQL_ANNOTATION, build_hpa
 from .keda import build_scaled_object, build_trigger_authentication
@@ -162,21 +164,21 @@ def nixl_env(cpu: str, gpus: int) -> list[JsonObject]:
     return env + (cpu_threads_env(cpu) if gpus == 0 else [])
 
 
-def _nixl(role: Role, owner: Owner, gpus: int) -> RoleConnector:
-    config = nixl_config(role, gpus)
-    env = nixl_env(owner.spec.resources.cpu, gpus)
+def _nixl(role: Role, service: ServiceValues, ranks: int) -> RoleConnector:
+    del ranks
+    config = nixl_config(role, service.gpus)
+    env = nixl_env(service.cpu, service.gpus)
     ports = (PortRange(NIXL_SIDE_CHANNEL_PORT, NIXL_SIDE_CHANNEL_PORT), PortRange(*UCX_TCP_PORTS))
     return RoleConnector(config, env, ports, NIXL_SIDE_CHANNEL_PORT)
 
 
-def _moriio(role: Role, owner: Owner, gpus: int) -> RoleConnector:
-    del gpus
-    ranks = max(owner.spec.resources.gpu.count, 1)  # the engine's tensor parallel ranks: a pod's GPUs
+def _moriio(role: Role, service: ServiceValues, ranks: int) -> RoleConnector:
+    """A notify port per rank of the engine (`ServingEngine.ranks`)."""
     config: JsonObject = {
         "kv_connector": "MoRIIOConnector",
         "kv_role": KV_ROLES[role],
         "kv_connector_extra_config": {
-            "http_port": str(owner.spec.runtime.port),
+            "http_port": str(service.port),
             "handshake_port": str(MORIIO_HANDSHAKE_PORT),
             "notify_port": str(MORIIO_NOTIFY_PORT),
         },
@@ -188,8 +190,8 @@ def _moriio(role: Role, owner: Owner, gpus: int) -> RoleConnector:
     return RoleConnector(config, [_pod_ip("VLLM_HOST_IP")], ports, MORIIO_HANDSHAKE_PORT)
 
 
-def _mooncake(role: Role, owner: Owner, gpus: int) -> RoleConnector:
-    del owner, gpus
+def _mooncake(role: Role, service: ServiceValues, ranks: int) -> RoleConnector:
+    del service, ranks
     config: JsonObject = {"kv_connector": "MooncakeConnector", "kv_role": KV_ROLES[role]}
     env = [
         _pod_ip("VLLM_HOST_IP"),
@@ -199,7 +201,12 @@ def _mooncake(role: Role, owner: Owner, gpus: int) -> RoleConnector:
     return RoleConnector(config, env, ports, MOONCAKE_BOOTSTRAP_PORT)
 
 
-CONNECTORS = {KvConnector.NIXL: _nixl, KvConnector.MORIIO: _moriio, KvConnector.MOONCAKE: _mooncake}
+# What each connector wires for one role: from the role's service values and its engine's ranks.
+CONNECTORS: dict[KvConnector, Callable[[Role, ServiceValues, int], RoleConnector]] = {
+    KvConnector.NIXL: _nixl,
+    KvConnector.MORIIO: _moriio,
+    KvConnector.MOONCAKE: _mooncake,
+}
 
 
 def disaggregation(owner: Owner) -> DisaggregationSpec | None:
@@ -249,7 +256,8 @@ def connector(owner: Owner) -> KvConnector:
 
 
 def role_connector(owner: Owner, role: Role) -> RoleConnector:
-    return CONNECTORS[connector(owner)](role, role_owner(owner, role), role_gpus(owner, role))
+    service = service_values(role_owner(owner, role))
+    return CONNECTORS[connector(owner)](role, service, engine_of(owner).ranks(service))
 
 
 def kv_transfer_arg(owner: Owner, role: Role) -> str:

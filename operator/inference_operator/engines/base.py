@@ -2,15 +2,15 @@
 (`Metric`), and the one interface an engine implements (`ServingEngine`), made of small frozen
 parts: what the spec may ask of it (`Traits`), the series it exports (`Series`), the flags its
 command line keeps for the operator (`ReservedArgs`), its default image (`ImageSetting`), and its
-part of the pod (`EnginePod`, made from the `SharedPod` every engine's pod starts from; a
-multi-node group's `GroupMembers`).
+part of the pod (`EnginePod`, made from the `ServiceValues` of the InferenceService and the
+`SharedPod` every engine's pod starts from; a multi-node group's `GroupMembers`).
 
 This package is the bottom of the operator's pure core: the spec model derives its per-engine
 CEL rules from it, the PromQL layer its queries, the builders their objects; it imports none of
-them, so an engine is declared once and read everywhere. Its pod part is no exception: what an
-engine's containers need of the rest of the pod (the model's mount, GPUs, the compile cache's
-volume, the adapters' files) the shared pod's builder hands it as plain values, and the
-InferenceService (`Owner`) is read, not imported (a name for the type checker alone).
+them, not even for the type checker, so an engine is declared once and read everywhere. Its pod
+part is no exception: what an engine's containers need of the service (its model's name, image,
+ports, arguments, tracing) and of the rest of the pod (the model's mount, GPUs, the compile
+cache's volume, the adapters' files) the builders hand it as plain values.
 """
 
 from __future__ import annotations
@@ -18,12 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..jsontypes import JsonObject
-
-if TYPE_CHECKING:
-    from ..builders.common import Owner
 
 
 class Engine(StrEnum):
@@ -209,6 +206,49 @@ class LoraWiring:
 
 
 @dataclass(frozen=True)
+class TraceExport:
+    """runtime.tracing: where the serving container posts its spans, and what share it samples."""
+
+    endpoint: str
+    sampling_ratio: float
+
+
+@dataclass(frozen=True)
+class ServiceValues:
+    """What an engine reads of one InferenceService (of one role's part of it) for its part of the
+    pod, built once by the builders from the spec and the operator's settings: values, so that
+    the engine needs neither the spec's types nor the builders."""
+
+    # The name the model is served under (spec.model.name, else the service's), its format and
+    # version (the model server's repository layout).
+    model_name: str
+    model_format: str
+    model_version: str | None
+    # The serving container's image (the spec's, else the engine's default) and pull policy.
+    image: str
+    image_pull_policy: str
+    # The operator's own image, never the spec's: what runs the sidecars the operator adds.
+    sidecar_image: str
+    # runtime: the pod's ports, the engine's flags the spec sets, and the user's own arguments.
+    port: int
+    metrics_port: int
+    grpc_port: int | None
+    execution_providers: tuple[str, ...]
+    max_batch_size: int
+    max_delay_ms: float
+    max_queue: int
+    max_model_len: int | None
+    startup_timeout_seconds: int
+    tracing: TraceExport | None
+    args: tuple[str, ...]
+    # The serving container's CPU (a quantity) and GPUs (resources.gpu.count).
+    cpu: str
+    gpus: int
+    # routing.router: the router sends the requests, and reads what the engine serves for it.
+    behind_router: bool
+
+
+@dataclass(frozen=True)
 class SharedPod:
     """What the pod every engine shares (builders/deployment.py) hands an engine for its part:
     values, so that the engine needs none of the builders."""
@@ -290,7 +330,11 @@ class ServingEngine(Protocol):
     # Where its serving container compiles.
     @property
     def compile_cache(self) -> CacheSite: ...
-    def pod(self, owner: Owner, shared: SharedPod) -> EnginePod:
+    def ranks(self, service: ServiceValues) -> int:
+        """The ranks one pod's engine runs the model on (a KV connector opens a port per rank)."""
+        ...
+
+    def pod(self, service: ServiceValues, shared: SharedPod) -> EnginePod:
         """Its serving container (named `container`: command, arguments, ports, probes, stop) and
-        its sidecars, for `owner`'s spec."""
+        its sidecars, for `service`."""
         ...

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..jsontypes import JsonObject
 from .base import (
@@ -26,12 +25,10 @@ from .base import (
     ReservedArgs,
     ScalingName,
     Series,
+    ServiceValues,
     SharedPod,
     Traits,
 )
-
-if TYPE_CHECKING:
-    from ..builders.common import Owner
 
 LATENCY_HISTOGRAM = "model_server_request_duration_seconds"
 REQUESTS_TOTAL = "model_server_requests_total"
@@ -119,50 +116,52 @@ class ModelServer:
     def multi_node_args(self, nodes: int, rank: str, master_address: str, master_port: int) -> list[str]:
         raise ValueError("the model server runs on one node")
 
-    def pod(self, owner: Owner, shared: SharedPod) -> EnginePod:
-        return EnginePod(serving_container(owner, shared))
+    def ranks(self, service: ServiceValues) -> int:
+        """One server process runs the model on all of the pod's GPUs."""
+        return 1
+
+    def pod(self, service: ServiceValues, shared: SharedPod) -> EnginePod:
+        return EnginePod(serving_container(service, shared))
 
 
-def server_args(owner: Owner, model_dir: str) -> list[str]:
+def server_args(service: ServiceValues, model_dir: str) -> list[str]:
     """The model-server command line that realises the spec (flags of `model_server serve`)."""
-    spec = owner.spec
-    runtime, batching = spec.runtime, spec.runtime.batching
     args = [
         "serve",
         "--model",
         model_dir,
         "--model-name",
-        owner.model_name,
+        service.model_name,
         "--format",
-        spec.model.format.value,
+        service.model_format,
         "--port",
-        str(runtime.port),
+        str(service.port),
         "--metrics-port",
-        str(runtime.metrics_port),
-        *(["--grpc-port", str(runtime.grpc_port)] if runtime.grpc_port is not None else []),
+        str(service.metrics_port),
+        *(["--grpc-port", str(service.grpc_port)] if service.grpc_port is not None else []),
         "--providers",
-        ",".join(p.value for p in runtime.execution_providers),
+        ",".join(service.execution_providers),
         "--max-batch-size",
-        str(batching.max_batch_size),
+        str(service.max_batch_size),
         "--max-delay-ms",
-        _number(batching.max_delay_ms),
+        _number(service.max_delay_ms),
         "--max-queue",
-        str(batching.max_queue),
+        str(service.max_queue),
         "--shutdown-delay",
         str(SHUTDOWN_DELAY_SECONDS - PRE_STOP_SLEEP_SECONDS),
         "--drain-timeout",
         str(DRAIN_TIMEOUT_SECONDS),
     ]
-    if spec.model.version:
-        args += ["--model-version", spec.model.version]
-    if runtime.tracing is not None:
+    if service.model_version:
+        args += ["--model-version", service.model_version]
+    if service.tracing is not None:
         args += [
             "--otlp-traces-endpoint",
-            runtime.tracing.endpoint,
+            service.tracing.endpoint,
             "--trace-sample-ratio",
-            _number(runtime.tracing.sampling_ratio),
+            _number(service.tracing.sampling_ratio),
         ]
-    return args + list(runtime.args)
+    return args + list(service.args)
 
 
 def _number(value: float) -> str:
@@ -178,19 +177,19 @@ def _http_probe(path: str, period: int, failures: int) -> JsonObject:
     }
 
 
-def serving_container(owner: Owner, shared: SharedPod) -> JsonObject:
-    runtime = owner.spec.runtime
+def serving_container(service: ServiceValues, shared: SharedPod) -> JsonObject:
     env, cache = shared.env, shared.compile_cache
+    grpc = service.grpc_port
     return {
         "name": CONTAINER,
-        "image": owner.image,
-        "imagePullPolicy": runtime.image_pull_policy,
+        "image": service.image,
+        "imagePullPolicy": service.image_pull_policy,
         "command": ["python", "-m", "model_server"],
-        "args": server_args(owner, shared.model_dir),
+        "args": server_args(service, shared.model_dir),
         "ports": [
-            {"name": "http", "containerPort": runtime.port, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": runtime.metrics_port, "protocol": "TCP"},
-            *([{"name": "grpc", "containerPort": runtime.grpc_port, "protocol": "TCP"}] if runtime.grpc_port else []),
+            {"name": "http", "containerPort": service.port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": service.metrics_port, "protocol": "TCP"},
+            *([{"name": "grpc", "containerPort": grpc, "protocol": "TCP"}] if grpc else []),
         ],
         "env": env + [e for e in cache.env if e["name"] not in {v["name"] for v in env}] + shared.trace_env,
         "resources": shared.resources,
@@ -200,7 +199,7 @@ def serving_container(owner: Owner, shared: SharedPod) -> JsonObject:
         "startupProbe": _http_probe(
             "/health/ready",
             PROBE_PERIOD_SECONDS,
-            math.ceil(runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS),
+            math.ceil(service.startup_timeout_seconds / PROBE_PERIOD_SECONDS),
         ),
         "livenessProbe": _http_probe("/health/live", 10, 3),
         "readinessProbe": _http_probe("/health/ready", 5, 2),

@@ -18,7 +18,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from ..jsontypes import JsonObject
 from ..quantities import quantity_value
@@ -38,13 +37,11 @@ from .base import (
     ReservedArgs,
     ScalingName,
     Series,
+    ServiceValues,
     SharedPod,
+    TraceExport,
     Traits,
 )
-
-if TYPE_CHECKING:
-    from ..builders.common import Owner
-    from ..models import TracingSpec
 
 # vLLM's metrics (as its OpenAI server exports them, V1 engine; the version tested is
 # scripts/setup-vllm.sh's).
@@ -255,42 +252,45 @@ class Vllm:
             f"--master-port={master_port}",
         ]
 
-    def pod(self, owner: Owner, shared: SharedPod) -> EnginePod:
-        return EnginePod(vllm_container(owner, shared), [front_container(owner, shared)])
+    def ranks(self, service: ServiceValues) -> int:
+        """Tensor parallel over the pod's GPUs: a rank per GPU (one on a pod without any)."""
+        return tensor_parallel_size(service)
+
+    def pod(self, service: ServiceValues, shared: SharedPod) -> EnginePod:
+        return EnginePod(vllm_container(service, shared), [front_container(service, shared)])
 
 
-def tensor_parallel_size(owner: Owner) -> int:
-    return max(owner.spec.resources.gpu.count, 1)
+def tensor_parallel_size(service: ServiceValues) -> int:
+    return max(service.gpus, 1)
 
 
-def vllm_args(owner: Owner, shared: SharedPod) -> list[str]:
+def vllm_args(service: ServiceValues, shared: SharedPod) -> list[str]:
     """The server's command line from the spec; the user's engine arguments come last and were
     validated (models.vllm_arg_problem) not to touch any flag set here."""
-    runtime = owner.spec.runtime
     args = [
         f"--model={shared.model_dir}",
-        f"--served-model-name={owner.model_name}",
-        f"--tensor-parallel-size={tensor_parallel_size(owner)}",
+        f"--served-model-name={service.model_name}",
+        f"--tensor-parallel-size={tensor_parallel_size(service)}",
         "--host=127.0.0.1",
         f"--port={shared.engine_port}",
         f"--shutdown-timeout={DRAIN_SECONDS}",
     ]
-    if runtime.max_model_len is not None:
-        args.append(f"--max-model-len={runtime.max_model_len}")
+    if service.max_model_len is not None:
+        args.append(f"--max-model-len={service.max_model_len}")
     if shared.lora is not None:
         args += lora_args(shared.lora)
-    if runtime.tracing is not None:
-        args.append(f"--otlp-traces-endpoint={runtime.tracing.endpoint}")
-    if owner.spec.routing.router is not None:
+    if service.tracing is not None:
+        args.append(f"--otlp-traces-endpoint={service.tracing.endpoint}")
+    if service.behind_router:
         # The router's cache-aware policy reads each prompt's tokens from /v1/completions/render
         # (and its chat twin), which vLLM serves only with its scale-out endpoints; without them
         # every request goes to the first replica. The front refuses the rest of those endpoints
         # (server/vllm_front/server.py: /inference/..., an abort of anyone's request).
         args.append("--enable-scale-out")
-    return args + list(runtime.args)
+    return args + list(service.args)
 
 
-def tracing_env(tracing: TracingSpec | None) -> list[JsonObject]:
+def tracing_env(tracing: TraceExport | None) -> list[JsonObject]:
     """vLLM's OTLP exporter over HTTP (its default is gRPC), sampling as runtime.tracing says
     (the OpenTelemetry SDK's own variables: vLLM builds its tracer provider from them)."""
     if tracing is None:
@@ -347,31 +347,30 @@ def _probe(port: int, period: int, failures: int) -> JsonObject:
     }
 
 
-def vllm_container(owner: Owner, shared: SharedPod) -> JsonObject:
-    runtime = owner.spec.runtime
+def vllm_container(service: ServiceValues, shared: SharedPod) -> JsonObject:
     cache = shared.compile_cache
     cache_mounts = list(cache.mounts)
-    env = vllm_env(shared.env, cache.directory, cache.env) + tracing_env(runtime.tracing) + shared.trace_env
+    env = vllm_env(shared.env, cache.directory, cache.env) + tracing_env(service.tracing) + shared.trace_env
     if shared.lora is not None:
         env = lora_env(env, shared.lora)
         cache_mounts += shared.lora.mounts
     return {
         "name": CONTAINER,
-        "image": owner.image,
-        "imagePullPolicy": runtime.image_pull_policy,
+        "image": service.image,
+        "imagePullPolicy": service.image_pull_policy,
         "command": list(COMMAND),
-        "args": vllm_args(owner, shared),
+        "args": vllm_args(service, shared),
         "ports": [],
         "env": env,
         "resources": shared.resources,
         "volumeMounts": shared.mounts + cache_mounts,
         # Loading weights and compiling kernels of a large model takes minutes.
         "startupProbe": _probe(
-            runtime.port, PROBE_PERIOD_SECONDS, math.ceil(runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
+            service.port, PROBE_PERIOD_SECONDS, math.ceil(service.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
         ),
-        "livenessProbe": _probe(runtime.port, 10, 3),
-        "readinessProbe": _probe(runtime.port, 5, 2),
-        "lifecycle": {"preStop": {"exec": {"command": pre_stop_command(runtime.port)}}},
+        "livenessProbe": _probe(service.port, 10, 3),
+        "readinessProbe": _probe(service.port, 5, 2),
+        "lifecycle": {"preStop": {"exec": {"command": pre_stop_command(service.port)}}},
     }
 
 
@@ -399,24 +398,23 @@ def _front_probe(path: str, period: int, failures: int) -> JsonObject:
     return {**probe, "failureThreshold": failures}
 
 
-def front_container(owner: Owner, shared: SharedPod) -> JsonObject:
+def front_container(service: ServiceValues, shared: SharedPod) -> JsonObject:
     """The native sidecar on the pod's `http` port that relays to vLLM (see the module doc). It
     starts before vLLM and stops after it, so vLLM's last streams reach their clients. It holds
     nothing of the author's: no env, no volume."""
-    runtime = owner.spec.runtime
-    amounts = {"cpu": front_cpu(owner.spec.resources.cpu), "memory": FRONT_MEMORY}
+    amounts = {"cpu": front_cpu(service.cpu), "memory": FRONT_MEMORY}
     return {
         "name": FRONT,
-        "image": owner.fetcher_image,
+        "image": service.sidecar_image,
         "restartPolicy": "Always",
         "command": ["python", "-m", "model_server", "front"],
         "args": [
             f"--upstream=http://127.0.0.1:{shared.engine_port}",
-            f"--port={runtime.port}",
+            f"--port={service.port}",
             f"--memory-limit-bytes={int(quantity_value(FRONT_MEMORY))}",
             f"--drain-timeout={VLLM_TERMINATION_GRACE_SECONDS}",
         ],
-        "ports": [{"name": "http", "containerPort": runtime.port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": service.port, "protocol": "TCP"}],
         # requests == limits: a pod is Guaranteed only when every container, sidecars included, is.
         "resources": {"requests": dict(amounts), "limits": dict(amounts)},
         "securityContext": shared.security,
