@@ -24,7 +24,7 @@ from testsupport.cluster import Cluster
 
 SCALING = {"maxReplicas": 4, "prometheusUrl": "http://prometheus:9090", "mode": "builtin"}
 PREFILL = SCALING | {"metric": "ttftP95Ms", "target": 200}
-DECODE = SCALING | {"metric": "itlP95Ms", "target": 50}
+DECODE = SCALING | {"metric": "itlP95Ms", "target": 50, "scaleDownStabilizationSeconds": 0}
 ZERO = {"idleSeconds": 60}
 
 
@@ -188,10 +188,14 @@ async def test_the_pair_goes_to_zero_only_together_and_wakes_together(cluster: C
         clock.now += 15
         prometheus.values["decode"] = 150.0  # decode wants more: not idle
         assert counts(await tick(cluster, pair)) == (1, 3)
+        prometheus.values["decode"] = 10.0  # decode wants fewer: its write first, not zero over it
+        clock.now += 15
+        three = {"roles": [{"role": "decode", "readyReplicas": 3}, *SERVING["roles"][1:]]}
+        assert counts(await tick(cluster, pair, three)) == (1, 2)
         prometheus.values["decode"] = 50.0
         prometheus.requests = None  # Prometheus cannot say: hold
         clock.now += 15
-        assert counts(await tick(cluster, pair)) == (1, 3)
+        assert counts(await tick(cluster, pair)) == (1, 2)
         prometheus.requests = 0.0
         writes = cluster.emulator.writes["inferenceservices:update"]
         clock.now += 15

@@ -14,8 +14,8 @@ A prefill/decode pair (spec.disaggregation), `PairAutoscaler`: each role in mode
 `Autoscaler` of its own (its history, its interval, its metric read from its own pods), and one
 role scaling up moves nothing of the other's. Scale to zero (disaggregation.scaleToZero) is the
 pair's: a request needs a pod of each role, so one role at zero would leave every request failing
-while the other idles. Neither role's loop goes to zero by itself; once neither wants more
-replicas and the service has answered no request for idleSeconds (its requests counted over both
+while the other idles. Neither role's loop goes to zero by itself; once both roles' loops hold
+their counts and the service has answered no request for idleSeconds (its requests counted over both
 roles' pods: every request the router places passes a pod of each, and one held at the activator
 is waiting, not answered, until the pair is woken), one merge patch takes both roles to zero. The
 router follows (builders/router.py), the activator holds the requests at NAME-router, and its wake
@@ -297,7 +297,7 @@ class Autoscaler:
         # scaleToZero (a service's own; a pair's is its PairAutoscaler's).
         self.idle = IdleWatch(wall_clock, activator)
         # The last tick's decision and the count it started from (a pair goes to zero only
-        # when neither role's loop wants more).
+        # from a tick where both roles' loops held).
         self.last: tuple[int, Decision] | None = None
 
     @property
@@ -545,9 +545,11 @@ def builtin_roles(spec: InferenceServiceSpec) -> dict[Role, AutoscalingSpec]:
     return found
 
 
-def pair_wants_more(loops: dict[Role, Autoscaler]) -> bool:
-    """Whether a role's last decision asked for more replicas than it had (then not idle)."""
-    return any(loop.last is not None and loop.last[1].replicas > loop.last[0] for loop in loops.values())
+def pair_moving(loops: dict[Role, Autoscaler]) -> bool:
+    """Whether a role's last decision changed its count: more is not idle, and after less the
+    next body may predate that write (a role's loop reading its old count there could write it
+    back over the pair's zero). The pair goes to zero from a tick where both roles hold."""
+    return any(loop.last is not None and loop.last[1].replicas != loop.last[0] for loop in loops.values())
 
 
 class PairAutoscaler:
@@ -620,7 +622,7 @@ class PairAutoscaler:
         self.idle.seen(current == 0)
         if current > 0:
             await self._serving(body)
-        if current == 0 or pair_wants_more(self.loops) or not self.idle.activator:
+        if current == 0 or pair_moving(self.loops) or not self.idle.activator:
             return
         query = promql.recent_requests(spec.runtime.engine, self.namespace, spec.model.name or self.name, idle)
         requests = await self.loops[Role.PREFILL].requests(scaling, query)
