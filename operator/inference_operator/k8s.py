@@ -217,8 +217,14 @@ class KubeApi:
             return obj, patch
         raise ApiException(status=409, reason=f"status of {ref.kind} {ref.name} kept changing")
 
-    def patch(self, ref: Ref, patch: JsonObject, subresource: str | None = None) -> JsonObject:
-        return self._call("PATCH", ref.path(subresource), body=patch, content_type="application/merge-patch+json")
+    def patch(
+        self, ref: Ref, patch: JsonObject, subresource: str | None = None, field_manager: str | None = None
+    ) -> JsonObject:
+        """A merge patch; with `field_manager`, the fields it sets are that manager's."""
+        query = [("fieldManager", field_manager)] if field_manager else None
+        return self._call(
+            "PATCH", ref.path(subresource), body=patch, query=query, content_type="application/merge-patch+json"
+        )
 
 
 def _version(obj: JsonObject) -> str | None:

@@ -26,7 +26,8 @@ Ready before any router pod has found it leaves NAME-router without a ready endp
 
 The wake: the activator writes the `inference.rocm.dev/wake` annotation when a request waits; the
 operator then sets one replica through the scale subresource at once, instead of at the
-autoscaler's next tick.
+autoscaler's next tick; for a prefill/decode pair, one replica of each role in one merge patch
+(`wake_patch`): a request needs both.
 """
 
 from __future__ import annotations
@@ -37,24 +38,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .builders.activator import ActivatorEndpoints, Wake, scales_to_zero, slice_name
+from .builders.activator import ActivatorEndpoints, Wake, ready_on_path, scales_to_zero, slice_name
 from .builders.common import Owner
+from .builders.disaggregation import replicas_patch, role_replicas
 from .jsontypes import JsonObject
 from .k8s import KubeApi, Ref
 from .kinds import ENDPOINT_SLICE, INFERENCE_SERVICE
+from .models import InferenceServiceSpec
 from .reconcile import Action, Change, owned_by
+from .settings import SCALER_MANAGER
 from .stages.scale_to_zero import activator_slice
 
-
-def ready_on_path(status: JsonObject) -> int | None:
-    """The ready replicas a request on its way in can reach: the service's readyReplicas, or,
-    for a service of several workloads (status.roles: the predictor and its router), the
-    fewest any one of them has, since a request passes each."""
-    roles = status.get("roles")
-    if not roles:
-        ready = status.get("readyReplicas")
-        return None if ready is None else int(ready)
-    return min(int(role.get("readyReplicas") or 0) for role in roles)
+__all__ = ["ready_on_path"]  # the path's ready count, which the handlers read from here
 
 
 def sync_slice(
@@ -104,9 +99,19 @@ def wake_replicas(owner: Owner, current_replicas: int, wake: Wake, zero_since: d
     return 1
 
 
-def wake(api: KubeApi, namespace: str, name: str, replicas: int) -> None:
-    """Write the woken replica count through the scale subresource (as the autoscaler does)."""
-    api.patch(Ref.to(INFERENCE_SERVICE, namespace, name), {"spec": {"replicas": replicas}}, "scale")
+def wake_patch(spec: InferenceServiceSpec, replicas: int) -> tuple[JsonObject, str | None]:
+    """The write that wakes the service, and its subresource: spec.replicas through the scale
+    subresource (as the autoscaler writes it); with spec.disaggregation, every role at zero set to
+    `replicas` in one merge patch, so a held request wakes both roles of the pair at once."""
+    if spec.disaggregation is None:
+        return {"spec": {"replicas": replicas}}, "scale"
+    return replicas_patch({role: replicas for role, n in role_replicas(spec).items() if n == 0}), None
+
+
+def wake(api: KubeApi, namespace: str, name: str, spec: InferenceServiceSpec, replicas: int) -> None:
+    """Write the woken replica count (`wake_patch`)."""
+    patch, subresource = wake_patch(spec, replicas)
+    api.patch(Ref.to(INFERENCE_SERVICE, namespace, name), patch, subresource, field_manager=SCALER_MANAGER)
 
 
 @dataclass

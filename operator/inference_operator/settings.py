@@ -41,6 +41,9 @@ class SettingsError(ValueError):
 # The operator's name as the API server knows it: the field manager of its server-side applies
 # (ownership.py tells its fields from others' by it) and the managed-by label of what it creates.
 MANAGER = "rocm-inference-operator"
+# The field manager of the built-in autoscaler's and the wake's merge patches of an
+# InferenceService's own spec (a role's replicas): the counts they own, apart from the user's.
+SCALER_MANAGER = "rocm-inference-operator-autoscaler"
 
 
 # --- Images -------------------------------------------------------------------------------------

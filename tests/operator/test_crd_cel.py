@@ -309,21 +309,39 @@ VIOLATIONS = [
     ),
     (
         {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
-        | {"disaggregation": {"decode": {"autoscaling": PD_SCALING | {"mode": "builtin"}}}},
-        "spec.disaggregation.decode.autoscaling.mode",
-        "needs mode hpa or keda",
+        | {"disaggregation": {"decode": {"autoscaling": PD_SCALING | {"mode": "builtin", "scaleToZero": {}}}}},
+        "spec.disaggregation.decode.autoscaling.scaleToZero",
+        "a role does not go to zero alone",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {"disaggregation": {"prefill": {"autoscaling": PD_SCALING | {"mode": "builtin", "minReplicas": 0}}}},
+        "spec.disaggregation.prefill.autoscaling.minReplicas",
+        "its floor while it serves, at least 1",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {
+            "disaggregation": {
+                "scaleToZero": {},
+                "prefill": {"autoscaling": PD_SCALING | {"mode": "builtin"}},
+                "decode": {"autoscaling": PD_SCALING | {"mode": "hpa"}},
+            }
+        },
+        "spec.disaggregation.scaleToZero",
+        "needs both roles' autoscaling with mode builtin",
+    ),
+    (
+        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
+        | {"disaggregation": {"scaleToZero": {}, "prefill": {"autoscaling": PD_SCALING | {"mode": "builtin"}}}},
+        "spec.disaggregation.scaleToZero",
+        "needs both roles' autoscaling with mode builtin",
     ),
     (
         {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
         | {"disaggregation": {"prefill": {"autoscaling": PD_SCALING | {"minReplicas": 3}}}},
         "spec.disaggregation.prefill.autoscaling.minReplicas",
         "must be <= autoscaling.maxReplicas",
-    ),
-    (
-        {"runtime": {"engine": "vllm"}, "routing": {"router": {}}}
-        | {"disaggregation": {"prefill": {"autoscaling": PD_SCALING | {"minReplicas": 0, "scaleToZero": {}}}}},
-        "spec.disaggregation.prefill.autoscaling.mode",
-        "scaleToZero needs mode builtin",
     ),
     (
         {"runtime": {"engine": "vllm"}, "routing": {"router": {}, "inferencePool": True}, "disaggregation": {}},
@@ -462,6 +480,24 @@ def test_a_routed_service_may_scale_to_zero() -> None:
     }
     assert cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec))) == []
     assert parse_spec(spec).autoscaling is not None
+
+
+def test_a_pair_on_the_builtin_loop_may_scale_to_zero() -> None:
+    """Both roles on the built-in loop, each on its own metric, and the pair's scaleToZero: the
+    CRD and the model take it, and the roles' replicas may be the 0 the loop writes."""
+    spec = {
+        "model": {"uri": "hf://org/llm@main"},
+        "runtime": {"engine": "vllm"},
+        "routing": {"router": {}},
+        "disaggregation": {
+            "scaleToZero": {"idleSeconds": 60},
+            "prefill": {"replicas": 0, "autoscaling": PD_SCALING | {"mode": "builtin", "metric": "requestsWaiting"}},
+            "decode": {"replicas": 0, "autoscaling": PD_SCALING | {"mode": "builtin", "metric": "kvCacheUsage"}},
+        },
+    }
+    assert cel_errors(SCHEMA, apply_defaults(SCHEMA, _cr(spec))) == []
+    parsed = parse_spec(spec).disaggregation
+    assert parsed is not None and parsed.scale_to_zero is not None and parsed.prefill.replicas == 0
 
 
 @pytest.mark.parametrize("args", [["--intra-op-threads=4"], ["--io-binding", "on"], ["--profiling"], ["value"]])

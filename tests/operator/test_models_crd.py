@@ -246,9 +246,30 @@ CEL_CASES = [
         {
             "runtime": {"engine": "vllm"},
             "routing": {"router": {}},
-            "disaggregation": {"decode": {"autoscaling": {"maxReplicas": 2, "target": 1, "mode": "builtin"}}},
+            "disaggregation": {
+                "decode": {"autoscaling": {"maxReplicas": 2, "target": 1, "mode": "builtin", "scaleToZero": {}}}
+            },
         },
-        "a role's autoscaling needs mode hpa or keda",
+        "a role does not go to zero alone",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {"prefill": {"autoscaling": {"maxReplicas": 2, "target": 1, "minReplicas": 0}}},
+        },
+        "its floor while it serves, at least 1",
+    ),
+    (
+        {
+            "runtime": {"engine": "vllm"},
+            "routing": {"router": {}},
+            "disaggregation": {
+                "scaleToZero": {},
+                "prefill": {"autoscaling": {"maxReplicas": 2, "target": 1, "mode": "builtin"}},
+            },
+        },
+        "needs both roles' autoscaling with mode builtin",
     ),
     (
         {

@@ -90,9 +90,9 @@ def test_the_crd_refuses_what_a_disaggregated_service_cannot_be(apiserver: ApiSe
     del no_router["routing"]
     with pytest.raises(Exception, match="needs routing.router"):
         apply_cr(apiserver, ns, "a", no_router)
-    builtin = pd_spec(decode={"autoscaling": {"mode": "builtin", "maxReplicas": 2, "target": 1}})
-    with pytest.raises(Exception, match="needs mode hpa or keda"):
-        apply_cr(apiserver, ns, "b", builtin)
+    alone = pd_spec(scaleToZero={}, decode={"autoscaling": {"mode": "builtin", "maxReplicas": 2, "target": 1}})
+    with pytest.raises(Exception, match="needs both roles' autoscaling with mode builtin"):
+        apply_cr(apiserver, ns, "b", alone)  # the prefill role is on no built-in loop
     with pytest.raises(Exception, match="one or the other"):
         apply_cr(apiserver, ns, "c", pd_spec() | {"routing": {"router": {}, "inferencePool": True}})
 

@@ -4,6 +4,23 @@ The kopf daemon (handlers/autoscaler.py) calls `Autoscaler.tick` every `interval
 step needs to survive across ticks is either in the object (spec.replicas, status.autoscaler)
 or in `History`, which may be lost at any time (operator restart): `decide` then holds
 instead of scaling down.
+
+What one loop scales is a value, its `ScaleTarget`: the service's spec.replicas (through the
+scale subresource), or one role of a prefill/decode pair, spec.disaggregation.ROLE.replicas
+(a merge patch under the autoscaler's field manager), read from that role's pods alone and
+reported in status.autoscaler.ROLE.
+
+A prefill/decode pair (spec.disaggregation), `PairAutoscaler`: each role in mode builtin has an
+`Autoscaler` of its own (its history, its interval, its metric read from its own pods), and one
+role scaling up moves nothing of the other's. Scale to zero (disaggregation.scaleToZero) is the
+pair's: a request needs a pod of each role, so one role at zero would leave every request failing
+while the other idles. Neither role's loop goes to zero by itself; once both roles' loops hold
+their counts and the service has answered no request for idleSeconds (its requests counted over both
+roles' pods: every request the router places passes a pod of each, and one held at the activator
+is waiting, not answered, until the pair is woken), one merge patch takes both roles to zero. The
+router follows (builders/router.py), the activator holds the requests at NAME-router, and its wake
+sets both roles to one in one patch (scale_to_zero.py). status.autoscaler.reason says why the pair
+is at zero.
 """
 
 from __future__ import annotations
@@ -19,7 +36,17 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from .. import metrics
-from ..builders.activator import Wake
+from ..builders.activator import Wake, ready_on_path
+from ..builders.common import Role
+from ..builders.disaggregation import (
+    ROLES,
+    pair_scale_to_zero,
+    replicas_patch,
+    role_part,
+    role_replicas,
+    role_spec,
+    role_workload,
+)
 from ..credentials import CredentialsRefused, check_url
 from ..jsontypes import JsonObject
 from ..k8s import KubeApi, Ref
@@ -27,6 +54,7 @@ from ..kinds import INFERENCE_SERVICE
 from ..models import (
     DEFAULT_ENGINE,
     ENGINES,
+    AutoscalingMode,
     AutoscalingSpec,
     Engine,
     InferenceServiceSpec,
@@ -37,7 +65,7 @@ from ..prometheus.client import PrometheusClient, Sample
 from ..prometheus.clients import CLIENT_ERRORS, PrometheusClients, client_problem
 from ..reasons import Reason
 from ..rollout import Phase, RolloutState
-from ..settings import CredentialPolicy
+from ..settings import SCALER_MANAGER, CredentialPolicy
 from ..status import find_condition, now_iso, set_condition, status_changes
 from .policy import Decision, History, Idleness, Observation, Policy, decide, idle_decision
 
@@ -47,21 +75,72 @@ EventPoster = Callable[[Reason, str], None]
 
 
 @dataclass(frozen=True)
+class ScaleTarget:
+    """What one loop scales: the service NAME's spec.replicas (`role` None), or the count of one
+    role of its prefill/decode pair. Every difference between the two is here."""
+
+    name: str
+    role: Role | None = None
+
+    def view(self, spec: InferenceServiceSpec) -> InferenceServiceSpec:
+        """The spec as the loop reads it: the service's, or the role's as a service of its own
+        (its replicas and autoscaling; builders/disaggregation.py: `role_spec`)."""
+        return spec if self.role is None else role_spec(spec, self.role)
+
+    @property
+    def label(self) -> str:
+        """The name of its metrics and log lines: NAME, or the role's workload NAME-ROLE."""
+        return self.name if self.role is None else role_workload(self.name, self.role)
+
+    @property
+    def pods(self) -> str | None:
+        """The pods its queries read (a regex of pod names): all the service's, or the role's."""
+        return None if self.role is None else promql.workload_pods(role_workload(self.name, self.role))
+
+    def ready(self, status: JsonObject) -> int | None:
+        """Its ready replicas: status.readyReplicas, or the role's in status.roles."""
+        if self.role is None:
+            return status.get("readyReplicas")
+        return next((r.get("readyReplicas") for r in status.get("roles") or [] if r.get("role") == self.role), None)
+
+    def write(self, replicas: int) -> tuple[JsonObject, str | None]:
+        """The patch that sets its count, and the subresource it goes to."""
+        if self.role is None:
+            return {"spec": {"replicas": replicas}}, "scale"
+        return replicas_patch({self.role: replicas}), None
+
+    def reported(self, autoscaler: JsonObject) -> JsonObject:
+        """Its entry of status.autoscaler as written: the whole, or the role's part."""
+        return autoscaler if self.role is None else autoscaler.get(str(self.role)) or {}
+
+    def report(self, changes: JsonObject) -> JsonObject:
+        """The status.autoscaler patch of its entry."""
+        return changes if self.role is None else {str(self.role): changes}
+
+
+@dataclass(frozen=True)
 class Queries:
     value: str
     latency_p95: str
     age: str
 
 
-def queries_for(scaling: AutoscalingSpec, namespace: str, model: str, engine: Engine = DEFAULT_ENGINE) -> Queries:
+def queries_for(
+    scaling: AutoscalingSpec,
+    namespace: str,
+    model: str,
+    engine: Engine = DEFAULT_ENGINE,
+    pods: str | None = None,
+) -> Queries:
+    """The loop's queries; with `pods` (a role's), over those pods alone."""
     # The spec's engine reads the metric from its own series (the CRD has it export the metric).
     exports = scaling.metric in ENGINES[engine].traits.metrics
     return Queries(
         value=promql.metric_query(
-            scaling.metric, namespace, model, scaling.window_seconds, engine if exports else None
+            scaling.metric, namespace, model, scaling.window_seconds, engine if exports else None, pods=pods
         ),
-        latency_p95=promql.request_latency_ms(engine, namespace, model, scaling.window_seconds),
-        age=promql.data_age_seconds(namespace, model, engine),
+        latency_p95=promql.request_latency_ms(engine, namespace, model, scaling.window_seconds, pods),
+        age=promql.data_age_seconds(namespace, model, engine, pods),
     )
 
 
@@ -103,27 +182,89 @@ def autoscaler_status(
 
 
 def scaling_active(
-    conditions: list[JsonObject], observation: Observation, refusal: CredentialsRefused | None, generation: int | None
+    conditions: list[JsonObject],
+    observation: Observation,
+    refusal: CredentialsRefused | None,
+    generation: int | None,
+    role: Role | None = None,
+    others_have_data: bool = True,
 ) -> list[JsonObject] | None:
     """The conditions with `ScalingActive` brought up to date; None when it already says so.
 
     A refused Prometheus credential is reported here with its reason: the loop holds the
-    replica count, and the message says which rule to satisfy.
+    replica count, and the message says which rule to satisfy. A role's loop (`role`) shares
+    the one condition with the other role's: it names its role, and a role with data leaves a
+    False that the other role's missing data set (`others_have_data`) to that role's loop, so
+    the two do not turn it over at every tick.
     """
     if refusal is not None:
         active, reason, message = False, refusal.reason, refusal.message
     elif observation.value is not None:
+        if not others_have_data:
+            return None
         active, reason, message = True, Reason.METRIC_AVAILABLE, "the metric is queried from Prometheus"
     else:
         active, reason, message = False, Reason.METRIC_UNAVAILABLE, observation.note or "no value"
+    if role is not None:
+        message = f"{role}: {message}"
     current = find_condition(conditions, SCALING_ACTIVE)
     if current is not None and (current.get("status"), current.get("reason")) == (str(active), reason):
         return None
     return set_condition(conditions, SCALING_ACTIVE, active, reason, message, now_iso(), generation)
 
 
+def others_have_data(autoscaler: JsonObject, role: Role | None) -> bool:
+    """Whether every other role's last reading (status.autoscaler.ROLE) had a value; a role
+    without an entry (not on the built-in loop, or not read yet) does not count."""
+    if role is None:
+        return True
+    others = [autoscaler.get(str(other)) for other in ROLES if other != role]
+    return all(entry.get("currentValue") is not None for entry in others if isinstance(entry, dict))
+
+
+class IdleWatch:
+    """The scale-to-zero rule's memory (policy.idle_decision): since when the service counts as
+    active, on the wall clock, and whether it was last seen at zero (then a tick at one or more
+    means it was woken). A service's loop keeps one; a prefill/decode pair keeps one for both."""
+
+    def __init__(self, wall_clock: Callable[[], float], activator: bool):
+        self.wall_clock = wall_clock
+        # Without the chart's activator nothing would wake a service at zero: it stays at one.
+        self.activator = activator
+        self.active_since = wall_clock()
+        self.was_at_zero = False
+
+    def seen(self, at_zero: bool) -> None:
+        self.was_at_zero = self.was_at_zero or at_zero
+
+    def decide(
+        self, body: JsonObject, idle_seconds: float, ready: int | None, requests: float | None, current: int
+    ) -> Decision | None:
+        """Zero now, or None: `requests` is what Prometheus counted over `idle_seconds` (None:
+        it could not say), `ready` what serves now."""
+        now = self.wall_clock()
+        if self.was_at_zero or not ready:
+            self.active_since = now  # woken, or not serving yet: idle counts from when it serves
+        self.was_at_zero = False
+        woken = Wake.of((body.get("metadata") or {}).get("annotations")).at
+        if woken is not None:
+            self.active_since = max(self.active_since, woken.timestamp())
+        if requests is not None and requests > 0:
+            self.active_since = now
+        rollout = RolloutState.from_status(body.get("status"))
+        idleness = Idleness(
+            now=now,
+            active_since=self.active_since,
+            idle_seconds=idle_seconds,
+            requests=requests,
+            rollout_in_progress=rollout is not None and rollout.phase == Phase.PROGRESSING,
+        )
+        return idle_decision(idleness, current)
+
+
 class Autoscaler:
-    """Per-InferenceService state of the built-in loop: history and a Prometheus client."""
+    """Per-InferenceService (or per role of its pair: `role`) state of the built-in loop:
+    history and a Prometheus client."""
 
     def __init__(
         self,
@@ -137,10 +278,12 @@ class Autoscaler:
         prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,
         wall_clock: Callable[[], float] = time.time,
         activator: bool = True,
+        role: Role | None = None,
     ):
         self.api = api
         self.namespace = namespace
         self.name = name
+        self.target = ScaleTarget(name, role)
         self.logger = logger
         self.post_event = post_event
         self.clock = clock
@@ -151,13 +294,11 @@ class Autoscaler:
         # (generation before our last scale write, replicas written): until the watch delivers
         # the object with a newer generation, the body still shows the old count.
         self._pending: tuple[int, int] | None = None
-        # scaleToZero: since when the service counts as active (wall clock), and whether the
-        # last tick saw it at zero (then a tick at one or more means it was woken).
-        self.wall_clock = wall_clock
-        # Without the chart's activator nothing would wake a service at zero: it stays at one.
-        self.activator = activator
-        self.active_since = wall_clock()
-        self._was_at_zero = False
+        # scaleToZero (a service's own; a pair's is its PairAutoscaler's).
+        self.idle = IdleWatch(wall_clock, activator)
+        # The last tick's decision and the count it started from (a pair goes to zero only
+        # from a tick where both roles' loops held).
+        self.last: tuple[int, Decision] | None = None
 
     @property
     def ref(self) -> Ref:
@@ -171,10 +312,20 @@ class Autoscaler:
         check_url(scaling, self.policy)
         return await self._clients.get(scaling.prometheus_url, scaling.prometheus_auth)
 
+    async def requests(self, scaling: AutoscalingSpec, query: str) -> float | None:
+        """The idle rule's count (`query`), or None when Prometheus cannot say."""
+        try:
+            answer = await (await self._prometheus(scaling)).query(query)
+        except CredentialsRefused:
+            answer = None
+        except CLIENT_ERRORS:
+            answer = None
+        return answer.value if answer is not None else None
+
     async def _observe(
         self, scaling: AutoscalingSpec, model: str, ready: int | None, engine: Engine = DEFAULT_ENGINE
     ) -> tuple[Observation, float | None, CredentialsRefused | None]:
-        q = queries_for(scaling, self.namespace, model, engine)
+        q = queries_for(scaling, self.namespace, model, engine, self.target.pods)
         at = self.clock()
         try:
             client = await self._prometheus(scaling)
@@ -193,14 +344,24 @@ class Autoscaler:
         p95_ms = p95.value if p95 is not None and observation.value is not None else None
         return observation, p95_ms, None
 
+    def now(self, spec_replicas: int, body: JsonObject) -> int:
+        """Its count as of its own last write: `spec_replicas` unless the body predates that."""
+        return self._current_replicas(spec_replicas, (body.get("metadata") or {}).get("generation") or 0)
+
+    def pending(self, generation: int, replicas: int) -> None:
+        """A write of `replicas` made for it (by a pair's scale to zero): the next body may
+        predate it."""
+        self._pending = (generation, replicas) if generation else None
+
     async def tick(self, body: JsonObject, spec: InferenceServiceSpec) -> float:
         """Observe, decide and act once; returns the seconds until the next tick is due."""
+        spec = self.target.view(spec)
         scaling = spec.autoscaling
         assert scaling is not None
         started = self.clock()
         policy = Policy.from_spec(scaling)
         status = body.get("status") or {}
-        ready = status.get("readyReplicas")
+        ready = self.target.ready(status)
         generation = (body.get("metadata") or {}).get("generation") or 0
         current = self._current_replicas(spec.replicas, generation)
         at_zero = scaling.scale_to_zero is not None and current == 0
@@ -210,23 +371,25 @@ class Autoscaler:
             observation, p95_ms, refusal = await self._observe(
                 scaling, spec.model.name or self.name, ready, spec.runtime.engine
             )
-        self._was_at_zero = self._was_at_zero or at_zero
+        self.idle.seen(at_zero)
         decision = await self._decision(body, spec, observation, current, policy, at_zero)
+        self.last = (current, decision)
 
-        previous = status.get("autoscaler") or {}
+        previous = self.target.reported(status.get("autoscaler") or {})
         last_scale_time = previous.get("lastScaleTime")
         scaled_now = False
         if decision.replicas != current:
             scaled_at = await self._scale(policy, current, decision)
             if scaled_at is None:
+                self.last = (current, Decision(current, "not written", current))
                 return max(0.0, scaling.interval_seconds - (self.clock() - started))
-            self._pending = (generation, decision.replicas) if generation else None
+            self.pending(generation, decision.replicas)
             last_scale_time, scaled_now = scaled_at, True
 
         self._log(scaling, observation, p95_ms, current, decision)
         metrics.record_autoscaler_decision(
             self.namespace,
-            self.name,
+            self.target.label,
             current=current,
             desired=decision.replicas,
             min_replicas=scaling.min_replicas,
@@ -236,19 +399,28 @@ class Autoscaler:
             target=scaling.target,
         )
         desired = autoscaler_status(scaling.metric, observation, p95_ms, decision, last_scale_time)
+        role = self.target.role
 
         def patch(fresh: JsonObject) -> JsonObject:
             """From the object as it is now: the reconciler writes conditions too."""
             status = fresh.get("status") or {}
-            written = status.get("autoscaler") or {}
+            autoscaler = status.get("autoscaler") or {}
+            written = self.target.reported(autoscaler)
             # Not scaled now: the last scale is the one the object has (the body this tick was
             # given may predate the loop's own last write, and None would delete it).
             wanted = (
                 desired if scaled_now else {**desired, "lastScaleTime": written.get("lastScaleTime", last_scale_time)}
             )
             changes = status_changes(written, wanted)
-            found: JsonObject = {"autoscaler": changes} if changes else {}
-            conditions = scaling_active(status.get("conditions") or [], observation, refusal, generation or None)
+            found: JsonObject = {"autoscaler": self.target.report(changes)} if changes else {}
+            conditions = scaling_active(
+                status.get("conditions") or [],
+                observation,
+                refusal,
+                generation or None,
+                role,
+                others_have_data(autoscaler, role),
+            )
             if conditions is not None:
                 found["conditions"] = conditions
             return found
@@ -269,14 +441,14 @@ class Autoscaler:
         at_zero: bool,
     ) -> Decision:
         """Zero while at zero; otherwise the policy's, remembered in the history, or the
-        scale-to-zero rule's when that goes lower."""
+        scale-to-zero rule's when that goes lower (a service's own: a role's pair decides it)."""
         scaling = spec.autoscaling
         assert scaling is not None
         if at_zero:
             return Decision(0, "scaled to zero: a request wakes it (the activator holds it meanwhile)", 0)
         decision = decide(observation, current, policy, self.history)
         self.history = self.history.remember(observation.at, decision.recommendation, policy.horizon_seconds)
-        if scaling.scale_to_zero is not None and decision.replicas <= current:
+        if self.target.role is None and scaling.scale_to_zero is not None and decision.replicas <= current:
             decision = await self._idle(body, spec, current) or decision
         return decision
 
@@ -284,36 +456,13 @@ class Autoscaler:
         """The scale-to-zero rule: zero once nothing was asked for `idleSeconds` (policy.idle_decision)."""
         scaling = spec.autoscaling
         assert scaling is not None and scaling.scale_to_zero is not None
-        if not self.activator:
+        if not self.idle.activator:
             return None
-        now = self.wall_clock()
-        ready = (body.get("status") or {}).get("readyReplicas")
-        if self._was_at_zero or not ready:
-            self.active_since = now  # woken, or not serving yet: idle counts from when it serves
-        self._was_at_zero = False
-        woken = Wake.of((body.get("metadata") or {}).get("annotations")).at
-        if woken is not None:
-            self.active_since = max(self.active_since, woken.timestamp())
         idle_seconds = scaling.scale_to_zero.idle_seconds
         query = promql.recent_requests(spec.runtime.engine, self.namespace, spec.model.name or self.name, idle_seconds)
-        try:
-            answer = await (await self._prometheus(scaling)).query(query)
-        except CredentialsRefused:
-            answer = None
-        except CLIENT_ERRORS:
-            answer = None
-        requests = answer.value if answer is not None else None
-        if requests is not None and requests > 0:
-            self.active_since = now
-        rollout = RolloutState.from_status(body.get("status"))
-        idleness = Idleness(
-            now=now,
-            active_since=self.active_since,
-            idle_seconds=idle_seconds,
-            requests=requests,
-            rollout_in_progress=rollout is not None and rollout.phase == Phase.PROGRESSING,
-        )
-        return idle_decision(idleness, current)
+        requests = await self.requests(scaling, query)
+        ready = (body.get("status") or {}).get("readyReplicas")
+        return self.idle.decide(body, idle_seconds, ready, requests, current)
 
     def _current_replicas(self, spec_replicas: int, generation: int) -> int:
         """spec.replicas, or what we wrote last if the body predates that write."""
@@ -325,12 +474,19 @@ class Autoscaler:
         return spec_replicas
 
     async def _scale(self, policy: Policy, current: int, decision: Decision) -> str | None:
-        """Write spec.replicas through the scale subresource; the time of the write, or None."""
+        """Write the target's count (`ScaleTarget.write`); the time of the write, or None."""
         running = policy.bounded(current)  # what the Deployment runs (the builder clamps too)
+        patch, subresource = self.target.write(decision.replicas)
         try:
-            await asyncio.to_thread(self.api.patch, self.ref, {"spec": {"replicas": decision.replicas}}, "scale")
+            await asyncio.to_thread(self.api.patch, self.ref, patch, subresource, SCALER_MANAGER)
         except ApiException as exc:
-            self.logger.warning("scale to %d not written: API error %s %s", decision.replicas, exc.status, exc.reason)
+            self.logger.warning(
+                "%s: scale to %d not written: API error %s %s",
+                self.target.label,
+                decision.replicas,
+                exc.status,
+                exc.reason,
+            )
             return None
         written = now_iso()
         if decision.replicas != running:
@@ -338,7 +494,8 @@ class Autoscaler:
             reason = Reason.SCALED_UP if decision.replicas > running else Reason.SCALED_DOWN
         else:
             reason = Reason.REPLICAS_BOUNDED
-        self.post_event(reason, f"replicas {current} -> {decision.replicas}: {decision.reason}")
+        what = "replicas" if self.target.role is None else f"{self.target.role} replicas"
+        self.post_event(reason, f"{what} {current} -> {decision.replicas}: {decision.reason}")
         return written
 
     def _log(
@@ -350,8 +507,9 @@ class Autoscaler:
             log = self.logger.warning  # once per outage, not on every tick
         self._had_data = has_data
         log(
-            "autoscaler decision: replicas %d -> %d (recommendation %d) metric=%s value=%s "
+            "autoscaler decision (%s): replicas %d -> %d (recommendation %d) metric=%s value=%s "
             "target=%s p95_ms=%s ready=%s data_age_s=%s fast=%s | %s",
+            self.target.label,
             current,
             decision.replicas,
             decision.recommendation,
@@ -375,3 +533,141 @@ async def _query_all(client: PrometheusClient, queries: list[str]) -> list[Sampl
     outlive a stopped daemon (a cancelled connect can surface as a connection error), and
     kopf re-raises such leftovers when the operator exits."""
     return [await client.query(text) for text in queries]
+
+
+def builtin_roles(spec: InferenceServiceSpec) -> dict[Role, AutoscalingSpec]:
+    """The roles on the built-in loop, with their autoscaling."""
+    found: dict[Role, AutoscalingSpec] = {}
+    for role in ROLES:
+        scaling = role_part(spec, role).autoscaling
+        if scaling is not None and scaling.mode == AutoscalingMode.BUILTIN:
+            found[role] = scaling
+    return found
+
+
+def pair_moving(loops: dict[Role, Autoscaler]) -> bool:
+    """Whether a role's last decision changed its count: more is not idle, and after less the
+    next body may predate that write (a role's loop reading its old count there could write it
+    back over the pair's zero). The pair goes to zero from a tick where both roles hold."""
+    return any(loop.last is not None and loop.last[1].replicas != loop.last[0] for loop in loops.values())
+
+
+class PairAutoscaler:
+    """One service's pair: a loop per role on the built-in loop, and the pair's idleness."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespace: str,
+        name: str,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        post_event: EventPoster,
+        policy: CredentialPolicy,
+        clock: Callable[[], float] = time.monotonic,
+        prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,
+        wall_clock: Callable[[], float] = time.time,
+        activator: bool = True,
+    ):
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.logger = logger
+        self.post_event = post_event
+        self.clock = clock
+        self.loops = {
+            role: Autoscaler(
+                api,
+                namespace,
+                name,
+                logger,
+                post_event,
+                policy,
+                clock,
+                prometheus_factory,
+                wall_clock,
+                activator,
+                role=role,
+            )
+            for role in ROLES
+        }
+        self.due: dict[Role, float] = {}
+        self.idle = IdleWatch(wall_clock, activator)
+
+    async def aclose(self) -> None:
+        for loop in self.loops.values():
+            await loop.aclose()
+
+    def forget(self) -> None:
+        for loop in self.loops.values():
+            metrics.forget_service(self.namespace, loop.target.label)
+
+    async def tick(self, body: JsonObject, spec: InferenceServiceSpec) -> float:
+        """Each role's loop that is due, then the pair's scale to zero; the seconds until the
+        next role is due."""
+        roles = builtin_roles(spec)
+        for role in set(self.due) - set(roles):
+            del self.due[role]
+        for role in roles:
+            if self.clock() >= self.due.get(role, 0.0):
+                self.due[role] = self.clock() + await self.loops[role].tick(body, spec)
+        zero = pair_scale_to_zero(spec)
+        if zero is not None and set(roles) == set(ROLES):
+            await self._zero(body, spec, roles[Role.PREFILL], zero.idle_seconds)
+        return max(0.0, min(self.due.values(), default=self.clock() + 15.0) - self.clock())
+
+    async def _zero(self, body: JsonObject, spec: InferenceServiceSpec, scaling: AutoscalingSpec, idle: int) -> None:
+        """Both roles to zero, in one write, once the pair is idle (`IdleWatch`)."""
+        counts = {role: self.loops[role].now(n, body) for role, n in role_replicas(spec).items()}
+        current = min(counts.values())
+        self.idle.seen(current == 0)
+        if current > 0:
+            await self._serving(body)
+        if current == 0 or pair_moving(self.loops) or not self.idle.activator:
+            return
+        query = promql.recent_requests(spec.runtime.engine, self.namespace, spec.model.name or self.name, idle)
+        requests = await self.loops[Role.PREFILL].requests(scaling, query)
+        ready = ready_on_path(body.get("status") or {})
+        decision = self.idle.decide(body, idle, ready, requests, current)
+        if decision is None:
+            return
+        await self._write_zero(body, counts, decision)
+
+    async def _serving(self, body: JsonObject) -> None:
+        """The pair serves: the reason it was at zero goes (each role's own reason stays)."""
+        if "reason" not in ((body.get("status") or {}).get("autoscaler") or {}):
+            return
+
+        def changes(fresh: JsonObject) -> JsonObject:
+            written = (fresh.get("status") or {}).get("autoscaler") or {}
+            return {"autoscaler": {"reason": None}} if "reason" in written else {}
+
+        try:
+            await asyncio.to_thread(self.api.update_status, self.loops[Role.PREFILL].ref, changes)
+        except ApiException as exc:
+            self.logger.warning("pair's status not written: API error %s", exc.status)
+
+    async def _write_zero(self, body: JsonObject, counts: dict[Role, int], decision: Decision) -> None:
+        patch = replicas_patch(dict.fromkeys(ROLES, 0))
+        try:
+            await asyncio.to_thread(self.api.patch, self.loops[Role.PREFILL].ref, patch, None, SCALER_MANAGER)
+        except ApiException as exc:
+            self.logger.warning("pair to zero not written: API error %s %s", exc.status, exc.reason)
+            return
+        generation = (body.get("metadata") or {}).get("generation") or 0
+        for loop in self.loops.values():
+            loop.pending(generation, 0)
+        before = ", ".join(f"{role} {n}" for role, n in counts.items())
+        reason = f"prefill and decode at zero: {decision.reason}"
+        self.post_event(Reason.SCALED_DOWN, f"replicas {before} -> 0: {decision.reason}")
+        self.logger.info("autoscaler decision (pair): %s -> 0 | %s", before, decision.reason)
+        wanted: JsonObject = {"reason": reason, "lastScaleTime": now_iso()}
+
+        def changes(fresh: JsonObject) -> JsonObject:
+            written = (fresh.get("status") or {}).get("autoscaler") or {}
+            found = status_changes({k: written.get(k) for k in wanted}, wanted)
+            return {"autoscaler": found} if found else {}
+
+        try:
+            await asyncio.to_thread(self.api.update_status, self.loops[Role.PREFILL].ref, changes)
+        except ApiException as exc:
+            self.logger.warning("pair's status not written: API error %s", exc.status)

@@ -20,9 +20,13 @@ once its /readiness answers 200, which it does once it has discovered a healthy 
 kube-proxy sends NAME-router-private's traffic only to router pods that can place a request, and
 the activator's poll of the router's /readiness through it answers 200 only then: a held request
 is never released into the router's own 503 for want of a worker. The slice stays until the
-router and the workers both have a ready replica (scale_to_zero.ready_on_path). The wake goes
+router and the workers both have a ready replica (`ready_on_path`). The wake goes
 to the InferenceService that owns NAME-router-private (the activator reads it from the owner
 reference: the Service's name is NAME-router, not NAME).
+
+A prefill/decode pair (disaggregation.scaleToZero) is at zero as the router is: the slice leads
+NAME-router while either role is asked for zero or any of the three has no ready replica, and the
+wake brings both roles back in one write (scale_to_zero.py).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from datetime import datetime
 
 from ..jsontypes import JsonObject
 from ..kinds import ENDPOINT_SLICE, SERVICE
-from ..models import NAME_MAX_LENGTH, ScaleToZeroSpec, SpecError
+from ..models import NAME_MAX_LENGTH, InferenceServiceSpec, ScaleToZeroSpec, SpecError
 from .common import ROUTER_SUFFIX, Owner, Role, object_meta, router_pod_labels, serving_labels
 from .service import HTTP_PORT
 
@@ -85,9 +89,34 @@ class ActivatorEndpoints:
         return bool(self.addresses) and self.port > 0
 
 
+def ready_on_path(status: JsonObject) -> int | None:
+    """The ready replicas a request on its way in can reach: the service's readyReplicas, or,
+    for a service of several workloads (status.roles: the predictor and its router), the
+    fewest any one of them has, since a request passes each."""
+    roles = status.get("roles")
+    if not roles:
+        ready = status.get("readyReplicas")
+        return None if ready is None else int(ready)
+    return min(int(role.get("readyReplicas") or 0) for role in roles)
+
+
+def scale_to_zero_of(spec: InferenceServiceSpec) -> ScaleToZeroSpec | None:
+    """The service's scale to zero: autoscaling.scaleToZero, or the prefill/decode pair's
+    (disaggregation.scaleToZero)."""
+    if spec.disaggregation is not None:
+        return spec.disaggregation.scale_to_zero
+    return None if spec.autoscaling is None else spec.autoscaling.scale_to_zero
+
+
 def scales_to_zero(owner: Owner) -> bool:
-    scaling = owner.spec.autoscaling
-    return scaling is not None and scaling.scale_to_zero is not None
+    return scale_to_zero_of(owner.spec) is not None
+
+
+def asked_replicas(spec: InferenceServiceSpec) -> int:
+    """The replicas the spec asks of the path's workloads: spec.replicas, or with
+    spec.disaggregation the fewer of the two roles' (a request needs a pod of each)."""
+    pd = spec.disaggregation
+    return spec.replicas if pd is None else min(pd.prefill.replicas, pd.decode.replicas)
 
 
 def routed(owner: Owner) -> bool:
@@ -157,13 +186,13 @@ def build_activator_slice(owner: Owner, activator: ActivatorEndpoints) -> JsonOb
     pods, on the Service's `http` port, and on its `grpc` port when the service has one
     (runtime.grpcPort, never with a router) and the activator listens for gRPC: kube-proxy
     pairs a slice's ports with the Service's by name."""
-    scaling = owner.spec.autoscaling
-    assert scaling is not None and scaling.scale_to_zero is not None
+    zero = scale_to_zero_of(owner.spec)
+    assert zero is not None
     check_names(owner.name, routed(owner))
     meta = object_meta(
         owner,
         slice_name(owner.name),
-        {ROUTE_ANNOTATION: json.dumps(route_settings(owner, scaling.scale_to_zero))},
+        {ROUTE_ANNOTATION: json.dumps(route_settings(owner, zero))},
         role=Role.ACTIVATOR,
     )
     entry = entry_service_name(owner)

@@ -10,7 +10,8 @@ selector too, so the two Deployments never select each other's pods), and given 
 
 Per role, beside the Deployment: a PodDisruptionBudget with more than one replica, the DRA
 claim template of its own resources, an HPA or a KEDA ScaledObject (with its
-TriggerAuthentication) reading the role's own pods, and a NetworkPolicy that opens the role's
+TriggerAuthentication) reading the role's own pods (none in mode builtin: the operator's loop
+writes spec.disaggregation.ROLE.replicas, `replicas_patch`), and a NetworkPolicy that opens the role's
 KV-transfer ports to the other role's pods of this service alone, in its namespace alone.
 
 The router (router.py) runs in P/D mode over the two roles (`pd_discovery_args`). NAME's own
@@ -39,7 +40,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..engines.base import ServiceValues
@@ -48,8 +49,12 @@ from ..kinds import NETWORK_POLICY, POD_DISRUPTION_BUDGET
 from ..models import (
     NAME_MAX_LENGTH,
     AutoscalingMode,
+    DecodeSpec,
     DisaggregationSpec,
+    InferenceServiceSpec,
     KvConnector,
+    PrefillSpec,
+    ScaleToZeroSpec,
     SpecError,
 )
 from ..prometheus import promql
@@ -224,23 +229,57 @@ def _spec(owner: Owner) -> DisaggregationSpec:
     return spec
 
 
+def role_workload(name: str, role: Role) -> str:
+    """NAME-ROLE: the role's Deployment (and its pods' names' prefix) of the service NAME."""
+    return f"{name}-{role}"
+
+
 def role_name(owner: Owner, role: Role) -> str:
-    return f"{owner.name}-{role}"
+    return role_workload(owner.name, role)
+
+
+def role_part(spec: InferenceServiceSpec, role: Role) -> PrefillSpec | DecodeSpec:
+    pd = spec.disaggregation
+    if pd is None:
+        raise ValueError("the roles are built only for spec.disaggregation")
+    return pd.prefill if role == Role.PREFILL else pd.decode
+
+
+def role_spec(spec: InferenceServiceSpec, role: Role) -> InferenceServiceSpec:
+    """The spec as one role's workload sees it, a service of its own: the role's replicas,
+    resources (spec.resources when it has none) and autoscaling. With the pair's scaleToZero the
+    role's autoscaling reads minReplicas 0 and that scaleToZero, as a service's that goes to zero
+    does: its Deployment runs the 0 the loop writes, and the loop holds it there until a wake."""
+    part = role_part(spec, role)
+    scaling = part.autoscaling
+    zero = pair_scale_to_zero(spec)
+    if scaling is not None and zero is not None:
+        scaling = scaling.model_copy(update={"min_replicas": 0, "scale_to_zero": zero})
+    return spec.model_copy(
+        update={"replicas": part.replicas, "resources": part.resources or spec.resources, "autoscaling": scaling}
+    )
+
+
+def pair_scale_to_zero(spec: InferenceServiceSpec) -> ScaleToZeroSpec | None:
+    """disaggregation.scaleToZero, the pair's (None without spec.disaggregation)."""
+    return None if spec.disaggregation is None else spec.disaggregation.scale_to_zero
+
+
+def role_replicas(spec: InferenceServiceSpec) -> dict[Role, int]:
+    """Each role's spec replicas, the counts the built-in loop writes."""
+    return {role: role_part(spec, role).replicas for role in ROLES}
+
+
+def replicas_patch(counts: Mapping[Role, int]) -> JsonObject:
+    """The merge patch of the InferenceService that sets these roles' replicas (one write for
+    the pair: they go to zero and back together)."""
+    return {"spec": {"disaggregation": {str(role): {"replicas": n} for role, n in counts.items()}}}
 
 
 def role_owner(owner: Owner, role: Role) -> Owner:
-    """The owner as the predictor's builders should see one role: the spec with the role's
-    replicas, resources (spec.resources when it has none) and autoscaling."""
-    spec = _spec(owner)
-    part = spec.prefill if role == Role.PREFILL else spec.decode
-    updated = owner.spec.model_copy(
-        update={
-            "replicas": part.replicas,
-            "resources": part.resources or owner.spec.resources,
-            "autoscaling": part.autoscaling,
-        }
-    )
-    return dataclasses.replace(owner, spec=updated)
+    """The owner as the predictor's builders should see one role (`role_spec`)."""
+    _spec(owner)
+    return dataclasses.replace(owner, spec=role_spec(owner.spec, role))
 
 
 def role_gpus(owner: Owner, role: Role) -> int:
@@ -340,7 +379,9 @@ def build_role_pdb(owner: Owner, role: Role) -> JsonObject:
 
 
 def needs_role_pdb(owner: Owner, role: Role) -> bool:
-    part = role_owner(owner, role).spec
+    """More than one replica while it serves: the role's own floor (a pair at zero has no pod
+    for a budget to keep, and its floor while it serves is still the role's minReplicas)."""
+    part = role_part(owner.spec, role)
     floor = part.autoscaling.min_replicas if part.autoscaling is not None else part.replicas
     return floor > 1
 
@@ -377,8 +418,8 @@ def _scaler(owner: Owner, role: Role) -> list[JsonObject]:
     """The role's HPA, or KEDA's ScaledObject (and TriggerAuthentication), over the role's pods."""
     part = role_owner(owner, role)
     scaling = part.spec.autoscaling
-    if scaling is None:
-        return []
+    if scaling is None or scaling.mode == AutoscalingMode.BUILTIN:
+        return []  # builtin: the operator's loop writes the role's replicas (autoscaler/loop.py)
     name = role_name(owner, role)
     query = promql.metric_query(
         scaling.metric,

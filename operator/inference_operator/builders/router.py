@@ -28,8 +28,9 @@ What the router is told, and why (flags of vllm-router 0.1.17, `vllm-router --he
 The pod runs as a non-root user, read-only root filesystem, no capability, RuntimeDefault
 seccomp, with a preStop sleep so that the endpoints drop the pod before the SIGTERM comes.
 
-At zero (autoscaling.scaleToZero, spec.replicas 0) the router's replicas go to zero with the
-workers and come back with them (`router_replicas`). Kept up, a router pod with no worker is
+At zero (autoscaling.scaleToZero, spec.replicas 0; or disaggregation.scaleToZero, both roles'
+replicas 0) the router's replicas go to zero with the workers and come back with them
+(`router_replicas`). Kept up, a router pod with no worker is
 not Ready (its /readiness answers 503): its Deployment would read unavailable at zero, its PDB
 would allow no eviction (no pod healthy) and block node drains, and a change of the router's
 spec at zero would roll out a pod that never becomes Ready (maxUnavailable 0) until a wake.
@@ -57,7 +58,7 @@ from .common import (
     serving_labels,
 )
 from .deployment import desired_replicas
-from .disaggregation import disaggregated, pd_discovery_args
+from .disaggregation import ROLES, disaggregated, pd_discovery_args, role_spec
 from .network_policy import OPERATOR_POD_LABELS
 from .service import HTTP_PORT
 
@@ -103,7 +104,10 @@ def deploys_router(owner: Owner) -> bool:
 def router_replicas(owner: Owner) -> int:
     """The router's replicas: routing.router.replicas, or none while its workers are asked for
     none (a service at zero; see the module's docstring)."""
-    at_zero = not disaggregated(owner) and desired_replicas(owner.spec) == 0
+    if disaggregated(owner):  # a pair at zero: both roles asked for none
+        at_zero = all(desired_replicas(role_spec(owner.spec, role)) == 0 for role in ROLES)
+    else:
+        at_zero = desired_replicas(owner.spec) == 0
     return 0 if at_zero else _spec(owner).replicas
 
 

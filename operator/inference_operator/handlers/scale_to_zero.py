@@ -9,7 +9,7 @@ import kopf
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from ..builders.activator import SERVICE_NAME_LABEL, WAKE_ANNOTATION, ActivatorEndpoints, Wake
+from ..builders.activator import SERVICE_NAME_LABEL, WAKE_ANNOTATION, ActivatorEndpoints, Wake, asked_replicas
 from ..k8s import KubeApi
 from ..kinds import ENDPOINT_SLICE, INFERENCE_SERVICE
 from ..models import SpecError, parse_spec
@@ -82,11 +82,11 @@ def wake_on_request(body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: k
         return  # the reconcile handler reports it
     wake = Wake.of(meta.get("annotations"))
     zero_since = Wake.of({WAKE_ANNOTATION: ((body.get("status") or {}).get("autoscaler") or {}).get("lastScaleTime")})
-    replicas = wake_replicas(owner, spec.replicas, wake, zero_since.at)
+    replicas = wake_replicas(owner, asked_replicas(spec), wake, zero_since.at)
     if replicas is None:
         return  # not at zero, or a wake from before the service last went to zero
     try:
-        scale_to_zero_wake(memo.api, owner.namespace, owner.name, replicas)
+        scale_to_zero_wake(memo.api, owner.namespace, owner.name, spec, replicas)
     except (ApiException, urllib3.exceptions.HTTPError) as exc:
         logger.warning("wake not written: %s", exc)  # the activator asks again within seconds
         return

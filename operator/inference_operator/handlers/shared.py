@@ -132,8 +132,12 @@ def follow_activator(
 
 
 def serves_at_zero(isvc: JsonObject) -> bool:
-    """The service scales to zero: at zero it is Ready (status.compute_status)."""
-    scaling = (isvc.get("spec") or {}).get("autoscaling") or {}
+    """The service scales to zero (autoscaling.scaleToZero, or the prefill/decode pair's
+    disaggregation.scaleToZero): at zero it is Ready (status.compute_status)."""
+    spec = isvc.get("spec") or {}
+    if (spec.get("disaggregation") or {}).get("scaleToZero"):
+        return True
+    scaling = spec.get("autoscaling") or {}
     return bool(scaling.get("scaleToZero")) and scaling.get("minReplicas") == 0
 
 

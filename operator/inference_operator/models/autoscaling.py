@@ -73,31 +73,34 @@ class ScaleToZeroSpec(SpecModel):
     )
 
 
+# AutoscalingSpec's rules by name: a role of spec.disaggregation keeps the first and replaces the
+# scale-to-zero pair's (the pair goes to zero together, models/disaggregation.py).
+MIN_MAX_RULE = cel(
+    "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+    "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
+    ".minReplicas",
+)
+SCALE_TO_ZERO_RULES = (
+    cel(
+        "(has(self.minReplicas) && self.minReplicas == 0) == has(self.scaleToZero)",
+        "autoscaling.minReplicas 0 and autoscaling.scaleToZero go together: scaleToZero says when to go "
+        "to zero and how long a request may wait for the first replica",
+        ".scaleToZero",
+    ),
+    cel(
+        "!has(self.scaleToZero) || !has(self.mode) || self.mode == 'builtin'",
+        "autoscaling.scaleToZero needs mode builtin: an HPA cannot go below one replica, and KEDA "
+        "would wake the service only after its next Prometheus poll while the first request waits",
+        ".mode",
+    ),
+)
+
+
 class AutoscalingSpec(SpecModel):
     """Autoscaling on a latency SLO or a load metric read from Prometheus, between minReplicas and
     maxReplicas; the scaler writes spec.replicas (the scale subresource)."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
-                "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
-                ".minReplicas",
-            ),
-            cel(
-                "(has(self.minReplicas) && self.minReplicas == 0) == has(self.scaleToZero)",
-                "autoscaling.minReplicas 0 and autoscaling.scaleToZero go together: scaleToZero says when to go "
-                "to zero and how long a request may wait for the first replica",
-                ".scaleToZero",
-            ),
-            cel(
-                "!has(self.scaleToZero) || !has(self.mode) || self.mode == 'builtin'",
-                "autoscaling.scaleToZero needs mode builtin: an HPA cannot go below one replica, and KEDA "
-                "would wake the service only after its next Prometheus poll while the first request waits",
-                ".mode",
-            ),
-        )
-    )
+    model_config = ConfigDict(json_schema_extra=cel_rules(MIN_MAX_RULE, *SCALE_TO_ZERO_RULES))
 
     mode: AutoscalingMode = Field(
         AutoscalingMode.BUILTIN,

@@ -5,16 +5,21 @@ each request to a pod of each role.
 
 Each role has its own replicas, resources (the predictor's types: GPUs, partitions, DRA) and
 autoscaling: prefill on time to first token or waiting requests, decode on inter-token latency or
-KV-cache use, through an HPA or a KEDA ScaledObject (the built-in loop writes one count per
-service, spec.replicas, so it does not scale a role yet).
+KV-cache use, through the built-in loop (which writes the role's replicas), an HPA or a KEDA
+ScaledObject.
+
+Scale to zero is the pair's, `disaggregation.scaleToZero`, not a role's: a request needs a pod
+of each role, so a role alone at zero would leave the other idle and every request failing.
+Both roles then take the built-in loop (it alone goes to zero and wakes on the first request),
+each role's minReplicas stays its floor while it serves, and the pair goes to zero and back
+together (autoscaler/loop.py: `PairAutoscaler`).
 
 The rules across the spec (`RULES`) join InferenceServiceSpec's: they refuse what a
-disaggregated service cannot be, each with the reason. A canary rollout, an InferencePool and
-scale to zero are refused by routing.router's rules, which a disaggregated service needs: a
-canary is one more workload of a single role, a gateway's picker chooses one pod per request
-where a request here needs one of each role, and the activator holds requests at a Service the
-router does not use. A role's autoscaling keeps AutoscalingSpec's rules: scale to zero needs
-mode builtin, which a role does not take.
+disaggregated service cannot be, each with the reason. A canary rollout and an InferencePool
+are refused by routing.router's rules, which a disaggregated service needs: a canary is one more
+workload of a single role, and a gateway's picker chooses one pod per request where a request
+here needs one of each role. spec.autoscaling (and with it its scaleToZero) gives way to the
+roles' own and the pair's.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from .autoscaling import AutoscalingMode, AutoscalingSpec
+from .autoscaling import MIN_MAX_RULE, AutoscalingMode, AutoscalingSpec, ScaleToZeroSpec
 from .base import SpecModel, cel, cel_rules, cel_string, flag_prefixes
 from .engines import Metric, cel_engine_in, engine_names, engines_where
 from .resources import ResourcesSpec
@@ -46,13 +51,6 @@ class KvConnector(StrEnum):
     MOONCAKE = "mooncake"
 
 
-def _inherited_rules() -> dict[str, Any]:
-    """AutoscalingSpec's own rules: a subclass's model_config replaces them, so they are repeated."""
-    extra = AutoscalingSpec.model_config.get("json_schema_extra")
-    assert isinstance(extra, dict)
-    return dict(extra)
-
-
 def _role_metric_rule(role: str, metrics: tuple[Metric, ...]) -> dict[str, Any]:
     listed = ", ".join(f"'{m.value}'" for m in metrics)
     return cel(
@@ -62,13 +60,21 @@ def _role_metric_rule(role: str, metrics: tuple[Metric, ...]) -> dict[str, Any]:
     )
 
 
+# AutoscalingSpec's own min/max rule (a subclass's model_config replaces it, so it is repeated);
+# its scale-to-zero rules give way to the pair's (disaggregation.scaleToZero).
 _ROLE_AUTOSCALING_RULES = (
-    _inherited_rules(),
+    MIN_MAX_RULE,
     cel(
-        "!has(self.mode) || self.mode != 'builtin'",
-        "a role's autoscaling needs mode hpa or keda: the built-in loop scales spec.replicas, one count for the "
-        "whole service, not a role's",
-        ".mode",
+        "!has(self.scaleToZero)",
+        "a role does not go to zero alone: a request needs a pod of each role; set disaggregation.scaleToZero, "
+        "which takes the pair to zero and back together",
+        ".scaleToZero",
+    ),
+    cel(
+        "!has(self.minReplicas) || self.minReplicas >= 1",
+        "a role's autoscaling.minReplicas is its floor while it serves, at least 1: disaggregation.scaleToZero "
+        "takes the pair below it when idle",
+        ".minReplicas",
     ),
 )
 
@@ -82,7 +88,9 @@ class PrefillAutoscalingSpec(AutoscalingSpec):
     )
 
     mode: AutoscalingMode = Field(
-        AutoscalingMode.HPA, description="hpa or keda: an HPA or a KEDA ScaledObject of the role's Deployment."
+        AutoscalingMode.HPA,
+        description="builtin (the operator's loop writes the role's replicas), hpa or keda (an HPA or a KEDA "
+        "ScaledObject of the role's Deployment).",
     )
     metric: Metric = Field(
         Metric.TTFT_P95_MS,
@@ -99,7 +107,9 @@ class DecodeAutoscalingSpec(AutoscalingSpec):
     )
 
     mode: AutoscalingMode = Field(
-        AutoscalingMode.HPA, description="hpa or keda: an HPA or a KEDA ScaledObject of the role's Deployment."
+        AutoscalingMode.HPA,
+        description="builtin (the operator's loop writes the role's replicas), hpa or keda (an HPA or a KEDA "
+        "ScaledObject of the role's Deployment).",
     )
     metric: Metric = Field(
         Metric.ITL_P95_MS,
@@ -123,12 +133,18 @@ class PrefillSpec(SpecModel):
 
     model_config = ConfigDict(json_schema_extra=_ROLE_RULES)
 
-    replicas: int = Field(1, ge=1, le=1000, description="Prefill replicas; written by its autoscaler when set.")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Prefill replicas; written by its autoscaler when set (mode builtin: 0 while the pair is at "
+        "zero, disaggregation.scaleToZero).",
+    )
     resources: ResourcesSpec | None = Field(
         None, description="GPUs, CPU and memory of each prefill replica; spec.resources when unset."
     )
     autoscaling: PrefillAutoscalingSpec | None = Field(
-        None, description="Scale the prefill role on ttftP95Ms or requestsWaiting (mode hpa or keda)."
+        None, description="Scale the prefill role on ttftP95Ms or requestsWaiting (mode builtin, hpa or keda)."
     )
 
 
@@ -137,12 +153,18 @@ class DecodeSpec(SpecModel):
 
     model_config = ConfigDict(json_schema_extra=_ROLE_RULES)
 
-    replicas: int = Field(1, ge=1, le=1000, description="Decode replicas; written by its autoscaler when set.")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Decode replicas; written by its autoscaler when set (mode builtin: 0 while the pair is at "
+        "zero, disaggregation.scaleToZero).",
+    )
     resources: ResourcesSpec | None = Field(
         None, description="GPUs, CPU and memory of each decode replica; spec.resources when unset."
     )
     autoscaling: DecodeAutoscalingSpec | None = Field(
-        None, description="Scale the decode role on itlP95Ms or kvCacheUsage (mode hpa or keda)."
+        None, description="Scale the decode role on itlP95Ms or kvCacheUsage (mode builtin, hpa or keda)."
     )
 
 
@@ -157,16 +179,42 @@ class KvTransferSpec(SpecModel):
     )
 
 
+def _builtin(role: str) -> str:
+    return (
+        f"has(self.{role}) && has(self.{role}.autoscaling) && has(self.{role}.autoscaling.mode)"
+        f" && self.{role}.autoscaling.mode == 'builtin'"
+    )
+
+
+_PAIR_RULES = cel_rules(
+    cel(
+        f"!has(self.scaleToZero) || ({_builtin('prefill')} && {_builtin('decode')})",
+        "disaggregation.scaleToZero needs both roles' autoscaling with mode builtin: the built-in loop takes the "
+        "pair to zero together and wakes both on the first request; an HPA cannot go below one replica, and "
+        "KEDA would wake a role only after its next Prometheus poll",
+        ".scaleToZero",
+    ),
+)
+
+
 class DisaggregationSpec(SpecModel):
     """Prefill/decode disaggregation (engine vllm, with routing.router): two workloads, NAME-prefill and
     NAME-decode, in place of NAME's; the router sends each request's prompt to a prefill pod and its
     generation to a decode pod, and the KV connector moves the cache between them. spec.replicas,
     spec.autoscaling and spec.resources give way to each role's own (resources: the default)."""
 
+    model_config = ConfigDict(json_schema_extra=_PAIR_RULES)
+
     prefill: PrefillSpec = Field(default_factory=PrefillSpec, description="The prefill role.")
     decode: DecodeSpec = Field(default_factory=DecodeSpec, description="The decode role.")
     kv_transfer: KvTransferSpec = Field(
         default_factory=KvTransferSpec, description="The KV connector between the roles."
+    )
+    scale_to_zero: ScaleToZeroSpec | None = Field(
+        None,
+        description="Take both roles (and the router) to zero when the service is idle, and both back on the "
+        "first request, which the activator holds meanwhile. Both roles' autoscaling in mode builtin; each "
+        "role's minReplicas is its floor while it serves.",
     )
 
 

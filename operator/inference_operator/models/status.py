@@ -40,8 +40,8 @@ class Condition(StatusModel):
     )
 
 
-class AutoscalerStatus(StatusModel):
-    """What the autoscaler last observed and decided (mode builtin)."""
+class RoleAutoscalerStatus(StatusModel):
+    """What the autoscaler last observed and decided (mode builtin), for the service or one role."""
 
     metric: str | None = Field(None, description="The metric it scales on (spec.autoscaling.metric).")
     current_value: float | None = Field(
@@ -53,6 +53,14 @@ class AutoscalerStatus(StatusModel):
     desired_replicas: int | None = Field(None, description="Replicas its last decision asked for.")
     last_scale_time: datetime | None = Field(None, description="When it last changed spec.replicas.")
     reason: str | None = Field(None, description="Why it decided as it did, e.g. within 10% of target.")
+
+
+class AutoscalerStatus(RoleAutoscalerStatus):
+    """What the autoscaler last observed and decided (mode builtin); with spec.disaggregation, each
+    role's under its name, and the pair's scale to zero in reason and lastScaleTime."""
+
+    prefill: RoleAutoscalerStatus | None = Field(None, description="The prefill role's (spec.disaggregation).")
+    decode: RoleAutoscalerStatus | None = Field(None, description="The decode role's (spec.disaggregation).")
 
 
 class CanaryCheck(StatusModel):

@@ -99,19 +99,21 @@ def metric_query(
     return _gpu_mean(source, namespace, sel, window_seconds)
 
 
-def request_latency_ms(engine: Engine, namespace: str, model: str, window_seconds: int) -> str:
-    """p95 request latency (vLLM: end to end), shown in status next to the scaling metric."""
-    series, sel = _series(engine), _engine_selector(engine, namespace, model)
+def request_latency_ms(engine: Engine, namespace: str, model: str, window_seconds: int, pods: str | None = None) -> str:
+    """p95 request latency (vLLM: end to end), shown in status next to the scaling metric; with
+    `pods`, over those pods alone (a role's)."""
+    series, sel = _series(engine), _engine_selector(engine, namespace, model, pods)
     return _quantile_ms(series.request_latency, 0.95, sel, series.scraped[0], window_seconds)
 
 
-def data_age_seconds(namespace: str, model: str, engine: Engine = DEFAULT_ENGINE) -> str:
-    """Seconds since the newest scraped sample of the service's always-present series.
+def data_age_seconds(namespace: str, model: str, engine: Engine = DEFAULT_ENGINE, pods: str | None = None) -> str:
+    """Seconds since the newest scraped sample of the service's always-present series (with
+    `pods`, of those pods': a role's, so a role whose pods are not scraped has no data).
 
     timestamp() of a plain selector returns the sample's own time; scrapes that fail mark
     series stale, so a dead service answers an empty vector rather than an old age.
     """
-    series, sel = _series(engine), _engine_selector(engine, namespace, model)
+    series, sel = _series(engine), _engine_selector(engine, namespace, model, pods)
     return "time() - max(" + " or ".join(f"timestamp({name}{sel})" for name in series.scraped) + ")"
 
 

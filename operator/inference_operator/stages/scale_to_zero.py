@@ -10,7 +10,13 @@ scale_to_zero.py keeps that slice from those events rather than from the spec.
 
 from __future__ import annotations
 
-from ..builders.activator import ActivatorEndpoints, build_activator_slice, build_private_service, scales_to_zero
+from ..builders.activator import (
+    ActivatorEndpoints,
+    asked_replicas,
+    build_activator_slice,
+    build_private_service,
+    scales_to_zero,
+)
 from ..builders.common import Owner
 from ..jsontypes import JsonObject
 from ..kinds import SERVICE, in_apply_order
@@ -42,7 +48,7 @@ def activator_slice(
 ) -> JsonObject | None:
     """NAME-activator as it should be now, or None: NAME's traffic goes to the activator while
     zero replicas are asked for or none is ready, and there is an activator to go to."""
-    at_zero = owner.spec.replicas == 0 or not ready_replicas
+    at_zero = asked_replicas(owner.spec) == 0 or not ready_replicas
     if not scales_to_zero(owner) or not at_zero or activator is None or not activator.usable:
         return None
     return build_activator_slice(owner, activator)
