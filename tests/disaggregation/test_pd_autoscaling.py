@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from inference_operator.autoscaler.loop import PairAutoscaler
+from inference_operator.autoscaler.pair import PairAutoscaler
 from inference_operator.builders import Owner, build_all
 from inference_operator.builders.activator import ActivatorEndpoints, asked_replicas
 from inference_operator.models import parse_spec

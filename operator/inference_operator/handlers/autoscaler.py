@@ -18,7 +18,8 @@ from typing import Any
 import kopf
 
 from .. import metrics
-from ..autoscaler.loop import Autoscaler, PairAutoscaler, builtin_roles
+from ..autoscaler.loop import Autoscaler
+from ..autoscaler.pair import PairAutoscaler, builtin_roles
 from ..builders.disaggregation import ROLES
 from ..models import AutoscalingMode, InferenceServiceSpec
 from .daemons import SPEC_RETRY_SECONDS, Daemon, Tick, service_daemon

@@ -12,7 +12,7 @@ Scale to zero is the pair's, `disaggregation.scaleToZero`, not a role's: a reque
 of each role, so a role alone at zero would leave the other idle and every request failing.
 Both roles then take the built-in loop (it alone goes to zero and wakes on the first request),
 each role's minReplicas stays its floor while it serves, and the pair goes to zero and back
-together (autoscaler/loop.py: `PairAutoscaler`).
+together (autoscaler/pair.py: `PairAutoscaler`).
 
 The rules across the spec (`RULES`) join InferenceServiceSpec's: they refuse what a
 disaggregated service cannot be, each with the reason. A canary rollout and an InferencePool
