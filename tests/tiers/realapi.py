@@ -1,0 +1,98 @@
+"""The real-apiserver tier's fixtures (a plugin, loaded by tests/conftest.py; tests/tiers/realapi.md):
+a real kube-apiserver and etcd (envtest's layout), the shipped CRDs, the chart's RBAC for the
+operator's user, and the real operator process.
+
+Its tests are the modules `*_realapi.py` marked `realapi`, skipped with one line where the
+binaries are not installed (testsupport/envtest.py says where they are looked for). The
+`operator` fixture here is the operator as a process on that API server; tests/conftest.py's
+`operator` (kopf's runner on the emulator) is nearer every test, so a tier module that wants
+this one imports it by name.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from testsupport.envtest import OPERATOR_USER, SKIP_REASON, ApiServer, assets, install_crds, running_apiserver
+from testsupport.processes import stop
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test marked `realapi` is skipped with one reason where the binaries are missing."""
+    tier = [item for item in items if item.get_closest_marker("realapi")]
+    if tier and assets() is None:
+        skip = pytest.mark.skip(reason=SKIP_REASON)
+        for item in tier:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    directory = assets()
+    assert directory is not None
+    with running_apiserver(tmp_path_factory.mktemp("envtest"), directory) as server:
+        install_crds(server)
+        yield server
+
+
+class Operator:
+    """The operator as a process (`inference-operator run -A`), as the operator's user (or
+    `user`), with `args` added to its command line and `env` to its environment."""
+
+    def __init__(
+        self,
+        server: ApiServer,
+        log: pathlib.Path,
+        user: str = OPERATOR_USER,
+        args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
+        self.server, self.log, self.user, self.args, self.env = server, log, user, args, env or {}
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {"KUBECONFIG": str(self.server.kubeconfig(self.user)), "PATH": "/usr/bin:/bin"}
+        env.update({k: v for k, v in __import__("os").environ.items() if k.startswith(("PYTHON", "HOME", "LANG"))})
+        # The platform's registries: the examples' modelcar images come from ghcr.io/example/.
+        env["INFERENCE_OPERATOR_POLICY_IMAGE_REGISTRIES"] = "ghcr.io/rocm-inference/,ghcr.io/example/"
+        # NetworkPolicies on, as the chart installs it.
+        env["INFERENCE_OPERATOR_NETWORK_POLICY"] = "true"
+        env["INFERENCE_OPERATOR_NAMESPACE"] = "inference-system"
+        env.update(self.env)
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "inference_operator", "run", "-A", "--metrics-port", "0", "-v", *self.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def stop(self) -> int:
+        assert self.process is not None
+        code = stop(self.process, timeout=20)
+        self.process = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer ends a process: no cleanup, no goodbye to its peers."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(10)
+        self.process = None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def operator(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    running = Operator(apiserver, tmp_path_factory.mktemp("operator") / "operator.log")
+    running.start()
+    yield running
+    if running.process is not None:
+        running.stop()
