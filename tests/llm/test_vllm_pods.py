@@ -28,9 +28,9 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -39,7 +39,6 @@ from inference_operator.builders.common import engine_port
 from inference_operator.builders.router import METRICS_PORT as ROUTER_METRICS_PORT
 from inference_operator.engines.vllm import PRE_STOP_SECONDS
 from inference_operator.models import parse_spec
-from tests.llm.conftest import tiny_llama  # noqa: F401  (a fixture)
 from tests.llm.tiny_lora import adapter_files
 from tests.observability import dashboard
 from tests.tiers.pods import (
@@ -927,6 +926,34 @@ def routed_replicas_ready(node: NodeCluster) -> dict[str, str] | None:
     return None
 
 
+T = TypeVar("T")
+
+
+def remake_service(node: NodeCluster, service: dict, gone: str, ready: Callable[[], T | None], what: str) -> T:
+    """The service deleted (its pods `gone` selects all gone), `service` applied in its place (a
+    rolling update would need room for a third vLLM pod on the node's 2 CPUs), and `ready()`'s
+    answer once it has one; the time from apply to ready is the figure `what` names."""
+    node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=180s", "--ignore-not-found")
+    wait_for(lambda: not pods(node, NS, gone), timeout=180, message="the service's pods gone")
+    applied = time.monotonic()
+    apply(node, service)
+    found: T = wait_for(ready, timeout=600, interval=0.5, message=what)
+    FIGURES[f"{what}: applied to Ready (s)"] = time.monotonic() - applied
+    return found
+
+
+def wait_router_workers(address: str, ips: list[str], what: str) -> None:
+    """Until the router at `address` lists a worker at each of `ips`. A Ready router is reached
+    through its Service once kube-proxy has its endpoint, a moment later: until then the
+    ClusterIP refuses, as it would for any client."""
+
+    def workers() -> str | None:
+        listed = httpx.get(f"http://{address}/list_workers", timeout=10)
+        return listed.text if listed.status_code == 200 and all(ip in listed.text for ip in ips) else None
+
+    wait_for(workers, timeout=60, interval=0.5, message=f"the router's workers: {what}", ignore=(httpx.TransportError,))
+
+
 def replica_metrics(replicas: dict[str, str]) -> dict[str, dict[str, float]]:
     return {name: replica_counters(httpx.get(f"http://{a}/metrics", timeout=10).text) for name, a in replicas.items()}
 
@@ -938,32 +965,14 @@ def test_the_router_takes_the_service_with_two_replicas_and_its_url(
     replicas and a router (a rolling update would need room for a third vLLM pod on the node's 2
     CPUs); the router, from the image router/Dockerfile builds, watches the namespace's pods with
     the chart's ClusterRole and takes both replicas; status.url names it."""
-    node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=180s", "--ignore-not-found")
-    wait_for(lambda: not pods(node, NS, SELECTOR), timeout=180, message="the service's pods gone")
-    applied = time.monotonic()
-    apply(node, routed_service(hub, prometheus))
-    replicas = wait_for(
-        lambda: routed_replicas_ready(node), timeout=600, interval=0.5, message="two replicas, a router"
+    replicas = remake_service(
+        node,
+        routed_service(hub, prometheus),
+        SELECTOR,
+        lambda: routed_replicas_ready(node),
+        f"vLLM router: two replicas ({ROUTED_CPU}) and the router",
     )
-    FIGURES[f"vLLM router: applied to two replicas ({ROUTED_CPU}) and the router Ready (s)"] = (
-        time.monotonic() - applied
-    )
-    address = router_address(node)
-
-    def workers() -> str | None:
-        listed = httpx.get(f"http://{address}/list_workers", timeout=10)
-        ips = [a.split(":")[0] for a in replicas.values()]
-        return listed.text if listed.status_code == 200 and all(ip in listed.text for ip in ips) else None
-
-    # A Ready router is reached through its Service once kube-proxy has its endpoint, a moment
-    # later: until then the ClusterIP refuses, as it would for any client.
-    wait_for(
-        workers,
-        timeout=60,
-        interval=0.5,
-        message="the router's workers: both replicas",
-        ignore=(httpx.TransportError,),
-    )
+    wait_router_workers(router_address(node), [a.split(":")[0] for a in replicas.values()], "both replicas")
     assert ris(node)["status"]["url"] == f"http://{NAME}-router.{NS}.svc.cluster.local"
 
 
@@ -1157,25 +1166,15 @@ def test_disaggregation_makes_the_service_a_prefill_and_a_decode_replica_the_rou
     """spec.disaggregation on the real pods: the routed service deleted and made again with one
     prefill and one decode replica (room on the node's 2 CPUs); the router finds each role by
     label, and status.roles names both roles Ready."""
-    node.kubectl("delete", "ris", NAME, "-n", NS, "--wait=true", "--timeout=180s", "--ignore-not-found")
-    wait_for(lambda: not pods(node, NS, INSTANCE_SELECTOR), timeout=180, message="the service's pods gone")
-    applied = time.monotonic()
-    apply(node, pd_service(hub, prometheus))
-    ready = wait_for(
-        lambda: pd_pods_ready(node), timeout=600, interval=0.5, message="a prefill, a decode and a router Ready"
+    ready = remake_service(
+        node,
+        pd_service(hub, prometheus),
+        INSTANCE_SELECTOR,
+        lambda: pd_pods_ready(node),
+        f"vLLM P/D: prefill and decode ({ROUTED_CPU} each) and the router",
     )
-    FIGURES[f"vLLM P/D: applied to prefill and decode ({ROUTED_CPU} each) and the router Ready (s)"] = (
-        time.monotonic() - applied
-    )
-    address = router_address(node)
-    ips = [ready[role]["status"]["podIP"] for role in ("prefill", "decode")]
-
-    def workers() -> str | None:
-        listed = httpx.get(f"http://{address}/list_workers", timeout=10)
-        return listed.text if listed.status_code == 200 and all(ip in listed.text for ip in ips) else None
-
-    wait_for(
-        workers, timeout=60, interval=0.5, message="the router's workers: both roles", ignore=(httpx.TransportError,)
+    wait_router_workers(
+        router_address(node), [ready[role]["status"]["podIP"] for role in ("prefill", "decode")], "both roles"
     )
     status = wait_for(
         lambda: (s := ris_status(node)) and roles_ready(s) == {"prefill": True, "decode": True, "router": True} and s,
