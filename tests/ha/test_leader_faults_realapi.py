@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.reconcile.test_operator_realapi import apply_cr, container, deployment, isvc, namespace, observed, resnet
-from tests.tiers.realapi import Operator
+from tests.tiers.realapi import Operator, own_apiserver
 from testsupport.envtest import (
     OPERATOR_USER,
     OPERATOR_USERS,
@@ -32,9 +32,6 @@ from testsupport.envtest import (
     SECOND_OPERATOR_USER,
     ApiServer,
     Write,
-    assets,
-    install_crds,
-    running_apiserver,
 )
 from testsupport.waiting import eventually
 
@@ -55,10 +52,7 @@ _replicas = itertools.count()
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     """An API server of this module's own, with kopf's peering rules for both operator users
     (the chart's, given with `--peering`) and the peering object."""
-    directory = assets()
-    assert directory is not None
-    with running_apiserver(tmp_path_factory.mktemp("envtest-leader"), directory) as api:
-        install_crds(api)
+    with own_apiserver(tmp_path_factory, "envtest-leader") as (api, _):
         name = "inference-operator-peering"
         role = {
             "apiVersion": "rbac.authorization.k8s.io/v1",

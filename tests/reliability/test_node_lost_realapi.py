@@ -25,8 +25,8 @@ import httpx
 import pytest
 
 from tests.reconcile.test_operator_realapi import apply_cr, deployment, isvc, namespace, observed, resnet
-from tests.tiers.realapi import Operator
-from testsupport.envtest import ApiServer, assets, install_crds, running_apiserver
+from tests.tiers.realapi import Operator, own_apiserver, running_operator
+from testsupport.envtest import ApiServer, assets
 from testsupport.processes import stop
 from testsupport.waiting import eventually
 
@@ -107,9 +107,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServe
     assert directory is not None
     if not (directory / "kube-controller-manager").is_file():
         pytest.skip(f"no kube-controller-manager in {directory}")
-    work = tmp_path_factory.mktemp("envtest-nodes")
-    with running_apiserver(work, directory) as server:
-        install_crds(server)
+    with own_apiserver(tmp_path_factory, "envtest-nodes") as (server, work):
         with (work / "controller-manager.log").open("ab") as log:
             manager = subprocess.Popen(
                 [
@@ -125,15 +123,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServe
                 stderr=subprocess.STDOUT,
             )
         kubelets = Kubelets(server)
-        operator = Operator(server, work / "operator.log")
         try:
             kubelets.register()
-            operator.start()
-            yield server, kubelets, operator
+            with running_operator(server, work / "operator.log") as operator:
+                yield server, kubelets, operator
         finally:
             kubelets.close()
-            if operator.process is not None:
-                operator.stop()
             stop(manager)
 
 

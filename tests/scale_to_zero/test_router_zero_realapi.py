@@ -39,9 +39,9 @@ import yaml
 
 from tests.llm.test_disaggregation_realapi import play_rollout
 from tests.reconcile.test_operator_realapi import apply_cr, deployment, get, isvc, namespace, service_obj
-from tests.tiers.realapi import Operator
+from tests.tiers.realapi import Operator, own_apiserver, running_operator
 from testsupport.cluster import condition, wait_for
-from testsupport.envtest import ApiServer, assets, install_crds, running_apiserver
+from testsupport.envtest import ApiServer
 from testsupport.processes import free_port, running, stop
 from testsupport.router import RouterNotInstalled, router_executable
 
@@ -76,11 +76,7 @@ def routed_at_zero() -> dict[str, Any]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer, Operator]]:
     """An API server, the activator's own slice in its namespace (as the EndpointSlice controller
     writes it for the chart's activator Service), and an operator told where the activator is."""
-    directory = assets()
-    assert directory is not None
-    work = tmp_path_factory.mktemp("envtest-router-zero")
-    with running_apiserver(work, directory) as server:
-        install_crds(server)
+    with own_apiserver(tmp_path_factory, "envtest-router-zero") as (server, work):
         server.kubectl("create", "namespace", ACTIVATOR_NAMESPACE)
         activator_slice = {
             "apiVersion": "discovery.k8s.io/v1",
@@ -96,13 +92,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServe
         }
         server.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(activator_slice))
         env = {"INFERENCE_OPERATOR_ACTIVATOR_SERVICE": f"{ACTIVATOR_NAMESPACE}/{ACTIVATOR_SERVICE}"}
-        operator = Operator(server, work / "operator.log", env=env)
-        operator.start()
-        try:
+        with running_operator(server, work / "operator.log", env=env) as operator:
             yield server, operator
-        finally:
-            if operator.process is not None:
-                operator.stop()
 
 
 def the_slice(server: ApiServer, ns: str) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ this one imports it by name.
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import subprocess
 import sys
@@ -31,12 +32,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+@contextlib.contextmanager
+def own_apiserver(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[tuple[ApiServer, pathlib.Path]]:
+    """An API server with the shipped CRDs, and its work directory (`name`, made anew): the
+    tier's, or a module's own where it adds what the others must not see (controllers,
+    cluster-wide objects)."""
     directory = assets()
     assert directory is not None
-    with running_apiserver(tmp_path_factory.mktemp("envtest"), directory) as server:
+    work = tmp_path_factory.mktemp(name)
+    with running_apiserver(work, directory) as server:
         install_crds(server)
+        yield server, work
+
+
+@pytest.fixture(scope="session")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    with own_apiserver(tmp_path_factory, "envtest") as (server, _):
         yield server
 
 
@@ -89,10 +100,19 @@ class Operator:
         return self.log.read_text(errors="replace")
 
 
+@contextlib.contextmanager
+def running_operator(server: ApiServer, log: pathlib.Path, env: dict[str, str] | None = None) -> Iterator[Operator]:
+    """The operator process on `server`, stopped after unless a test already stopped or killed it."""
+    operator = Operator(server, log, env=env)
+    operator.start()
+    try:
+        yield operator
+    finally:
+        if operator.process is not None:
+            operator.stop()
+
+
 @pytest.fixture(scope="session")
 def operator(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    running = Operator(apiserver, tmp_path_factory.mktemp("operator") / "operator.log")
-    running.start()
-    yield running
-    if running.process is not None:
-        running.stop()
+    with running_operator(apiserver, tmp_path_factory.mktemp("operator") / "operator.log") as running:
+        yield running
