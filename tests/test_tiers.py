@@ -79,3 +79,25 @@ def test_a_tier_plugin_skips_what_its_marker_selects_and_nothing_else(
     plugin.pytest_collection_modifyitems([marked, other, fast])
     assert [m.mark.name for m in marked.added] == ["skip"]
     assert other.added == [] and fast.added == []
+
+
+def plugin_fixtures(plugin: Any) -> set[str]:
+    """The fixtures a plugin defines (pytest's fixture definitions among its names)."""
+    return {name for name, value in vars(plugin).items() if type(value).__name__ == "FixtureFunctionDefinition"}
+
+
+def test_no_module_binds_a_tier_fixture_of_its_own() -> None:
+    """A plugin's fixture bound in a module (imported, or taken as an attribute) is a definition
+    of that module's own: a session fixture then runs once per module (an operator process each,
+    all at once on the tier's one API server, fighting over the same objects)."""
+    fixtures = {plugin.__name__.rsplit(".", 1)[-1]: plugin_fixtures(plugin) for plugin in (pods, realapi)}
+    assert {"node", "project_images"} <= fixtures["pods"] and {"apiserver", "realapi_operator"} <= fixtures["realapi"]
+    bound = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.tiers."):
+                tier = (node.module or "").rsplit(".", 1)[-1]
+                bound += [(path.name, a.name) for a in node.names if a.name in fixtures.get(tier, set())]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in fixtures:
+                bound += [(path.name, node.attr)] if node.attr in fixtures[node.value.id] else []
+    assert bound == []

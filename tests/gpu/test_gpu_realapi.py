@@ -28,8 +28,7 @@ from testsupport.cluster import inference_service, wait_for
 from testsupport.envtest import ROOT, ApiServer
 
 pytestmark = [pytest.mark.realapi, pytest.mark.slow, pytest.mark.integration]
-# The tier's operator process (tests/conftest.py's `operator` is kopf's runner on the emulator).
-operator = realapi.operator
+operator = realapi.operator_fixture()  # the tier's operator process, not the emulator's
 
 MI300X = "AMD_Instinct_MI300X_OAM"
 CRS = "/apis/inference.rocm.dev/v1alpha1/namespaces/{ns}/inferenceservices"

@@ -18,8 +18,7 @@ from testsupport.cluster import condition, wait_for
 from testsupport.envtest import ApiServer
 
 pytestmark = [pytest.mark.realapi, pytest.mark.slow, pytest.mark.integration]
-# The tier's operator process (tests/conftest.py's `operator` is kopf's runner on the emulator).
-operator = realapi.operator
+operator = realapi.operator_fixture()  # the tier's operator process, not the emulator's
 
 NAME = "llm"
 ROLES = ("prefill", "decode")

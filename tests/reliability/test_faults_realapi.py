@@ -17,8 +17,7 @@ from testsupport.envtest import ApiServer
 from testsupport.waiting import eventually
 
 pytestmark = [pytest.mark.realapi, pytest.mark.slow, pytest.mark.integration]
-# The tier's operator process (tests/conftest.py's `operator` is kopf's runner on the emulator).
-operator = realapi.operator
+operator = realapi.operator_fixture()  # the tier's operator process, not the emulator's
 
 #: A control plane's restart on a loaded machine, and the operator's watch coming back after it.
 CONVERGE_S = 240

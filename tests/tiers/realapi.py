@@ -3,10 +3,8 @@ a real kube-apiserver and etcd (envtest's layout), the shipped CRDs, the chart's
 operator's user, and the real operator process.
 
 Its tests are the modules `*_realapi.py` marked `realapi`, skipped with one line where the
-binaries are not installed (testsupport/envtest.py says where they are looked for). The
-`operator` fixture here is the operator as a process on that API server; tests/conftest.py's
-`operator` (kopf's runner on the emulator) is nearer every test, so a tier module that wants
-this one imports it by name.
+binaries are not installed (testsupport/envtest.py says where they are looked for). A module
+that wants the tier's operator process as `operator` says so with `operator_fixture()`.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import pathlib
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -113,6 +112,20 @@ def running_operator(server: ApiServer, log: pathlib.Path, env: dict[str, str] |
 
 
 @pytest.fixture(scope="session")
-def operator(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+def realapi_operator(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    """The tier's one operator process, shared by every module of the tier."""
     with running_operator(apiserver, tmp_path_factory.mktemp("operator") / "operator.log") as running:
         yield running
+
+
+def operator_fixture() -> Any:
+    """A module's `operator` fixture (`operator = realapi.operator_fixture()`): the tier's one
+    process. tests/conftest.py's `operator`, kopf's runner on the emulator, is nearer every test
+    than a plugin's fixture; and a session fixture imported into a module is a definition of that
+    module's own, one process per module, all running at once and fighting over the same objects."""
+
+    @pytest.fixture(name="operator")
+    def tier_operator(realapi_operator: Operator) -> Operator:
+        return realapi_operator
+
+    return tier_operator
