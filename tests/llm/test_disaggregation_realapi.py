@@ -7,11 +7,19 @@ every role object pruned when disaggregation is removed, and no write on restart
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from tests.reconcile.test_operator_realapi import apply_cr, deployment, get, isvc, namespace, observed, service_obj
+from tests.reconcile.test_operator_realapi import (
+    apply_cr,
+    deployment,
+    get,
+    isvc,
+    namespace,
+    observed,
+    service_obj,
+    writes_on_restart,
+)
 from tests.tiers import realapi
 from tests.tiers.realapi import Operator
 from testsupport.cluster import condition, wait_for
@@ -163,14 +171,7 @@ def test_roles_applied_owned_guarded_reported_and_pruned(apiserver: ApiServer, o
     assert len(printed.strip().splitlines()) == 1, printed
 
     # A restart: the roles' objects are as wanted, nothing is written.
-    writes = apiserver.operator_writes(ns)
-    assert operator.stop() == 0
-    operator.start()
-    # (The log names no object; as in test_operator_realapi.py, the resync of generation 1.)
-    wait_for(lambda: "reconciled generation 1: 0 writes" in operator.text(), timeout=120, message="resync")
-    time.sleep(3)
-    resync = apiserver.operator_writes(ns) - writes
-    owned = {k: v for k, v in resync.items() if not k.startswith(("inferenceservices", "events"))}
+    resync, owned = writes_on_restart(apiserver, operator, ns)
     assert owned == {}, resync
 
     # Removing disaggregation: the label-selected prune deletes every role object.

@@ -391,6 +391,32 @@ def hub_secret(node: NodeCluster, release: dict) -> None:
     apply(node, secret)
 
 
+# What a client pod prints for completions and chat, streamed and not, over both APIs.
+BOTH_APIS_ANSWERED = [
+    "/v1/completions False 200 True",
+    "/v1/completions True 200 True",
+    "/v1/chat/completions False 200 True",
+    "/v1/chat/completions True 200 True",
+]
+
+
+def both_apis_script(address: str) -> str:
+    """A client pod's script: completions and chat, streamed and not, at `address`; a line each
+    (BOTH_APIS_ANSWERED when every one answered whole)."""
+    return (
+        "import json, urllib.request\n"
+        "for path, body in (('/v1/completions', {'prompt': 'the model'}),"
+        " ('/v1/chat/completions', {'messages': [{'role': 'user', 'content': 'the model'}]})):\n"
+        "    for stream in (False, True):\n"
+        f"        data = json.dumps({{'model': '{NAME}', 'max_tokens': 4, 'stream': stream, **body}}).encode()\n"
+        f"        request = urllib.request.Request('http://{address}' + path, data=data,"
+        " headers={'Content-Type': 'application/json'})\n"
+        "        with urllib.request.urlopen(request, timeout=60) as r:\n"
+        "            text = r.read().decode()\n"
+        "        print(path, stream, r.status, text.rstrip().endswith('[DONE]') if stream else 'choices' in text)\n"
+    )
+
+
 def test_a_vllm_service_fetches_its_model_from_the_hub_and_turns_ready(
     node: NodeCluster,
     release: dict,
@@ -427,17 +453,7 @@ def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod
     assert all(answers.values()), answers
     # Greedy decoding: streamed or not, the same text.
     assert answers[(False, False)] == answers[(False, True)] and answers[(True, False)] == answers[(True, True)]
-    script = (
-        "import json, urllib.request\n"
-        "for path, body in (('/v1/completions', {'prompt': 'the model'}),"
-        " ('/v1/chat/completions', {'messages': [{'role': 'user', 'content': 'the model'}]})):\n"
-        "    for stream in (False, True):\n"
-        f"        data = json.dumps({{'model': '{NAME}', 'max_tokens': 4, 'stream': stream, **body}}).encode()\n"
-        f"        request = urllib.request.Request('http://{address}' + path, data=data,"
-        " headers={'Content-Type': 'application/json'})\n"
-        "        with urllib.request.urlopen(request, timeout=60) as r:\n"
-        "            text = r.read().decode()\n"
-        "        print(path, stream, r.status, text.rstrip().endswith('[DONE]') if stream else 'choices' in text)\n"
+    script = both_apis_script(address) + (
         "try:\n"
         f"    urllib.request.urlopen(urllib.request.Request('http://{address}/v1/load_lora_adapter',"
         " data=json.dumps({'lora_name': 'mine', 'lora_path': '/tmp'}).encode(),"
@@ -454,10 +470,7 @@ def test_openai_completions_and_chat_stream_and_not_from_the_host_and_from_a_pod
     )
     output = run_client_pod(node, NS, "client", script)
     assert output.split("\n") == [
-        "/v1/completions False 200 True",
-        "/v1/completions True 200 True",
-        "/v1/chat/completions False 200 True",
-        "/v1/chat/completions True 200 True",
+        *BOTH_APIS_ANSWERED,
         # Only the pod itself may manage adapters: the front refuses another pod.
         "load 403",
         # vLLM's own port listens on the pod's loopback: only the front reaches it.
@@ -991,25 +1004,9 @@ def test_completions_and_chat_answer_through_the_router_from_the_host_and_a_pod(
     # The disaggregated service's requests (the tests below), answered by these aggregated replicas.
     AGGREGATED.update({name: generated(address, *request) for name, request in pd_requests().items()})
     assert any(text.strip() for text, _ in AGGREGATED.values()), AGGREGATED
-    script = (
-        "import json, urllib.request\n"
-        "for path, body in (('/v1/completions', {'prompt': 'the model'}),"
-        " ('/v1/chat/completions', {'messages': [{'role': 'user', 'content': 'the model'}]})):\n"
-        "    for stream in (False, True):\n"
-        f"        data = json.dumps({{'model': '{NAME}', 'max_tokens': 4, 'stream': stream, **body}}).encode()\n"
-        f"        request = urllib.request.Request('http://{address}' + path, data=data,"
-        " headers={'Content-Type': 'application/json'})\n"
-        "        with urllib.request.urlopen(request, timeout=60) as r:\n"
-        "            text = r.read().decode()\n"
-        "        print(path, stream, r.status, text.rstrip().endswith('[DONE]') if stream else 'choices' in text)\n"
-    )
+    script = both_apis_script(address)
     output = run_client_pod(node, NS, "router-client", script)
-    assert output.split("\n") == [
-        "/v1/completions False 200 True",
-        "/v1/completions True 200 True",
-        "/v1/chat/completions False 200 True",
-        "/v1/chat/completions True 200 True",
-    ], output
+    assert output.split("\n") == BOTH_APIS_ANSWERED, output
 
 
 def test_the_router_sends_each_shared_prefix_to_the_replica_that_holds_it(node: NodeCluster) -> None:

@@ -11,6 +11,7 @@ import copy
 import itertools
 import json
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -436,6 +437,21 @@ def test_a_new_service_whose_deployment_is_refused_leaves_nothing(apiserver: Api
         apiserver.kubectl("delete", kinds, f"no-deployments-{ns}")
 
 
+def writes_on_restart(apiserver: ApiServer, operator: Operator, ns: str) -> tuple[Counter[str], dict[str, int]]:
+    """The operator stopped and started again: what it wrote in `ns` on its resync, all of it and
+    to the objects it owns (the service's own status and events aside). Only this namespace:
+    services of other tests run the built-in autoscaler, whose first tick after a restart may
+    write status.autoscaler (that is its job, not reconcile's). The log names no object: the
+    resync of generation 1 is waited for."""
+    writes = apiserver.operator_writes(ns)
+    assert operator.stop() == 0
+    operator.start()
+    wait_for(lambda: "reconciled generation 1: 0 writes" in operator.text(), timeout=120, message="resync")
+    time.sleep(3)
+    resync = apiserver.operator_writes(ns) - writes
+    return resync, {k: v for k, v in resync.items() if not k.startswith(("inferenceservices", "events"))}
+
+
 def test_restart_resyncs_with_no_writes(apiserver: ApiServer, operator: Operator) -> None:
     ns = namespace(apiserver)
     before_create = apiserver.operator_writes(ns)
@@ -447,15 +463,7 @@ def test_restart_resyncs_with_no_writes(apiserver: ApiServer, operator: Operator
     assert created["deployments:patch"] == 1 and created["services:patch"] == 1, created
     assert created["inferenceservices/status:patch"] == 1, created  # one status write, not a race of two
 
-    writes = apiserver.operator_writes(ns)
-    assert operator.stop() == 0
-    operator.start()
-    wait_for(lambda: "reconciled generation 1: 0 writes" in operator.text(), timeout=120, message="resync")
-    time.sleep(3)
-    # Only this namespace: services of other tests run the built-in autoscaler, whose first
-    # tick after a restart may write status.autoscaler (that is its job, not reconcile's).
-    resync = apiserver.operator_writes(ns) - writes
-    owned = {k: v for k, v in resync.items() if not k.startswith(("inferenceservices", "events"))}
+    resync, owned = writes_on_restart(apiserver, operator, ns)
     print(f"writes on restart: {dict(resync) or 'none'}")
     assert owned == {} and not resync.get("inferenceservices/status:patch"), resync
 

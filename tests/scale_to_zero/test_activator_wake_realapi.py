@@ -9,7 +9,6 @@ tests/chart/test_admission_policy.py runs the same policy's CEL over a table of 
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import yaml
 
 from inference_operator.builders.activator import WAKE_ANNOTATION
 from tests.chart import helm as h
+from tests.chart.conftest import require_helm
 from testsupport.envtest import ApiServer
 from testsupport.waiting import eventually
 
@@ -61,10 +61,7 @@ def _wake(stamp: str) -> dict[str, Any]:
 @pytest.fixture
 def activator(apiserver: ApiServer) -> Iterator[Activator]:
     """The chart's activator objects (default values) applied; its policy in force."""
-    if not h.available():
-        if os.environ.get("CI"):
-            pytest.fail("Helm is not installed (scripts/setup.sh installs helm-sdkpy)")
-        pytest.skip("Helm is not installed")
+    require_helm()
     n = next(_releases)
     stamp = int(time.time() * 1000) % 100000
     release, system, ns = f"wake{n}", f"wake{n}-{stamp}-system", f"wake{n}-{stamp}"

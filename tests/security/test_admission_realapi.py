@@ -7,7 +7,6 @@ tests/chart/test_admission_policy.py holds the same CEL to the operator's policy
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from tests.chart import helm as h
+from tests.chart.conftest import require_helm
 from testsupport.envtest import ApiServer
 from testsupport.waiting import eventually
 
@@ -49,10 +49,7 @@ def patch(client: httpx.Client, obj: dict[str, Any], body: dict[str, Any]) -> ht
 def installed_policy(apiserver: ApiServer) -> Iterator[tuple[str, str, float]]:
     """(watched namespace, unwatched namespace, seconds until enforced) with the chart's policy
     installed for the first only; a violating object created in it before the policy, named `old`."""
-    if not h.available():
-        if os.environ.get("CI"):
-            pytest.fail("Helm is not installed (scripts/setup.sh installs helm-sdkpy)")
-        pytest.skip("Helm is not installed")
+    require_helm()
     n = next(_releases)
     stamp = int(time.time() * 1000) % 100000
     watched, unwatched = f"vap{n}-{stamp}", f"vap{n}-{stamp}-other"
