@@ -77,7 +77,7 @@ done
 log "building images"
 docker build -q -f operator/Dockerfile -t "${OPERATOR_IMAGE}" .
 # The shipped model-server Dockerfile, its CPU variant (kind nodes have no GPU): the same
-# build arguments the real-pods tier (tests/pods) uses with podman.
+# build arguments the real-pods tier (`pytest -m pods`) uses with podman.
 docker build -q -f server/Dockerfile -t "${SERVER_IMAGE}" \
     --build-arg BASE_IMAGE=python:3.11-slim-bookworm --build-arg SYSTEM_PACKAGES= \
     --build-arg ORT_PACKAGE=onnxruntime --build-arg ORT_VERSION= \

@@ -15,7 +15,7 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --ignore-requires-python 'helm-sdkpy==0.1.32'
 
 # Prometheus (the autoscaler tests run it for real), shellcheck (e2e/run.sh is checked), and
-# etcd and openssl for the real-apiserver tier (tests/realapi: it runs where a kube-apiserver is
+# etcd and openssl for the real-apiserver tier (`pytest -m realapi`: it runs where a kube-apiserver is
 # in $KUBEBUILDER_ASSETS or /usr/local/kubebuilder/bin, and skips with one line elsewhere).
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
@@ -23,9 +23,9 @@ command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # libfaketime: the real-apiserver tier's clock-step fault runs one operator replica under a
-# shifted clock (tests/realapi/test_clock_step_realapi.py; skipped without it).
+# shifted clock (tests/ha/test_leader_faults_realapi.py; skipped without it).
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
-# The real-pods tier (tests/pods) runs pods where the node binaries (kubelet, kube-proxy, ...) are
+# The real-pods tier (`pytest -m pods`) runs pods where the node binaries (kubelet, kube-proxy, ...) are
 # in the same directory, as root: then it needs a container runtime, CNI plugins, podman to build
 # the images, debootstrap for their Debian base, iptables and busybox-static (the pause image).
 assets="${KUBEBUILDER_ASSETS:-/usr/local/kubebuilder/bin}"

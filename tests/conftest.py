@@ -13,6 +13,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from inference_operator.settings import ANY_URL, IMAGE_REGISTRIES_ENV, PROMETHEUS_ALLOWED_URLS_ENV
+from tests import tiers
 from testsupport import nodecluster
 from testsupport.cluster import Cluster, running_cluster
 
@@ -24,29 +25,39 @@ os.environ.setdefault(PROMETHEUS_ALLOWED_URLS_ENV, ANY_URL)
 os.environ.setdefault(IMAGE_REGISTRIES_ENV, "ghcr.io/rocm-inference/,ghcr.io/example/,docker.io/vllm/")
 
 
-# Measured figures of the real-pods tier (tests/pods), printed at the end of the run.
+# The real tiers' fixtures, each skipping its marked tests with one line where it cannot run.
+pytest_plugins = ["tests.tiers.pods", "tests.tiers.realapi"]
+
+# Measured figures of the real-pods tier (`pytest -m pods`), printed at the end of the run.
 FIGURES: dict[str, float] = {}
-# Directories whose tests share one session-wide thing that must not run twice at once: the
-# real-pods tier (one node cluster on a fixed bridge address) and the real-API-server tier.
-SHARED_SCOPES = ("tests/pods/", "tests/realapi/")
+# Tiers whose tests share one session-wide thing that must not run twice at once: the real-pods
+# tier (one node cluster on a fixed bridge address) and the real-API-server tier. Each is one
+# scope, named so that no module's path can take it.
+SHARED_SCOPES = tuple(f"tier {tier}" for tier in tiers.SUFFIXES)
 # The longest scope, which runs first on a worker of its own while the others share the rest.
-FIRST_SCOPE = "tests/pods/"
+FIRST_SCOPE = f"tier {tiers.FIRST}"
+
+
+def scope_of(nodeid: str) -> str:
+    """A test's xdist scope: its tier's (one for the whole tier), else its module's."""
+    tier = tiers.tier_of(nodeid)
+    return f"tier {tier}" if tier else nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`pytest -n 2 --dist loadscope` (scripts/test.sh): one scope per module, except each
-    directory of SHARED_SCOPES, which is one scope. The tiers' waits (pods starting, alerts
-    firing, engines loading under a pod's CPU limit) leave a core idle that the other worker
-    fills with the rest of the suite."""
+    """`pytest -n 2 --dist loadscope` (scripts/test.sh): one scope per module, except each tier
+    of SHARED_SCOPES, which is one scope wherever its modules live (the scheduler sees node ids
+    only, so the tier is read from the module's name: tests/tiers). The tiers' waits (pods
+    starting, alerts firing, engines loading under a pod's CPU limit) leave a core idle that the
+    other worker fills with the rest of the suite."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class TierScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            shared = next((scope for scope in SHARED_SCOPES if nodeid.startswith(scope)), None)
-            return shared or nodeid.split("::", 1)[0]
+            return scope_of(nodeid)
 
     config.option.loadscopereorder = False  # the collection's order: FIRST_SCOPE goes first
     return TierScopes(config, log)
@@ -64,16 +75,23 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     FIGURES.update(json.loads(getattr(node, "workeroutput", {}).get("figures", "{}")))
 
 
-# Seconds spent in tests (setup, call and teardown) by worker and by directory: which worker
-# the suite's wall-clock time waits for, and where its time goes.
+# Seconds spent in tests (setup, call and teardown) by worker, by tier marker and by directory:
+# which worker the suite's wall-clock time waits for, and where its time goes.
 BUSY: dict[str, float] = {}
+KINDS = ("worker", "tier", "tests/")
+
+
+def busy_keys(report: pytest.TestReport) -> tuple[str, str, str]:
+    """Where a report's seconds count: its worker, its tier (by marker), its feature folder."""
+    gateway = getattr(getattr(report, "node", None), "gateway", None)
+    worker = f"worker {gateway.id}" if gateway is not None else "worker main"
+    tier = next((f"tier {tier}" for tier in tiers.SUFFIXES if tier in report.keywords), "tier none (the fast rest)")
+    directory = "/".join(report.nodeid.split("::", 1)[0].split("/")[:2])
+    return worker, tier, directory
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    gateway = getattr(getattr(report, "node", None), "gateway", None)
-    worker = f"worker {gateway.id}" if gateway is not None else "worker main"
-    directory = "/".join(report.nodeid.split("::", 1)[0].split("/")[:2])
-    for key in (worker, directory):
+    for key in busy_keys(report):
         BUSY[key] = BUSY.get(key, 0.0) + report.duration
 
 
@@ -83,19 +101,21 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         for name, value in FIGURES.items():
             terminalreporter.write_line(f"{name}: {value:.1f}")
     if BUSY:
-        terminalreporter.section("seconds in tests, by worker and by directory")
-        for name, seconds in sorted(BUSY.items(), key=lambda item: (not item[0].startswith("worker"), -item[1])):
+        terminalreporter.section("seconds in tests, by worker, by tier and by directory")
+        kind = {name: next((i for i, k in enumerate(KINDS) if name.startswith(k)), len(KINDS)) for name in BUSY}
+        for name, seconds in sorted(BUSY.items(), key=lambda item: (kind[item[0]], -item[1])):
             terminalreporter.write_line(f"{name}: {seconds:.0f}")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The real-pods tier first (a stable sort: the order within it and elsewhere is kept).
+    """The real-pods tier first (a stable sort: the order within it and elsewhere is kept, and
+    is the same on every xdist worker, as xdist requires).
 
     A test marked `proven_on_pods(module)` skips when that real-pods module runs in the same
     session: the same behaviour proven on real pods, without a second minute-long engine start
     on a 2-core machine. Wherever the tier cannot run, or is left out, the twin runs."""
-    items.sort(key=lambda item: not item.nodeid.startswith(FIRST_SCOPE))
+    items.sort(key=lambda item: scope_of(item.nodeid) != FIRST_SCOPE)
     twins = [item for item in items if item.get_closest_marker("proven_on_pods")]
     if not twins or nodecluster.missing() is not None:
         return

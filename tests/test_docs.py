@@ -2,7 +2,7 @@
 link, a missing anchor or a page left out of the nav fails), every InferenceService in a YAML block
 renders and its objects validate, every shell block names what runs it and that holds, every
 condition reason is explained, and the README stays a front page. (The generated reference page:
-tests/operator/test_reference.py.)"""
+tests/crd/test_reference.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """How scripts/test.sh splits the suite over two workers (tests/conftest.py), checked against the
 installed pytest-xdist's own scheduler: the real-pods tier whole, first, on one worker; the
-real-API-server tier whole on one worker; every other module whole."""
+real-API-server tier whole on one worker; every other module whole. The tiers' modules sit in
+feature folders beside ordinary ones, as the suite has them (tests/tiers)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,34 @@ from typing import Any
 
 from tests import conftest
 
-COLLECTION = [
-    "tests/pods/test_real_pods.py::test_a",
-    "tests/pods/test_real_pods.py::test_b",
-    "tests/pods/test_vllm_pods.py::test_c",
-    "tests/operator/test_x.py::test_1",
-    "tests/operator/test_x.py::test_2",
-    "tests/realapi/test_a.py::test_1",
-    "tests/realapi/test_b.py::test_1",
+# As pytest collects them: by folder, each tier's modules among the others.
+COLLECTED = [
+    "tests/canary/test_canary_reconcile.py::test_1",
+    "tests/chart/test_helm.py::test_1",
+    "tests/chart/test_real_pods.py::test_a",
+    "tests/chart/test_real_pods.py::test_b",
+    "tests/crd/test_explain_realapi.py::test_1",
+    "tests/llm/test_multinode_realapi.py::test_1",
+    "tests/llm/test_vllm_builders.py::test_1",
+    "tests/llm/test_vllm_builders.py::test_2",
+    "tests/llm/test_vllm_pods.py::test_c",
     "tests/server/test_y.py::test_1[a]",
     "tests/server/test_y.py::test_1[b]",
     "tests/server/test_z.py::test_1",
+    "tests/status/test_status_on_pods.py::test_d",
 ]
+PODS = [nodeid for nodeid in COLLECTED if "_pods.py::" in nodeid]
+REALAPI = [nodeid for nodeid in COLLECTED if "_realapi.py::" in nodeid]
+
+
+def ordered(nodeids: list[str]) -> list[str]:
+    """The collection's order after tests/conftest.py's hook (the same on every worker)."""
+    items = [SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: None) for nodeid in nodeids]
+    conftest.pytest_collection_modifyitems(items)  # type: ignore[arg-type]
+    return [item.nodeid for item in items]
+
+
+COLLECTION = ordered(COLLECTED)
 
 
 @dataclass(eq=False)
@@ -76,12 +93,23 @@ def run_to_the_end() -> list[list[str]]:
 def test_the_tiers_are_whole_and_the_pods_tier_goes_first_on_a_worker_of_its_own() -> None:
     first, second = run_to_the_end()
     assert sorted(first + second) == sorted(COLLECTION)  # each test once
-    pods = [nodeid for nodeid in COLLECTION if nodeid.startswith("tests/pods/")]
-    assert first[: len(pods)] == pods  # first, whole, in order
-    assert not [nodeid for nodeid in second if nodeid.startswith("tests/pods/")]
-    for directory in ("tests/realapi/", "tests/operator/test_x.py", "tests/server/test_y.py"):
-        on = {i for i, ran in enumerate((first, second)) for nodeid in ran if nodeid.startswith(directory)}
-        assert len(on) == 1, (directory, first, second)
+    assert first[: len(PODS)] == PODS  # first, whole, in order, from three folders
+    assert not set(PODS) & set(second)
+    whole = [REALAPI, *(
+        [nodeid for nodeid in COLLECTION if nodeid.startswith(module)]
+        for module in ("tests/llm/test_vllm_builders.py", "tests/server/test_y.py", "tests/chart/test_helm.py")
+    )]  # fmt: skip
+    for scope in whole:
+        on = {i for i, ran in enumerate((first, second)) for nodeid in ran if nodeid in scope}
+        assert len(on) == 1, (scope, first, second)
+
+
+def test_a_tier_is_one_scope_named_so_no_module_takes_it() -> None:
+    assert {conftest.scope_of(nodeid) for nodeid in PODS} == {conftest.FIRST_SCOPE}
+    assert {conftest.scope_of(nodeid) for nodeid in REALAPI} == {"tier realapi"}
+    assert conftest.scope_of("tests/llm/test_vllm_builders.py::test_1") == "tests/llm/test_vllm_builders.py"
+    assert not [nodeid for nodeid in COLLECTION if conftest.scope_of(nodeid).startswith("tests/") == (
+        nodeid in PODS + REALAPI)]  # fmt: skip
 
 
 def test_other_distribution_modes_keep_xdist_own_scheduler() -> None:
@@ -90,12 +118,11 @@ def test_other_distribution_modes_keep_xdist_own_scheduler() -> None:
 
 
 def test_collection_puts_the_pods_tier_first_keeping_every_other_order() -> None:
-    items = [SimpleNamespace(nodeid=nodeid, get_closest_marker=lambda name: None) for nodeid in reversed(COLLECTION)]
-    conftest.pytest_collection_modifyitems(items)  # type: ignore[arg-type]
-    order = [item.nodeid for item in items]
-    pods = [nodeid for nodeid in reversed(COLLECTION) if nodeid.startswith("tests/pods/")]
-    rest = [nodeid for nodeid in reversed(COLLECTION) if not nodeid.startswith("tests/pods/")]
-    assert order == pods + rest
+    backwards = ordered(list(reversed(COLLECTED)))
+    assert backwards == [n for n in reversed(COLLECTED) if n in PODS] + [
+        n for n in reversed(COLLECTED) if n not in PODS
+    ]
+    assert ordered(COLLECTED) == PODS + [nodeid for nodeid in COLLECTED if nodeid not in PODS]
 
 
 def test_scripts_test_sh_runs_the_suite_with_these_scopes() -> None:

@@ -41,7 +41,7 @@ ASSETS_ENV = "KUBEBUILDER_ASSETS"
 DEFAULT_ASSETS = pathlib.Path("/usr/local/kubebuilder/bin")
 OPERATOR_USER = "inference-operator"
 # A second operator replica's user, bound to the same rules: with one user per replica, the
-# audit log says which replica made each write (tests/realapi/test_leader_faults_realapi.py).
+# audit log says which replica made each write (tests/ha/test_leader_faults_realapi.py).
 SECOND_OPERATOR_USER = "inference-operator-2"
 OPERATOR_USERS = (OPERATOR_USER, SECOND_OPERATOR_USER)
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
@@ -123,7 +123,7 @@ def assets() -> pathlib.Path | None:
 
 SKIP_REASON = (
     "real-apiserver tier: no kube-apiserver and etcd in $KUBEBUILDER_ASSETS or /usr/local/kubebuilder/bin, "
-    "or no kubectl/openssl (envtest's layout; see tests/realapi/README.md)"
+    "or no kubectl/openssl (envtest's layout; see tests/tiers/realapi.md)"
 )
 
 

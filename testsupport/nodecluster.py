@@ -100,7 +100,7 @@ def missing() -> str | None:
 
 SKIP_REASON = (
     "real-pods tier: needs root, the Kubernetes node binaries in $KUBEBUILDER_ASSETS or /usr/local/kubebuilder/bin "
-    "and containerd/runc/CNI/podman/iptables/busybox-static (scripts/setup.sh); see tests/pods/README.md"
+    "and containerd/runc/CNI/podman/iptables/busybox-static (scripts/setup.sh); see tests/tiers/pods.md"
 )
 
 

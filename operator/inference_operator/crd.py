@@ -15,9 +15,9 @@ rules against defaults and partial objects, and the model runs the same rules it
 copy of a rule). Then run `python -m inference_operator.crd` and `python -m
 inference_operator.reference` (docs/reference.md), add the field to the spec table of
 docs/inferenceservice.md, and commit the regenerated files with the model;
-tests/operator/test_crd_cel.py runs every rule on the defaults, on partial and on full objects.
+tests/crd/test_crd_cel.py runs every rule on the defaults, on partial and on full objects.
 
-Every property of the CRD has a description (tests/operator/test_crd_descriptions.py): a field's
+Every property of the CRD has a description (tests/crd/test_crd_descriptions.py): a field's
 own, or, for a field whose type is a model and that has none, that model's docstring, so a
 model's docstring is written for the cluster user who reads `kubectl explain` (notes for the
 code's readers go in comments).

@@ -61,7 +61,7 @@ class Kind:
 
 
 # Every builder and edge names a kind by one of these; no apiVersion is written anywhere else
-# (tests/operator/test_kinds_table.py).
+# (tests/reconcile/test_kinds_table.py).
 # resources.gpu.allocation: dra; before the Deployment whose pods reference it. Served by
 # Kubernetes 1.34+ (older clusters serve DRA only as beta, if at all).
 RESOURCE_CLAIM_TEMPLATE = Kind(

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.operator.conftest import cluster, operator  # noqa: F401  (fixtures)
+from tests.conftest import cluster, operator  # noqa: F401  (fixtures)
 from testsupport.cluster import wait_for
 from testsupport.onnx_models import save_model
 from testsupport.processes import free_port, running, serve_command, wait_http

@@ -11,9 +11,8 @@ from tests.chart import helm as helm_module
 from testsupport.cluster import Cluster
 
 
-@pytest.fixture
-def helm() -> Any:
-    """The Helm engine; its absence skips locally but fails in CI (CI is set there)."""
+def require_helm() -> None:
+    """The Helm engine's absence skips locally but fails in CI (CI is set there)."""
     if not helm_module.available():
         message = (
             "Helm is not installed: pip install --ignore-requires-python 'helm-sdkpy==0.1.32' (scripts/setup.sh does)"
@@ -21,6 +20,12 @@ def helm() -> Any:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture
+def helm() -> Any:
+    """The Helm engine (or a skip, or in CI a failure)."""
+    require_helm()
     return helm_module
 
 

@@ -3,7 +3,7 @@
 Rendered by Helm from the same values that set the operator's environment, its CEL is run
 (testsupport/admission.py) over a table of specs and must refuse exactly what
 `policy.violations` refuses, with the same messages, under each set of values; the objects pass
-kubernetes-validate (strict). tests/realapi/test_admission_realapi.py has a real API server
+kubernetes-validate (strict). tests/security/test_admission_realapi.py has a real API server
 enforce it.
 """
 
@@ -24,7 +24,7 @@ from inference_operator.models.base import cel_string
 from inference_operator.validation import cel_errors, validate_custom_resource
 from tests.chart import helm as h
 from tests.chart.test_helm import KUBERNETES_VERSIONS
-from tests.operator.test_crd_cel import COLLECTOR_ENDPOINTS, LOCAL_TRACING_ENDPOINTS
+from tests.crd.test_crd_cel import COLLECTOR_ENDPOINTS, LOCAL_TRACING_ENDPOINTS
 from testsupport.admission import evaluate
 from testsupport.cluster import Cluster
 from testsupport.crd import apply_defaults, crd_schema

@@ -245,7 +245,7 @@ def test_monitoring_install(chart_cluster: Cluster) -> None:
     assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert service_monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     # The operator's per-InferenceService series keep their own namespace label (the dashboard
-    # filters on it; tests/pods/test_observability_pods.py runs its queries on real series).
+    # filters on it; tests/observability/test_observability_pods.py runs its queries on real series).
     assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True
 
     pod_monitor = h.one(objects, "PodMonitor")

@@ -133,10 +133,10 @@ def pod(
         yield vllm
 
 
-# On real pods (tests/pods/test_vllm_pods.py): an adapter served and answering differently, one
+# On real pods (tests/llm/test_vllm_pods.py): an adapter served and answering differently, one
 # added to the running replica and one removed, a rolled replica ready only with its adapter, the
 # management endpoints refused to another pod through the front.
-@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
+@pytest.mark.proven_on_pods("tests/llm/test_vllm_pods.py")
 def test_adapters_load_and_unload_in_running_vllm_and_a_new_replica_starts_with_all(
     hub: Hub,  # noqa: F811
     tiny_llama: pathlib.Path,

@@ -169,7 +169,7 @@ def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {key: after[key] - before.get(key, 0.0) for key in after}
 
 
-@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
+@pytest.mark.proven_on_pods("tests/llm/test_vllm_pods.py")
 @pytest.mark.timeout(1800)
 def test_answers_through_the_router_equal_the_aggregated_service_streamed_and_not(stack: Stack) -> None:
     for seed, (path, make) in enumerate((("/v1/completions", completion), ("/v1/chat/completions", chat))):
@@ -180,7 +180,7 @@ def test_answers_through_the_router_equal_the_aggregated_service_streamed_and_no
         assert streamed(stack.router, path, body) == expected, path
 
 
-@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
+@pytest.mark.proven_on_pods("tests/llm/test_vllm_pods.py")
 @pytest.mark.timeout(1800)
 def test_the_decode_engine_receives_the_prompt_through_nixl_and_computes_none_of_it(stack: Stack) -> None:
     decode_before, prefill_before = sources(stack.decode), sources(stack.prefill)
@@ -202,7 +202,7 @@ def test_the_decode_engine_receives_the_prompt_through_nixl_and_computes_none_of
 # The tier deletes the prefill pod instead (the router then answers 503, or its Service refuses
 # while it has no prefill worker); here the process dies under the router (a refused connection,
 # 500). Both are the prefill gone: a 5xx at once, not a hang, and service again once it is back.
-@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
+@pytest.mark.proven_on_pods("tests/llm/test_vllm_pods.py")
 @pytest.mark.timeout(1800)
 def test_with_the_prefill_killed_the_router_answers_5xx_and_serves_again_once_it_is_back(
     stack: Stack, tiny_llama: pathlib.Path, tmp_path: pathlib.Path

@@ -55,7 +55,7 @@ def test_render_of_the_vllm_example_is_a_valid_tp8_deployment() -> None:
     )
     assert result.returncode == 0, result.stderr
     rendered = list(yaml.safe_load_all(result.stdout))
-    # The service's own objects; its endpoint picker (NAME-epp) is tested in tests/operator.
+    # The service's own objects; its endpoint picker (NAME-epp) is tested in tests/llm/test_endpoint_picker.py.
     objects = {o["kind"]: o for o in rendered if o["metadata"]["name"] == "llama-70b"}
     assert set(objects) == {"Deployment", "Service", "InferencePool"}
     assert {o["kind"] for o in rendered if o["metadata"]["name"] == "llama-70b-epp"} == {

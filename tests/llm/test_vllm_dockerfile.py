@@ -1,6 +1,6 @@
 """vllm/Dockerfile against what it must agree with: its production base is the chart's default
 vLLM image, its entrypoint the module the operator runs, and the CPU build the real-pods tier
-makes from it installs the versions scripts/setup-vllm.sh installs (built for real in tests/pods)."""
+makes from it installs the versions scripts/setup-vllm.sh installs (built for real in tests/llm/test_vllm_pods.py)."""
 
 from __future__ import annotations
 

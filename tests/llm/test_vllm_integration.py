@@ -11,7 +11,7 @@ scale up while the breach lasts and back down once the load is gone.
 One vLLM process only (it takes a core or two): scaling up does not relieve it, so the loop
 goes up to maxReplicas and stays there while the load lasts. A second test checks vLLM's own
 traces and metrics as runtime.tracing and the Deployment wire them. Where the real-pods tier
-runs, it proves both on pods (tests/pods/test_vllm_pods.py: TTFT scaling to a second replica and
+runs, it proves both on pods (tests/llm/test_vllm_pods.py: TTFT scaling to a second replica and
 back; a caller's trace continued), and these twins skip: each vLLM start takes a core for half a
 minute or more.
 """
@@ -117,7 +117,7 @@ def rendered_container(cluster: Cluster, resource: dict) -> dict:
 # vLLM's start alone takes one to three minutes on a busy 2-core machine. On real pods: the same
 # command line serves through the Service, and a sampled caller's trace is continued and exported.
 @pytest.mark.timeout(900)
-@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
+@pytest.mark.proven_on_pods("tests/llm/test_vllm_pods.py")
 def test_vllm_serves_the_rendered_command_line_and_continues_a_sampled_trace(
     tmp_path, tiny_llama, cluster: Cluster, operator
 ) -> None:
@@ -168,7 +168,7 @@ def test_vllm_serves_the_rendered_command_line_and_continues_a_sampled_trace(
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.proven_on_pods("tests/pods/test_vllm_pods.py")
+@pytest.mark.proven_on_pods("tests/llm/test_vllm_pods.py")
 def test_vllm_deployment_scales_on_ttft(tmp_path, tiny_llama, cluster: Cluster, operator, record_property) -> None:
     test_started = time.monotonic()
     port = free_port()

@@ -10,14 +10,9 @@ import time
 import pytest
 import yaml
 
-from tests.realapi.conftest import apiserver  # noqa: F401  (a fixture)
-from testsupport.envtest import ApiServer, assets
+from testsupport.envtest import ApiServer
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.integration,
-    pytest.mark.skipif(assets() is None, reason="no kube-apiserver and etcd (KUBEBUILDER_ASSETS)"),
-]
+pytestmark = [pytest.mark.realapi, pytest.mark.slow, pytest.mark.integration]
 
 ENDPOINT = "http://otel-collector.observability:4318/v1/traces"
 
@@ -32,7 +27,7 @@ def apply(server: ApiServer, ns: str, name: str, runtime: dict, check: bool = Fa
     return server.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc), check=check)
 
 
-def test_the_api_server_takes_a_tracing_endpoint_and_refuses_what_is_not_one(apiserver: ApiServer) -> None:  # noqa: F811
+def test_the_api_server_takes_a_tracing_endpoint_and_refuses_what_is_not_one(apiserver: ApiServer) -> None:
     ns = f"tracing-{int(time.time() * 1000) % 100000}"
     apiserver.kubectl("create", "namespace", ns)
     apply(apiserver, ns, "traced", {"tracing": {"endpoint": ENDPOINT}}, check=True)

@@ -3,8 +3,8 @@
 container, sidecars, probes, ports, grace period, multi-node arguments), and the registry below,
 the one table that names them. Adding an engine is a module here, its member of `Engine` and its
 entry in `ENGINES`; the spec's CEL rules, the PromQL layer, the settings and the builders read
-it from here (tests/operator/test_engine_table.py holds every engine to that, and
-tests/operator/test_engine_rule.py keeps the rest of the operator from naming one)."""
+it from here (tests/engines/test_engine_table.py holds every engine to that, and
+tests/engines/test_engine_rule.py keeps the rest of the operator from naming one)."""
 
 from __future__ import annotations
 
