@@ -86,11 +86,11 @@ class Prometheus:
 
 
 def pair_for(cluster: Cluster, prometheus: Prometheus, clock: Clock, wall: Clock, events: list) -> PairAutoscaler:
-    return PairAutoscaler(
-        make_api(cluster),
-        "ml",
-        "llm",
-        logging.getLogger("test"),
+    return PairAutoscaler.of(
+        api=make_api(cluster),
+        namespace="ml",
+        name="llm",
+        logger=logging.getLogger("test"),
         post_event=lambda r, m: events.append((r, m)),
         policy=CredentialPolicy(allowed_urls=(ANY_URL,)),
         clock=clock,

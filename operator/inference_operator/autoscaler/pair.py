@@ -14,9 +14,6 @@ is at zero.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -26,14 +23,12 @@ from ..builders.activator import ready_on_path
 from ..builders.common import Role
 from ..builders.disaggregation import ROLES, pair_scale_to_zero, replicas_patch, role_part, role_replicas
 from ..jsontypes import JsonObject
-from ..k8s import KubeApi
 from ..models import AutoscalingMode, AutoscalingSpec, InferenceServiceSpec
 from ..prometheus import promql
-from ..prometheus.client import PrometheusClient
 from ..reasons import Reason
-from ..settings import SCALER_MANAGER, CredentialPolicy
+from ..settings import SCALER_MANAGER
 from ..status import now_iso, status_changes
-from .loop import Autoscaler, EventPoster, IdleWatch
+from .loop import Autoscaler, IdleWatch
 from .policy import Decision
 
 
@@ -57,43 +52,23 @@ def pair_moving(loops: dict[Role, Autoscaler]) -> bool:
 class PairAutoscaler:
     """One service's pair: a loop per role on the built-in loop, and the pair's idleness."""
 
-    def __init__(
-        self,
-        api: KubeApi,
-        namespace: str,
-        name: str,
-        logger: logging.Logger | logging.LoggerAdapter[Any],
-        post_event: EventPoster,
-        policy: CredentialPolicy,
-        clock: Callable[[], float] = time.monotonic,
-        prometheus_factory: Callable[..., PrometheusClient] = PrometheusClient,
-        wall_clock: Callable[[], float] = time.time,
-        activator: bool = True,
-    ):
-        self.api = api
-        self.namespace = namespace
-        self.name = name
-        self.logger = logger
-        self.post_event = post_event
-        self.clock = clock
-        self.loops = {
-            role: Autoscaler(
-                api,
-                namespace,
-                name,
-                logger,
-                post_event,
-                policy,
-                clock,
-                prometheus_factory,
-                wall_clock,
-                activator,
-                role=role,
-            )
-            for role in ROLES
-        }
+    def __init__(self, loops: dict[Role, Autoscaler]):
+        """`loops`: an `Autoscaler` for each role (`role=`), of one service."""
+        first = loops[Role.PREFILL]
+        self.api = first.api
+        self.namespace = first.namespace
+        self.name = first.name
+        self.logger = first.logger
+        self.post_event = first.post_event
+        self.clock = first.clock
+        self.loops = loops
         self.due: dict[Role, float] = {}
-        self.idle = IdleWatch(wall_clock, activator)
+        self.idle = IdleWatch(first.idle.wall_clock, first.idle.activator)
+
+    @classmethod
+    def of(cls, **arguments: Any) -> PairAutoscaler:
+        """The pair from `Autoscaler`'s arguments, a loop for each role."""
+        return cls({role: Autoscaler(**arguments, role=role) for role in ROLES})
 
     async def aclose(self) -> None:
         for loop in self.loops.values():

@@ -72,7 +72,7 @@ async def autoscaler(daemon: Daemon) -> AsyncIterator[Tick]:
             return SPEC_RETRY_SECONDS  # kopf is about to stop this daemon
         try:
             if spec.disaggregation is not None:
-                pair = pair or PairAutoscaler(**arguments)
+                pair = pair or PairAutoscaler.of(**arguments)
                 return await pair.tick(dict(body), spec)
             single = single or Autoscaler(**arguments)
             return await single.tick(dict(body), spec)
