@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.llm.test_disaggregation_realapi import play_rollout
+from tests.llm.test_disaggregation_realapi import pd_spec, play_rollout
 from tests.reconcile.test_operator_realapi import apply_cr, deployment, isvc, namespace
 from tests.scale_to_zero.test_router_zero_realapi import (
     SERVICE_NAME_LABEL,
@@ -52,17 +52,11 @@ def pair_at_zero() -> dict[str, Any]:
         "maxReplicas": 2,
         "intervalSeconds": 600,  # no Prometheus here: the loop stays out of the way
     }
-    return {
-        "model": {"uri": "pvc://models/llm", "name": "llm"},
-        "runtime": {"engine": "vllm"},
-        "resources": {"gpu": {"count": 0}, "cpu": "2", "memory": "4Gi"},
-        "routing": {"router": {"replicas": 1}},
-        "disaggregation": {
-            "scaleToZero": {"maxWaitSeconds": 300},  # held until the test ends
-            "prefill": {"replicas": 0, "autoscaling": scaling | {"metric": "ttftP95Ms", "target": 500}},
-            "decode": {"replicas": 0, "autoscaling": scaling | {"metric": "itlP95Ms", "target": 50}},
-        },
-    }
+    return pd_spec(
+        scaleToZero={"maxWaitSeconds": 300},  # held until the test ends
+        prefill={"replicas": 0, "autoscaling": scaling | {"metric": "ttftP95Ms", "target": 500}},
+        decode={"replicas": 0, "autoscaling": scaling | {"metric": "itlP95Ms", "target": 50}},
+    )
 
 
 @pytest.fixture(scope="module")
