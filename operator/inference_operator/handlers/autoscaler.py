@@ -1,5 +1,5 @@
 """The built-in autoscaler as a kopf daemon: one per InferenceService in `builtin` mode (its
-spec.autoscaling's, or a role's of its prefill/decode pair: then one loop per role, autoscaler/loop.py).
+spec.autoscaling's, or a role's of its prefill/decode pair: then one loop per role, autoscaler/pair.py).
 
 A daemon rather than a timer because the interval is per object (`intervalSeconds`). kopf
 stops it when the object stops matching `when` (mode switched to hpa/keda, autoscaling
