@@ -168,6 +168,8 @@ BY_KEY: dict[tuple[str, str], Kind] = {k.key: k for k in KINDS}
 WORKLOAD_KINDS = (DEPLOYMENT.kind, LEADER_WORKER_SET.kind)
 APPLY_ORDER: dict[tuple[str, str], int] = {k.key: position for position, k in enumerate(KINDS)}
 OWNED_KINDS: list[tuple[str, str]] = [k.key for k in KINDS if k.owned]
+# An owned kind by its name alone, as status.inventory records it ("Deployment/llama").
+OWNED_BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS if k.owned}
 PLURALS: dict[tuple[str, str], str] = {k.key: k.plural for k in KINDS}
 
 

@@ -31,7 +31,16 @@ from .builders.common import SPEC_HASH_ANNOTATION, STATUS_ROLES, Role, inventory
 from .credentials import CredentialsRefused, keda_refusal, model_refusal
 from .jsontypes import JsonObject
 from .k8s import KubeApi, Ref
-from .kinds import KINDS, SECRET, WORKLOAD_KINDS, Kind, in_apply_order, kind_of_object
+from .kinds import (
+    APPLY_ORDER,
+    KINDS,
+    OWNED_BY_NAME,
+    SECRET,
+    WORKLOAD_KINDS,
+    Kind,
+    in_apply_order,
+    kind_of_object,
+)
 from .ownership import Drift, drift, metadata_differs
 from .rollout import RolloutState, with_revision
 from .settings import MANAGER, CredentialPolicy
@@ -196,8 +205,9 @@ def reconcile(
     `first` (see `never_reconciled`): nothing to prune, and no read looks for it. `pruned` (see
     `pruned_inventory`): what a finished reconcile of this generation left; when the desired set
     is that, there is nothing to prune either. `previous` (see `previous_inventory`): what the
-    reconcile of the generation before left; the prune then lists only its kinds and the desired
-    set's, not every kind the service could own.
+    reconcile of the generation before left. With either record the prune deletes by name what
+    the record has and the desired set lacks (`prune_recorded`), and lists nothing; without one
+    it lists every owned kind by label (`prune`).
     """
     wanted, refusal = desired_objects(api, owner, policy)
     context = stages.Context(rollout, time.time() if now is None else now)
@@ -220,8 +230,11 @@ def reconcile(
         result.changes.append(apply_step(api, step, result, owner.name)[0])
     if first or pruned == result.inventory:
         return result
-    kinds = None if previous is None else {entry.split("/", 1)[0] for entry in [*previous, *result.inventory]}
-    result.changes.extend(prune(api, owner, wanted, kinds))
+    recorded = pruned if pruned is not None else previous
+    if recorded is None:
+        result.changes.extend(prune(api, owner, wanted))
+    else:
+        result.changes.extend(prune_recorded(api, owner, recorded, result.inventory))
     return result
 
 
@@ -388,7 +401,7 @@ def apply_step(api: KubeApi, step: WritePlan, result: Result, owner_name: str) -
     return Change(step.action, step.ref.kind, step.ref.name, step.drift.describe() if step.drift else ""), live
 
 
-def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject], kinds: set[str] | None = None) -> list[Change]:
+def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
     """Delete what this InferenceService owns and no longer wants, whatever its role or name.
 
     The inventory is read by label, one list per owned kind: every object the operator makes for
@@ -397,14 +410,17 @@ def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject], kinds: set[str] 
     the desired set. Only an object whose ownerReferences name this service's uid is deleted:
     one a person made with the same labels, or another service's, never is. Kinds another path
     keeps (`Kind.reconciled`: the activator's slices) and kinds the cluster does not serve are
-    not listed, nor, when `kinds` names some, any other kind. Deleted in the reverse of the
-    apply order: a route before the Service it leads to, the pods before the rights they use.
+    not listed. Deleted in the reverse of the apply order: a route before the Service it leads
+    to, the pods before the rights they use.
+
+    Each list reads every object of its kind in the namespace (the selector is applied by the
+    API server, after the read): the full prune is for a service without a record to trust.
     """
     keep = {(obj["kind"], obj["metadata"]["name"]) for obj in wanted}
     selector = inventory_selector(owner.name)
     deleted = []
     for kind in reversed(KINDS):
-        if not kind.owned or not kind.reconciled or (kinds is not None and kind.kind not in kinds):
+        if not kind.owned or not kind.reconciled:
             continue
         if not _served(api, kind):
             continue
@@ -414,4 +430,24 @@ def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject], kinds: set[str] 
                 continue
             if api.delete(Ref.to(kind, owner.namespace, name)):
                 deleted.append(Change(Action.DELETED, kind.kind, name))
+    return deleted
+
+
+def prune_recorded(api: KubeApi, owner: Owner, recorded: list[str], kept: list[str]) -> list[Change]:
+    """Delete, by name, what a record of a finished reconcile (status.inventory) names and the
+    desired set (`kept`, an inventory too) no longer does: one read and one delete per object
+    gone, and no list, so a spec change costs the same among ten thousand services as among
+    ten. The same ownership test and order as `prune`; an entry of a kind this version does not
+    own, keep or serve is passed over (a full prune, without a record, would not list it
+    either)."""
+    deleted = []
+    gone = (entry.split("/", 1) for entry in set(recorded) - set(kept))
+    named = [(OWNED_BY_NAME[kind_name], name) for kind_name, name in gone if kind_name in OWNED_BY_NAME]
+    for kind, name in sorted(named, key=lambda item: (APPLY_ORDER[item[0].key], item[1]), reverse=True):
+        if not kind.reconciled or not _served(api, kind):
+            continue
+        ref = Ref.to(kind, owner.namespace, name)
+        live = api.get(ref)
+        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
+            deleted.append(Change(Action.DELETED, kind.kind, name))
     return deleted

@@ -15,6 +15,7 @@ from inference_operator.builders.canary import arm_service, canary_deployment
 from inference_operator.builders.common import ROLE_LABEL, STATUS_ROLES, Role, inventory_selector, role_of
 from inference_operator.handlers.shared import by_label, workload_refs
 from inference_operator.k8s import KubeApi, Ref
+from inference_operator.kinds import OWNED_BY_NAME, OWNED_KINDS
 from inference_operator.models import parse_spec
 from inference_operator.reconcile import Action, previous_inventory, pruned_inventory, reconcile
 from inference_operator.settings import MANAGER
@@ -298,15 +299,17 @@ def test_a_pods_event_reads_every_workload_the_status_counts_by_the_builders_nam
 
 def test_a_resync_of_what_a_finished_reconcile_left_lists_nothing(api: KubeApi, cluster: Cluster) -> None:
     """status.inventory says what the last reconcile of this generation left: the same desired
-    set again has nothing to prune, and costs no list; a different one is pruned by label."""
-    done = reconcile(api, owner(PLAIN))
-    assert done.inventory == [f"Deployment/{NAME}", f"Service/{NAME}"]
+    set again has nothing to prune, and costs no list; a different one (the operator upgraded)
+    deletes by name what the record has and the set lacks, and lists nothing either."""
+    done = reconcile(api, owner(spec(replicas=2)))
+    assert done.inventory == [f"Deployment/{NAME}", f"PodDisruptionBudget/{NAME}", f"Service/{NAME}"]
     before = len(list(cluster.emulator))
-    assert reconcile(api, owner(PLAIN), pruned=done.inventory).writes == []
+    assert reconcile(api, owner(spec(replicas=2)), pruned=done.inventory).writes == []
     assert not [r for r in list(cluster.emulator)[before:] if r.name is None]  # no list
-    api.apply(left_behind("Deployment", f"{NAME}-canary", "u-1", "canary"))
-    grown = reconcile(api, owner(spec(replicas=2)), pruned=done.inventory)  # another set: a PDB
-    assert ("Deployment", f"{NAME}-canary", Action.DELETED) in {(c.kind, c.name, c.action) for c in grown.writes}
+    before = len(list(cluster.emulator))
+    shrunk = reconcile(api, owner(PLAIN), pruned=done.inventory)  # another set: no PDB
+    assert [(c.kind, c.name) for c in shrunk.writes if c.action == Action.DELETED] == [("PodDisruptionBudget", NAME)]
+    assert not [r for r in list(cluster.emulator)[before:] if r.name is None]
 
 
 @pytest.mark.parametrize(
@@ -325,24 +328,46 @@ def test_only_a_record_of_this_generation_without_a_canary_spares_the_lists(
     assert pruned_inventory(3, status) == pruned
 
 
-def test_a_spec_change_lists_only_the_kinds_the_record_and_the_desired_set_name(api: KubeApi, cluster: Cluster) -> None:
-    """After a spec change the prune looks among the kinds the last reconcile left and the new
-    set's: an owned object of one of those kinds goes at once; one of a kind recorded nowhere
-    (made by hand with the labels and ownerReference) is left to the next full prune, which
-    removes it."""
-    done = reconcile(api, owner(PLAIN))
+def test_a_spec_change_deletes_by_name_what_the_record_has_and_lists_nothing(api: KubeApi, cluster: Cluster) -> None:
+    """After a spec change the prune reads the record of the reconcile before: what it names
+    and the new set lacks goes at once, by name, with no list (among N services a list reads
+    all N services' objects of its kind). One the record names that is not this service's (its
+    uid), or of a kind this version does not own, is never touched. An object made by hand with
+    the labels and ownerReference is named by no record: the next full prune removes it."""
+    done = reconcile(api, owner(spec(replicas=2)))
     api.apply(left_behind("Deployment", f"{NAME}-canary", "u-1", "canary"))
     api.apply(left_behind("ServiceAccount", f"{NAME}-stray", "u-1", "router"))
+    api.apply(left_behind("Service", f"{NAME}-theirs", "u-2"))
+    record = [*done.inventory, f"Service/{NAME}-theirs", "Widget/w"]
     before = len(list(cluster.emulator))
-    grown = reconcile(api, owner(spec(replicas=2)), previous=done.inventory)  # another set: a PDB
-    listed = {r.resource.plural for r in list(cluster.emulator)[before:] if r.name is None}
-    assert listed == {"deployments", "services", "poddisruptionbudgets"}
-    assert {(c.kind, c.name) for c in grown.writes if c.action == Action.DELETED} == {("Deployment", f"{NAME}-canary")}
-    assert api.get(Ref("v1", "ServiceAccount", NS, f"{NAME}-stray")) is not None
-    full = reconcile(api, owner(spec(replicas=2)))  # no record to trust: every owned kind
+    shrunk = reconcile(api, owner(PLAIN), previous=record)  # another set: no PDB
+    requests = list(cluster.emulator)[before:]
+    assert not [r for r in requests if r.name is None]
+    assert [(c.kind, c.name) for c in shrunk.writes if c.action == Action.DELETED] == [("PodDisruptionBudget", NAME)]
+    assert api.get(Ref("v1", "Service", NS, f"{NAME}-theirs")) is not None
+    assert api.get(Ref("apps/v1", "Deployment", NS, f"{NAME}-canary")) is not None
+    full = reconcile(api, owner(PLAIN))  # no record to trust: every owned kind, by label
     assert {(c.kind, c.name) for c in full.writes if c.action == Action.DELETED} == {
-        ("ServiceAccount", f"{NAME}-stray")
+        ("Deployment", f"{NAME}-canary"),
+        ("ServiceAccount", f"{NAME}-stray"),
     }
+
+
+def test_the_record_is_deleted_from_in_the_reverse_of_the_apply_order(api: KubeApi) -> None:
+    """The Service before the pods it leads to, the pods before the rights they use: the order
+    a full prune keeps."""
+    done = reconcile(api, owner(POOLED))
+    shrunk = reconcile(api, owner(PLAIN), previous=done.inventory)
+    deleted = [(c.kind, c.name) for c in shrunk.writes if c.action == Action.DELETED]
+    position = {entry: index for index, entry in enumerate(deleted)}
+    assert position["Service", f"{NAME}-epp"] < position["Deployment", f"{NAME}-epp"]
+    assert position["Deployment", f"{NAME}-epp"] < position["RoleBinding", f"{NAME}-epp"]
+    assert position["RoleBinding", f"{NAME}-epp"] < position["ServiceAccount", f"{NAME}-epp"]
+
+
+def test_every_owned_kind_has_a_name_of_its_own() -> None:
+    """status.inventory records `Kind/name`: two owned kinds of one name would be confused."""
+    assert len(OWNED_BY_NAME) == len(OWNED_KINDS)
 
 
 @pytest.mark.parametrize(
