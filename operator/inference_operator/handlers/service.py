@@ -10,6 +10,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .. import credentials, lifetimes, metrics, policy, scale_to_zero, tracing
+from ..autoscaler.report import leftover_reports
 from ..builders import selector_string, service_url
 from ..jsontypes import JsonObject
 from ..k8s import Ref
@@ -130,7 +131,8 @@ def _reconcile_service(memo: kopf.Memo, body: kopf.Body, meta: kopf.Meta, logger
     shown = problem or rollout_problem(result.rollout)
 
     def compute(fresh: JsonObject) -> JsonObject:
-        return refresh_status(memo.api, fresh, workloads, shown, generation=generation, selector=selector) | extra
+        status = refresh_status(memo.api, fresh, workloads, shown, generation=generation, selector=selector)
+        return status | extra | leftover_reports(owner.spec, fresh.get("status"))
 
     def follow(status: JsonObject) -> None:
         follow_activator(memo, body, owner, status, logger)
