@@ -9,12 +9,14 @@ status as read).
 
 from __future__ import annotations
 
-from ..builders.disaggregation import ROLES
 from ..jsontypes import JsonObject
 from ..models import AutoscalingMode, InferenceServiceSpec
+from ..models.status import RoleAutoscalerStatus
 from .pair import builtin_roles
 
-# A single loop's report; the pair's reason and lastScaleTime (its scale to zero) share the names.
+# A single loop's report (RoleAutoscalerStatus, by its names in the status), and the pair's:
+# its reason and lastScaleTime (the pair's scale to zero), beside each role's report.
+SINGLE_KEYS = frozenset(field.alias or name for name, field in RoleAutoscalerStatus.model_fields.items())
 PAIR_KEYS = frozenset({"reason", "lastScaleTime"})
 
 
@@ -26,15 +28,18 @@ def leftover_reports(spec: InferenceServiceSpec, status: JsonObject | None) -> J
     written = (status or {}).get("autoscaler")
     if not written:
         return {}
-    if spec.disaggregation is None:
-        single = spec.autoscaling is not None and spec.autoscaling.mode == AutoscalingMode.BUILTIN
-        if not single:
-            return {"autoscaler": None}
-        gone = [str(role) for role in ROLES if str(role) in written]
-    else:
-        running = {str(role) for role in builtin_roles(spec)}
-        if not running:
-            return {"autoscaler": None}
-        roles = {str(role) for role in ROLES}
-        gone = [key for key in written if key not in running and (key in roles or key not in PAIR_KEYS)]
+    kept = written_keys(spec)
+    if kept is None:
+        return {"autoscaler": None}
+    gone = [key for key in written if key not in kept]
     return {"autoscaler": dict.fromkeys(gone)} if gone else {}
+
+
+def written_keys(spec: InferenceServiceSpec) -> frozenset[str] | None:
+    """The keys of status.autoscaler the spec's built-in loops write; None: no loop runs."""
+    if spec.disaggregation is not None:
+        running = frozenset(str(role) for role in builtin_roles(spec))
+        return running | PAIR_KEYS if running else None
+    if spec.autoscaling is None or spec.autoscaling.mode != AutoscalingMode.BUILTIN:
+        return None
+    return SINGLE_KEYS
