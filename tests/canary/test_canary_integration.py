@@ -40,10 +40,11 @@ DEPLOYMENTS = "apps/v1/deployments"
 STABLE_POD = f"{NAME}-5b7c9d8f6-abcde"
 CANARY_POD = f"{NAME}-canary-6c8d9e7f5-fghij"
 INTERVAL = 1
-# The healthy candidate answers in well under a millisecond, the slow one in ~10 ms a row and
+# The healthy candidate answers in well under a millisecond, the slow one in ~45 ms a row and
 # queues: a wide margin on both sides, since p95 is read from histogram buckets and a busy
-# machine stretches the tail.
-MAX_LATENCY_MS = 15.0
+# machine stretches the tail (the healthy one's p95 has read 23 ms on a loaded machine: more
+# than 5% of its answers waited over 10 ms for a core).
+MAX_LATENCY_MS = 50.0
 WINDOW = 10
 
 
@@ -126,7 +127,7 @@ def start_canary(cluster: Cluster, prometheus_url: str) -> None:
 
 @pytest.mark.proven_on_pods("tests/chart/test_real_pods.py")
 def test_a_slow_canary_is_rolled_back_by_itself(tmp_path: Path, cluster: Cluster, operator, record_property) -> None:
-    slow = tiny_mlp(tmp_path / "slow.onnx", depth=16)  # ~10 ms a row, and two clients queue on it
+    slow = tiny_mlp(tmp_path / "slow.onnx", depth=64)  # ~45 ms a row, and two clients queue on it
     with (
         stable_and_canary(tmp_path, slow) as (stable, canary, prom),
         stopping(Load([f"http://{stable.address}/infer"], concurrency=2, max_seconds=120)) as steady,
