@@ -1471,11 +1471,21 @@ def test_a_prefill_pod_deleted_under_load_fails_no_request_and_the_status_names_
         [p["status"]["podIP"] for role in ("prefill", "decode") for p in ready[role]],
         "both prefill pods and the decode pod",
     )
-    old, kept = (p["metadata"]["name"] for p in ready["prefill"])
+    prefills = {p["metadata"]["name"]: front_address(p) for p in ready["prefill"]}
+    before = replica_metrics(prefills)
     load = PacedLoad(f"http://{router_address(node)}/v1/completions", clients=2, period=1.0).start()
     short: list[dict] = []  # the status read while no new prefill pod was Ready
     try:
         wait_for(lambda: load.answered(200) >= 4, timeout=120, interval=0.5, message="requests served before")
+        # The pod deleted is the one the router has been sending prompts to (its policy may send
+        # them all to one): the other has to take them over.
+        served = {
+            name: after["requests"] - before[name]["requests"] for name, after in replica_metrics(prefills).items()
+        }
+        old = max(served, key=lambda name: served[name])
+        (kept,) = set(prefills) - {old}
+        assert served[old] > 0, served
+        kept_before = replica_metrics({kept: prefills[kept]})[kept]["requests"]
         deleted = time.time()
         node.kubectl("delete", "pod", old, "-n", NS, "--wait=false")
 
@@ -1491,6 +1501,7 @@ def test_a_prefill_pod_deleted_under_load_fails_no_request_and_the_status_names_
 
         new = wait_for(replacement, timeout=900, interval=0.5, message="a new prefill pod Ready")
         back = time.time()
+        took_over = replica_metrics({kept: prefills[kept]})[kept]["requests"] - kept_before
         FIGURES[f"vLLM P/D: one of {PAIR_PREFILL} prefill pods deleted to its replacement Ready (s)"] = back - deleted
         wait_for(lambda: load.answered(200, since=back) >= 2, timeout=120, interval=0.5, message="served again")
     finally:
@@ -1508,8 +1519,9 @@ def test_a_prefill_pod_deleted_under_load_fails_no_request_and_the_status_names_
     ready_condition = condition({"status": named[-1]}, "Ready") or {}
     assert ready_condition.get("status") == "False" and "prefill" in ready_condition.get("message", ""), named[-1]
     assert not [s for s in short[short.index(named[0]) :] if roles_ready(s).get("prefill")], short
-    # The router had the other prefill pod all along: nothing it sent failed.
-    assert len(during) > 10, len(during)
+    # The router had the other prefill pod all along: it took the prompts, and nothing failed.
+    FIGURES["vLLM P/D: prompts the other prefill pod computed meanwhile"] = took_over
+    assert len(during) > 10 and took_over >= len(during) - 4, (len(during), took_over, served)
     if failed:
         log = node.kubectl("logs", "-n", NS, "-l", ROUTER_SELECTOR, "--tail=-1", check=False).stdout
         told = [line for line in log.splitlines() if re.search(r"Removing pod|Adding pod|fail|error", line, re.I)]
