@@ -28,9 +28,9 @@ DECODE = SCALING | {"metric": "itlP95Ms", "target": 50, "scaleDownStabilizationS
 ZERO = {"idleSeconds": 60}
 
 
-def pd_spec(zero: bool = False, prefill: int = 1, decode: int = 1) -> dict[str, Any]:
+def pd_spec(zero: bool = False, prefill: int = 1, decode: int = 1, prefill_floor: int = 1) -> dict[str, Any]:
     disaggregation: dict[str, Any] = {
-        "prefill": {"replicas": prefill, "autoscaling": PREFILL},
+        "prefill": {"replicas": prefill, "autoscaling": PREFILL | {"minReplicas": prefill_floor}},
         "decode": {"replicas": decode, "autoscaling": DECODE},
     }
     if zero:
@@ -226,6 +226,31 @@ async def test_the_pair_goes_to_zero_only_together_and_wakes_together(cluster: C
         assert "reason" not in cr["status"]["autoscaler"] and cr["status"]["autoscaler"]["lastScaleTime"] == zero_time
     finally:
         await pair.aclose()
+
+
+async def test_a_roles_min_replicas_is_its_floor_while_the_pair_serves(cluster: Cluster) -> None:
+    """Woken from zero (each role at one) with prefill's minReplicas two: prefill goes to its
+    floor and stays there however little its latency asks for; at zero the pair runs nothing."""
+    create(cluster, zero=True, prefill_floor=2)  # as the wake leaves it: one of each
+    prometheus, clock, events = Prometheus(), Clock(), list[tuple[str, str]]()
+    pair = pair_for(cluster, prometheus, clock, Clock(), events)
+    try:
+        cr = await tick(cluster, pair)
+        assert counts(cr) == (2, 1)
+        assert cr["status"]["autoscaler"]["prefill"]["desiredReplicas"] == 2
+        prometheus.values["prefill"] = 10.0  # far below its target: fewer, if it could
+        for _ in range(3):
+            clock.now += 15
+            assert counts(await tick(cluster, pair)) == (2, 1)
+    finally:
+        await pair.aclose()
+
+    def replicas(prefill: int, decode: int) -> dict[str, int]:
+        owner = Owner("llm", "ml", "u-1", parse_spec(pd_spec(True, prefill, decode, prefill_floor=2)))
+        return {o["metadata"]["name"]: o["spec"]["replicas"] for o in build_all(owner) if o["kind"] == "Deployment"}
+
+    assert replicas(2, 1) == {"llm-prefill": 2, "llm-decode": 1, "llm-router": 2}
+    assert replicas(0, 0) == {"llm-prefill": 0, "llm-decode": 0, "llm-router": 0}
 
 
 def test_the_builders_take_the_pair_and_its_router_to_zero_and_the_activator_in_front() -> None:

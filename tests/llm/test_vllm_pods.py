@@ -9,7 +9,9 @@ one cluster and one InferenceService, in namespaces that enforce Pod Security `r
 The last tests put the vLLM project's router (routing.router, its image built from the shipped
 router/Dockerfile) in front of two replicas of that service, then in its P/D mode in front of one
 prefill and one decode replica (spec.disaggregation: vLLM's NixlConnector over UCX, the KV
-blocks in host memory), whose answers are the aggregated replicas'.
+blocks in host memory), whose answers are the aggregated replicas'. Spec patches then take that
+pair to zero (disaggregation.scaleToZero) and back on held requests, with two prefill replicas,
+one of which is deleted under load.
 """
 
 from __future__ import annotations
@@ -1089,17 +1091,15 @@ def pd_requests() -> dict[str, tuple[str, dict[str, Any]]]:
     return requests
 
 
-def generated(address: str, path: str, body: dict[str, Any]) -> tuple[str, int]:
-    """The text one request generates (streamed: its chunks joined) and its prompt's tokens."""
-    with httpx.stream("POST", f"http://{address}{path}", json=body, timeout=120) as response:
+def answer(address: str, path: str, body: dict[str, Any], timeout: float = 120) -> tuple[str, dict[str, int]]:
+    """The text one request generates (streamed: its chunks joined) and its usage, answered 200."""
+    with httpx.stream("POST", f"http://{address}{path}", json=body, timeout=timeout) as response:
         raw = response.read().decode()
         assert response.status_code == 200, raw
     if not body["stream"]:
-        answer = json.loads(raw)
-        choice = answer["choices"][0]
-        return str(choice["message"]["content"] if "message" in choice else choice["text"]), answer["usage"][
-            "prompt_tokens"
-        ]
+        whole = json.loads(raw)
+        choice = whole["choices"][0]
+        return str(choice["message"]["content"] if "message" in choice else choice["text"]), whole["usage"]
     events = [line.removeprefix("data: ") for line in raw.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]", raw
     chunks = [json.loads(e) for e in events[:-1]]
@@ -1107,6 +1107,12 @@ def generated(address: str, path: str, body: dict[str, Any]) -> tuple[str, int]:
         c.get("text") or (c.get("delta") or {}).get("content") or "" for chunk in chunks for c in chunk["choices"]
     )
     (usage,) = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+    return text, usage
+
+
+def generated(address: str, path: str, body: dict[str, Any]) -> tuple[str, int]:
+    """The text one request generates (streamed: its chunks joined) and its prompt's tokens."""
+    text, usage = answer(address, path, body)
     return text, usage["prompt_tokens"]
 
 
@@ -1129,16 +1135,25 @@ def front_address(pod: dict) -> str:
     return f"{pod['status']['podIP']}:{front['ports'][0]['containerPort']}"
 
 
+def pair_pods(node: NodeCluster, prefill: int = 1) -> dict[str, list[dict]] | None:
+    """The service's pods once they are `prefill` Ready prefill pods, one Ready decode pod and
+    one Ready router, and no other: by role."""
+    current = pods(node, NS, INSTANCE_SELECTOR)
+    by_role: dict[str, list[dict]] = {}
+    for pod in current:
+        labels = pod["metadata"]["labels"]
+        by_role.setdefault(labels.get(ROLE_LABEL) or labels["app.kubernetes.io/component"], []).append(pod)
+    counts = {role: len(found) for role, found in by_role.items()}
+    if counts == {"prefill": prefill, "decode": 1, "router": 1} and all(pod_ready(p) for p in current):
+        return by_role
+    return None
+
+
 def pd_pods_ready(node: NodeCluster) -> dict[str, dict] | None:
     """The service's pods once they are one Ready pod of each role and one Ready router, and no
     other: by role."""
-    current = pods(node, NS, INSTANCE_SELECTOR)
-    by_role = {p["metadata"]["labels"].get(ROLE_LABEL) or p["metadata"]["labels"]["app.kubernetes.io/component"]: p
-               for p in current}  # fmt: skip
-    if len(current) == 3 == len(by_role) and set(by_role) == {"prefill", "decode", "router"}:
-        if all(pod_ready(p) for p in current):
-            return by_role
-    return None
+    found = pair_pods(node)
+    return None if found is None else {role: one for role, (one,) in found.items()}
 
 
 def ris_status(node: NodeCluster) -> dict:
@@ -1212,6 +1227,41 @@ def test_through_the_router_pd_answers_equal_the_aggregated_services_and_decode_
     assert moved["nixl_transfers"] >= requests and moved["nixl_bytes"] > 0, moved
 
 
+def ucx_transports(log: str) -> dict[str, set[str]]:
+    """The transports UCX chose (`tcp/eth0`, `posix/memory`, `cma/memory`, ...) from its protocol
+    tables in a log (UCX_PROTO_INFO): by each table's title, the peer ("<agent> inter-node
+    cfg#1") and what the table is for ("remote memory read by ucp_get* ...")."""
+    chosen: dict[str, set[str]] = {}
+    title: list[str] = []
+    rows = False
+    for line in log.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 1:
+            if rows:
+                title, rows = [], False
+            title.append(cells[0])
+        elif len(cells) == 3 and title and cells[0] != "Range":
+            rows = True
+            chosen.setdefault(" / ".join(title), set()).update(re.findall(r"\b([a-z_0-9]+/[A-Za-z_0-9.:-]+)", cells[2]))
+    return chosen
+
+
+def test_the_kv_cache_crosses_the_pod_network_over_ucxs_tcp(node: NodeCluster) -> None:
+    """The KV blocks went from pod to pod over UCX's TCP transport on the pods' network. UCX's
+    own tables on the decode pod: the prefill pod is an inter-node peer to it, and reading its
+    memory, and every message to it, goes over tcp on eth0, the pod's interface: not over shared
+    memory or cross-memory attach (posix and cma need the peer's PID namespace, which the pods do
+    not share), nor over loopback, which is each pod's own."""
+    ready = pd_pods_ready(node)
+    assert ready is not None
+    log = node.kubectl("logs", "-n", NS, ready["decode"]["metadata"]["name"], "-c", "vllm").stdout
+    tables = ucx_transports(log)
+    peer = {title: chosen for title, chosen in tables.items() if " inter-node " in title}
+    reads = {t for title, chosen in peer.items() if "remote memory read" in title for t in chosen}
+    assert reads == {"tcp/eth0"}, tables
+    assert set().union(*peer.values()) == {"tcp/eth0"}, peer
+
+
 @dataclass
 class Outcome:
     started: float
@@ -1258,40 +1308,208 @@ class PacedLoad:
         return sum(1 for o in self.outcomes if o.status == status and o.started >= since)
 
 
-def test_the_prefill_pod_deleted_under_load_the_status_names_the_short_role_until_it_is_back(
+# The pair at zero and back, then two prefill replicas: the P/D service above switched by spec
+# patches (no new service, no pod started but the wake's). Both roles on the built-in loop at a
+# target no load reaches, so their counts hold at each role's floor.
+PAIR_IDLE_SECONDS = 10
+# A cold start of the pair on the node's busy 2 CPUs is minutes: the activator holds that long.
+HOLD_SECONDS = 600
+HELD = 4
+# Two prefill replicas and one decode (vLLM and its front's 200m each) and the router fit the
+# node's 2 CPUs beside the operator and the activator at PAIR_CPU; one OpenMP thread each, as
+# at ROUTED_CPU.
+PAIR_CPU = "375m"
+PAIR_PREFILL = 2
+
+
+def patch_service(node: NodeCluster, spec: dict[str, Any]) -> None:
+    """A JSON merge patch of the service's spec: only what it names changes (the roles' replicas,
+    which the autoscaler owns, stay as they are)."""
+    node.kubectl("patch", "ris", NAME, "-n", NS, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+
+def role_scaling(prometheus: PodPrometheus, metric: str, replicas: int) -> dict[str, Any]:
+    return {
+        "mode": "builtin",
+        "metric": metric,
+        "target": STEADY_MS,
+        "prometheusUrl": prometheus.url,
+        "intervalSeconds": 1,
+        "windowSeconds": 10,
+        "minReplicas": replicas,
+        "maxReplicas": replicas,
+    }
+
+
+def role_cpu(pod: dict) -> str:
+    """The vLLM container's CPU in a pod (or a pod template)."""
+    (vllm,) = [c for c in pod["spec"]["containers"] if c["name"] == "vllm"]
+    return str(vllm["resources"]["limits"]["cpu"])
+
+
+def role_counts(service: dict) -> tuple[int, int]:
+    pd = service["spec"]["disaggregation"]
+    return pd["prefill"]["replicas"], pd["decode"]["replicas"]
+
+
+def activator_slices(node: NodeCluster, service: str) -> list[dict]:
+    """The EndpointSlices the activator keeps for `service` (it is in the path while there is one)."""
+    selector = (
+        f"kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by=activator.inference.rocm.dev"
+    )
+    return list(kubectl_json(node, "get", "endpointslices", "-n", NS, "-l", selector)["items"])
+
+
+def test_the_idle_pair_goes_to_zero_and_its_routers_service_leads_to_the_activator(
+    node: NodeCluster, prometheus: PodPrometheus
+) -> None:
+    """disaggregation.scaleToZero patched onto the running pair (both roles on the built-in loop):
+    after idleSeconds without a request both roles go to zero in one write, the router with
+    them, and NAME-router's Service leads to the activator; the service says Ready,
+    ScaledToZero."""
+    patch_service(
+        node,
+        {
+            "disaggregation": {
+                "scaleToZero": {"idleSeconds": PAIR_IDLE_SECONDS, "maxWaitSeconds": HOLD_SECONDS},
+                "prefill": {"autoscaling": role_scaling(prometheus, "ttftP95Ms", 1)},
+                "decode": {"autoscaling": role_scaling(prometheus, "itlP95Ms", 1)},
+            }
+        },
+    )
+    patched = time.monotonic()
+    wait_for(lambda: role_counts(ris(node)) == (0, 0), timeout=180, interval=0.5, message="the pair at zero")
+    FIGURES[
+        f"vLLM P/D: scaleToZero set on the idle pair to both roles at zero, idleSeconds {PAIR_IDLE_SECONDS} (s)"
+    ] = time.monotonic() - patched
+    wait_for(
+        lambda: not pods(node, NS, INSTANCE_SELECTOR), timeout=180, message="the pair's and the router's pods gone"
+    )
+    for role in ("prefill", "decode", "router"):
+        assert kubectl_json(node, "get", "deployment", f"{NAME}-{role}", "-n", NS)["spec"]["replicas"] == 0, role
+    (piece,) = activator_slices(node, f"{NAME}-router")
+    assert piece["endpoints"] and piece["ports"][0]["name"] == "http", piece
+    ready_condition = wait_for(
+        lambda: (c := condition(ris(node), "Ready")) and c.get("reason") == "ScaledToZero" and c,
+        timeout=60,
+        message="Ready, ScaledToZero",
+    )
+    assert ready_condition["status"] == "True", ready_condition
+
+
+@pytest.mark.timeout(1200)
+def test_requests_held_at_zero_wake_the_pair_and_are_all_answered(node: NodeCluster, prometheus: PodPrometheus) -> None:
+    """At zero the roles are made smaller (PAIR_CPU) and prefill's floor two (no pod starts:
+    their Deployments are at zero), then completions and chat, streamed and not, are sent to
+    the router's Service: the activator holds them, both roles and the router wake, and every
+    one is answered 200 with its whole completion; the activator then leaves the path."""
+    resources = {"gpu": {"count": 0}, "cpu": PAIR_CPU, "memory": "4Gi"}
+    patch_service(
+        node,
+        {
+            "disaggregation": {
+                # Awake from here on for the module's last test, whatever its pauses.
+                "scaleToZero": {"idleSeconds": 3600},
+                "prefill": {
+                    "resources": resources,
+                    "autoscaling": {"minReplicas": PAIR_PREFILL, "maxReplicas": PAIR_PREFILL},
+                },
+                "decode": {"resources": resources},
+            }
+        },
+    )
+    wait_for(
+        lambda: (
+            role_cpu(kubectl_json(node, "get", "deployment", f"{NAME}-prefill", "-n", NS)["spec"]["template"])
+            == PAIR_CPU
+        ),
+        timeout=60,
+        message=f"the prefill Deployment at {PAIR_CPU}",
+    )
+    assert role_counts(ris(node)) == (0, 0) and not pods(node, NS, INSTANCE_SELECTOR)
+    assert activator_slices(node, f"{NAME}-router"), "the activator left the path before any request"
+    address = router_address(node)
+    requests = {name: (path, {**body, "ignore_eos": True}) for name, (path, body) in pd_requests().items()}
+    assert len(requests) == HELD
+
+    def held(request: tuple[str, dict[str, Any]]) -> tuple[float, str, dict[str, int]]:
+        text, usage = answer(address, *request, timeout=HOLD_SECONDS + 60)
+        return time.monotonic(), text, usage
+
+    sent = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(HELD) as pool:
+        woken = pool.map(held, requests.values())
+        # Held, not refused: both roles asked for at once, the router with them.
+        wait_for(lambda: role_counts(ris(node)) != (0, 0), timeout=60, interval=0.5, message="the pair woken")
+        answers = dict(zip(requests, woken, strict=True))
+    FIGURES["vLLM P/D: requests held at zero (completions and chat, 2 streamed)"] = HELD
+    FIGURES[f"vLLM P/D: first held request to all {HELD} answered, prefill and decode at {PAIR_CPU} (s)"] = (
+        max(ended for ended, _, _ in answers.values()) - sent
+    )
+    for name, (_, text, usage) in answers.items():
+        assert usage["completion_tokens"] == requests[name][1]["max_tokens"] and text, (name, text, usage)
+        assert usage["prompt_tokens"] == AGGREGATED[name][1], (name, usage)
+    # The pair whole again: two prefill pods (prefill's floor), the decode pod and the router;
+    # the activator out of the path.
+    found = wait_for(lambda: pair_pods(node, PAIR_PREFILL), timeout=600, interval=0.5, message="the pair whole")
+    wait_for(lambda: not activator_slices(node, f"{NAME}-router"), timeout=60, message="the activator's slice gone")
+    assert {role_cpu(p) for role in ("prefill", "decode") for p in found[role]} == {PAIR_CPU}
+
+
+@pytest.mark.timeout(1200)
+def test_a_prefill_pod_deleted_under_load_fails_no_request_and_the_status_names_the_short_role(
     node: NodeCluster,
 ) -> None:
-    """The prefill pod deleted while requests run through the router: status.roles and the Ready
-    condition name prefill short until its replacement is Ready, then the router serves through
-    the new pod. With one prefill replica the router has no other to retry on: the requests it
-    could not serve meanwhile are counted by status (figures), and none was left hanging."""
-    ready = pd_pods_ready(node)
-    assert ready is not None
-    old = ready["prefill"]["metadata"]["name"]
+    """One of the two prefill pods deleted while requests run through the router: the router
+    drops it when its watch sees the deletion, before the pod's preStop ends and vLLM stops
+    taking requests, and sends the rest to the other prefill pod: no request fails.
+    status.roles and the Ready condition name prefill short until its replacement is Ready,
+    then the router serves again with both."""
+    ready = wait_for(lambda: pair_pods(node, PAIR_PREFILL), timeout=600, interval=0.5, message="the pair whole")
+    wait_router_workers(
+        router_address(node),
+        [p["status"]["podIP"] for role in ("prefill", "decode") for p in ready[role]],
+        "both prefill pods and the decode pod",
+    )
+    prefills = {p["metadata"]["name"]: front_address(p) for p in ready["prefill"]}
+    before = replica_metrics(prefills)
     load = PacedLoad(f"http://{router_address(node)}/v1/completions", clients=2, period=1.0).start()
     short: list[dict] = []  # the status read while no new prefill pod was Ready
     try:
         wait_for(lambda: load.answered(200) >= 4, timeout=120, interval=0.5, message="requests served before")
+        # The pod deleted is the one the router has been sending prompts to (its policy may send
+        # them all to one): the other has to take them over.
+        served = {
+            name: after["requests"] - before[name]["requests"] for name, after in replica_metrics(prefills).items()
+        }
+        old = max(served, key=lambda name: served[name])
+        (kept,) = set(prefills) - {old}
+        assert served[old] > 0, served
+        kept_before = replica_metrics({kept: prefills[kept]})[kept]["requests"]
         deleted = time.time()
         node.kubectl("delete", "pod", old, "-n", NS, "--wait=false")
 
         def replacement() -> dict | None:
             status = ris_status(node)  # read first: the status may not run ahead of the pods
-            new = next((p for p in role_pods(node, "prefill") if p["metadata"]["name"] != old and pod_ready(p)), None)
+            new = next(
+                (p for p in role_pods(node, "prefill") if p["metadata"]["name"] not in (old, kept) and pod_ready(p)),
+                None,
+            )
             if new is None:
                 short.append(status)
             return new
 
-        new = wait_for(replacement, timeout=600, interval=0.5, message="a new prefill pod Ready")
+        new = wait_for(replacement, timeout=900, interval=0.5, message="a new prefill pod Ready")
         back = time.time()
-        FIGURES["vLLM P/D: prefill pod deleted to its replacement Ready (s)"] = back - deleted
+        took_over = replica_metrics({kept: prefills[kept]})[kept]["requests"] - kept_before
+        FIGURES[f"vLLM P/D: one of {PAIR_PREFILL} prefill pods deleted to its replacement Ready (s)"] = back - deleted
         wait_for(lambda: load.answered(200, since=back) >= 2, timeout=120, interval=0.5, message="served again")
     finally:
         load.stop()
     during = [o for o in load.outcomes if deleted <= o.ended and o.started <= back]
     failed = [o for o in during if o.status != 200]
-    FIGURES["vLLM P/D: requests sent while the prefill pod was replaced"] = len(during)
-    FIGURES["vLLM P/D: of those, failed"] = len(failed)
+    FIGURES[f"vLLM P/D: requests sent while one of {PAIR_PREFILL} prefill pods was replaced"] = len(during)
+    FIGURES[f"vLLM P/D: of those, failed (with {PAIR_PREFILL} prefill pods)"] = len(failed)
     for status, count in Counter(str(o.status) for o in failed).items():
         FIGURES[f"vLLM P/D: of those, failed with {status}"] = count
     # The status said so: prefill short (its role not ready, the Ready condition false and naming
@@ -1301,45 +1519,14 @@ def test_the_prefill_pod_deleted_under_load_the_status_names_the_short_role_unti
     ready_condition = condition({"status": named[-1]}, "Ready") or {}
     assert ready_condition.get("status") == "False" and "prefill" in ready_condition.get("message", ""), named[-1]
     assert not [s for s in short[short.index(named[0]) :] if roles_ready(s).get("prefill")], short
-    # No request hung: each failure came at once, a server error of the router while it had no
-    # prefill to send to, or a refused connection (the router turns unready without one, and its
-    # Service then has no endpoint for a new connection; the clients' kept-alive ones stay).
-    hung = [o for o in failed if not (isinstance(o.status, int) and o.status >= 500 or o.status == "ConnectError")]
-    assert not hung, [(o.status, o.detail, round(o.ended - o.started, 1)) for o in hung]
-    assert new["metadata"]["name"] != old
-
-
-def ucx_transports(log: str) -> dict[str, set[str]]:
-    """The transports UCX chose (`tcp/eth0`, `posix/memory`, `cma/memory`, ...) from its protocol
-    tables in a log (UCX_PROTO_INFO): by each table's title, the peer ("<agent> inter-node
-    cfg#1") and what the table is for ("remote memory read by ucp_get* ...")."""
-    chosen: dict[str, set[str]] = {}
-    title: list[str] = []
-    rows = False
-    for line in log.splitlines():
-        cells = [cell.strip() for cell in line.split("|")[1:-1]]
-        if len(cells) == 1:
-            if rows:
-                title, rows = [], False
-            title.append(cells[0])
-        elif len(cells) == 3 and title and cells[0] != "Range":
-            rows = True
-            chosen.setdefault(" / ".join(title), set()).update(re.findall(r"\b([a-z_0-9]+/[A-Za-z_0-9.:-]+)", cells[2]))
-    return chosen
-
-
-def test_the_kv_cache_crosses_the_pod_network_over_ucxs_tcp(node: NodeCluster) -> None:
-    """The KV blocks went from pod to pod over UCX's TCP transport on the pods' network. UCX's
-    own tables on the decode pod: the prefill pod is an inter-node peer to it, and reading its
-    memory, and every message to it, goes over tcp on eth0, the pod's interface: not over shared
-    memory or cross-memory attach (posix and cma need the peer's PID namespace, which the pods do
-    not share), nor over loopback, which is each pod's own."""
-    # The test before replaced the prefill pod: the router turns Ready again only once it has
-    # found the new one (its readiness probe runs every 5 s).
-    ready = wait_for(lambda: pd_pods_ready(node), timeout=600, interval=0.5, message="the P/D pods Ready")
-    log = node.kubectl("logs", "-n", NS, ready["decode"]["metadata"]["name"], "-c", "vllm").stdout
-    tables = ucx_transports(log)
-    peer = {title: chosen for title, chosen in tables.items() if " inter-node " in title}
-    reads = {t for title, chosen in peer.items() if "remote memory read" in title for t in chosen}
-    assert reads == {"tcp/eth0"}, tables
-    assert set().union(*peer.values()) == {"tcp/eth0"}, peer
+    # The router had the other prefill pod all along: it took the prompts, and nothing failed.
+    FIGURES["vLLM P/D: prompts the other prefill pod computed meanwhile"] = took_over
+    assert len(during) > 10 and took_over >= len(during) - 4, (len(during), took_over, served)
+    if failed:
+        log = node.kubectl("logs", "-n", NS, "-l", ROUTER_SELECTOR, "--tail=-1", check=False).stdout
+        told = [line for line in log.splitlines() if re.search(r"Removing pod|Adding pod|fail|error", line, re.I)]
+        seen = [(o.status, o.detail, round(o.started - deleted, 1), round(o.ended - o.started, 1)) for o in failed]
+        raise AssertionError(
+            f"{len(failed)} of {len(during)} failed: {seen}\nthe router said:\n" + "\n".join(told[-60:])
+        )
+    assert new["metadata"]["name"] not in (old, kept)

@@ -23,12 +23,15 @@ RUN_AS_USER = 1000
 
 
 def desired_replicas(spec: InferenceServiceSpec) -> int | None:
-    """Replicas the Deployment should run; None when an HPA or KEDA owns the count."""
+    """Replicas the Deployment should run; None when an HPA or KEDA owns the count. Zero asked
+    for with scaleToZero is zero, whatever the floor while it serves (a P/D role's minReplicas)."""
     scaling = spec.autoscaling
     if scaling is None:
         return spec.replicas
     if scaling.mode != AutoscalingMode.BUILTIN:
         return None
+    if scaling.scale_to_zero is not None and spec.replicas == 0:
+        return 0
     return min(max(spec.replicas, scaling.min_replicas), scaling.max_replicas)
 
 

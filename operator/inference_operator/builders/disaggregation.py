@@ -248,13 +248,15 @@ def role_part(spec: InferenceServiceSpec, role: Role) -> PrefillSpec | DecodeSpe
 def role_spec(spec: InferenceServiceSpec, role: Role) -> InferenceServiceSpec:
     """The spec as one role's workload sees it, a service of its own: the role's replicas,
     resources (spec.resources when it has none) and autoscaling. With the pair's scaleToZero the
-    role's autoscaling reads minReplicas 0 and that scaleToZero, as a service's that goes to zero
-    does: its Deployment runs the 0 the loop writes, and the loop holds it there until a wake."""
+    role's autoscaling reads that scaleToZero, as a service's that goes to zero does: its
+    Deployment runs the 0 the pair's write asks for, and the loop holds it there until a wake.
+    Its minReplicas stays the role's own: its floor while the pair serves (a service's own is 0
+    with scaleToZero, so its floor while it serves is one)."""
     part = role_part(spec, role)
     scaling = part.autoscaling
     zero = pair_scale_to_zero(spec)
     if scaling is not None and zero is not None:
-        scaling = scaling.model_copy(update={"min_replicas": 0, "scale_to_zero": zero})
+        scaling = scaling.model_copy(update={"scale_to_zero": zero})
     return spec.model_copy(
         update={"replicas": part.replicas, "resources": part.resources or spec.resources, "autoscaling": scaling}
     )
