@@ -351,6 +351,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self.answers.release(client, size)
             else:
                 self._unsent += size
+                # What the socket did not take may be below the high-water mark (a kernel send
+                # buffer grown to megabytes takes nearly all of an answer): then nothing would say
+                # when it drains, nor arm the write timeout. From here any byte left pauses, so
+                # the drain gives the bytes back and a client that reads nothing is dropped.
+                transport.set_write_buffer_limits(high=0)
 
     def _drained(self) -> None:
         """The transport has (nearly) emptied its buffer, or is gone: the answers it held are out."""
