@@ -117,6 +117,8 @@ class Report:
     served_checks: int = 0
     #: Another client's ordinary requests that got no 2xx answer, and what they got instead.
     served_failures: list[str] = field(default_factory=list)
+    #: Of the ordinary requests, those first refused with 503 and Retry-After, then asked again.
+    served_after_retry: int = 0
     rss_before: int = 0
     rss_peak: int = 0
     threads_before: int = 0
@@ -167,7 +169,8 @@ class Report:
         return (
             f"{self.target}, {self.attack} ({self.connections} connections): health worst "
             f"{worst * 1000:.0f} ms in {len(self.health)} checks, {len(self.health) - len(answered)} unanswered; "
-            f"ordinary requests {self.served_checks - len(self.served_failures)} of {self.served_checks} served; "
+            f"ordinary requests {self.served_checks - len(self.served_failures)} of {self.served_checks} served "
+            f"({self.served_after_retry} after a Retry-After); "
             f"RSS {self.rss_before / MiB:.0f} -> {self.rss_peak / MiB:.0f} MiB; "
             f"threads {self.threads_before} -> {self.threads_peak}"
         )
@@ -206,6 +209,28 @@ def health_check(target: Target, timeout: float) -> float | None:
 def exchange(target: Target, whole_request: bytes, timeout: float) -> str:
     """One request over a new connection from the watcher's address: the answer's status code, or
     what went wrong. The answer is read to its end (its Content-Length, or the connection's close)."""
+    return _exchange(target, whole_request, timeout)[0]
+
+
+# The longest Retry-After an ordinary client is taken to honour before it asks once more.
+MAX_RETRY_AFTER_S = 2.0
+
+
+def retry_after(head: bytes) -> float | None:
+    """The seconds a 503's Retry-After asks for (None: none, or not in seconds)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"retry-after":
+            try:
+                return float(value.strip())
+            except ValueError:
+                return None
+    return None
+
+
+def _exchange(target: Target, whole_request: bytes, timeout: float) -> tuple[str, bytes]:
+    """`exchange`, and the answer's head (empty when none came)."""
+    head = b""
     try:
         with socket.create_connection(
             (target.host, target.port), timeout=timeout, source_address=(WATCHER_ADDRESS, 0)
@@ -218,7 +243,7 @@ def exchange(target: Target, whole_request: bytes, timeout: float) -> str:
             while b"\r\n\r\n" not in reply:
                 chunk = conn.recv(65536)
                 if not chunk:
-                    return "closed before the answer's head"
+                    return "closed before the answer's head", b""
                 reply += chunk
             head, _, body = reply.partition(b"\r\n\r\n")
             lengths = [line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")]
@@ -229,10 +254,11 @@ def exchange(target: Target, whole_request: bytes, timeout: float) -> str:
                     break
                 body += chunk
     except TimeoutError:
-        return f"no answer within {timeout:g}s"
+        return f"no answer within {timeout:g}s", head
     except OSError as exc:
-        return type(exc).__name__
-    return head.split(b" ", 2)[1].decode(errors="replace") if head.startswith(b"HTTP/1.1 ") else "not HTTP"
+        return type(exc).__name__, head
+    status = head.split(b" ", 2)[1].decode(errors="replace") if head.startswith(b"HTTP/1.1 ") else "not HTTP"
+    return status, head
 
 
 class _Watcher:
@@ -270,7 +296,14 @@ class _Watcher:
         """Another client's ordinary request (an HTTP port's: a gRPC port's is its health call)."""
         if self.target.protocol == GRPC:
             return
-        status = exchange(self.target, self.target.ordinary(), self.served_timeout)
+        status, head = _exchange(self.target, self.target.ordinary(), self.served_timeout)
+        wait = retry_after(head) if status == "503" else None
+        if wait is not None and wait <= MAX_RETRY_AFTER_S:
+            # Overload answered as overload (503 with Retry-After): a client asks again once, after
+            # the wait it was told; only a second refusal counts against the port.
+            self.report.served_after_retry += 1
+            time.sleep(wait)
+            status, _ = _exchange(self.target, self.target.ordinary(), self.served_timeout)
         self.report.served_checks += 1
         if not status.startswith("2"):
             self.report.served_failures.append(status)

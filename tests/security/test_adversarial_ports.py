@@ -8,8 +8,10 @@ render. A new port is one entry of `PORTS`."""
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -460,3 +462,33 @@ def test_the_kubelet_counts_consecutive_failures_only() -> None:
     report.health += [None, 3.1, 9.0]
     assert report.failures_in_a_row(probe) == 3
     assert "the kubelet restarts after 3" in " ".join(report.problems(adversary.Bounds(probe)))
+
+
+def test_another_client_asks_again_after_a_503_with_retry_after_and_only_a_second_refusal_counts() -> None:
+    """Overload answered as overload (503, Retry-After: 1) is what an ordinary client is told to
+    retry: it does, once, and is served; a port that refuses the retry as well is reported."""
+    answers: list[bytes] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            status, extra = (503, [("Retry-After", "1")]) if answers.pop(0) == b"503" else (200, [])
+            self.send_response(status)
+            for name, value in [*extra, ("Content-Length", "0")]:
+                self.send_header(name, value)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            return
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        target = adversary.Target("stub", "127.0.0.1", server.server_address[1], "/", os.getpid())
+        for script, failures, retried in [([b"503", b"200"], [], 1), ([b"503", b"503"], ["503"], 1), ([b"200"], [], 0)]:
+            answers[:] = script
+            report = adversary.Report("stub", "none")
+            adversary._Watcher(target, report, timeout=5, served_timeout=5).serve()
+            assert (report.served_failures, report.served_after_retry, report.served_checks) == (failures, retried, 1)
+            assert answers == []
+        server.shutdown()
