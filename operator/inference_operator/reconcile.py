@@ -420,17 +420,27 @@ def prune(api: KubeApi, owner: Owner, wanted: list[JsonObject]) -> list[Change]:
     selector = inventory_selector(owner.name)
     deleted = []
     for kind in reversed(KINDS):
-        if not kind.owned or not kind.reconciled:
-            continue
-        if not _served(api, kind):
+        if not kind.owned or not _prunable(api, kind):
             continue
         for live in api.list_objects(kind.api_version, kind.kind, owner.namespace, selector):
-            name = live["metadata"]["name"]
-            if (kind.kind, name) in keep or not owned_by(live, owner.uid):
-                continue
-            if api.delete(Ref.to(kind, owner.namespace, name)):
-                deleted.append(Change(Action.DELETED, kind.kind, name))
+            if (kind.kind, live["metadata"]["name"]) not in keep:
+                deleted.extend(_delete_owned(api, owner, kind, live))
     return deleted
+
+
+def _prunable(api: KubeApi, kind: Kind) -> bool:
+    """Whether a prune may delete objects of an owned `kind`: one this reconcile keeps (not the
+    activator's slices) and the cluster serves."""
+    return kind.reconciled and _served(api, kind)
+
+
+def _delete_owned(api: KubeApi, owner: Owner, kind: Kind, live: JsonObject | None) -> list[Change]:
+    """Delete `live` if this service owns it (its uid in the ownerReferences): the deletion made,
+    or none (gone already, not this service's, or deleted meanwhile)."""
+    if live is None or not owned_by(live, owner.uid):
+        return []
+    name = live["metadata"]["name"]
+    return [Change(Action.DELETED, kind.kind, name)] if api.delete(Ref.to(kind, owner.namespace, name)) else []
 
 
 def prune_recorded(api: KubeApi, owner: Owner, recorded: list[str], kept: list[str]) -> list[Change]:
@@ -444,10 +454,6 @@ def prune_recorded(api: KubeApi, owner: Owner, recorded: list[str], kept: list[s
     gone = (entry.split("/", 1) for entry in set(recorded) - set(kept))
     named = [(OWNED_BY_NAME[kind_name], name) for kind_name, name in gone if kind_name in OWNED_BY_NAME]
     for kind, name in sorted(named, key=lambda item: (APPLY_ORDER[item[0].key], item[1]), reverse=True):
-        if not kind.reconciled or not _served(api, kind):
-            continue
-        ref = Ref.to(kind, owner.namespace, name)
-        live = api.get(ref)
-        if live is not None and owned_by(live, owner.uid) and api.delete(ref):
-            deleted.append(Change(Action.DELETED, kind.kind, name))
+        if _prunable(api, kind):
+            deleted.extend(_delete_owned(api, owner, kind, api.get(Ref.to(kind, owner.namespace, name))))
     return deleted
