@@ -30,6 +30,7 @@ from tests.tiers.pods import (
     OPERATOR_NAMESPACE,
     FileServer,
     PodPrometheus,
+    activator_slices,
     apply,
     chart_values,
     file_server,
@@ -450,13 +451,6 @@ def activator_deployment(node: NodeCluster) -> str:
     return str(found["metadata"]["name"])
 
 
-def slices_of_activator(node: NodeCluster, service: str) -> list[dict]:
-    selector = (
-        f"kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by=activator.inference.rocm.dev"
-    )
-    return list(kubectl_json(node, "get", "endpointslices", "-n", NS, "-l", selector)["items"])
-
-
 def test_an_idle_service_goes_to_zero_and_says_so(
     node: NodeCluster, release: dict, files: FileServer, prometheus: PodPrometheus
 ) -> None:
@@ -532,7 +526,7 @@ def test_requests_at_zero_are_held_answered_and_survive_an_activator_rollout(
     # Every scale-to-zero panel of the dashboard shows it: requests held, their wait, the wake.
     dashboard.wait_for_data(prometheus.url, "activator", NS, IDLE, timeout=20)
     # A replica is Ready: the activator is out of the path (until the next idle period).
-    wait_for(lambda: not slices_of_activator(node, IDLE), timeout=10, message="the activator's slice gone")
+    wait_for(lambda: not activator_slices(node, NS, IDLE), timeout=10, message="the activator's slice gone")
     node.kubectl(
         "rollout", "status", f"deployment/{activator_deployment(node)}", "-n", OPERATOR_NAMESPACE, "--timeout=180s"
     )
@@ -624,7 +618,7 @@ def test_a_service_whose_model_never_loads_answers_503_after_its_wait(
     never = idle_service(files, prometheus, name="never", uri="mlp/missing/model.onnx", maxWaitSeconds=6)
     never["spec"]["replicas"] = 0  # created at zero: the activator has it at once
     apply(node, never)
-    wait_for(lambda: slices_of_activator(node, "never"), timeout=30, message="the activator in the path")
+    wait_for(lambda: activator_slices(node, NS, "never"), timeout=30, message="the activator in the path")
     address = service_address(node, "never")
     wait_for(lambda: reachable(address), timeout=30, message="kube-proxy to send the new Service somewhere")
     started = time.monotonic()

@@ -47,6 +47,7 @@ from tests.tiers.pods import (
     FIGURES,
     OPERATOR_NAMESPACE,
     PodPrometheus,
+    activator_slices,
     apply,
     bridge_server,
     chart_values,
@@ -1352,14 +1353,6 @@ def role_counts(service: dict) -> tuple[int, int]:
     return pd["prefill"]["replicas"], pd["decode"]["replicas"]
 
 
-def activator_slices(node: NodeCluster, service: str) -> list[dict]:
-    """The EndpointSlices the activator keeps for `service` (it is in the path while there is one)."""
-    selector = (
-        f"kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by=activator.inference.rocm.dev"
-    )
-    return list(kubectl_json(node, "get", "endpointslices", "-n", NS, "-l", selector)["items"])
-
-
 def test_the_idle_pair_goes_to_zero_and_its_routers_service_leads_to_the_activator(
     node: NodeCluster, prometheus: PodPrometheus
 ) -> None:
@@ -1387,7 +1380,7 @@ def test_the_idle_pair_goes_to_zero_and_its_routers_service_leads_to_the_activat
     )
     for role in ("prefill", "decode", "router"):
         assert kubectl_json(node, "get", "deployment", f"{NAME}-{role}", "-n", NS)["spec"]["replicas"] == 0, role
-    (piece,) = activator_slices(node, f"{NAME}-router")
+    (piece,) = activator_slices(node, NS, f"{NAME}-router")
     assert piece["endpoints"] and piece["ports"][0]["name"] == "http", piece
     ready_condition = wait_for(
         lambda: (c := condition(ris(node), "Ready")) and c.get("reason") == "ScaledToZero" and c,
@@ -1427,7 +1420,7 @@ def test_requests_held_at_zero_wake_the_pair_and_are_all_answered(node: NodeClus
         message=f"the prefill Deployment at {PAIR_CPU}",
     )
     assert role_counts(ris(node)) == (0, 0) and not pods(node, NS, INSTANCE_SELECTOR)
-    assert activator_slices(node, f"{NAME}-router"), "the activator left the path before any request"
+    assert activator_slices(node, NS, f"{NAME}-router"), "the activator left the path before any request"
     address = router_address(node)
     requests = {name: (path, {**body, "ignore_eos": True}) for name, (path, body) in pd_requests().items()}
     assert len(requests) == HELD
@@ -1452,7 +1445,7 @@ def test_requests_held_at_zero_wake_the_pair_and_are_all_answered(node: NodeClus
     # The pair whole again: two prefill pods (prefill's floor), the decode pod and the router;
     # the activator out of the path.
     found = wait_for(lambda: pair_pods(node, PAIR_PREFILL), timeout=600, interval=0.5, message="the pair whole")
-    wait_for(lambda: not activator_slices(node, f"{NAME}-router"), timeout=60, message="the activator's slice gone")
+    wait_for(lambda: not activator_slices(node, NS, f"{NAME}-router"), timeout=60, message="the activator's slice gone")
     assert {role_cpu(p) for role in ("prefill", "decode") for p in found[role]} == {PAIR_CPU}
 
 

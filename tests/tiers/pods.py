@@ -103,6 +103,14 @@ def kubectl_json(node: NodeCluster, *args: str) -> Any:
     return json.loads(node.kubectl(*args, "-o", "json").stdout)
 
 
+def activator_slices(node: NodeCluster, namespace: str, service: str) -> list[dict]:
+    """The EndpointSlices the activator keeps for `service` (it is in the path while there is one)."""
+    selector = (
+        f"kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by=activator.inference.rocm.dev"
+    )
+    return list(kubectl_json(node, "get", "endpointslices", "-n", namespace, "-l", selector)["items"])
+
+
 def apply(node: NodeCluster, *objects: dict) -> None:
     node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(objects))
 
