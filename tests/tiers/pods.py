@@ -170,7 +170,10 @@ def bridge_server(handler: Any, node: NodeCluster, tls: bool = True) -> Iterator
     context.load_cert_chain(pki / "files.crt", pki / "files.key")
     server = http.server.ThreadingHTTPServer((NODE_IP, 0), handler)
     if tls:
-        server.socket = context.wrap_socket(server.socket, server_side=True)
+        # The handshake on the connection's first read, in its own handler thread: done on
+        # accept, a client that connects and says nothing would hold the accept loop (and then
+        # `shutdown`) for good.
+        server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
