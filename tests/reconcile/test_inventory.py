@@ -8,6 +8,7 @@ import copy
 
 import kubernetes
 import pytest
+import yaml
 
 from inference_operator.builders import Owner
 from inference_operator.builders.activator import ActivatorEndpoints, build_activator_slice
@@ -17,13 +18,15 @@ from inference_operator.handlers.shared import by_label, workload_refs
 from inference_operator.k8s import KubeApi, Ref
 from inference_operator.kinds import OWNED_BY_NAME, OWNED_KINDS
 from inference_operator.models import parse_spec
+from inference_operator.models.status import INVENTORY_ENTRY_LENGTH, INVENTORY_ITEMS
 from inference_operator.reconcile import Action, previous_inventory, pruned_inventory, reconcile
 from inference_operator.settings import MANAGER
 from inference_operator.stages import rendered
 from inference_operator.stages.base import with_hash
 from inference_operator.status import READY, Rollout, compute_status, find_condition, status_changes
+from inference_operator.validation import validate_custom_resource
 from testsupport.cluster import Cluster
-from testsupport.crd import apply_defaults, crd_schema
+from testsupport.crd import ROOT, apply_defaults, crd_schema
 
 NS, NAME = "ml", "llama"
 SPEC_SCHEMA = crd_schema()["properties"]["spec"]
@@ -385,3 +388,20 @@ def test_only_the_record_of_the_generation_before_narrows_a_spec_changes_prune(
     status: dict | None, previous: list[str] | None
 ) -> None:
     assert previous_inventory(3, status) == previous
+
+
+def test_the_record_is_bounded_and_every_examples_set_fits_in_it() -> None:
+    """A reconcile reads each recorded entry it no longer wants: the schema bounds the record, so a
+    status edited by hand cannot make one spec change thousands of reads; the largest desired set
+    of the examples is far below that bound."""
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    largest = max(len(rendered(owner(yaml.safe_load(path.read_text())["spec"]))) for path in examples)
+    assert 0 < largest * 2 <= INVENTORY_ITEMS, largest
+    service = {"apiVersion": "inference.rocm.dev/v1alpha1", "kind": "InferenceService"}
+    service |= {"metadata": {"name": NAME, "namespace": NS}, "spec": spec()}
+    fits = service | {"status": {"inventory": [f"Deployment/{NAME}-{n}" for n in range(INVENTORY_ITEMS)]}}
+    assert validate_custom_resource(fits) == []
+    too_many = service | {"status": {"inventory": [f"Deployment/{NAME}-{n}" for n in range(INVENTORY_ITEMS + 1)]}}
+    assert any("inventory" in error for error in validate_custom_resource(too_many))
+    too_long = service | {"status": {"inventory": ["Deployment/" + "x" * INVENTORY_ENTRY_LENGTH]}}
+    assert any("inventory" in error for error in validate_custom_resource(too_long))

@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
+# status.inventory: at most this many `Kind/name` entries, each a kind and a DNS subdomain name.
+INVENTORY_ITEMS = 128
+INVENTORY_ENTRY_LENGTH = 320
 
 
 class StatusModel(BaseModel):
@@ -156,8 +159,12 @@ class InferenceServiceStatus(StatusModel):
         description="Each LoRA adapter of spec.adapters and how it stands on the replicas.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    inventory: list[str] | None = Field(
+    # Bounded: a reconcile reads each entry it no longer wants (reconcile.prune_recorded), so an
+    # edited status must not turn one spec change into thousands of reads. A service's desired set
+    # is a few dozen objects at most.
+    inventory: list[Annotated[str, Field(max_length=INVENTORY_ENTRY_LENGTH)]] | None = Field(
         None,
+        max_length=INVENTORY_ITEMS,
         description="The objects the service owns (Kind/name), as its last reconcile of observedGeneration left them.",
     )
     roles: list[RoleStatus] | None = Field(
