@@ -57,10 +57,10 @@ def test_changes_in_flight_survive_an_api_server_restart(apiserver: ApiServer, o
     assert writes["poddisruptionbudgets:patch"] == 1 and 3 <= writes["deployments:patch"] <= 4, writes
 
     # Nothing is left half-written: a restarted operator's resync of both writes nothing here.
-    assert operator.stop() == 0
     logged = len(operator.text())
-    before = apiserver.operator_writes(ns)
-    operator.start()
+    with operator.stopped() as code:
+        assert code == 0
+        before = apiserver.operator_writes(ns)
 
     # The plain log names no object: each service is known by its generation's resync line.
     generations = {(isvc(apiserver, ns, name) or {})["metadata"]["generation"] for name in ("a", "b")}

@@ -16,10 +16,15 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from testsupport.envtest import OPERATOR_USER, SKIP_REASON, ApiServer, assets, install_crds, running_apiserver
-from testsupport.processes import stop
+from testsupport.processes import free_port, stop
+from testsupport.waiting import eventually
+
+#: The operator's start on a loaded machine: its imports, then kopf's startup activities.
+STARTED_S = 120
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -66,6 +71,10 @@ class Operator:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
+        """Start the process; return once kopf's liveness endpoint answers, which it does only
+        after the operator's startup, its SIGTERM handler in place: a stop before that would kill
+        it half-started, and a log line of an earlier start would pass for this one's."""
+        liveness = f"http://127.0.0.1:{free_port()}/healthz"
         env = {"KUBECONFIG": str(self.server.kubeconfig(self.user)), "PATH": "/usr/bin:/bin"}
         env.update({k: v for k, v in __import__("os").environ.items() if k.startswith(("PYTHON", "HOME", "LANG"))})
         # The platform's registries: the examples' modelcar images come from ghcr.io/example/.
@@ -76,17 +85,43 @@ class Operator:
         env.update(self.env)
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "inference_operator", "run", "-A", "--metrics-port", "0", "-v", *self.args],
+                [
+                    *(sys.executable, "-m", "inference_operator", "run", "-A", "--metrics-port", "0", "-v"),
+                    *("--liveness", liveness, *self.args),
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
             )
+
+        eventually(
+            lambda: self._serving(liveness),
+            timeout=STARTED_S,
+            what="the operator's liveness endpoint",
+            ignore=(httpx.TransportError,),
+        )
+
+    def _serving(self, liveness: str) -> bool:
+        assert self.process is not None
+        code = self.process.poll()
+        assert code is None, f"the operator exited ({code}) before it served: {self.text()[-3000:]}"
+        return httpx.get(liveness, timeout=5).status_code == 200
 
     def stop(self) -> int:
         assert self.process is not None
         code = stop(self.process, timeout=20)
         self.process = None
         return code
+
+    @contextlib.contextmanager
+    def stopped(self) -> Iterator[int]:
+        """The operator stopped for the block (its exit code given), started again after it
+        whatever the block does: the tests after this one share the process."""
+        code = self.stop()
+        try:
+            yield code
+        finally:
+            self.start()
 
     def kill(self) -> None:
         """SIGKILL, as the OOM killer ends a process: no cleanup, no goodbye to its peers."""
