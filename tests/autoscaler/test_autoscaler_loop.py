@@ -69,7 +69,18 @@ def make_loop(
     )
 
 
-def create(cluster: Cluster, replicas: int, **autoscaling) -> dict:
+# A service whose clients go through the vLLM router (routing.router): status.roles counts its
+# workers (predictor) and its router apart, status.readyReplicas both.
+ROUTED = {"model": {"uri": "hf://org/llm@main"}, "runtime": {"engine": "vllm"}, "routing": {"router": {"replicas": 1}}}
+
+
+def routed_status(workers: int, router: int) -> dict:
+    roles = [{"role": "predictor", "readyReplicas": workers}, {"role": "router", "readyReplicas": router}]
+    return {"readyReplicas": workers + router, "roles": roles}
+
+
+def create(cluster: Cluster, replicas: int, spec: dict | None = None, **autoscaling) -> dict:
+    """ml/mlp with these autoscaling settings; `spec`'s parts replace the default model's."""
     obj = {
         "apiVersion": "inference.rocm.dev/v1alpha1",
         "kind": "InferenceService",
@@ -84,6 +95,7 @@ def create(cluster: Cluster, replicas: int, **autoscaling) -> dict:
                 "prometheusUrl": "http://prometheus:9090",
                 **autoscaling,
             },
+            **(spec or {}),
         },
     }
     assert cluster.apply_cr(obj).status_code in (200, 201)
@@ -197,3 +209,19 @@ async def test_a_tick_that_does_not_scale_keeps_the_last_scale_time_its_body_has
         await steady.aclose()
     status = cluster.get_cr("ml", "mlp")["status"]["autoscaler"]
     assert status["desiredReplicas"] == 3 and status["lastScaleTime"] == scaled
+
+
+async def test_a_routed_services_ready_replicas_are_its_workers_not_its_router(cluster: Cluster) -> None:
+    """With routing.router, status.readyReplicas adds the router's pods to the workers': the
+    loop counts the workers (the predictor's role), so a starting worker is waited for rather
+    than a ready router taken for it and a third worker asked."""
+    body = create(cluster, replicas=2, spec=ROUTED, metric="requestsWaiting")
+    body = {**body, "status": routed_status(workers=1, router=1)}
+    loop = make_loop(cluster, {"value": 15.0, "age": 0.4})
+    try:
+        await loop.tick(body, parse_spec(body["spec"]))
+    finally:
+        await loop.aclose()
+    cr = cluster.get_cr("ml", "mlp")
+    assert cr["spec"]["replicas"] == 2, cr["status"]["autoscaler"]
+    assert "waiting for 1 starting replica" in cr["status"]["autoscaler"]["reason"]

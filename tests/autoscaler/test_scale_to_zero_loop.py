@@ -16,7 +16,7 @@ from inference_operator.prometheus.client import PrometheusClient
 from inference_operator.settings import ANY_URL, CredentialPolicy
 from testsupport.cluster import Cluster
 
-from .test_autoscaler_loop import Clock, create, make_api
+from .test_autoscaler_loop import ROUTED, Clock, create, make_api, routed_status
 
 STZ = {"minReplicas": 0, "scaleToZero": {"idleSeconds": 60}}
 
@@ -32,7 +32,10 @@ class Prometheus:
     def answer(self, request: httpx.Request) -> httpx.Response:
         query = request.url.params["query"]
         self.asked.append(query)
-        if "increase(model_server_requests_total" in query:
+        if (
+            "increase(model_server_requests_total" in query
+            or "increase(vllm:e2e_request_latency_seconds_count" in query
+        ):
             value = self.requests
         elif query.startswith("time() -"):
             value = 0.5
@@ -114,6 +117,25 @@ async def test_idle_counts_from_when_a_replica_serves(cluster: Cluster) -> None:
         assert (await tick(cluster, loop))["spec"]["replicas"] == 1  # Ready for 30 s of 60
         wall.now += 31
         assert (await tick(cluster, loop))["spec"]["replicas"] == 0
+    finally:
+        await loop.aclose()
+
+
+async def test_a_routed_service_is_idle_only_from_when_its_router_serves_too(cluster: Cluster) -> None:
+    """With routing.router a request passes the router and a worker: a Ready worker whose router
+    has no ready pod serves nothing (the activator holds the woken requests until it has one),
+    so idleness counts from when both are ready."""
+    create(cluster, replicas=1, spec=ROUTED, metric="ttftP95Ms", **STZ)
+    prometheus, wall, events = Prometheus(), Clock(), list[tuple[str, str]]()
+    loop = loop_for(cluster, prometheus, wall, events)
+    try:
+        wall.now += 600
+        assert (await tick(cluster, loop, status=routed_status(workers=1, router=0)))["spec"]["replicas"] == 1
+        wall.now += 30
+        serving = {"status": routed_status(workers=1, router=1)}
+        assert (await tick(cluster, loop, **serving))["spec"]["replicas"] == 1  # on the path for 30 s of 60
+        wall.now += 31
+        assert (await tick(cluster, loop, **serving))["spec"]["replicas"] == 0
     finally:
         await loop.aclose()
 

@@ -7,11 +7,12 @@ model-fetch CA setting trusts) and fetched as a user's model would be: by the po
 init container and its adapters sidecar, with a Hub token from a Secret. The tests run in order on
 one cluster and one InferenceService, in namespaces that enforce Pod Security `restricted`.
 The last tests put the vLLM project's router (routing.router, its image built from the shipped
-router/Dockerfile) in front of two replicas of that service, then in its P/D mode in front of one
-prefill and one decode replica (spec.disaggregation: vLLM's NixlConnector over UCX, the KV
-blocks in host memory), whose answers are the aggregated replicas'. Spec patches then take that
-pair to zero (disaggregation.scaleToZero) and back on held requests, with two prefill replicas,
-one of which is deleted under load.
+router/Dockerfile) in front of two replicas of that service, which a spec patch then takes to
+zero (autoscaling.scaleToZero) and requests held at zero bring back through the router; then
+in its P/D mode in front of one prefill and one decode replica (spec.disaggregation: vLLM's
+NixlConnector over UCX, the KV blocks in host memory), whose answers are the aggregated
+replicas'. Spec patches then take that pair to zero (disaggregation.scaleToZero) and back on
+held requests, with two prefill replicas, one of which is deleted under load.
 """
 
 from __future__ import annotations
@@ -1048,6 +1049,115 @@ def test_the_router_sends_each_shared_prefix_to_the_replica_that_holds_it(node: 
     # Every prompt's tokens were read from a replica through its front (without them the router
     # counts outcome="missing_tokens" and sends everything to its first worker).
     assert 'policy="cache_aware"' in decisions and 'outcome="missing_tokens"' not in decisions, decisions
+
+
+# The routed service at zero and back: autoscaling.scaleToZero patched onto its two replicas
+# (the built-in loop at a target no load reaches, one replica at most, so the wake's one is all
+# that starts), then requests held at zero answered through the router.
+ROUTED_IDLE_SECONDS = 10
+
+
+def routed_service_pods(node: NodeCluster) -> dict[str, list[dict]] | None:
+    """The routed service's pods once they are one Ready worker and one Ready router, and no
+    other: by component."""
+    current = pods(node, NS, INSTANCE_SELECTOR)
+    by_component: dict[str, list[dict]] = {}
+    for pod in current:
+        by_component.setdefault(pod["metadata"]["labels"]["app.kubernetes.io/component"], []).append(pod)
+    counts = {component: len(found) for component, found in by_component.items()}
+    if counts == {"predictor": 1, "router": 1} and all(pod_ready(p) for p in current):
+        return by_component
+    return None
+
+
+def test_the_idle_routed_service_goes_to_zero_with_its_router_and_its_routers_service_leads_to_the_activator(
+    node: NodeCluster, prometheus: PodPrometheus
+) -> None:
+    """autoscaling.scaleToZero patched onto the running routed service (the built-in loop, at
+    most one replica): after idleSeconds without a request the workers go to zero, the router
+    with them, and NAME-router's Service (status.url) leads to the activator; the service says
+    Ready, ScaledToZero."""
+    patch_service(
+        node,
+        {
+            "autoscaling": {
+                "mode": "builtin",
+                "metric": "ttftP95Ms",
+                "target": STEADY_MS,
+                "prometheusUrl": prometheus.url,
+                "intervalSeconds": 1,
+                "windowSeconds": 10,
+                "minReplicas": 0,
+                "maxReplicas": 1,
+                "scaleToZero": {"idleSeconds": ROUTED_IDLE_SECONDS, "maxWaitSeconds": HOLD_SECONDS},
+            }
+        },
+    )
+    patched = time.monotonic()
+    wait_for(lambda: ris(node)["spec"]["replicas"] == 0, timeout=180, interval=0.5, message="the service at zero")
+    FIGURES[
+        f"vLLM router: scaleToZero set on the idle routed service to zero, idleSeconds {ROUTED_IDLE_SECONDS} (s)"
+    ] = time.monotonic() - patched
+    wait_for(
+        lambda: not pods(node, NS, INSTANCE_SELECTOR), timeout=180, message="the workers' and the router's pods gone"
+    )
+    for workload in (NAME, f"{NAME}-router"):
+        assert kubectl_json(node, "get", "deployment", workload, "-n", NS)["spec"]["replicas"] == 0, workload
+    (piece,) = activator_slices(node, NS, f"{NAME}-router")
+    assert piece["endpoints"] and piece["ports"][0]["name"] == "http", piece
+    ready_condition = wait_for(
+        lambda: (c := condition(ris(node), "Ready")) and c.get("reason") == "ScaledToZero" and c,
+        timeout=60,
+        message="Ready, ScaledToZero",
+    )
+    assert ready_condition["status"] == "True", ready_condition
+    assert ris(node)["status"]["url"] == f"http://{NAME}-router.{NS}.svc.cluster.local"
+
+
+@pytest.mark.timeout(1200)
+def test_requests_held_at_zero_wake_the_routed_service_and_its_router_and_are_all_answered(
+    node: NodeCluster,
+) -> None:
+    """Completions and chat, streamed and not, sent to the router's Service at zero: the
+    activator holds them, the wake brings back one worker and the router, and every one is
+    answered 200 with its whole completion, over the prompt the replicas counted before; the
+    activator then leaves the path."""
+    # Awake from here on, whatever the pauses before the slice is checked.
+    patch_service(node, {"autoscaling": {"scaleToZero": {"idleSeconds": 3600}}})
+    assert AGGREGATED, "the replicas' answers are recorded by the router's tests of this module: run it whole"
+    assert ris(node)["spec"]["replicas"] == 0 and not pods(node, NS, INSTANCE_SELECTOR)
+    assert activator_slices(node, NS, f"{NAME}-router"), "the activator left the path before any request"
+    address = router_address(node)
+    requests = {name: (path, {**body, "ignore_eos": True}) for name, (path, body) in pd_requests().items()}
+    assert len(requests) == HELD
+
+    def held(request: tuple[str, dict[str, Any]]) -> tuple[float, str, dict[str, int]]:
+        text, usage = answer(address, *request, timeout=HOLD_SECONDS + 60)
+        return time.monotonic(), text, usage
+
+    sent = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(HELD) as pool:
+        woken = pool.map(held, requests.values())
+        # Held, not refused: the workers asked for, and the router with them.
+        wait_for(lambda: ris(node)["spec"]["replicas"] == 1, timeout=60, interval=0.5, message="the service woken")
+        wait_for(
+            lambda: kubectl_json(node, "get", "deployment", f"{NAME}-router", "-n", NS)["spec"]["replicas"] == 1,
+            timeout=60,
+            message="the router woken",
+        )
+        answers = dict(zip(requests, woken, strict=True))
+    FIGURES["vLLM router: requests held at zero (completions and chat, 2 streamed)"] = HELD
+    FIGURES[f"vLLM router: first held request to all {HELD} answered, one worker at {ROUTED_CPU} (s)"] = (
+        max(ended for ended, _, _ in answers.values()) - sent
+    )
+    for name, (_, text, usage) in answers.items():
+        assert usage["completion_tokens"] == requests[name][1]["max_tokens"] and text, (name, text, usage)
+        assert usage["prompt_tokens"] == AGGREGATED[name][1], (name, usage)
+    # One worker (the wake's) and the router, both Ready; the activator out of the path.
+    wait_for(lambda: routed_service_pods(node), timeout=120, interval=0.5, message="one worker and the router")
+    wait_for(lambda: not activator_slices(node, NS, f"{NAME}-router"), timeout=60, message="the activator's slice gone")
+    FIGURES[f"vLLM start to Ready, woken replica, warm from the claim, {ROUTED_CPU} (s)"] = vllm_start_to_ready(node)
+    assert complete(address, NAME)  # through the router, the activator out of the path
 
 
 # Prefill/decode disaggregation: the routed service made again as one prefill and one decode

@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from .. import metrics
-from ..builders.activator import Wake
+from ..builders.activator import Wake, ready_on_path
 from ..builders.common import Role
 from ..builders.disaggregation import (
     ROLES,
@@ -82,10 +82,14 @@ class ScaleTarget:
         return None if self.role is None else promql.workload_pods(role_workload(self.name, self.role))
 
     def ready(self, status: JsonObject) -> int | None:
-        """Its ready replicas: status.readyReplicas, or the role's in status.roles."""
-        if self.role is None:
+        """Its ready replicas: the role's in status.roles; the service's own, status.readyReplicas,
+        unless it has roles (routing.router): that sum counts the router's pods too, which serve
+        no model, so the workers' count is the predictor's role."""
+        roles = status.get("roles") or []
+        if self.role is None and not roles:
             return status.get("readyReplicas")
-        return next((r.get("readyReplicas") for r in status.get("roles") or [] if r.get("role") == self.role), None)
+        role = self.role or Role.PREDICTOR
+        return next((r.get("readyReplicas") for r in roles if r.get("role") == role), None)
 
     def write(self, replicas: int) -> tuple[JsonObject, str | None]:
         """The patch that sets its count, and the subresource it goes to."""
@@ -445,7 +449,8 @@ class Autoscaler:
         idle_seconds = scaling.scale_to_zero.idle_seconds
         query = promql.recent_requests(spec.runtime.engine, self.namespace, spec.model.name or self.name, idle_seconds)
         requests = await self.requests(scaling, query)
-        ready = (body.get("status") or {}).get("readyReplicas")
+        # Serving once a request can pass the whole path: with a router, the router too.
+        ready = ready_on_path(body.get("status") or {})
         return self.idle.decide(body, idle_seconds, ready, requests, current)
 
     def _current_replicas(self, spec_replicas: int, generation: int) -> int:
