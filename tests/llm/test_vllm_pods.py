@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -1070,6 +1070,23 @@ def routed_service_pods(node: NodeCluster) -> dict[str, list[dict]] | None:
     return None
 
 
+def at_zero_behind_the_activator(node: NodeCluster, workloads: Iterable[str], pods_of: str) -> None:
+    """The service at zero: every pod of it gone (`pods_of` names them), each Deployment of
+    `workloads` at zero replicas, NAME-router's Service led to the activator (its slice, port
+    http), and the service Ready with reason ScaledToZero."""
+    wait_for(lambda: not pods(node, NS, INSTANCE_SELECTOR), timeout=180, message=f"{pods_of} gone")
+    for workload in workloads:
+        assert kubectl_json(node, "get", "deployment", workload, "-n", NS)["spec"]["replicas"] == 0, workload
+    (piece,) = activator_slices(node, NS, f"{NAME}-router")
+    assert piece["endpoints"] and piece["ports"][0]["name"] == "http", piece
+    ready_condition = wait_for(
+        lambda: (c := condition(ris(node), "Ready")) and c.get("reason") == "ScaledToZero" and c,
+        timeout=60,
+        message="Ready, ScaledToZero",
+    )
+    assert ready_condition["status"] == "True", ready_condition
+
+
 def test_the_idle_routed_service_goes_to_zero_with_its_router_and_its_routers_service_leads_to_the_activator(
     node: NodeCluster, prometheus: PodPrometheus
 ) -> None:
@@ -1098,19 +1115,7 @@ def test_the_idle_routed_service_goes_to_zero_with_its_router_and_its_routers_se
     FIGURES[
         f"vLLM router: scaleToZero set on the idle routed service to zero, idleSeconds {ROUTED_IDLE_SECONDS} (s)"
     ] = time.monotonic() - patched
-    wait_for(
-        lambda: not pods(node, NS, INSTANCE_SELECTOR), timeout=180, message="the workers' and the router's pods gone"
-    )
-    for workload in (NAME, f"{NAME}-router"):
-        assert kubectl_json(node, "get", "deployment", workload, "-n", NS)["spec"]["replicas"] == 0, workload
-    (piece,) = activator_slices(node, NS, f"{NAME}-router")
-    assert piece["endpoints"] and piece["ports"][0]["name"] == "http", piece
-    ready_condition = wait_for(
-        lambda: (c := condition(ris(node), "Ready")) and c.get("reason") == "ScaledToZero" and c,
-        timeout=60,
-        message="Ready, ScaledToZero",
-    )
-    assert ready_condition["status"] == "True", ready_condition
+    at_zero_behind_the_activator(node, (NAME, f"{NAME}-router"), "the workers' and the router's pods")
     assert ris(node)["status"]["url"] == f"http://{NAME}-router.{NS}.svc.cluster.local"
 
 
@@ -1128,16 +1133,8 @@ def test_requests_held_at_zero_wake_the_routed_service_and_its_router_and_are_al
     assert ris(node)["spec"]["replicas"] == 0 and not pods(node, NS, INSTANCE_SELECTOR)
     assert activator_slices(node, NS, f"{NAME}-router"), "the activator left the path before any request"
     address = router_address(node)
-    requests = {name: (path, {**body, "ignore_eos": True}) for name, (path, body) in pd_requests().items()}
-    assert len(requests) == HELD
 
-    def held(request: tuple[str, dict[str, Any]]) -> tuple[float, str, dict[str, int]]:
-        text, usage = answer(address, *request, timeout=HOLD_SECONDS + 60)
-        return time.monotonic(), text, usage
-
-    sent = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(HELD) as pool:
-        woken = pool.map(held, requests.values())
+    def woken() -> None:
         # Held, not refused: the workers asked for, and the router with them.
         wait_for(lambda: ris(node)["spec"]["replicas"] == 1, timeout=60, interval=0.5, message="the service woken")
         wait_for(
@@ -1145,14 +1142,10 @@ def test_requests_held_at_zero_wake_the_routed_service_and_its_router_and_are_al
             timeout=60,
             message="the router woken",
         )
-        answers = dict(zip(requests, woken, strict=True))
+
+    answered = held_requests_answered(address, woken)
     FIGURES["vLLM router: requests held at zero (completions and chat, 2 streamed)"] = HELD
-    FIGURES[f"vLLM router: first held request to all {HELD} answered, one worker at {ROUTED_CPU} (s)"] = (
-        max(ended for ended, _, _ in answers.values()) - sent
-    )
-    for name, (_, text, usage) in answers.items():
-        assert usage["completion_tokens"] == requests[name][1]["max_tokens"] and text, (name, text, usage)
-        assert usage["prompt_tokens"] == AGGREGATED[name][1], (name, usage)
+    FIGURES[f"vLLM router: first held request to all {HELD} answered, one worker at {ROUTED_CPU} (s)"] = answered
     # One worker (the wake's) and the router, both Ready; the activator out of the path.
     wait_for(lambda: routed_service_pods(node), timeout=120, interval=0.5, message="one worker and the router")
     wait_for(lambda: not activator_slices(node, NS, f"{NAME}-router"), timeout=60, message="the activator's slice gone")
@@ -1485,19 +1478,32 @@ def test_the_idle_pair_goes_to_zero_and_its_routers_service_leads_to_the_activat
     FIGURES[
         f"vLLM P/D: scaleToZero set on the idle pair to both roles at zero, idleSeconds {PAIR_IDLE_SECONDS} (s)"
     ] = time.monotonic() - patched
-    wait_for(
-        lambda: not pods(node, NS, INSTANCE_SELECTOR), timeout=180, message="the pair's and the router's pods gone"
-    )
-    for role in ("prefill", "decode", "router"):
-        assert kubectl_json(node, "get", "deployment", f"{NAME}-{role}", "-n", NS)["spec"]["replicas"] == 0, role
-    (piece,) = activator_slices(node, NS, f"{NAME}-router")
-    assert piece["endpoints"] and piece["ports"][0]["name"] == "http", piece
-    ready_condition = wait_for(
-        lambda: (c := condition(ris(node), "Ready")) and c.get("reason") == "ScaledToZero" and c,
-        timeout=60,
-        message="Ready, ScaledToZero",
-    )
-    assert ready_condition["status"] == "True", ready_condition
+    workloads = [f"{NAME}-{role}" for role in ("prefill", "decode", "router")]
+    at_zero_behind_the_activator(node, workloads, "the pair's and the router's pods")
+
+
+def held_requests_answered(address: str, woken: Callable[[], object]) -> float:
+    """The module's requests (completions and chat, two streamed, `ignore_eos`) sent at once to
+    the router's Service at `address` while the service is at zero: the activator holds them
+    while `woken()` waits for the wake (held, not refused), and every one is answered 200 with
+    its whole completion over the prompt the replicas counted before. The seconds from sending
+    them to the last answer."""
+    requests = {name: (path, {**body, "ignore_eos": True}) for name, (path, body) in pd_requests().items()}
+    assert len(requests) == HELD
+
+    def held(request: tuple[str, dict[str, Any]]) -> tuple[float, str, dict[str, int]]:
+        text, usage = answer(address, *request, timeout=HOLD_SECONDS + 60)
+        return time.monotonic(), text, usage
+
+    sent = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(HELD) as pool:
+        replies = pool.map(held, requests.values())
+        woken()
+        answers = dict(zip(requests, replies, strict=True))
+    for name, (_, text, usage) in answers.items():
+        assert usage["completion_tokens"] == requests[name][1]["max_tokens"] and text, (name, text, usage)
+        assert usage["prompt_tokens"] == AGGREGATED[name][1], (name, usage)
+    return max(ended for ended, _, _ in answers.values()) - sent
 
 
 @pytest.mark.timeout(1200)
@@ -1531,27 +1537,13 @@ def test_requests_held_at_zero_wake_the_pair_and_are_all_answered(node: NodeClus
     )
     assert role_counts(ris(node)) == (0, 0) and not pods(node, NS, INSTANCE_SELECTOR)
     assert activator_slices(node, NS, f"{NAME}-router"), "the activator left the path before any request"
-    address = router_address(node)
-    requests = {name: (path, {**body, "ignore_eos": True}) for name, (path, body) in pd_requests().items()}
-    assert len(requests) == HELD
-
-    def held(request: tuple[str, dict[str, Any]]) -> tuple[float, str, dict[str, int]]:
-        text, usage = answer(address, *request, timeout=HOLD_SECONDS + 60)
-        return time.monotonic(), text, usage
-
-    sent = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(HELD) as pool:
-        woken = pool.map(held, requests.values())
-        # Held, not refused: both roles asked for at once, the router with them.
-        wait_for(lambda: role_counts(ris(node)) != (0, 0), timeout=60, interval=0.5, message="the pair woken")
-        answers = dict(zip(requests, woken, strict=True))
-    FIGURES["vLLM P/D: requests held at zero (completions and chat, 2 streamed)"] = HELD
-    FIGURES[f"vLLM P/D: first held request to all {HELD} answered, prefill and decode at {PAIR_CPU} (s)"] = (
-        max(ended for ended, _, _ in answers.values()) - sent
+    # Held, not refused: both roles asked for at once, the router with them.
+    answered = held_requests_answered(
+        router_address(node),
+        lambda: wait_for(lambda: role_counts(ris(node)) != (0, 0), timeout=60, interval=0.5, message="the pair woken"),
     )
-    for name, (_, text, usage) in answers.items():
-        assert usage["completion_tokens"] == requests[name][1]["max_tokens"] and text, (name, text, usage)
-        assert usage["prompt_tokens"] == AGGREGATED[name][1], (name, usage)
+    FIGURES["vLLM P/D: requests held at zero (completions and chat, 2 streamed)"] = HELD
+    FIGURES[f"vLLM P/D: first held request to all {HELD} answered, prefill and decode at {PAIR_CPU} (s)"] = answered
     # The pair whole again: two prefill pods (prefill's floor), the decode pod and the router;
     # the activator out of the path.
     found = wait_for(lambda: pair_pods(node, PAIR_PREFILL), timeout=600, interval=0.5, message="the pair whole")
