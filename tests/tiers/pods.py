@@ -25,6 +25,7 @@ import httpx
 import pytest
 import yaml
 
+from inference_operator.builders.activator import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from tests.autoscaler.conftest import prometheus_binary
 from tests.conftest import FIGURES  # noqa: F401  (the tier's modules write their figures there)
 from testsupport import images, nodecluster
@@ -105,9 +106,7 @@ def kubectl_json(node: NodeCluster, *args: str) -> Any:
 
 def activator_slices(node: NodeCluster, namespace: str, service: str) -> list[dict]:
     """The EndpointSlices the activator keeps for `service` (it is in the path while there is one)."""
-    selector = (
-        f"kubernetes.io/service-name={service},endpointslice.kubernetes.io/managed-by=activator.inference.rocm.dev"
-    )
+    selector = f"{SERVICE_NAME_LABEL}={service},{MANAGED_BY_LABEL}={MANAGED_BY}"
     return list(kubectl_json(node, "get", "endpointslices", "-n", namespace, "-l", selector)["items"])
 
 
